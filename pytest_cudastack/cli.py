@@ -1,0 +1,79 @@
+"""The ``cudastack`` command: the plugin's checks for humans and scripts.
+
+Exit status: 0 clean, 1 findings, 2 usage. Each subcommand's work lives in the layer that owns it; this
+module only parses arguments and dispatches, importing the layer lazily so ``cudastack --help`` stays cheap.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Callable, Sequence
+
+__all__ = ["build_parser", "main"]
+
+# subcommand -> "module:function"; each function takes the parsed namespace and returns the exit status.
+_COMMANDS: dict[str, str] = {
+    "report": "pytest_cudastack.report:cmd_report",
+    "tree": "pytest_cudastack.treeview:cmd_tree",
+    "why": "pytest_cudastack.treeview:cmd_why",
+    "loaded": "pytest_cudastack.loaded:cmd_loaded",
+    "check": "pytest_cudastack.report:cmd_check",
+    "snapshot": "pytest_cudastack.stack:cmd_snapshot",
+    "diff": "pytest_cudastack.stack:cmd_diff",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="cudastack", description=__doc__.splitlines()[0])
+    parser.add_argument("--no-cache", action="store_true", help="do not read or write the on-disk ELF cache")
+    sub = parser.add_subparsers(dest="command")
+
+    report = sub.add_parser("report", help="the stack on one screen, findings first (default)")
+    report.add_argument("--json", action="store_true", help="print JSON instead of text")
+
+    tree = sub.add_parser("tree", help="where the dynamic linker would load every needed library from")
+    tree.add_argument("paths", nargs="+", metavar="PATH")
+    tree.add_argument("--json", action="store_true", help="print JSON instead of text")
+
+    why = sub.add_parser("why", help="where SONAME would load from, and which distributions ship it")
+    why.add_argument("soname")
+    why.add_argument("--json", action="store_true", help="print JSON instead of text")
+
+    loaded = sub.add_parser("loaded", help="import MODULE in a child process and list the shared objects it maps")
+    loaded.add_argument("module")
+    loaded.add_argument("--json", action="store_true", help="print JSON instead of text")
+
+    check = sub.add_parser("check", help="run the invariant checks; exit 1 on findings")
+    check.add_argument("--json", action="store_true", help="print JSON instead of text")
+
+    snapshot = sub.add_parser("snapshot", help="write the stack as JSON")
+    snapshot.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of standard output")
+
+    diff = sub.add_parser("diff", help="compare two snapshots")
+    diff.add_argument("a", metavar="A")
+    diff.add_argument("b", metavar="B")
+    return parser
+
+
+def _load(target: str) -> Callable[[argparse.Namespace], int]:
+    module, _, func = target.partition(":")
+    handler: Callable[[argparse.Namespace], int] = getattr(importlib.import_module(module), func)
+    return handler
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.no_cache:
+        import os
+
+        os.environ["CUDASTACK_NO_CACHE"] = "1"
+    if args.command is None:
+        args = parser.parse_args([*(argv if argv is not None else sys.argv[1:]), "report"])
+    return _load(_COMMANDS[args.command])(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
