@@ -1,0 +1,92 @@
+"""Arch coverage: does every file's GPU code run on the GPUs we deploy on?"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+
+from .errors import ElfError, OptionError
+from .fatbin import Fatbin, read_fatbin, runs_on
+from .findings import Finding, Severity
+
+__all__ = ["arch_findings", "parse_arch"]
+
+_ARCH = re.compile(r"^(?:sm_|compute_)?(?:(\d{1,2})\.(\d)|(\d{2,3}))[af]?$")
+
+
+def parse_arch(text: str) -> int:
+    """``"sm_86"``, ``"sm_90a"``, ``"8.6"`` or ``"86"`` as the number 86.
+
+    >>> parse_arch("sm_90a"), parse_arch("10.0"), parse_arch("sm_120")
+    (90, 100, 120)
+    """
+    match = _ARCH.match(text.strip().lower())
+    if match is None:
+        raise OptionError(f"invalid GPU arch {text!r}: expected sm_XY (e.g. sm_86) or X.Y (e.g. 8.6)")
+    if match.group(3) is not None:
+        return int(match.group(3))
+    return int(match.group(1)) * 10 + int(match.group(2))
+
+
+def _describe(fat: Fatbin) -> str:
+    parts = []
+    if fat.sass:
+        parts.append("SASS " + ", ".join(fat.sass))
+    if fat.ptx:
+        parts.append("PTX " + ", ".join(fat.ptx))
+    return " and ".join(parts)
+
+
+def arch_findings(
+    paths: Iterable[str], archs: Sequence[str], source: str = "declared"
+) -> tuple[Finding, ...]:
+    """For each file with GPU code, one finding per target arch that none of its entries runs on.
+
+    SASS that runs directly is fine; PTX alone is a warning (JIT-compiled at first launch, slow and only
+    with a driver that knows that PTX ISA); nothing at all is an error ("no kernel image is available").
+    Files without GPU code say nothing about archs and give no finding.
+    """
+    targets = [(arch, parse_arch(arch)) for arch in archs]
+    findings: list[Finding] = []
+    for path in paths:
+        try:
+            fat = read_fatbin(path)
+        except ElfError as e:
+            findings.append(Finding("arch", Severity.WARNING, path, f"cannot read GPU code: {e}"))
+            continue
+        findings.extend(
+            Finding("arch", Severity.WARNING, path, f"malformed fatbin: {problem}")
+            for problem in fat.problems
+        )
+        if not fat.entries:
+            continue
+        for name, cc in targets:
+            sass = [e for e in fat.entries if e.kind == "sass" and runs_on(e, cc)]
+            if sass:
+                continue
+            ptx = [e for e in fat.entries if e.kind == "ptx" and runs_on(e, cc)]
+            carries = _describe(fat)
+            if ptx:
+                findings.append(
+                    Finding(
+                        "arch",
+                        Severity.WARNING,
+                        path,
+                        f"no SASS for {name} ({source}); only PTX {ptx[0].name} can be JIT-compiled for it",
+                        cause=f"the file carries {carries}",
+                        fix=f"rebuild with -gencode arch=compute_{cc},code=sm_{cc} to avoid JIT at first launch",
+                    )
+                )
+                continue
+            findings.append(
+                Finding(
+                    "arch",
+                    Severity.ERROR,
+                    path,
+                    f"no GPU code runs on {name} ({source}): kernels will fail with "
+                    "'no kernel image is available for execution on the device'",
+                    cause=f"the file carries {carries}; none of it runs on compute capability {cc // 10}.{cc % 10}",
+                    fix=f"rebuild with -gencode arch=compute_{cc},code=sm_{cc} (or add PTX for an older arch)",
+                )
+            )
+    return tuple(findings)
