@@ -1,0 +1,170 @@
+"""Fake site-packages for the wheels tests: dist-info (METADATA, RECORD) plus real gcc-built shared objects.
+
+Libraries are compiled once per (soname, needed, rpath, pyinit, payload) and cached per process; NEEDED
+entries come from linking against stub libraries carrying the wanted SONAME, so the stubs never need to exist
+next to the result (which is what lets a test make a soname "missing").
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = [
+    "HAVE_CC",
+    "DistSpec",
+    "compile_so",
+    "record_hash",
+    "site_packages",
+    "write_dist",
+]
+
+CC = shutil.which("cc") or shutil.which("gcc")
+HAVE_CC = CC is not None
+
+_cache: dict[tuple[object, ...], bytes] = {}
+_workdir: Path | None = None
+
+
+def _work() -> Path:
+    global _workdir
+    if _workdir is None:
+        _workdir = Path(tempfile.mkdtemp(prefix="cudastack-sitebuild-"))
+    return _workdir
+
+
+def _cc(args: Sequence[str]) -> None:
+    assert CC is not None, "needs a C compiler"
+    subprocess.run([CC, *args], check=True, capture_output=True)
+
+
+def _stub(soname: str) -> Path:
+    out = _work() / "stubs" / soname
+    if not out.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        src = out.with_name(soname + ".c")
+        src.write_text("int cudastack_stub_%d(void) { return 0; }\n" % (abs(hash(soname)) % 100000))
+        _cc(["-shared", "-fPIC", "-o", str(out), f"-Wl,-soname,{soname}", str(src)])
+    return out
+
+
+def compile_so(
+    soname: str | None,
+    *,
+    needed: Sequence[str] = (),
+    rpath: str | None = None,
+    runpath: str | None = None,
+    pyinit: str | None = None,
+    payload: str = "",
+) -> bytes:
+    """Bytes of a real x86-64 (host) shared object.
+
+    ``needed``: sonames to put in DT_NEEDED (in order); ``rpath``/``runpath``: DT_RPATH / DT_RUNPATH string
+    (``$ORIGIN`` kept literally); ``pyinit``: module name whose ``PyInit_<name>`` is exported;
+    ``payload``: extra string data, to make two builds of one soname differ in size and hash.
+    """
+    key = (soname, tuple(needed), rpath, runpath, pyinit, payload)
+    if key in _cache:
+        return _cache[key]
+    d = Path(tempfile.mkdtemp(dir=_work()))
+    src = d / "x.c"
+    code = ["int cudastack_func(void) { return 42; }"]
+    if pyinit:
+        code.append(f"void *PyInit_{pyinit}(void) {{ return 0; }}")
+    if payload:
+        esc = payload.replace("\\", "\\\\").replace('"', '\\"')
+        code.append(f'const char cudastack_payload[] = "{esc}";')
+    src.write_text("\n".join(code) + "\n")
+    out = d / "out.so"
+    args = ["-shared", "-fPIC", "-o", str(out), str(src), "-Wl,--no-as-needed"]
+    if soname:
+        args.append(f"-Wl,-soname,{soname}")
+    if rpath is not None:
+        args += ["-Wl,--disable-new-dtags", f"-Wl,-rpath,{rpath}"]
+    if runpath is not None:
+        args += ["-Wl,--enable-new-dtags", f"-Wl,-rpath,{runpath}"]
+    args += [str(_stub(n)) for n in needed]
+    _cc(args)
+    data = out.read_bytes()
+    _cache[key] = data
+    return data
+
+
+def record_hash(data: bytes) -> str:
+    """RECORD's hash field: ``sha256=`` + urlsafe base64 without padding."""
+    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+
+def site_packages(prefix: Path, python: str = "python3.11") -> Path:
+    """``prefix/lib/<python>/site-packages``, created."""
+    site = prefix / "lib" / python / "site-packages"
+    site.mkdir(parents=True, exist_ok=True)
+    return site
+
+
+@dataclass(frozen=True)
+class DistSpec:
+    name: str
+    version: str
+    dist_info: Path
+    files: tuple[str, ...]
+
+
+def write_dist(
+    site: Path,
+    name: str,
+    version: str,
+    files: Mapping[str, bytes | str] | None = None,
+    *,
+    requires: Sequence[str] = (),
+    summary: str = "",
+    metadata: str | None = None,
+    record: str | None = None,
+    extra_rows: Sequence[str] = (),
+    write_files: bool = True,
+    overwrite: bool = True,
+) -> DistSpec:
+    """Install a fake distribution into ``site`` the way pip would (files, then dist-info with RECORD).
+
+    ``files`` map RECORD paths (relative to ``site``; ``../../../bin/x`` allowed) to contents.
+    ``metadata``/``record``: replace the generated METADATA / RECORD text verbatim (None: generate;
+    ``""`` for METADATA means: do not write one). ``extra_rows``: raw lines appended to RECORD.
+    ``write_files=False`` writes only the dist-info (files "deleted"); ``overwrite=False`` keeps files
+    already on disk (RECORD still lists this distribution's bytes).
+    """
+    files = dict(files or {})
+    dist_dir = site / f"{name.replace('-', '_')}-{version}.dist-info"
+    dist_dir.mkdir(parents=True, exist_ok=True)
+    rows: list[str] = []
+    for rel, content in files.items():
+        data = content.encode() if isinstance(content, str) else content
+        target = Path(os.path.normpath(site / rel))
+        if write_files and (overwrite or not target.exists()):
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if target.exists():
+                target.unlink()  # as pip does: a new inode, never writing in place
+            target.write_bytes(data)
+        rows.append(f"{rel},{record_hash(data)},{len(data)}")
+    meta_files: dict[str, str] = {"INSTALLER": "pip\n", "WHEEL": "Wheel-Version: 1.0\nRoot-Is-Purelib: true\n"}
+    if metadata is None:
+        lines = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}"]
+        if summary:
+            lines.append(f"Summary: {summary}")
+        lines += [f"Requires-Dist: {r}" for r in requires]
+        meta_files["METADATA"] = "\n".join(lines) + "\n\n"
+    elif metadata:
+        meta_files["METADATA"] = metadata
+    for fname, text in meta_files.items():
+        (dist_dir / fname).write_text(text)
+        rows.append(f"{dist_dir.name}/{fname},{record_hash(text.encode())},{len(text.encode())}")
+    rows.append(f"{dist_dir.name}/RECORD,,")
+    rows.extend(extra_rows)
+    (dist_dir / "RECORD").write_text(record if record is not None else "\n".join(rows) + "\n")
+    return DistSpec(name, version, dist_dir, tuple(files))
