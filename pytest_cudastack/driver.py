@@ -1,0 +1,811 @@
+"""Which NVIDIA driver is here (or declared), which CUDA it supports, which GPUs.
+
+:func:`probe_driver` asks NVML (nvidia-ml-py) and looks at the driver's files statically (where libcuda.so.1
+and libnvidia-ml.so.1 would load from, the version in their file names, ``/proc/driver/nvidia/version``, a
+forward-compatibility libcuda).  It never raises: an absent library, an unloaded driver or a refused
+permission is a ``reason`` in the result.  It never dlopens libcuda; NVML (the driver's management library)
+is loaded by pynvml, lazily, on the first call only (the result is cached).
+
+:func:`declared_driver` builds the deployment target from ``--cuda-driver`` / ``--cuda-arch``.
+``driver_satisfies`` / ``cuda_satisfies`` / ``gpus_satisfy`` evaluate the ``requires_driver`` /
+``requires_cuda`` / ``requires_gpu`` markers against either.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import importlib
+import logging
+import os
+import re
+import stat
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+from pytest_cudastack import compat
+from pytest_cudastack.errors import OptionError, RuleError
+
+__all__ = [
+    "NVML_LIBRARY_ENV",
+    "NVML_REASONS",
+    "PROC_VERSION_PATH",
+    "DriverFiles",
+    "DriverInfo",
+    "Gpu",
+    "cuda_satisfies",
+    "declared_driver",
+    "driver_files",
+    "driver_satisfies",
+    "gpus_satisfy",
+    "nvml_reason",
+    "parse_memory",
+    "parse_proc_version",
+    "probe_driver",
+]
+
+logger = logging.getLogger(__name__)
+
+NVML_LIBRARY_ENV = "CUDASTACK_NVML_LIBRARY"
+PROC_VERSION_PATH = "/proc/driver/nvidia/version"
+
+# NVML return codes (nvml.h) -> what they mean for someone reading a skip/fail reason.
+NVML_REASONS: Mapping[int, str] = {
+    1: "NVML is not initialized",
+    2: "invalid argument passed to NVML",
+    3: "not supported by this GPU or driver",
+    4: "no permission to access the NVIDIA devices (/dev/nvidia*)",
+    6: "not found",
+    7: "NVML reported an insufficient buffer size",
+    9: "the NVIDIA kernel driver is not loaded",
+    10: "NVML timed out",
+    12: "the NVML library libnvidia-ml.so.1 was not found (no NVIDIA driver installed)",
+    13: "a function is missing from the NVML library (NVML older than nvidia-ml-py)",
+    14: "a GPU's infoROM is corrupted",
+    15: "a GPU has fallen off the bus or is otherwise lost",
+    16: "a GPU needs a reset",
+    17: "the operating system blocked the NVML request",
+    18: "the NVML library and the kernel module have different versions (driver upgraded without reboot?)",
+    20: "NVML ran out of memory",
+    28: "no GPU found",
+    999: "unknown NVML error",
+}
+
+_NVML_NAMES: Mapping[int, str] = {
+    1: "NVML_ERROR_UNINITIALIZED",
+    2: "NVML_ERROR_INVALID_ARGUMENT",
+    3: "NVML_ERROR_NOT_SUPPORTED",
+    4: "NVML_ERROR_NO_PERMISSION",
+    6: "NVML_ERROR_NOT_FOUND",
+    7: "NVML_ERROR_INSUFFICIENT_SIZE",
+    9: "NVML_ERROR_DRIVER_NOT_LOADED",
+    10: "NVML_ERROR_TIMEOUT",
+    12: "NVML_ERROR_LIBRARY_NOT_FOUND",
+    13: "NVML_ERROR_FUNCTION_NOT_FOUND",
+    14: "NVML_ERROR_CORRUPTED_INFOROM",
+    15: "NVML_ERROR_GPU_IS_LOST",
+    16: "NVML_ERROR_RESET_REQUIRED",
+    17: "NVML_ERROR_OPERATING_SYSTEM",
+    18: "NVML_ERROR_LIB_RM_VERSION_MISMATCH",
+    20: "NVML_ERROR_MEMORY",
+    28: "NVML_ERROR_GPU_NOT_FOUND",
+    999: "NVML_ERROR_UNKNOWN",
+}
+
+_NOT_SUPPORTED = 3
+
+
+# --------------------------------------------------------------------------------------------- results
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """One GPU as NVML reports it."""
+
+    index: int
+    name: str
+    uuid: str | None
+    compute_capability: str  # "9.0"; "" when NVML could not say
+    memory_total: int | None  # bytes
+    mig_mode: str | None  # "enabled" / "disabled"; None where MIG is not exposed
+
+    @property
+    def arch(self) -> str | None:
+        """``sm_90`` for compute capability 9.0, None when unknown."""
+        if not self.compute_capability:
+            return None
+        return compat.normalize_arch(self.compute_capability)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "name": self.name,
+            "uuid": self.uuid,
+            "compute_capability": self.compute_capability,
+            "memory_total": self.memory_total,
+            "mig_mode": self.mig_mode,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Gpu:
+        return cls(
+            index=int(data["index"]),
+            name=str(data["name"]),
+            uuid=None if data.get("uuid") is None else str(data["uuid"]),
+            compute_capability=str(data.get("compute_capability", "")),
+            memory_total=None if data.get("memory_total") is None else int(data["memory_total"]),
+            mig_mode=None if data.get("mig_mode") is None else str(data["mig_mode"]),
+        )
+
+
+@dataclass(frozen=True)
+class DriverInfo:
+    """The driver the checks evaluate against: probed here, declared (deployment target) or absent."""
+
+    source: str  # "probed" | "declared" | "absent"
+    version: str | None  # "550.54.15"
+    cuda_version: str | None  # "12.4": highest CUDA the driver supports natively
+    gpus: tuple[Gpu, ...] = ()
+    archs: tuple[str, ...] = ()  # "sm_90", ...
+    arch_source: str | None = None  # "probed" | "declared" | None
+    reason: str | None = None  # why a fact is absent
+    notes: tuple[str, ...] = ()  # libcuda path, /proc version, forward-compat observations
+    libcuda: str | None = None  # where libcuda.so.1 would load from (static resolution)
+    kernel_module: str | None = None  # version in /proc/driver/nvidia/version
+    forward_compat: str | None = None  # version of a cuda-compat libcuda newer than the kernel module
+
+    @property
+    def present(self) -> bool:
+        return self.version is not None or self.cuda_version is not None
+
+    def summary(self) -> str:
+        """One line for headers: "driver 550.54.15 (CUDA 12.4, declared)" or "no driver (reason)"."""
+        if not self.present:
+            return f"no driver ({self.reason or 'unknown'})"
+        text = f"driver {self.version or '?'} (CUDA {self.cuda_version or '?'}, {self.source})"
+        return text
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "source": self.source,
+            "version": self.version,
+            "cuda_version": self.cuda_version,
+            "gpus": [g.to_json() for g in self.gpus],
+            "archs": list(self.archs),
+            "arch_source": self.arch_source,
+            "reason": self.reason,
+            "notes": list(self.notes),
+            "libcuda": self.libcuda,
+            "kernel_module": self.kernel_module,
+            "forward_compat": self.forward_compat,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> DriverInfo:
+        def opt(key: str) -> str | None:
+            value = data.get(key)
+            return None if value is None else str(value)
+
+        return cls(
+            source=str(data.get("source", "absent")),
+            version=opt("version"),
+            cuda_version=opt("cuda_version"),
+            gpus=tuple(Gpu.from_json(g) for g in data.get("gpus", ())),
+            archs=tuple(str(a) for a in data.get("archs", ())),
+            arch_source=opt("arch_source"),
+            reason=opt("reason"),
+            notes=tuple(str(n) for n in data.get("notes", ())),
+            libcuda=opt("libcuda"),
+            kernel_module=opt("kernel_module"),
+            forward_compat=opt("forward_compat"),
+        )
+
+
+@dataclass(frozen=True)
+class DriverFiles:
+    """What the file system says about the driver, without loading anything."""
+
+    libcuda: str | None = None  # path the linker would open for libcuda.so.1
+    libcuda_version: str | None = None  # from the real file name (libcuda.so.550.54.15)
+    nvml: str | None = None
+    nvml_version: str | None = None
+    kernel_module: str | None = None  # /proc/driver/nvidia/version
+    forward_compat: str | None = None  # libcuda version when it differs from (is newer than) the kernel module
+    notes: tuple[str, ...] = field(default=())
+
+
+# --------------------------------------------------------------------------------------------- static facts
+
+_SO_VERSION_RE = re.compile(r"\.so\.(?P<version>[0-9]{3,4}(?:\.[0-9]+){1,3})$")
+_PROC_RE = re.compile(r"Kernel Module(?:\s+for\s+\S+)?\s+(?P<version>[0-9]{3,4}(?:\.[0-9]+){1,3})\b")
+
+
+def _version_in_name(path: str | None) -> str | None:
+    if not path:
+        return None
+    m = _SO_VERSION_RE.search(os.path.basename(path))
+    return m["version"] if m else None
+
+
+def parse_proc_version(text: str) -> str | None:
+    """Kernel module version from /proc/driver/nvidia/version text, e.g.
+    "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar  5 22:23:56 UTC 2024" -> "550.54.15"
+    (also the "Open Kernel Module" spelling)."""
+    m = _PROC_RE.search(text)
+    return m["version"] if m else None
+
+
+def _read_small_text(path: str, limit: int = 65536) -> str | None:
+    """Read a small regular file without blocking (never a FIFO or device); None when unreadable."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        # procfs files report S_ISREG with size 0; that is fine, read up to the limit
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        chunks = []
+        remaining = limit
+        while remaining > 0:
+            chunk = os.read(fd, min(remaining, 8192))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            remaining -= len(chunk)
+        return b"".join(chunks).decode("utf-8", "replace")
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _default_finder() -> Callable[[str], tuple[str | None, str | None]] | None:
+    """The core resolver's ``find``, or None when it is not importable (yet)."""
+    try:
+        module = importlib.import_module("pytest_cudastack.resolver")  # lazy: written in parallel, optional
+        resolver = module.Resolver()
+    except Exception as e:  # only while the resolver is missing or broken
+        logger.debug("resolver unavailable: %s", e)
+        return None
+
+    def find(soname: str) -> tuple[str | None, str | None]:
+        lib = resolver.find(soname)
+        return lib.path, lib.realpath
+
+    return find
+
+
+def driver_files(
+    find: Callable[[str], tuple[str | None, str | None]] | None = None,
+    proc_version_path: str = PROC_VERSION_PATH,
+) -> DriverFiles:
+    """Static driver facts: where libcuda.so.1 / libnvidia-ml.so.1 would load from (``find`` maps a soname to
+    (path, realpath); default: the core resolver), their versions, the kernel module's version, and a
+    forward-compatibility libcuda.  Never raises."""
+    notes: list[str] = []
+    finder = find if find is not None else _default_finder()
+    found: dict[str, tuple[str | None, str | None]] = {}
+    for soname in ("libcuda.so.1", "libnvidia-ml.so.1"):
+        if finder is None:
+            found[soname] = (None, None)
+            continue
+        try:
+            found[soname] = finder(soname)
+        except Exception as e:  # never raise out of a probe
+            logger.debug("resolving %s failed: %s", soname, e)
+            notes.append(f"{soname}: could not resolve ({e})")
+            found[soname] = (None, None)
+    if finder is None:
+        notes.append("library resolution unavailable (resolver not importable)")
+    libcuda, libcuda_real = found["libcuda.so.1"]
+    nvml, nvml_real = found["libnvidia-ml.so.1"]
+    libcuda_version = _version_in_name(libcuda_real) or _version_in_name(libcuda)
+    nvml_version = _version_in_name(nvml_real) or _version_in_name(nvml)
+    if finder is not None:
+        for soname, path, real, version in (
+            ("libcuda.so.1", libcuda, libcuda_real, libcuda_version),
+            ("libnvidia-ml.so.1", nvml, nvml_real, nvml_version),
+        ):
+            if path is None:
+                notes.append(f"{soname}: not found by the linker search")
+            else:
+                shown = path if real in (None, path) else f"{path} -> {real}"
+                notes.append(f"{soname}: {shown}" + (f" (driver {version})" if version else ""))
+    proc_text = _read_small_text(proc_version_path)
+    kernel = parse_proc_version(proc_text) if proc_text else None
+    if kernel:
+        notes.append(f"kernel module {kernel} ({proc_version_path})")
+    forward = None
+    if libcuda_version and kernel and libcuda_version != kernel:
+        try:
+            newer = compat.parse_driver_version(libcuda_version) > compat.parse_driver_version(kernel)
+        except ValueError:
+            newer = False
+        rule = compat.load_compat().forward_compat_rule if _data_ok() else ""
+        if newer:
+            forward = libcuda_version
+            notes.append(
+                f"forward-compatibility libcuda {libcuda_version} ({libcuda_real or libcuda}) is newer than the "
+                f"kernel module {kernel}: {rule}"
+            )
+        else:
+            notes.append(
+                f"libcuda {libcuda_version} ({libcuda_real or libcuda}) is older than the kernel module {kernel}: "
+                "a user-mode driver older than the kernel driver fails (cudaErrorSystemDriverMismatch, 803); "
+                "cuda-compat is meant for old drivers, not new ones"
+            )
+    return DriverFiles(libcuda, libcuda_version, nvml, nvml_version, kernel, forward, tuple(notes))
+
+
+def _data_ok() -> bool:
+    try:
+        compat.load_compat()
+    except Exception:
+        return False
+    return True
+
+
+# --------------------------------------------------------------------------------------------- NVML probe
+
+
+def _error_code(exc: BaseException) -> int | None:
+    value = getattr(exc, "value", None)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def nvml_reason(call: str, exc: BaseException) -> str:
+    """A reason for a failed NVML call: "nvmlInit: the NVIDIA kernel driver is not loaded
+    (NVML_ERROR_DRIVER_NOT_LOADED)"."""
+    code = _error_code(exc)
+    if code is None:
+        return f"{call}: {type(exc).__name__}: {exc}"
+    meaning = NVML_REASONS.get(code)
+    name = _NVML_NAMES.get(code, f"NVML error {code}")
+    if meaning is None:
+        try:
+            meaning = str(exc)
+        except Exception:
+            meaning = "unrecognised NVML error"
+    return f"{call}: {meaning} ({name})"
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return str(value)
+
+
+def _load_nvml_override(nvml: Any) -> str | None:
+    """Point pynvml at ``$CUDASTACK_NVML_LIBRARY`` (tests' fake NVML). Returns a reason when that fails."""
+    path = os.environ.get(NVML_LIBRARY_ENV)
+    if not path:
+        return None
+    if getattr(nvml, "nvmlLib", None) is not None:
+        return None  # already loaded; pynvml keeps one handle per process
+    try:
+        handle = ctypes.CDLL(path)
+    except OSError as e:
+        return (
+            f"nvmlInit: the NVML library {path} (from ${NVML_LIBRARY_ENV}) could not be loaded: {e} "
+            "(NVML_ERROR_LIBRARY_NOT_FOUND)"
+        )
+    nvml.nvmlLib = handle
+    return None
+
+
+def _import_pynvml() -> Any:
+    return importlib.import_module("pynvml")  # lazy: NVML stays out of import time
+
+
+@functools.lru_cache(maxsize=8)
+def probe_driver(nvml: Any | None = None) -> DriverInfo:
+    """Probe the driver via NVML (``nvml``: an injected pynvml-like module for tests) plus static file facts.
+
+    Never raises; cached (call ``probe_driver.cache_clear()`` to re-probe).
+    """
+    try:
+        files = driver_files()
+    except Exception as e:  # pragma: no cover - driver_files never raises, belt and braces
+        files = DriverFiles(notes=(f"static driver facts unavailable: {e}",))
+    try:
+        return _probe(nvml, files)
+    except Exception as e:  # never raise out of the probe
+        logger.debug("driver probe failed", exc_info=True)
+        return DriverInfo(
+            "absent",
+            None,
+            None,
+            reason=f"driver probe failed: {type(e).__name__}: {e}",
+            notes=files.notes,
+            libcuda=files.libcuda,
+            kernel_module=files.kernel_module,
+            forward_compat=files.forward_compat,
+        )
+
+
+def _fallback(files: DriverFiles, reason: str, notes: list[str]) -> DriverInfo:
+    """NVML failed: use the kernel module version when the driver is loaded, else report it absent."""
+    if files.kernel_module:
+        cuda = compat.cuda_for_driver(files.kernel_module) if _data_ok() else None
+        notes.append(f"CUDA version taken from the driver branch table for {files.kernel_module}")
+        return DriverInfo(
+            "probed",
+            files.kernel_module,
+            str(cuda) if cuda is not None else None,
+            reason=reason,
+            notes=tuple(notes),
+            libcuda=files.libcuda,
+            kernel_module=files.kernel_module,
+            forward_compat=files.forward_compat,
+        )
+    return DriverInfo(
+        "absent",
+        None,
+        None,
+        reason=reason,
+        notes=tuple(notes),
+        libcuda=files.libcuda,
+        kernel_module=files.kernel_module,
+        forward_compat=files.forward_compat,
+    )
+
+
+def _probe(nvml: Any | None, files: DriverFiles) -> DriverInfo:
+    notes = list(files.notes)
+    if nvml is None:
+        try:
+            nvml = _import_pynvml()
+        except ImportError as e:
+            return _fallback(files, f"nvidia-ml-py (pynvml) is not installed: {e}", notes)
+        problem = _load_nvml_override(nvml)
+        if problem is not None:
+            return _fallback(files, problem, notes)
+    try:
+        nvml.nvmlInit()
+    except Exception as e:
+        return _fallback(files, nvml_reason("nvmlInit", e), notes)
+    try:
+        return _probe_initialised(nvml, files, notes)
+    finally:
+        try:
+            nvml.nvmlShutdown()
+        except Exception as e:
+            logger.debug("nvmlShutdown failed: %s", e)
+
+
+def _cuda_from_int(value: int) -> str:
+    return f"{value // 1000}.{(value % 1000) // 10}"
+
+
+def _probe_initialised(nvml: Any, files: DriverFiles, notes: list[str]) -> DriverInfo:
+    reasons: list[str] = []
+    version: str | None
+    try:
+        version = _text(nvml.nvmlSystemGetDriverVersion()).strip() or None
+    except Exception as e:
+        reasons.append(nvml_reason("nvmlSystemGetDriverVersion", e))
+        version = files.kernel_module
+    cuda: str | None = None
+    try:
+        cuda = _cuda_from_int(int(nvml.nvmlSystemGetCudaDriverVersion_v2()))
+    except Exception as e:
+        first = nvml_reason("nvmlSystemGetCudaDriverVersion_v2", e)
+        try:
+            cuda = _cuda_from_int(int(nvml.nvmlSystemGetCudaDriverVersion()))
+            notes.append(f"{first}; used nvmlSystemGetCudaDriverVersion instead")
+        except Exception as e2:
+            notes.append(f"{first} (libcuda.so.1 absent?); {nvml_reason('nvmlSystemGetCudaDriverVersion', e2)}")
+            table = compat.cuda_for_driver(version) if version and _data_ok() else None
+            if table is not None:
+                cuda = str(table)
+                notes.append(f"CUDA version {cuda} taken from the driver branch table for {version}")
+            else:
+                reasons.append(f"{first}; the CUDA version the driver supports is unknown")
+    if version and files.kernel_module and version != files.kernel_module:
+        notes.append(f"NVML reports driver {version} but the kernel module is {files.kernel_module}")
+    gpus: list[Gpu] = []
+    try:
+        count = int(nvml.nvmlDeviceGetCount())
+    except Exception as e:
+        reasons.append(nvml_reason("nvmlDeviceGetCount", e))
+        count = 0
+    for index in range(count):
+        gpu = _probe_gpu(nvml, index, notes)
+        if gpu is not None:
+            gpus.append(gpu)
+    archs = tuple(dict.fromkeys(a for a in (g.arch for g in gpus) if a))
+    if count == 0 and not reasons:
+        notes.append("NVML sees no GPU")
+    return DriverInfo(
+        "probed",
+        version,
+        cuda,
+        tuple(gpus),
+        archs,
+        "probed" if gpus else None,
+        reason="; ".join(reasons) or None,
+        notes=tuple(notes),
+        libcuda=files.libcuda,
+        kernel_module=files.kernel_module,
+        forward_compat=files.forward_compat,
+    )
+
+
+def _probe_gpu(nvml: Any, index: int, notes: list[str]) -> Gpu | None:
+    try:
+        handle = nvml.nvmlDeviceGetHandleByIndex(index)
+    except Exception as e:
+        notes.append(nvml_reason(f"nvmlDeviceGetHandleByIndex({index})", e))
+        return None
+
+    def ask(call: str, fn: Callable[[], Any], quiet_not_supported: bool = False) -> Any:
+        try:
+            return fn()
+        except Exception as e:
+            if not (quiet_not_supported and _error_code(e) == _NOT_SUPPORTED):
+                notes.append(nvml_reason(f"{call}(GPU {index})", e))
+            return None
+
+    name = ask("nvmlDeviceGetName", lambda: nvml.nvmlDeviceGetName(handle))
+    uuid = ask("nvmlDeviceGetUUID", lambda: nvml.nvmlDeviceGetUUID(handle))
+    cc = ask("nvmlDeviceGetCudaComputeCapability", lambda: nvml.nvmlDeviceGetCudaComputeCapability(handle))
+    memory = ask("nvmlDeviceGetMemoryInfo", lambda: nvml.nvmlDeviceGetMemoryInfo(handle))
+    mig = ask("nvmlDeviceGetMigMode", lambda: nvml.nvmlDeviceGetMigMode(handle), quiet_not_supported=True)
+    compute = ""
+    if cc is not None:
+        try:
+            compute = f"{int(cc[0])}.{int(cc[1])}"
+        except (TypeError, ValueError, IndexError):
+            notes.append(f"GPU {index}: unexpected compute capability {cc!r}")
+    total = getattr(memory, "total", None) if memory is not None else None
+    mig_mode = None
+    if mig is not None:
+        try:
+            mig_mode = "enabled" if int(mig[0]) == 1 else "disabled"
+        except (TypeError, ValueError, IndexError):
+            mig_mode = None
+    return Gpu(
+        index=index,
+        name=_text(name) if name is not None else f"GPU {index}",
+        uuid=_text(uuid) if uuid is not None else None,
+        compute_capability=compute,
+        memory_total=int(total) if total is not None else None,
+        mig_mode=mig_mode,
+    )
+
+
+# --------------------------------------------------------------------------------------------- declared
+
+
+def _split_archs(archs: Sequence[str] | str) -> list[str]:
+    items = [archs] if isinstance(archs, str) else list(archs)
+    out: list[str] = []
+    for item in items:
+        out.extend(part.strip() for part in str(item).split(",") if part.strip())
+    return out
+
+
+def declared_driver(
+    version: str | None, archs: Sequence[str] | str = (), probed: DriverInfo | None = None
+) -> DriverInfo:
+    """The driver to evaluate against: ``version`` (``--cuda-driver``) replaces the probed driver (its CUDA
+    version comes from the branch table); ``archs`` (``--cuda-arch``, "sm_86" or "sm_86,sm_90") replace the
+    probed GPU list.  Whatever is not declared comes from ``probed`` (absent when None).
+
+    Raises OptionError naming a bad version or arch.
+    """
+    arch_list = _split_archs(archs)
+    base = probed if probed is not None else DriverInfo("absent", None, None, reason="driver not probed")
+    declared_archs: tuple[str, ...] = ()
+    for arch in arch_list:
+        try:
+            declared_archs += (compat.normalize_arch(arch),)
+        except ValueError as e:
+            raise OptionError(str(e)) from e
+    declared_archs = tuple(dict.fromkeys(declared_archs))
+    if version is not None and str(version).strip() == "":
+        version = None
+    notes = list(base.notes)
+    if version is None:
+        if not declared_archs:
+            return base
+        return DriverInfo(
+            base.source,
+            base.version,
+            base.cuda_version,
+            (),
+            declared_archs,
+            "declared",
+            base.reason,
+            tuple(notes),
+            base.libcuda,
+            base.kernel_module,
+            base.forward_compat,
+        )
+    try:
+        parsed = compat.parse_driver_version(str(version))
+    except ValueError as e:
+        raise OptionError(str(e)) from e
+    cuda = compat.cuda_for_driver(str(parsed))
+    reason = None
+    if cuda is None:
+        reason = f"driver {version} is older than every branch in the compatibility data"
+    elif compat._beyond_data(parsed):
+        notes.append(f"declared driver {version} is newer than the compatibility data; CUDA {cuda} is a lower bound")
+    branch = compat.driver_branch(parsed)
+    for row in compat.load_compat().branches:
+        if row.unconfirmed and row.branch == branch:
+            notes.append(f"R{branch} reportedly supports CUDA {row.cuda} (unconfirmed; not used)")
+    declared_notes = tuple(n for n in notes if not n.startswith(("libcuda", "libnvidia-ml", "kernel module")))
+    if probed is not None and probed.present:
+        declared_notes += (f"probed here: {probed.summary()}",)
+    return DriverInfo(
+        "declared",
+        str(version).strip(),
+        str(cuda) if cuda is not None else None,
+        () if declared_archs else base.gpus,
+        declared_archs or base.archs,
+        "declared" if declared_archs else base.arch_source,
+        reason,
+        declared_notes,
+    )
+
+
+# --------------------------------------------------------------------------------------------- markers
+
+
+def _spec(spec: str, what: str) -> SpecifierSet:
+    text = str(spec).strip()
+    if not text:
+        raise RuleError(f"empty {what} specifier")
+    if text[0].isdigit():
+        text = ">=" + text  # a bare version means "at least"
+    try:
+        return SpecifierSet(text)
+    except InvalidSpecifier as e:
+        raise RuleError(f"invalid {what} specifier {spec!r}: {e}") from e
+
+
+def _source_tag(source: str | None) -> str:
+    return f" ({source})" if source in ("probed", "declared") else ""
+
+
+def driver_satisfies(spec: str, driver: DriverInfo) -> tuple[bool, str]:
+    """``requires_driver(">=550")``: is the driver version in ``spec``? (A bare "550" means ">=550".)"""
+    wanted = _spec(spec, "driver version")
+    if not driver.version:
+        return False, f"no driver ({driver.reason or 'unknown'}); requires driver {wanted}"
+    try:
+        found = Version(driver.version)
+    except InvalidVersion:
+        return False, f"driver version {driver.version!r} is not comparable; requires driver {wanted}"
+    ok = wanted.contains(found, prereleases=True)
+    return ok, f"driver {driver.version}{_source_tag(driver.source)}; requires {wanted}"
+
+
+def cuda_satisfies(spec: str, driver: DriverInfo) -> tuple[bool, str]:
+    """``requires_cuda(">=12.4")``: is the highest CUDA the driver supports in ``spec``?"""
+    wanted = _spec(spec, "CUDA version")
+    if not driver.cuda_version:
+        who = f"driver {driver.version}" if driver.version else "no driver"
+        return False, f"{who}: CUDA version unknown ({driver.reason or 'unknown'}); requires CUDA {wanted}"
+    try:
+        found = Version(driver.cuda_version)
+    except InvalidVersion:
+        return False, f"CUDA version {driver.cuda_version!r} is not comparable; requires {wanted}"
+    ok = wanted.contains(found, prereleases=True)
+    who = f"driver {driver.version}" if driver.version else "the driver"
+    return ok, f"{who}{_source_tag(driver.source)} supports CUDA <= {driver.cuda_version}; requires {wanted}"
+
+
+_MEMORY_RE = re.compile(r"^\s*(?P<num>[0-9]+(?:\.[0-9]+)?)\s*(?P<unit>[KMGT]i?B?|[kmgt]i?b?|B|b)?\s*$")
+_UNITS = {
+    "": 1,
+    "B": 1,
+    "K": 10**3,
+    "M": 10**6,
+    "G": 10**9,
+    "T": 10**12,
+    "KI": 2**10,
+    "MI": 2**20,
+    "GI": 2**30,
+    "TI": 2**40,
+}
+
+
+def parse_memory(value: int | str) -> int:
+    """Bytes from an int or "40GiB" / "40Gi" (binary) / "80GB" / "80G" (decimal) / "512MiB"; RuleError else."""
+    if isinstance(value, bool):
+        raise RuleError(f"invalid memory {value!r}")
+    if isinstance(value, int):
+        if value < 0:
+            raise RuleError(f"invalid memory {value!r}: negative")
+        return value
+    m = _MEMORY_RE.match(str(value))
+    if not m:
+        raise RuleError(f"invalid memory {value!r} (expected bytes or e.g. '40GiB', '80GB')")
+    unit = (m["unit"] or "").upper()
+    unit = unit[:-1] if len(unit) > 1 and unit.endswith("B") else unit
+    return int(float(m["num"]) * _UNITS[unit])
+
+
+def _fmt_bytes(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB"
+
+
+def _arch_matcher(arch: str) -> tuple[Callable[[str], bool], str]:
+    """Matcher over compute capabilities ("9.0"): ">=8.0" (specifier), "sm_90" / "9.0" (exact), or a list."""
+    text = str(arch).strip()
+    if not text:
+        raise RuleError("empty arch requirement")
+    if text[0] in "<>=!~":
+        try:
+            specs = SpecifierSet(text)
+        except InvalidSpecifier as e:
+            raise RuleError(f"invalid arch specifier {arch!r}: {e}") from e
+        return (lambda cc: specs.contains(Version(cc), prereleases=True)), f"arch {text}"
+    wanted = set()
+    for part in text.split(","):
+        try:
+            wanted.add(compat._cc_of(part.strip()))
+        except ValueError as e:
+            raise RuleError(f"invalid arch requirement {arch!r}: {e}") from e
+    shown = ",".join(sorted(compat.normalize_arch(w) for w in wanted))
+    return (lambda cc: cc in wanted), f"arch {shown}"
+
+
+def gpus_satisfy(
+    count: int = 1, arch: str | None = None, memory: int | str | None = None, driver: DriverInfo | None = None
+) -> tuple[bool, str]:
+    """``requires_gpu(count=1, arch=">=8.0"|"sm_90", memory="40GiB")`` against probed GPUs or declared archs.
+
+    With declared archs (``--cuda-arch``) the GPU count and memory are unknown: an arch requirement is met by
+    any declared arch, a count above 1 or a memory requirement is not met (the reason says so).
+    """
+    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+        raise RuleError(f"requires_gpu count must be a non-negative integer, got {count!r}")
+    match, arch_text = _arch_matcher(arch) if arch is not None else ((lambda cc: True), "")
+    need_mem = parse_memory(memory) if memory is not None else None
+    wants = [f"{count} GPU{'s' if count != 1 else ''}"]
+    if arch_text:
+        wants.append(arch_text)
+    if need_mem is not None:
+        wants.append(f"memory >= {_fmt_bytes(need_mem)}")
+    wanted = "requires " + ", ".join(wants)
+    if driver is None:
+        return False, f"no driver information; {wanted}"
+    if driver.arch_source == "declared" and not driver.gpus:
+        ccs = [compat._cc_of(a) for a in driver.archs]
+        hits = [a for a, cc in zip(driver.archs, ccs, strict=True) if match(cc)]
+        found = f"declared archs {','.join(driver.archs)}"
+        if need_mem is not None:
+            return False, f"{found} (GPU memory unknown when archs are declared); {wanted}"
+        if count > 1:
+            return False, f"{found} (GPU count unknown when archs are declared); {wanted}"
+        ok = count == 0 or bool(hits)
+        return ok, f"{found}; {wanted}"
+    if not driver.gpus:
+        why = driver.reason or "NVML sees no GPU"
+        return count == 0, f"no GPU{_source_tag(driver.arch_source or driver.source)} ({why}); {wanted}"
+    matching = []
+    for gpu in driver.gpus:
+        if not gpu.compute_capability and arch is not None:
+            continue
+        if arch is not None and not match(gpu.compute_capability):
+            continue
+        if need_mem is not None and (gpu.memory_total is None or gpu.memory_total < need_mem):
+            continue
+        matching.append(gpu)
+    shown = "; ".join(
+        f"{g.name} {g.compute_capability or '?'}"
+        + (f" {_fmt_bytes(g.memory_total)}" if g.memory_total is not None else "")
+        for g in driver.gpus
+    )
+    found = f"{len(matching)} of {len(driver.gpus)} GPUs{_source_tag(driver.arch_source)} match ({shown})"
+    return len(matching) >= count, f"{found}; {wanted}"
