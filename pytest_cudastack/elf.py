@@ -1,0 +1,367 @@
+"""What an ELF file declares: class, machine, soname, DT_NEEDED, RPATH/RUNPATH, CUDA sections, PyInit.
+
+Only the ELF header, the program/section header tables and the few small sections that hold these facts are
+read (pyelftools reads lazily from the stream), so a 700 MB library costs a few kilobytes of I/O. Files are
+opened with ``O_NONBLOCK`` and checked to be regular files before anything is read, so FIFOs, sockets and
+devices never block. Every failure becomes an :class:`~pytest_cudastack.errors.ElfError` naming the file.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+from dataclasses import dataclass
+from typing import IO, Any
+
+from .errors import ElfError
+
+__all__ = [
+    "CUDA_SECTIONS",
+    "EM_NAMES",
+    "ElfInfo",
+    "VersionNeed",
+    "looks_like_elf",
+    "machine_name",
+    "read_elf",
+]
+
+log = logging.getLogger(__name__)
+
+CUDA_SECTIONS: tuple[str, ...] = (".nv_fatbin", "__nv_relfatbin", ".nvFatBinSegment")
+
+EM_NAMES: dict[int, str] = {
+    0: "none",
+    2: "SPARC",
+    3: "i386",
+    8: "MIPS",
+    20: "PowerPC",
+    21: "PowerPC64",
+    22: "S390",
+    40: "ARM",
+    43: "SPARC V9",
+    50: "IA-64",
+    62: "x86-64",
+    183: "AArch64",
+    243: "RISC-V",
+    258: "LoongArch",
+}
+
+_ET_NAMES = {0: "ET_NONE", 1: "ET_REL", 2: "ET_EXEC", 3: "ET_DYN", 4: "ET_CORE"}
+_DF_1_NODEFLIB = 0x800
+_OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+_SHN_UNDEF = 0
+
+
+def machine_name(machine: int) -> str:
+    """Human name of an ``e_machine`` value, e.g. ``machine_name(62) == "x86-64"``."""
+    return EM_NAMES.get(machine, f"machine {machine}")
+
+
+@dataclass(frozen=True)
+class VersionNeed:
+    """One DT_VERNEED entry: the file (soname) and the symbol versions needed from it."""
+
+    file: str
+    versions: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ElfInfo:
+    """The facts one ELF file declares; see the module docstring."""
+
+    path: str
+    elf_class: int
+    little_endian: bool
+    machine: int
+    osabi: int
+    elf_type: str
+    interpreter: str | None
+    soname: str | None
+    needed: tuple[str, ...]
+    rpath: tuple[str, ...]
+    runpath: tuple[str, ...]
+    nodeflib: bool
+    version_needs: tuple[VersionNeed, ...]
+    cuda_sections: tuple[str, ...]
+    pyinit: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "elf_class": self.elf_class,
+            "little_endian": self.little_endian,
+            "machine": self.machine,
+            "osabi": self.osabi,
+            "elf_type": self.elf_type,
+            "interpreter": self.interpreter,
+            "soname": self.soname,
+            "needed": list(self.needed),
+            "rpath": list(self.rpath),
+            "runpath": list(self.runpath),
+            "nodeflib": self.nodeflib,
+            "version_needs": [{"file": v.file, "versions": list(v.versions)} for v in self.version_needs],
+            "cuda_sections": list(self.cuda_sections),
+            "pyinit": self.pyinit,
+        }
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> ElfInfo:
+        """Inverse of :meth:`to_json`; raises ``ValueError`` (ElfError) on a malformed mapping."""
+        try:
+            return cls(
+                path=str(d["path"]),
+                elf_class=int(d["elf_class"]),
+                little_endian=bool(d["little_endian"]),
+                machine=int(d["machine"]),
+                osabi=int(d["osabi"]),
+                elf_type=str(d["elf_type"]),
+                interpreter=_opt_str(d["interpreter"]),
+                soname=_opt_str(d["soname"]),
+                needed=tuple(str(x) for x in d["needed"]),
+                rpath=tuple(str(x) for x in d["rpath"]),
+                runpath=tuple(str(x) for x in d["runpath"]),
+                nodeflib=bool(d["nodeflib"]),
+                version_needs=tuple(
+                    VersionNeed(str(v["file"]), tuple(str(x) for x in v["versions"])) for v in d["version_needs"]
+                ),
+                cuda_sections=tuple(str(x) for x in d["cuda_sections"]),
+                pyinit=_opt_str(d["pyinit"]),
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise ElfError(f"malformed ElfInfo mapping: {e!r}") from e
+
+
+def _opt_str(v: Any) -> str | None:
+    return None if v is None else str(v)
+
+
+def _open_regular(path: str) -> tuple[int, os.stat_result]:
+    """Open without blocking and insist on a regular file; returns (fd, stat)."""
+    try:
+        fd = os.open(path, _OPEN_FLAGS)
+    except OSError as e:
+        raise ElfError(f"{path}: cannot open: {e.strerror or e}") from e
+    try:
+        st = os.fstat(fd)
+    except OSError as e:
+        os.close(fd)
+        raise ElfError(f"{path}: cannot stat: {e.strerror or e}") from e
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        kind = "directory" if stat.S_ISDIR(st.st_mode) else "not a regular file"
+        raise ElfError(f"{path}: {kind}")
+    return fd, st
+
+
+def looks_like_elf(path: str | os.PathLike[str]) -> bool:
+    """True when *path* is a regular file starting with ``\\x7fELF``; never blocks, never raises."""
+    try:
+        fd, _st = _open_regular(os.fspath(path))
+    except (ElfError, TypeError, ValueError):
+        return False
+    try:
+        return os.read(fd, 4) == b"\x7fELF"
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def read_elf(path: str | os.PathLike[str]) -> ElfInfo:
+    """Read the declared facts of the ELF file at *path*; raises :class:`ElfError` naming the file."""
+    p = os.fspath(path)
+    fd, st = _open_regular(p)
+    try:
+        stream = os.fdopen(fd, "rb", buffering=4096)
+    except OSError as e:
+        os.close(fd)
+        raise ElfError(f"{p}: cannot open: {e}") from e
+    with stream:
+        try:
+            return _parse(p, stream, st.st_size)
+        except ElfError:
+            raise
+        except Exception as e:  # pyelftools raises many kinds on corrupt input
+            raise ElfError(f"{p}: corrupt ELF file: {type(e).__name__}: {e}") from e
+
+
+def _check_ident(p: str, ident: bytes, size: int) -> tuple[int, bool]:
+    if len(ident) < 16 or ident[:4] != b"\x7fELF":
+        raise ElfError(f"{p}: not an ELF file (bad magic)" if len(ident) >= 4 else f"{p}: file too short")
+    cls = {1: 32, 2: 64}.get(ident[4])
+    if cls is None:
+        raise ElfError(f"{p}: invalid ELF class byte {ident[4]}")
+    if ident[5] not in (1, 2):
+        raise ElfError(f"{p}: invalid ELF data encoding byte {ident[5]}")
+    hdr_size = 52 if cls == 32 else 64
+    if size < hdr_size:
+        raise ElfError(f"{p}: truncated ELF header ({size} bytes)")
+    return cls, ident[5] == 1
+
+
+def _check_tables(p: str, header: Any, size: int) -> None:
+    """Reject header tables that point past EOF or have absurd counts before pyelftools walks them."""
+    for what, off, num, ent in (
+        ("program header", header["e_phoff"], header["e_phnum"], header["e_phentsize"]),
+        ("section header", header["e_shoff"], header["e_shnum"], header["e_shentsize"]),
+    ):
+        if num == 0 or off == 0:
+            continue
+        if ent == 0 or off + num * ent > size:
+            raise ElfError(f"{p}: {what} table past end of file (offset {off}, {num} x {ent} bytes, size {size})")
+
+
+def _parse(p: str, stream: IO[bytes], size: int) -> ElfInfo:
+    from elftools.elf.elffile import ELFFile  # lazy: keeps `import pytest_cudastack.elf` cheap
+
+    ident = stream.read(16)
+    elf_class, little = _check_ident(p, ident, size)
+    stream.seek(0)
+    elf: Any = ELFFile(stream)
+    header = elf.header
+    _check_tables(p, header, size)
+    machine = _machine_number(header["e_machine"])
+    etype = str(header["e_type"])
+    if etype.startswith("ET_") is False:
+        etype = _ET_NAMES.get(int(etype) if etype.isdigit() else -1, etype)
+
+    interpreter: str | None = None
+    dyn_seg: Any = None
+    seg: Any
+    for seg in elf.iter_segments():
+        t = seg["p_type"]
+        if t == "PT_INTERP":
+            if seg["p_offset"] + seg["p_filesz"] > size:
+                raise ElfError(f"{p}: PT_INTERP past end of file")
+            interpreter = seg.get_interp_name()
+        elif t == "PT_DYNAMIC":
+            dyn_seg = seg
+
+    section_names: list[str] = []
+    dyn_sec: Any = None
+    verneed_sec: Any = None
+    gnu_hash: Any = None
+    sysv_hash: Any = None
+    sec: Any
+    for sec in elf.iter_sections():
+        name = sec.name
+        section_names.append(name)
+        st = sec["sh_type"]
+        if st == "SHT_DYNAMIC":
+            dyn_sec = sec
+        elif st == "SHT_GNU_verneed":
+            verneed_sec = sec
+        elif st == "SHT_GNU_HASH":
+            gnu_hash = sec
+        elif st == "SHT_HASH":
+            sysv_hash = sec
+        if (
+            sec["sh_type"] != "SHT_NOBITS"
+            and sec["sh_offset"] + sec["sh_size"] > size
+            and st
+            in (
+                "SHT_DYNAMIC",
+                "SHT_STRTAB",
+                "SHT_GNU_verneed",
+            )
+        ):
+            raise ElfError(f"{p}: section {name!r} past end of file")
+
+    soname: str | None = None
+    needed: list[str] = []
+    rpath: tuple[str, ...] = ()
+    runpath: tuple[str, ...] = ()
+    nodeflib = False
+    dyn: Any = dyn_sec if dyn_sec is not None else dyn_seg
+    if dyn is not None:
+        for count, tag in enumerate(dyn.iter_tags()):
+            if count > 1_000_000:
+                raise ElfError(f"{p}: absurd dynamic section")
+            d_tag = tag.entry.d_tag
+            if d_tag == "DT_NEEDED":
+                needed.append(str(tag.needed))
+            elif d_tag == "DT_SONAME":
+                soname = str(tag.soname)
+            elif d_tag == "DT_RPATH":
+                rpath = tuple(str(tag.rpath).split(":"))
+            elif d_tag == "DT_RUNPATH":
+                runpath = tuple(str(tag.runpath).split(":"))
+            elif d_tag == "DT_FLAGS_1":
+                nodeflib = bool(int(tag.entry.d_val) & _DF_1_NODEFLIB)
+            elif d_tag == "DT_NULL":
+                break
+
+    version_needs: list[VersionNeed] = []
+    if verneed_sec is not None:
+        for n, (verneed, aux_iter) in enumerate(verneed_sec.iter_versions()):
+            versions = tuple(str(aux.name) for aux in aux_iter)
+            version_needs.append(VersionNeed(str(verneed.name), versions))
+            if n > 100_000:
+                raise ElfError(f"{p}: absurd version-needs section")
+
+    cuda = tuple(s for s in CUDA_SECTIONS if s in section_names)
+    pyinit = _pyinit(p, gnu_hash if gnu_hash is not None else sysv_hash)
+    return ElfInfo(
+        path=p,
+        elf_class=elf_class,
+        little_endian=little,
+        machine=machine,
+        osabi=_osabi_number(header["e_ident"]["EI_OSABI"]),
+        elf_type=etype,
+        interpreter=interpreter,
+        soname=soname,
+        needed=tuple(needed),
+        rpath=rpath,
+        runpath=runpath,
+        nodeflib=nodeflib,
+        version_needs=tuple(version_needs),
+        cuda_sections=cuda,
+        pyinit=pyinit,
+    )
+
+
+def _pyinit(p: str, hash_sec: Any) -> str | None:
+    """``PyInit_<mod>`` when the hash table of .dynsym finds it defined; no walk over all symbols."""
+    if hash_sec is None:
+        return None
+    mod = os.path.basename(p).split(".", 1)[0]
+    if not mod.isidentifier():
+        return None
+    name = f"PyInit_{mod}"
+    sym = hash_sec.get_symbol(name)
+    if sym is None or sym["st_shndx"] in ("SHN_UNDEF", _SHN_UNDEF):
+        return None
+    return name
+
+
+_EM_BY_NAME: dict[str, int] | None = None
+
+
+def _machine_number(value: Any) -> int:
+    """pyelftools gives e_machine as a name ("EM_X86_64"); map it back to the number."""
+    if isinstance(value, int):
+        return value
+    global _EM_BY_NAME
+    if _EM_BY_NAME is None:
+        from elftools.elf.enums import ENUM_E_MACHINE
+
+        _EM_BY_NAME = {str(k): int(v) for k, v in ENUM_E_MACHINE.items() if isinstance(v, int)}
+    s = str(value)
+    if s in _EM_BY_NAME:
+        return _EM_BY_NAME[s]
+    if s.startswith("<unknown"):
+        return 0
+    try:
+        return int(s)
+    except ValueError:
+        return 0
+
+
+def _osabi_number(value: Any) -> int:
+    if isinstance(value, int):
+        return value
+    from elftools.elf.enums import ENUM_EI_OSABI
+
+    v = ENUM_EI_OSABI.get(str(value))
+    return int(v) if isinstance(v, int) else 0

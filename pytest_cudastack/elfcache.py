@@ -1,0 +1,160 @@
+"""On-disk cache of parsed ELF facts, keyed by (path, st_dev, st_ino, st_size, st_mtime_ns).
+
+One JSON file (``elfcache-v1.json``) in ``$CUDASTACK_CACHE_DIR``, else ``$XDG_CACHE_HOME/pytest-cudastack``,
+else ``~/.cache/pytest-cudastack``. ``CUDASTACK_NO_CACHE=1`` disables it. The file is written atomically
+(temporary file + ``os.replace``). A file that is not valid JSON, has another schema or version, or holds
+malformed entries is ignored (entry by entry) and rebuilt, never trusted. Read errors are cached too, so a
+broken file is not re-parsed on every run while it is unchanged.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import tempfile
+from typing import Any
+
+from .elf import ElfInfo, read_elf
+from .errors import ElfError
+
+__all__ = ["CACHE_FILE", "ElfCache", "default_cache", "default_cache_dir"]
+
+log = logging.getLogger(__name__)
+
+CACHE_FILE = "elfcache-v1.json"
+_SCHEMA = "pytest-cudastack-elfcache"
+_VERSION = 1
+
+_Key = tuple[int, int, int, int]
+
+
+def default_cache_dir(environ: dict[str, str] | None = None) -> str:
+    """``$CUDASTACK_CACHE_DIR``, else ``$XDG_CACHE_HOME/pytest-cudastack``, else ``~/.cache/pytest-cudastack``."""
+    env = os.environ if environ is None else environ
+    explicit = env.get("CUDASTACK_CACHE_DIR")
+    if explicit:
+        return explicit
+    xdg = env.get("XDG_CACHE_HOME")
+    base = xdg if xdg and os.path.isabs(xdg) else os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "pytest-cudastack")
+
+
+class ElfCache:
+    """Cached :func:`~pytest_cudastack.elf.read_elf`; see the module docstring."""
+
+    def __init__(self, directory: str | None = None, enabled: bool | None = None) -> None:
+        self.directory = directory if directory is not None else default_cache_dir()
+        self.enabled = enabled if enabled is not None else os.environ.get("CUDASTACK_NO_CACHE", "") != "1"
+        self.file = os.path.join(self.directory, CACHE_FILE)
+        self._entries: dict[str, dict[str, Any]] | None = None
+        self._dirty = False
+        self.hits = 0
+        self.misses = 0
+
+    def _load(self) -> dict[str, dict[str, Any]]:
+        if self._entries is not None:
+            return self._entries
+        entries: dict[str, dict[str, Any]] = {}
+        if self.enabled:
+            try:
+                with open(self.file, "rb") as f:
+                    raw = json.loads(f.read())
+                if (
+                    isinstance(raw, dict)
+                    and raw.get("schema") == _SCHEMA
+                    and raw.get("version") == _VERSION
+                    and isinstance(raw.get("entries"), dict)
+                ):
+                    entries = {k: v for k, v in raw["entries"].items() if isinstance(v, dict)}
+                else:
+                    log.info("ignoring foreign or outdated ELF cache %s", self.file)
+                    self._dirty = True
+            except FileNotFoundError:
+                pass
+            except (OSError, ValueError, UnicodeDecodeError, RecursionError) as e:
+                log.info("ignoring unreadable ELF cache %s: %s", self.file, e)
+                self._dirty = True
+        self._entries = entries
+        return entries
+
+    def read(self, path: str) -> ElfInfo:
+        """Cached read_elf; raises ElfError (errors are cached too)."""
+        if not self.enabled:
+            return read_elf(path)
+        try:
+            st = os.stat(path)
+        except (OSError, ValueError):
+            return read_elf(path)  # raises the ElfError naming what is wrong
+        key = [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns]
+        entries = self._load()
+        hit = entries.get(path)
+        if hit is not None and hit.get("key") == key:
+            if isinstance(hit.get("error"), str):
+                self.hits += 1
+                raise ElfError(hit["error"])
+            info = hit.get("info")
+            if isinstance(info, dict):
+                try:
+                    got = ElfInfo.from_json(info)
+                except ElfError:
+                    got = None
+                if got is not None and got.path == path:
+                    self.hits += 1
+                    return got
+        self.misses += 1
+        try:
+            result = read_elf(path)
+        except ElfError as e:
+            entries[path] = {"key": key, "error": str(e)}
+            self._dirty = True
+            raise
+        entries[path] = {"key": key, "info": result.to_json()}
+        self._dirty = True
+        return result
+
+    def flush(self) -> None:
+        """Write the cache atomically; a no-op when unchanged or disabled. Never raises on I/O errors."""
+        if not self.enabled or not self._dirty or self._entries is None:
+            return
+        payload = {"schema": _SCHEMA, "version": _VERSION, "entries": self._entries}
+        try:
+            os.makedirs(self.directory, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=".elfcache-", suffix=".tmp", dir=self.directory)
+            try:
+                with os.fdopen(fd, "w", encoding="utf-8") as f:
+                    json.dump(payload, f, separators=(",", ":"))
+                os.replace(tmp, self.file)
+            except BaseException:
+                try:
+                    os.unlink(tmp)
+                except OSError:
+                    pass
+                raise
+        except OSError as e:
+            log.warning("cannot write ELF cache %s: %s", self.file, e)
+            return
+        self._dirty = False
+
+
+_DEFAULT: ElfCache | None = None
+
+
+def default_cache() -> ElfCache:
+    """The process-wide cache for the current environment (flushed at exit)."""
+    global _DEFAULT
+    want_dir = default_cache_dir()
+    want_enabled = os.environ.get("CUDASTACK_NO_CACHE", "") != "1"
+    if _DEFAULT is None or _DEFAULT.directory != want_dir or _DEFAULT.enabled != want_enabled:
+        if _DEFAULT is not None:
+            _DEFAULT.flush()
+        else:
+            atexit.register(_flush_default)
+        _DEFAULT = ElfCache(want_dir, want_enabled)
+    return _DEFAULT
+
+
+def _flush_default() -> None:
+    if _DEFAULT is not None:
+        _DEFAULT.flush()

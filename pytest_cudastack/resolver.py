@@ -1,0 +1,704 @@
+"""Where glibc's ld.so would load each needed library from, and why (a static ``ldd``).
+
+Semantics follow glibc 2.36 ``elf/dl-load.c`` (``_dl_map_object``, ``open_path``, ``open_verify``,
+``fillin_rpath``, ``_dl_dst_substitute``), ``elf/dl-deps.c`` (``_dl_map_object_deps``: breadth-first load
+order) and ``elf/dl-object.c`` (``l_origin``), checked against ``ldd`` in tests/test_ldd_oracle.py:
+
+0. an object already loaded whose name (DT_NEEDED string it was loaded as, or the path it was opened as) or
+   DT_SONAME equals the request satisfies it without a search; a found file that is the same inode as a
+   loaded object is that object;
+1. a name containing ``/`` is opened as is (after DST expansion);
+2. DT_RPATH of the requesting object, then of the object that loaded it, and so on up to the main program,
+   only when the requesting object has no DT_RUNPATH (an object with DT_RUNPATH has its DT_RPATH ignored);
+3. LD_LIBRARY_PATH (``:`` and ``;`` separate, an empty element is the current directory, DSTs expand with
+   the main program's origin);
+4. DT_RUNPATH of the requesting object only;
+5. ld.so.cache (entries under a default directory dropped when the requester has DF_1_NODEFLIB);
+6. the default directories, unless the requester has DF_1_NODEFLIB.
+
+Every directory is tried with its ``glibc-hwcaps/<level>/`` and legacy hwcap subdirectories first. A
+candidate of the wrong ELF class or machine is skipped and the search goes on; a candidate that cannot be
+opened (missing, dangling link) is skipped; a candidate that is not a valid ELF object (a directory, a
+truncated or non-ELF file) makes ld.so stop with an error, recorded as ``problem``. ``$ORIGIN`` is the
+directory of the path an object was opened as (symlinks are NOT resolved, dl-object.c), for the root the
+path as given (as ``ldd``/``ld.so FILE`` does).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from .elf import ElfInfo, read_elf
+from .errors import ElfError, LdCacheError
+from .ldcache import LdCache, cpu_hwcaps, read_ld_cache, read_ld_so_conf
+
+__all__ = ["Library", "Resolver", "Route", "SearchConfig", "Tree", "legacy_hwcap_subdirs"]
+
+log = logging.getLogger(__name__)
+
+DEBIAN_DEFAULT_DIRS: tuple[str, ...] = ("/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib", "/usr/lib")
+DEFAULT_INTERPRETER = "/lib64/ld-linux-x86-64.so.2"
+
+
+class Route(str, Enum):
+    """How the linker found (or failed to find) a library."""
+
+    ALREADY_LOADED = "already loaded"
+    DIRECT = "direct path"
+    RPATH = "rpath"
+    LD_LIBRARY_PATH = "LD_LIBRARY_PATH"
+    RUNPATH = "runpath"
+    LD_CACHE = "ld.so.cache"
+    DEFAULT = "default"
+    NOT_FOUND = "not found"
+
+
+def legacy_hwcap_subdirs(components: Sequence[str]) -> tuple[str, ...]:
+    """Legacy hwcap subdirectories in glibc's order (dl-hwcaps.c ``_dl_important_hwcaps``), "" excluded.
+
+    *components* is glibc's ``temp`` list: hwcap bit names by bit, then the platform, then "tls".
+    Entry k uses the components of mask ``2**n - 1 - k`` (leftmost bit = first component).
+    """
+    n = len(components)
+    out: list[str] = []
+    for k in range((1 << n) - 1):
+        mask = (1 << n) - 1 - k
+        parts = [c for i, c in enumerate(components) if mask & (1 << (n - 1 - i))]
+        out.append("/".join(parts))
+    return tuple(out)
+
+
+def _cpu_info() -> tuple[str, set[str]]:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            text = f.read()
+    except OSError:
+        return "", set()
+    vendor = ""
+    flags: set[str] = set()
+    for line in text.splitlines():
+        if line.startswith("vendor_id") and not vendor:
+            vendor = line.partition(":")[2].strip()
+        elif line.startswith("flags") and not flags:
+            flags = set(line.partition(":")[2].split())
+        if vendor and flags:
+            break
+    return vendor, flags
+
+
+def _x86_platform_and_legacy(vendor: str, flags: set[str]) -> tuple[str, tuple[str, ...]]:
+    """glibc 2.36 sysdeps/x86/cpu-features.c: AT_PLATFORM override and legacy hwcap components."""
+    platform = "x86_64"
+    comps = ["x86_64"]
+    if vendor == "GenuineIntel":
+        plat: str | None = None
+        if "avx512cd" in flags:
+            if "avx512er" in flags:
+                if "avx512pf" in flags:
+                    plat = "xeon_phi"
+            elif {"avx512bw", "avx512dq", "avx512vl"} <= flags:
+                comps.append("avx512_1")
+        if plat is None and {"avx2", "fma", "bmi1", "bmi2", "abm", "movbe", "popcnt"} <= flags:
+            plat = "haswell"
+        if plat is not None:
+            platform = plat
+    return platform, (*comps, platform, "tls") if platform != "x86_64" else (*comps, "tls")
+
+
+@dataclass(frozen=True)
+class SearchConfig:
+    """Everything outside the objects themselves that decides a search."""
+
+    root: str = "/"
+    ld_library_path: tuple[str, ...] = ()
+    ld_cache: LdCache | None = None
+    default_dirs: tuple[str, ...] = DEBIAN_DEFAULT_DIRS
+    hwcaps: tuple[str, ...] = ()
+    platform: str = "x86_64"
+    lib: str = "lib64"
+    cwd: str = "."
+    legacy_subdirs: tuple[str, ...] = ()  # legacy hwcap subdirectories, best first ("" excluded)
+    conf_dirs: tuple[str, ...] = ()  # ld.so.conf directories, searched only when there is no ld.so.cache
+    interpreter: str = DEFAULT_INTERPRETER  # the dynamic linker used when the root has no PT_INTERP
+
+    @classmethod
+    def from_environment(cls, environ: Mapping[str, str] | None = None, root: str = "/") -> SearchConfig:
+        """This machine's configuration: LD_LIBRARY_PATH from *environ*, /etc/ld.so.cache under *root*."""
+        env = os.environ if environ is None else environ
+        llp_raw = env.get("LD_LIBRARY_PATH")
+        llp = tuple(llp_raw.replace(";", ":").split(":")) if llp_raw else ()
+        cache_path = os.path.join(root, "etc/ld.so.cache")
+        cache: LdCache | None = None
+        conf: tuple[str, ...] = ()
+        try:
+            cache = read_ld_cache(cache_path)
+        except LdCacheError as e:
+            log.info("no usable ld.so.cache (%s); using ld.so.conf", e)
+            conf = read_ld_so_conf("/etc/ld.so.conf", root=root)
+        machine = os.uname().machine
+        if machine == "x86_64":
+            vendor, flags = _cpu_info()
+            platform, comps = _x86_platform_and_legacy(vendor, flags)
+            hwcaps = cpu_hwcaps() if root in ("", "/") else ()
+            legacy = legacy_hwcap_subdirs(comps)
+        else:
+            platform, hwcaps, legacy = machine, (), ()
+        multiarch = os.path.isdir(os.path.join(root, "lib/x86_64-linux-gnu"))
+        return cls(
+            root=root,
+            ld_library_path=llp,
+            ld_cache=cache,
+            default_dirs=DEBIAN_DEFAULT_DIRS if multiarch else ("/lib64", "/usr/lib64", "/lib", "/usr/lib"),
+            hwcaps=hwcaps,
+            platform=platform,
+            lib="lib/x86_64-linux-gnu" if multiarch else "lib64",
+            cwd=os.getcwd(),
+            legacy_subdirs=legacy,
+            conf_dirs=conf,
+        )
+
+
+@dataclass(frozen=True)
+class Library:
+    """One needed soname and where the linker would load it from."""
+
+    soname: str
+    path: str | None
+    realpath: str | None
+    route: Route
+    route_detail: str
+    tried: tuple[str, ...]
+    needed_by: tuple[str, ...]
+    provider: str | None = None
+    problem: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "soname": self.soname,
+            "path": self.path,
+            "realpath": self.realpath,
+            "route": self.route.value,
+            "route_detail": self.route_detail,
+            "tried": list(self.tried),
+            "needed_by": list(self.needed_by),
+            "provider": self.provider,
+            "problem": self.problem,
+        }
+
+
+@dataclass(frozen=True)
+class Tree:
+    """The transitive closure of one root ELF file, in load order."""
+
+    path: str
+    info: ElfInfo | None
+    libraries: tuple[Library, ...]
+    problems: tuple[str, ...]
+    _parents: dict[str, str] = field(default_factory=dict, repr=False, compare=False, hash=False)
+
+    @property
+    def missing(self) -> tuple[Library, ...]:
+        return tuple(lib for lib in self.libraries if lib.path is None)
+
+    def chain(self, soname: str) -> tuple[str, ...]:
+        """Root, ..., the object that first needed *soname* (paths); () when not in the tree."""
+        lib = next((x for x in self.libraries if x.soname == soname), None)
+        if lib is None or not lib.needed_by:
+            return ()
+        out = [lib.needed_by[0]]
+        seen = {out[0]}
+        while out[-1] != self.path:
+            parent = self._parents.get(out[-1])
+            if parent is None or parent in seen:
+                break
+            out.append(parent)
+            seen.add(parent)
+        return tuple(reversed(out))
+
+    def to_json(self) -> dict[str, Any]:
+        """design.md's ``cudastack tree --json`` object."""
+        return {
+            "path": self.path,
+            "libraries": [
+                {"soname": x.soname, "path": x.path, "needed_by": list(x.needed_by), "provider": x.provider}
+                for x in self.libraries
+            ],
+        }
+
+
+@dataclass
+class _Obj:
+    path: str  # logical path it was opened as
+    info: ElfInfo
+    loader: _Obj | None
+    origin: str | None
+    file_id: tuple[int, int] | None
+    rpath_dirs: list[str] | None = None
+    runpath_dirs: list[str] | None = None
+
+
+@dataclass
+class _Rec:
+    soname: str
+    path: str | None
+    route: Route
+    detail: str
+    tried: list[str]
+    needed_by: list[str]
+    problem: str | None
+    obj: _Obj | None
+
+
+_Verdict = tuple[str, Any]  # ("ok", ElfInfo) | ("absent", reason) | ("skip", reason) | ("fatal", reason)
+
+
+class Resolver:
+    """Resolves closures; reuse one instance across many files (directory listings and ELF facts are
+    memoised). Not thread-safe."""
+
+    def __init__(
+        self,
+        config: SearchConfig | None = None,
+        *,
+        reader: Callable[[str], ElfInfo] | None = None,
+        owner: Callable[[str], str | None] | None = None,
+    ) -> None:
+        self.config = config if config is not None else SearchConfig.from_environment()
+        if reader is None:
+            reader = _default_reader()
+        self._reader = reader
+        self._owner = owner
+        self._listings: dict[str, frozenset[str] | None] = {}
+        self._infos: dict[str, ElfInfo | ElfError] = {}
+        self._ids: dict[str, tuple[int, int] | None] = {}
+        self._realpaths: dict[str, str] = {}
+        self._owners: dict[str, str | None] = {}
+        root = self.config.root
+        self._prefix = "" if root in ("", "/") else root.rstrip("/")
+        self._subdirs: tuple[str, ...] = (
+            *(f"glibc-hwcaps/{h}" for h in self.config.hwcaps),
+            *self.config.legacy_subdirs,
+        )
+        self._sysdirs = tuple(d.rstrip("/") + "/" for d in self.config.default_dirs)
+
+    # ------------------------------------------------------------------ file system, memoised
+    def _host(self, logical: str) -> str:
+        if not self._prefix or not logical.startswith("/"):
+            return logical
+        return self._prefix + logical
+
+    def _abs(self, p: str) -> str:
+        return p if p.startswith("/") else os.path.join(self.config.cwd, p)
+
+    def _listing(self, directory: str) -> frozenset[str] | None:
+        key = self._abs(directory) if directory else self.config.cwd
+        hit = self._listings.get(key, False)
+        if hit is not False:
+            return hit  # type: ignore[return-value]
+        try:
+            names: frozenset[str] | None = frozenset(os.listdir(self._host(key)))
+        except OSError:
+            names = None
+        self._listings[key] = names
+        return names
+
+    def _exists(self, path: str) -> bool:
+        d, sep, base = path.rpartition("/")
+        if not base:
+            return False
+        if sep and not d:
+            d = "/"
+        names = self._listing(d)
+        return names is not None and base in names
+
+    def _info(self, path: str) -> ElfInfo | ElfError:
+        key = self._abs(path)
+        hit = self._infos.get(key)
+        if hit is None:
+            try:
+                hit = self._reader(self._host(key))
+            except ElfError as e:
+                hit = e
+            except OSError as e:  # a custom reader
+                hit = ElfError(f"{path}: cannot open: {e}")
+            self._infos[key] = hit
+        return hit
+
+    def _file_id(self, path: str) -> tuple[int, int] | None:
+        key = self._abs(path)
+        if key not in self._ids:
+            try:
+                st = os.stat(self._host(key))
+                self._ids[key] = (st.st_dev, st.st_ino)
+            except OSError:
+                self._ids[key] = None
+        return self._ids[key]
+
+    def _realpath(self, path: str) -> str:
+        key = self._abs(path)
+        hit = self._realpaths.get(key)
+        if hit is None:
+            hit = os.path.realpath(self._host(key))
+            if self._prefix and hit.startswith(self._prefix + "/"):
+                hit = hit[len(self._prefix) :]
+            self._realpaths[key] = hit
+        return hit
+
+    def _owner_of(self, path: str | None) -> str | None:
+        if path is None or self._owner is None:
+            return None
+        if path not in self._owners:
+            try:
+                self._owners[path] = self._owner(path)
+            except Exception as e:  # an owner callback must never break resolution
+                log.debug("owner(%s) failed: %s", path, e)
+                self._owners[path] = None
+        return self._owners[path]
+
+    # ------------------------------------------------------------------ candidates
+    def _verify(self, path: str, want: ElfInfo) -> _Verdict:
+        """open_verify: ok, absent (open fails: continue), skip (other class/machine: continue), fatal."""
+        if not self._exists(path):
+            return ("absent", "")
+        got = self._info(path)
+        if isinstance(got, ElfError):
+            msg = str(got)
+            if ": cannot open:" in msg:
+                return ("absent", msg)
+            return ("fatal", msg)
+        if got.elf_class != want.elf_class:
+            return ("skip", f"{path}: wrong ELF class (ELF{got.elf_class}, need ELF{want.elf_class})")
+        if got.little_endian != want.little_endian:
+            return ("fatal", f"{path}: ELF file data encoding differs")
+        if got.machine != want.machine:
+            return ("skip", f"{path}: wrong machine ({got.machine}, need {want.machine})")
+        if got.elf_type not in ("ET_DYN", "ET_EXEC"):
+            return ("fatal", f"{path}: only ET_DYN and ET_EXEC can be loaded ({got.elf_type})")
+        if got.osabi not in (0, 3):
+            return ("fatal", f"{path}: ELF file OS ABI invalid ({got.osabi})")
+        return ("ok", got)
+
+    def _open_path(
+        self, name: str, dirs: Sequence[str], want: ElfInfo, tried: list[str], skipped: list[str]
+    ) -> tuple[str | None, str | None]:
+        """(path, fatal problem) over *dirs* with hwcaps subdirectories first."""
+        for d in dirs:
+            base = d if d.endswith("/") or not d else d + "/"
+            listing = self._listing(base.rstrip("/") or ("/" if base else ""))
+            if listing is None:
+                tried.append(base + name)
+                continue
+            for sub in self._subdirs:
+                first = sub.split("/", 1)[0]
+                if first not in listing:
+                    continue
+                cand = f"{base}{sub}/{name}"
+                if not self._exists(cand):
+                    continue
+                tried.append(cand)
+                found, fatal = self._judge(cand, want, skipped)
+                if found or fatal:
+                    return found, fatal
+            cand = base + name
+            tried.append(cand)
+            if name not in listing:
+                continue
+            found, fatal = self._judge(cand, want, skipped)
+            if found or fatal:
+                return found, fatal
+        return None, None
+
+    def _judge(self, cand: str, want: ElfInfo, skipped: list[str]) -> tuple[str | None, str | None]:
+        kind, detail = self._verify(cand, want)
+        if kind == "ok":
+            return cand, None
+        if kind == "fatal":
+            return None, str(detail)
+        if kind == "skip" or detail:
+            skipped.append(str(detail))
+        return None, None
+
+    # ------------------------------------------------------------------ DSTs and path lists
+    def _expand(self, s: str, origin: str | None) -> str | None:
+        """_dl_dst_substitute; None when a DST cannot be expanded (the element is dropped)."""
+        if "$" not in s:
+            return s
+        out: list[str] = []
+        i = 0
+        n = len(s)
+        while i < n:
+            c = s[i]
+            if c != "$":
+                out.append(c)
+                i += 1
+                continue
+            value: str | None = None
+            used = 0
+            for tok in ("ORIGIN", "PLATFORM", "LIB"):
+                if s.startswith("{" + tok + "}", i + 1):
+                    used = len(tok) + 2
+                elif s.startswith(tok, i + 1) and not (
+                    i + 1 + len(tok) < n and (s[i + 1 + len(tok)].isalnum() or s[i + 1 + len(tok)] == "_")
+                ):
+                    used = len(tok)
+                else:
+                    continue
+                if tok == "ORIGIN":
+                    if origin is None:
+                        return None
+                    value = origin
+                elif tok == "PLATFORM":
+                    value = self.config.platform
+                else:
+                    value = self.config.lib
+                break
+            if value is None:
+                out.append(c)
+                i += 1
+            else:
+                out.append(value)
+                i += 1 + used
+        return "".join(out)
+
+    def _dirlist(self, elements: Sequence[str], origin: str | None) -> list[str]:
+        """fillin_rpath: expand, drop unexpandable, strip trailing '/', dedupe; "" stays (= cwd)."""
+        out: list[str] = []
+        for el in elements:
+            if el:
+                exp = self._expand(el, origin)
+                if not exp:
+                    continue
+                exp = exp.rstrip("/") or "/"
+            else:
+                exp = ""
+            if exp not in out:
+                out.append(exp)
+        return out
+
+    def _rpath_dirs(self, o: _Obj) -> list[str]:
+        if o.rpath_dirs is None:
+            o.rpath_dirs = [] if o.info.runpath else self._dirlist(o.info.rpath, o.origin)
+        return o.rpath_dirs
+
+    def _runpath_dirs(self, o: _Obj) -> list[str]:
+        if o.runpath_dirs is None:
+            o.runpath_dirs = self._dirlist(o.info.runpath, o.origin)
+        return o.runpath_dirs
+
+    # ------------------------------------------------------------------ the search
+    def _search(self, name: str, req: _Obj, main: _Obj, want: ElfInfo) -> _Rec:
+        tried: list[str] = []
+        skipped: list[str] = []
+
+        def rec(path: str | None, route: Route, detail: str, fatal: str | None = None) -> _Rec:
+            problem = fatal
+            if problem is None and path is None and skipped:
+                problem = "; ".join(skipped)
+            elif problem is None and skipped:
+                problem = "skipped: " + "; ".join(skipped)
+            return _Rec(name, path, route, detail, tried, [], problem, None)
+
+        if "/" in name:
+            exp = self._expand(name, req.origin)
+            if exp is None:
+                return rec(None, Route.NOT_FOUND, "cannot expand dynamic string token")
+            tried.append(exp)
+            found, fatal = self._judge(exp, want, skipped) if self._exists(exp) else (None, None)
+            return rec(found, Route.DIRECT if found else Route.NOT_FOUND, "", fatal)
+
+        if not req.info.runpath:
+            o: _Obj | None = req
+            did_main = False
+            while o is not None:
+                dirs = self._rpath_dirs(o)
+                if dirs:
+                    found, fatal = self._open_path(name, dirs, want, tried, skipped)
+                    if found or fatal:
+                        return rec(found, Route.RPATH if found else Route.NOT_FOUND, f"rpath of {o.path}", fatal)
+                    did_main |= o is main
+                o = o.loader
+            if not did_main and main is not req:
+                dirs = self._rpath_dirs(main)
+                if dirs:
+                    found, fatal = self._open_path(name, dirs, want, tried, skipped)
+                    if found or fatal:
+                        return rec(found, Route.RPATH if found else Route.NOT_FOUND, f"rpath of {main.path}", fatal)
+
+        if self.config.ld_library_path:
+            dirs = self._dirlist(self.config.ld_library_path, main.origin)
+            found, fatal = self._open_path(name, dirs, want, tried, skipped)
+            if found or fatal:
+                return rec(found, Route.LD_LIBRARY_PATH if found else Route.NOT_FOUND, "LD_LIBRARY_PATH", fatal)
+
+        if req.info.runpath:
+            dirs = self._runpath_dirs(req)
+            found, fatal = self._open_path(name, dirs, want, tried, skipped)
+            if found or fatal:
+                return rec(found, Route.RUNPATH if found else Route.NOT_FOUND, f"runpath of {req.path}", fatal)
+
+        cache = self.config.ld_cache
+        if cache is not None:
+            cached = cache.lookup(name, want.elf_class, want.machine, self.config.hwcaps)
+            if cached is not None and req.info.nodeflib and cached.startswith(self._sysdirs):
+                skipped.append(f"ld.so.cache entry {cached} ignored (DF_1_NODEFLIB)")
+                cached = None
+            if cached is not None:
+                tried.append(cached)
+                found, fatal = self._judge(cached, want, skipped) if self._exists(cached) else (None, None)
+                if found or fatal:
+                    return rec(found, Route.LD_CACHE if found else Route.NOT_FOUND, cache.path, fatal)
+        elif self.config.conf_dirs and not req.info.nodeflib:
+            found, fatal = self._open_path(name, self.config.conf_dirs, want, tried, skipped)
+            if found or fatal:
+                return rec(found, Route.LD_CACHE if found else Route.NOT_FOUND, "ld.so.conf (no ld.so.cache)", fatal)
+
+        if not req.info.nodeflib:
+            found, fatal = self._open_path(name, self.config.default_dirs, want, tried, skipped)
+            if found or fatal:
+                return rec(found, Route.DEFAULT if found else Route.NOT_FOUND, "default directories", fatal)
+        return rec(None, Route.NOT_FOUND, "")
+
+    # ------------------------------------------------------------------ public
+    def _new_obj(self, path: str, info: ElfInfo, loader: _Obj | None) -> _Obj:
+        ap = self._abs(path)
+        origin = ap.rsplit("/", 1)[0] or "/"
+        return _Obj(path, info, loader, origin, self._file_id(path))
+
+    def tree(self, path: str, preloaded: Sequence[str] = ()) -> Tree:
+        """The whole closure of *path* in load order; problems (not exceptions) for bad input."""
+        path = os.fspath(path)
+        got = self._info(path)
+        if isinstance(got, ElfError):
+            return Tree(path, None, (), (str(got),))
+        main = self._new_obj(path, got, None)
+        return self._closure(main, got, list(preloaded))
+
+    def _closure(self, main: _Obj, want: ElfInfo, preloaded: list[str]) -> Tree:
+        problems: list[str] = []
+        by_name: dict[str, _Obj] = {}  # names (DT_NEEDED strings, sonames, paths) of loaded objects
+        by_id: dict[tuple[int, int], _Obj] = {}
+        recs: dict[str, _Rec] = {}
+        parents: dict[str, str] = {}
+
+        def register(o: _Obj, *names: str | None) -> None:
+            for n in (o.path, o.info.soname, *names):
+                if n and n not in by_name:
+                    by_name[n] = o
+            if o.file_id is not None:
+                by_id.setdefault(o.file_id, o)
+
+        register(main)
+        queue: list[_Obj] = [main]
+        interp = want.interpreter or self.config.interpreter
+        rtld_info = self._info(interp)
+        rtld: _Obj | None = None
+        if isinstance(rtld_info, ElfInfo):
+            rtld = self._new_obj(interp, rtld_info, None)
+            for n in (rtld.path, rtld.info.soname):
+                if n and n not in by_name:
+                    by_name[n] = rtld
+            if rtld.file_id is not None:
+                by_id.setdefault(rtld.file_id, rtld)
+        for p in preloaded:
+            pi = self._info(p)
+            if isinstance(pi, ElfError):
+                problems.append(f"preload {p}: {pi}")
+                continue
+            po = self._new_obj(p, pi, None)
+            register(po)
+            queue.append(po)
+
+        i = 0
+        while i < len(queue):
+            obj = queue[i]
+            i += 1
+            for raw in obj.info.needed:
+                name = self._expand(raw, obj.origin) if "$" in raw else raw
+                if name is None:
+                    problems.append(f"{obj.path}: cannot expand {raw!r}")
+                    continue
+                r = recs.get(name)
+                if r is not None:
+                    if obj.path not in r.needed_by:
+                        r.needed_by.append(obj.path)
+                    continue
+                hit = by_name.get(name)
+                if hit is not None:
+                    detail = "the dynamic linker" if hit is rtld else f"as {hit.path}"
+                    r = _Rec(name, hit.path, Route.ALREADY_LOADED, detail, [], [obj.path], None, None)
+                    recs[name] = r
+                    continue
+                r = self._search(name, obj, main, want)
+                r.needed_by.append(obj.path)
+                recs[name] = r
+                if r.path is None:
+                    if r.problem:
+                        problems.append(f"{name}: {r.problem}")
+                    continue
+                fid = self._file_id(r.path)
+                same = by_id.get(fid) if fid is not None else None
+                if same is not None:
+                    by_name.setdefault(name, same)
+                    continue
+                info = self._info(r.path)
+                if not isinstance(info, ElfInfo):  # verified in _search; cannot happen
+                    continue
+                new = self._new_obj(r.path, info, obj)
+                r.obj = new
+                register(new, name)
+                parents[new.path] = obj.path
+                queue.append(new)
+
+        libs = tuple(
+            Library(
+                soname=r.soname,
+                path=r.path,
+                realpath=self._realpath(r.path) if r.path is not None else None,
+                route=r.route,
+                route_detail=r.detail,
+                tried=tuple(r.tried),
+                needed_by=tuple(r.needed_by),
+                provider=self._owner_of(r.path),
+                problem=r.problem,
+            )
+            for r in recs.values()
+        )
+        return Tree(main.path, main.info, libs, tuple(problems), parents)
+
+    def find(self, soname: str, loader: str | None = None) -> Library:
+        """Where *soname* would load from as a DT_NEEDED of *loader* (default: ``sys.executable``, whose
+        origin is its resolved path, as the kernel's /proc/self/exe gives it)."""
+        lpath = loader if loader is not None else os.path.realpath(sys.executable)
+        got = self._info(lpath)
+        if isinstance(got, ElfError):
+            return Library(soname, None, None, Route.NOT_FOUND, "", (), (lpath,), None, str(got))
+        main = self._new_obj(lpath, got, None)
+        if soname in (main.info.soname, main.path):
+            return Library(soname, main.path, self._realpath(main.path), Route.ALREADY_LOADED, "", (), (lpath,))
+        r = self._search(soname, main, main, got)
+        return Library(
+            soname=soname,
+            path=r.path,
+            realpath=self._realpath(r.path) if r.path is not None else None,
+            route=r.route,
+            route_detail=r.detail,
+            tried=tuple(r.tried),
+            needed_by=(lpath,),
+            provider=self._owner_of(r.path),
+            problem=r.problem,
+        )
+
+
+def _default_reader() -> Callable[[str], ElfInfo]:
+    try:
+        from .elfcache import default_cache
+    except ImportError:
+        return read_elf
+    reader: Callable[[str], ElfInfo] = default_cache().read
+    return reader
