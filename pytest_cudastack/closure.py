@@ -1,0 +1,254 @@
+"""Does every Python extension module of every installed distribution resolve all its libraries?
+
+An extension module is a RECORD-listed shared object that exports ``PyInit_<name>`` (``ElfInfo.pyinit``);
+the ``.so`` suffix alone does not make one (nvidia's ``libcheckpoint.so``, triton's test plugins). Each
+module is the root of one :meth:`Resolver.tree`; one Resolver serves them all, so directory listings and ELF
+facts are read once.
+
+Findings:
+
+* one ERROR per missing soname (all of them, from one run), with the chain from the first module that needs
+  it, how many modules need it, and which distribution's RECORD claims the file ("nvidia-nccl-cu13 2.30.7
+  lists nvidia/nccl/lib/libnccl.so.2 but the file is gone");
+* driver-provided sonames (``compat.is_driver_soname``: libcuda.so.1, libnvidia-ml.so.1, ...) missing on a
+  machine without a driver: one INFO fact, not a failure;
+* shipped libraries no extension module reaches (optional plugins such as NVSHMEM transports needing
+  libfabric, triton's test plugins) whose own closure misses something: INFO, one per distribution.
+
+Chains and details name files relative to their site directory (the site directory is in ``where``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from pytest_cudastack.findings import Finding, Severity
+from pytest_cudastack.inventory import Distribution, Inventory, ShippedLib, default_reader
+from pytest_cudastack.resolver import Library, Resolver, SearchConfig, Tree
+
+__all__ = ["ModuleTree", "default_resolver", "extension_closures", "extension_modules", "module_trees"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ModuleTree:
+    """One extension module, its distribution and its resolved closure."""
+
+    dist: Distribution
+    module: ShippedLib
+    tree: Tree
+
+
+def default_resolver(inv: Inventory, config: SearchConfig | None = None) -> Resolver:
+    """A Resolver for this process's search configuration that names owners from ``inv``."""
+    return Resolver(
+        config if config is not None else SearchConfig.from_environment(),
+        reader=default_reader(),
+        owner=inv.owner,
+    )
+
+
+def extension_modules(inv: Inventory) -> tuple[tuple[Distribution, ShippedLib], ...]:
+    """Every RECORD-listed, present file that exports ``PyInit_<name>``, in inventory order."""
+    return tuple((d, lib) for d in inv.distributions for lib in d.libraries if lib.exists and lib.pyinit)
+
+
+def module_trees(inv: Inventory, resolver: Resolver) -> tuple[ModuleTree, ...]:
+    """The resolved closure of every extension module."""
+    return tuple(ModuleTree(d, lib, resolver.tree(lib.path)) for d, lib in extension_modules(inv))
+
+
+def _driver_check() -> Callable[[str], bool]:
+    try:
+        compat = importlib.import_module("pytest_cudastack.compat")
+    except ImportError:  # pragma: no cover - the driver engineer's module
+        return lambda s: s.startswith(("libcuda.so", "libnvidia-ml.so"))
+    fn: Callable[[str], bool] = compat.is_driver_soname
+    return fn
+
+
+def _rel(path: str, inv: Inventory) -> str:
+    p = os.path.normpath(path)
+    for site in inv.site_dirs:
+        s = os.path.normpath(site).rstrip(os.sep) + os.sep
+        if p.startswith(s):
+            return p[len(s) :]
+    return p
+
+
+def _realpath(path: str) -> str:
+    try:
+        return os.path.realpath(path)
+    except OSError:  # pragma: no cover
+        return path
+
+
+@dataclass
+class _Missing:
+    soname: str
+    needers: list[ModuleTree]
+    libs: list[Library]
+
+
+def _claims(inv: Inventory, soname: str) -> tuple[list[str], list[str], list[Distribution]]:
+    """(gone, present-elsewhere, claiming distributions) for a missing soname."""
+    gone: list[str] = []
+    present: list[str] = []
+    dists: list[Distribution] = []
+    for dist, path in inv.shipping(soname):
+        if not any(d is dist for d in dists):
+            dists.append(dist)
+        rel = _rel(path, inv)
+        if os.path.lexists(path):
+            present.append(f"{dist.label} ships it at {rel}, but that directory is not on the search path")
+        else:
+            gone.append(f"{dist.label} lists {rel} but the file is gone")
+    return gone, present, dists
+
+
+def extension_closures(
+    inv: Inventory, resolver: Resolver, *, trees: Sequence[ModuleTree] | None = None
+) -> tuple[Finding, ...]:
+    """Closure findings for every extension module of every distribution in ``inv``.
+
+    ``trees``: precomputed :func:`module_trees` (to share them with other reports).
+    """
+    mts = tuple(trees) if trees is not None else module_trees(inv, resolver)
+    is_driver = _driver_check()
+    missing: dict[str, _Missing] = {}
+    reached: set[str] = set()
+    findings: list[Finding] = []
+    for mt in mts:
+        reached.add(_realpath(mt.module.path))
+        for lib in mt.tree.libraries:
+            if lib.path is not None:
+                reached.add(lib.realpath or _realpath(lib.path))
+        for lib in mt.tree.missing:
+            m = missing.setdefault(lib.soname, _Missing(lib.soname, [], []))
+            m.needers.append(mt)
+            m.libs.append(lib)
+        for problem in mt.tree.problems:
+            findings.append(
+                Finding(
+                    check="closure",
+                    severity=Severity.WARNING,
+                    subject=_rel(mt.module.path, inv),
+                    message=problem,
+                    where=(mt.dist.location,),
+                )
+            )
+    driver_missing: list[_Missing] = []
+    for soname in sorted(missing):
+        m = missing[soname]
+        if is_driver(soname):
+            driver_missing.append(m)
+            continue
+        findings.append(_missing_finding(inv, m))
+    if driver_missing:
+        names = ", ".join(m.soname for m in driver_missing)
+        count = len({id(mt) for m in driver_missing for mt in m.needers})
+        findings.append(
+            Finding(
+                check="closure",
+                severity=Severity.INFO,
+                subject=names,
+                message=f"{names}: provided by the NVIDIA driver, not found here; {count} extension module(s) need it",
+                cause="no NVIDIA driver is installed on this machine (no wheel ships the driver's libraries)",
+                fix="nothing to do for a build or CI machine; on a GPU machine install the NVIDIA driver",
+                chain=tuple(_rel(p, inv) for p in _best_chain(driver_missing[0])),
+                where=tuple(driver_missing[0].libs[0].tried[:12]),
+            )
+        )
+    reported = set(missing)
+    findings.extend(_unreachable(inv, resolver, reached, lambda s: is_driver(s) or s in reported))
+    return tuple(findings)
+
+
+def _best_chain(m: _Missing) -> tuple[str, ...]:
+    chains = [mt.tree.chain(m.soname) for mt in m.needers]
+    chains = [c for c in chains if c] or [(m.needers[0].module.path,)]
+    return min(chains, key=len)
+
+
+def _missing_finding(inv: Inventory, m: _Missing) -> Finding:
+    chain = _best_chain(m)
+    dists = sorted({mt.dist.label for mt in m.needers})
+    modules = sorted({_rel(mt.module.path, inv) for mt in m.needers})
+    needer = _rel(chain[-1], inv) if chain else modules[0]
+    gone, present, claimers = _claims(inv, m.soname)
+    message = (
+        f"{m.soname} is not found: needed by {needer} (from {len(modules)} extension module(s) of {', '.join(dists)})"
+    )
+    if gone or present:
+        cause = "; ".join(gone + present)
+    else:
+        cause = (
+            "no installed distribution ships it, and the dynamic linker's search (RPATH, LD_LIBRARY_PATH, "
+            "RUNPATH, ld.so.cache, default directories) finds no file of that name"
+        )
+    if claimers:
+        fixes = [f"pip install --force-reinstall --no-deps {d.name}=={d.version}" for d in claimers]
+        fix = "; ".join(fixes)
+    else:
+        fix = f"install the package that provides {m.soname} (a wheel or a system package)"
+    tried: list[str] = []
+    for lib in m.libs:
+        for t in lib.tried:
+            d = _rel(os.path.dirname(os.path.normpath(t)), inv)
+            if d not in tried:
+                tried.append(d)
+    details = tuple(f"module: {x}" for x in modules[:8]) + (
+        (f"... and {len(modules) - 8} more module(s)",) if len(modules) > 8 else ()
+    )
+    return Finding(
+        check="closure",
+        severity=Severity.ERROR,
+        subject=m.soname,
+        message=message,
+        cause=cause,
+        fix=fix,
+        where=tuple(tried[:16]),
+        chain=tuple(_rel(p, inv) for p in chain),
+        details=details,
+    )
+
+
+def _shipped_note(inv: Inventory, soname: str) -> str:
+    present = [(d, p) for d, p in inv.shipping(soname) if os.path.lexists(p)]
+    if not present:
+        return soname
+    d, p = present[0]
+    return f"{soname} (shipped by {d.label} at {_rel(p, inv)}, found only when already loaded)"
+
+
+def _unreachable(inv: Inventory, resolver: Resolver, reached: set[str], skip: Callable[[str], bool]) -> list[Finding]:
+    findings: list[Finding] = []
+    for d in inv.distributions:
+        notes: list[str] = []
+        for lib in d.libraries:
+            if not lib.exists or lib.pyinit or lib.problem or _realpath(lib.path) in reached:
+                continue
+            tree = resolver.tree(lib.path)
+            absent = [x.soname for x in tree.missing if not skip(x.soname)]
+            if absent:
+                notes.append(f"{_rel(lib.path, inv)} needs {', '.join(_shipped_note(inv, a) for a in absent)}")
+        if notes:
+            findings.append(
+                Finding(
+                    check="closure",
+                    severity=Severity.INFO,
+                    subject=d.label,
+                    message=f"{d.label}: {len(notes)} librar{'y' if len(notes) == 1 else 'ies'} no extension "
+                    "module loads need(s) sonames not found here (optional plugins)",
+                    cause="loaded only on demand (dlopen) when the feature is used; not needed to import anything",
+                    fix="install the missing libraries only if you use that feature",
+                    where=(d.location,),
+                    details=tuple(notes[:12]),
+                )
+            )
+    return findings
