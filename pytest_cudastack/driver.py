@@ -97,6 +97,7 @@ _NVML_NAMES: Mapping[int, str] = {
 }
 
 _NOT_SUPPORTED = 3
+_LIBRARY_NOT_FOUND = 12
 
 
 # --------------------------------------------------------------------------------------------- results
@@ -366,6 +367,8 @@ def nvml_reason(call: str, exc: BaseException) -> str:
     if code is None:
         return f"{call}: {type(exc).__name__}: {exc}"
     meaning = NVML_REASONS.get(code)
+    if code == _LIBRARY_NOT_FOUND and call.startswith("nvmlSystemGetCudaDriverVersion"):
+        meaning = "NVML could not load libcuda.so.1 (the CUDA driver library is absent or unloadable)"
     name = _NVML_NAMES.get(code, f"NVML error {code}")
     if meaning is None:
         try:
@@ -396,6 +399,7 @@ def _load_nvml_override(nvml: Any) -> str | None:
             "(NVML_ERROR_LIBRARY_NOT_FOUND)"
         )
     nvml.nvmlLib = handle
+    logger.debug("NVML loaded from %s ($%s)", path, NVML_LIBRARY_ENV)
     return None
 
 
@@ -466,6 +470,8 @@ def _probe(nvml: Any | None, files: DriverFiles) -> DriverInfo:
         problem = _load_nvml_override(nvml)
         if problem is not None:
             return _fallback(files, problem, notes)
+        if os.environ.get(NVML_LIBRARY_ENV):
+            notes.append(f"NVML library from ${NVML_LIBRARY_ENV}: {os.environ[NVML_LIBRARY_ENV]}")
     try:
         nvml.nvmlInit()
     except Exception as e:
@@ -500,7 +506,7 @@ def _probe_initialised(nvml: Any, files: DriverFiles, notes: list[str]) -> Drive
             cuda = _cuda_from_int(int(nvml.nvmlSystemGetCudaDriverVersion()))
             notes.append(f"{first}; used nvmlSystemGetCudaDriverVersion instead")
         except Exception as e2:
-            notes.append(f"{first} (libcuda.so.1 absent?); {nvml_reason('nvmlSystemGetCudaDriverVersion', e2)}")
+            notes.append(f"{first}; {nvml_reason('nvmlSystemGetCudaDriverVersion', e2)}")
             table = compat.cuda_for_driver(version) if version and _data_ok() else None
             if table is not None:
                 cuda = str(table)
