@@ -243,8 +243,8 @@ def _unreachable(inv: Inventory, resolver: Resolver, reached: set[str], skip: Ca
                     check="closure",
                     severity=Severity.INFO,
                     subject=d.label,
-                    message=f"{d.label}: {len(notes)} librar{'y' if len(notes) == 1 else 'ies'} no extension "
-                    "module loads need(s) sonames not found here (optional plugins)",
+                    message=f"{len(notes)} shipped librar{'y' if len(notes) == 1 else 'ies'} that no extension "
+                    "module loads need sonames not found here (optional plugins)",
                     cause="loaded only on demand (dlopen) when the feature is used; not needed to import anything",
                     fix="install the missing libraries only if you use that feature",
                     where=(d.location,),

@@ -448,7 +448,10 @@ def _overlaps(
             message = f"{labels} list the same {what} with identical bytes"
             cause = "uninstalling either deletes the file the other still lists"
             fix = ""
-        details = tuple(s.describe() for s in sorted(conflicting or libs, key=lambda s: s.rel)[:12])
+        shown = sorted(conflicting or libs, key=lambda s: (not is_shared_lib_path(s.path), s.rel))
+        details = tuple(s.describe() for s in shown[:8])
+        if len(shown) > 8:
+            details += (f"... and {len(shown) - 8} more",)
         findings.append(
             Finding(
                 check="integrity",

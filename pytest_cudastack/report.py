@@ -1,0 +1,187 @@
+"""``cudastack report`` and ``cudastack check``: the wheels part (inventory + integrity + closure).
+
+Site directories: ``args.site`` (a list; the CLI's repeatable ``--site DIR``), else ``$CUDASTACK_SITE``
+(``os.pathsep``-separated), else this interpreter's ``sys.path``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import logging
+import os
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+from pytest_cudastack.closure import default_resolver, extension_closures, module_trees
+from pytest_cudastack.findings import Finding, Severity
+from pytest_cudastack.integrity import check_integrity
+from pytest_cudastack.inventory import Inventory, installed_wheels
+from pytest_cudastack.resolver import Resolver
+
+__all__ = [
+    "WheelReport",
+    "cmd_check",
+    "cmd_report",
+    "render_report",
+    "site_dirs_from",
+    "wheel_findings",
+    "wheel_report",
+]
+
+logger = logging.getLogger(__name__)
+
+_ORDER = {Severity.ERROR: 0, Severity.WARNING: 1, Severity.INFO: 2}
+
+
+def wheel_findings(inv: Inventory, resolver: Resolver) -> tuple[Finding, ...]:
+    """Inventory, integrity and closure findings for ``inv``, errors first (stable within a severity)."""
+    found = (*inv.findings, *check_integrity(inv), *extension_closures(inv, resolver))
+    return tuple(sorted(found, key=lambda f: _ORDER[f.severity]))
+
+
+@dataclass(frozen=True)
+class WheelReport:
+    inventory: Inventory
+    findings: tuple[Finding, ...]
+    modules: int  # extension modules whose closure was resolved
+    seconds: float
+
+    @property
+    def failing(self) -> tuple[Finding, ...]:
+        return tuple(f for f in self.findings if f.failing)
+
+    def flavours(self) -> dict[str, list[str]]:
+        """``"13"`` / ``"12"`` / ... -> ["name version", ...] of the CUDA wheels."""
+        out: dict[str, list[str]] = {}
+        for d in self.inventory.distributions:
+            if d.cuda_major is not None:
+                out.setdefault(str(d.cuda_major), []).append(d.label)
+        return dict(sorted(out.items(), reverse=True))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "site_dirs": list(self.inventory.site_dirs),
+            "ok": not self.failing,
+            "findings": [f.to_json() for f in self.findings],
+            "cuda_wheels": self.flavours(),
+            "distributions": [
+                {
+                    "name": d.name,
+                    "version": d.version,
+                    "location": d.location,
+                    "cuda_major": d.cuda_major,
+                    "cuda_evidence": d.cuda_evidence,
+                    "libraries": len(d.libraries),
+                    "extension_modules": sum(1 for lib in d.libraries if lib.pyinit),
+                }
+                for d in self.inventory.distributions
+            ],
+            "extension_modules": self.modules,
+            "seconds": round(self.seconds, 3),
+        }
+
+
+def site_dirs_from(args: argparse.Namespace | None) -> tuple[str, ...] | None:
+    """``args.site``, else ``$CUDASTACK_SITE``, else None (this interpreter)."""
+    site = getattr(args, "site", None) if args is not None else None
+    if site:
+        return tuple(str(s) for s in site)
+    env = os.environ.get("CUDASTACK_SITE", "")
+    dirs = tuple(p for p in env.split(os.pathsep) if p)
+    return dirs or None
+
+
+def wheel_report(paths: Sequence[str] | None = None) -> WheelReport:
+    """Inventory + integrity + closure of ``paths`` (default: this interpreter's site directories)."""
+    t0 = time.perf_counter()
+    inv = installed_wheels(paths)
+    resolver = default_resolver(inv)
+    trees = module_trees(inv, resolver)
+    found = (*inv.findings, *check_integrity(inv), *extension_closures(inv, resolver, trees=trees))
+    findings = tuple(sorted(found, key=lambda f: _ORDER[f.severity]))
+    _flush_cache()
+    return WheelReport(inv, findings, len(trees), time.perf_counter() - t0)
+
+
+def _flush_cache() -> None:
+    try:
+        elfcache = importlib.import_module("pytest_cudastack.elfcache")
+        elfcache.default_cache().flush()
+    except (ImportError, OSError) as e:  # pragma: no cover - a cache that cannot be written is no failure
+        logger.debug("ELF cache not flushed: %s", e)
+
+
+def _indent(text: str) -> str:
+    return "\n".join("  " + line for line in text.splitlines())
+
+
+def render_report(rep: WheelReport, *, verbose: bool = False) -> str:
+    """Findings first (errors and warnings in full, INFO one line each), then CUDA wheels by flavour."""
+    lines: list[str] = []
+    errors = [f for f in rep.findings if f.severity is Severity.ERROR]
+    warnings = [f for f in rep.findings if f.severity is Severity.WARNING]
+    infos = [f for f in rep.findings if f.severity is Severity.INFO]
+    for title, group in (("ERROR", errors), ("WARNING", warnings)):
+        for f in group:
+            lines.append(f"{title} [{f.check}] " + f.render().replace("\n", "\n  ", 0))
+            lines.append("")
+    for f in infos:
+        lines.append(f"info [{f.check}] {f.subject}: {f.message}")
+        if verbose:
+            lines.extend("  " + d for d in f.details)
+    if infos:
+        lines.append("")
+    dists = rep.inventory.distributions
+    lines.append(
+        f"wheels: {len(dists)} distributions in {', '.join(rep.inventory.site_dirs) or '(no site directory)'}; "
+        f"{rep.modules} extension modules resolved in {rep.seconds:.2f}s"
+    )
+    flavours = rep.flavours()
+    if flavours:
+        for major, labels in flavours.items():
+            shown = ", ".join(labels if verbose else labels[:8])
+            more = "" if verbose or len(labels) <= 8 else f" and {len(labels) - 8} more"
+            lines.append(f"  CUDA {major}: {len(labels)} wheel(s): {shown}{more}")
+        if len(flavours) > 1:
+            lines.append(f"  note: wheels for {len(flavours)} CUDA majors are installed together")
+    else:
+        lines.append("  no CUDA wheels")
+    status = f"{len(errors)} error(s), {len(warnings)} warning(s), {len(infos)} info" if rep.findings else "no findings"
+    lines.append(f"wheels: {status}")
+    return "\n".join(lines)
+
+
+def _emit(text: str, out: TextIO | None) -> None:
+    (out or sys.stdout).write(text if text.endswith("\n") else text + "\n")
+
+
+def cmd_report(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    """``cudastack report``: the wheels on one screen, findings first. Exit 0 clean, 1 on failing findings."""
+    rep = wheel_report(site_dirs_from(args))
+    if getattr(args, "json", False):
+        _emit(json.dumps(rep.to_json(), indent=2), out)
+    else:
+        _emit(render_report(rep, verbose=bool(getattr(args, "verbose", False))), out)
+    return 1 if rep.failing else 0
+
+
+def cmd_check(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    """``cudastack check`` (wheels part): failing findings and warnings; exit 0 clean, 1 findings."""
+    rep = wheel_report(site_dirs_from(args))
+    if getattr(args, "json", False):
+        payload = {"ok": not rep.failing, "findings": [f.to_json() for f in rep.findings]}
+        _emit(json.dumps(payload, indent=2), out)
+    else:
+        shown = [f for f in rep.findings if f.severity is not Severity.INFO]
+        text = "\n\n".join(f"{f.severity.value.upper()} [{f.check}] {f.render()}" for f in shown)
+        summary = (
+            f"cudastack check: {len(rep.failing)} failing, {len(shown) - len(rep.failing)} warning(s) "
+            f"({len(rep.inventory.distributions)} distributions, {rep.modules} extension modules)"
+        )
+        _emit((text + "\n\n" if text else "") + summary, out)
+    return 1 if rep.failing else 0
