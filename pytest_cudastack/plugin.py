@@ -1,3 +1,326 @@
-"""pytest hooks for pytest-cudastack (being built; see the pytest-layer issue)."""
+"""pytest hooks of pytest-cudastack: options, markers, fixtures, invariant items, header, xdist.
+
+Imports only pytest and the standard library at module level; everything else is imported when first
+needed, so a suite that uses none of this pays (almost) nothing. Facts are computed once per session in a
+lazily built ``stack.Stack`` kept in ``config.stash``.
+"""
 
 from __future__ import annotations
+
+import json
+import os
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+if TYPE_CHECKING:
+    from .driver import DriverInfo
+    from .rules import Unmet
+    from .settings import Settings
+    from .stack import CudaLibs, CudaWheels, Stack
+
+__all__ = ["MARKERS", "settings_key", "stack_key"]
+
+# name -> registration line for `pytest --markers`: signature, what it does, an example.
+MARKERS: dict[str, str] = {
+    "requires_soname": "requires_soname(*sonames): each shared library must be loadable here (found by the "
+    "dynamic linker's search or shipped by an installed wheel); the test fails (or skips with "
+    "--cudastack-unmet=skip) otherwise. Example: @pytest.mark.requires_soname('libcudnn.so.9')",
+    "requires_wheel": "requires_wheel(*requirements): PEP 508 requirements satisfied by installed, intact "
+    "distributions. Example: @pytest.mark.requires_wheel('nvidia-cudnn-cu12>=9')",
+    "requires_driver": "requires_driver(spec): the probed (or --cuda-driver) NVIDIA driver version must "
+    "satisfy spec. Example: @pytest.mark.requires_driver('>=550')",
+    "requires_cuda": "requires_cuda(spec): the highest CUDA version the driver supports must satisfy spec. "
+    "Example: @pytest.mark.requires_cuda('>=12.4')",
+    "requires_gpu": "requires_gpu(count=1, arch=None, memory=None): at least count GPUs whose compute "
+    "capability matches arch (a specifier or sm_XX) with at least memory (bytes or '40GiB'). "
+    "Example: @pytest.mark.requires_gpu(2, arch='>=8.0', memory='40GiB')",
+}
+
+settings_key: pytest.StashKey[Settings] = pytest.StashKey()
+stack_key: pytest.StashKey[Stack] = pytest.StashKey()
+_unmet_key: pytest.StashKey[Unmet | None] = pytest.StashKey()
+
+WORKER_DRIVER = "cudastack_driver"  # workerinput key: the controller's DriverInfo as JSON
+
+
+class HookSpecs:
+    """Hooks pytest-cudastack calls; implement them in a conftest.py or plugin."""
+
+    @pytest.hookspec(firstresult=True)
+    def pytest_cudastack_driver(self, config: pytest.Config) -> DriverInfo | None:
+        """Return the ``pytest_cudastack.driver.DriverInfo`` to use instead of probing NVML.
+
+        The first non-None result wins; ``--cuda-driver`` / ``--cuda-arch`` still apply on top of it.
+        """
+
+
+def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
+    pluginmanager.add_hookspecs(HookSpecs)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    from .settings import (
+        HELP,
+        INI_TYPES,
+        UNMET_CHOICES,
+        arch_list_type,
+        cuda_version_type,
+        driver_version_type,
+    )
+
+    group = parser.getgroup("cudastack", "pytest-cudastack")
+    group.addoption("--cudastack", action="store_true", default=None, help=HELP["cudastack"])
+    group.addoption("--cuda-max", metavar="VER", type=cuda_version_type, help=HELP["cuda_max"])
+    group.addoption("--cuda-min", metavar="VER", type=cuda_version_type, help=HELP["cuda_min"])
+    group.addoption("--cuda-driver", metavar="VER", type=driver_version_type, help=HELP["cuda_driver"])
+    group.addoption("--cuda-arch", metavar="sm_XX[,sm_YY]", type=arch_list_type, help=HELP["cuda_arch"])
+    group.addoption("--cudastack-scan", metavar="PATH", action="append", help=HELP["cudastack_scan"])
+    group.addoption("--cudastack-unmet", choices=UNMET_CHOICES, help=HELP["cudastack_unmet"])
+    group.addoption("--cudastack-snapshot", metavar="FILE", help=HELP["cudastack_snapshot"])
+    group.addoption("--cudastack-baseline", metavar="FILE", help=HELP["cudastack_baseline"])
+    group.addoption("--cudastack-no-cache", action="store_true", default=None, help=HELP["cudastack_no_cache"])
+    for key, kind in INI_TYPES.items():
+        parser.addini(key, HELP[key], type=kind)  # type: ignore[arg-type]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for line in MARKERS.values():
+        config.addinivalue_line("markers", line)
+    from .errors import OptionError
+    from .settings import HELP, INI_TYPES, resolve
+
+    cli = {key: config.getoption(key) for key in HELP}
+    ini = {key: config.getini(key) for key in INI_TYPES}
+    try:
+        settings = resolve(cli, os.environ, ini)
+    except OptionError as e:
+        raise pytest.UsageError(str(e)) from e
+    config.stash[settings_key] = _absolute_paths(config, settings)
+    config.pluginmanager.register(Reporter(config), "cudastack-reporter")
+    if config.pluginmanager.hasplugin("xdist"):
+        config.pluginmanager.register(XdistHooks(), "cudastack-xdist")
+
+
+def _absolute_paths(config: pytest.Config, settings: Settings) -> Settings:
+    """Paths from the command line are relative to the invocation directory, from ini to the ini file."""
+
+    def base(key: str) -> str:
+        if settings.source(key) == "ini" and config.inipath is not None:
+            return str(config.inipath.parent)
+        return str(config.invocation_params.dir)
+
+    def absolute(key: str, path: str) -> str:
+        return os.path.normpath(os.path.join(base(key), os.path.expanduser(path)))
+
+    changes: dict[str, Any] = {"cudastack_scan": tuple(absolute("cudastack_scan", p) for p in settings.cudastack_scan)}
+    for key in ("cudastack_snapshot", "cudastack_baseline"):
+        value = getattr(settings, key)
+        if value is not None:
+            changes[key] = absolute(key, value)
+    return settings.with_values(**changes)
+
+
+def _stack(config: pytest.Config) -> Stack:
+    """The session's facts, built on first use (on an xdist worker, with the controller's driver)."""
+    stack = config.stash.get(stack_key, None)
+    if stack is None:
+        from .stack import Stack
+
+        driver_info = None
+        workerinput = getattr(config, "workerinput", None)
+        if workerinput is not None and WORKER_DRIVER in workerinput:
+            from .driver import DriverInfo
+
+            driver_info = DriverInfo.from_json(json.loads(workerinput[WORKER_DRIVER]))
+
+        def probe() -> DriverInfo:
+            hooked: DriverInfo | None = config.hook.pytest_cudastack_driver(config=config)
+            if hooked is not None:
+                return hooked
+            from .driver import probe_driver
+
+            return probe_driver()
+
+        stack = Stack(config.stash[settings_key], driver_info=driver_info, probe=probe, rootdir=str(config.rootpath))
+        config.stash[stack_key] = stack
+    return stack
+
+
+class XdistHooks:
+    """Registered only when xdist is present: the controller's facts travel to the workers."""
+
+    def pytest_configure_node(self, node: Any) -> None:
+        config = node.config
+        if config.stash[settings_key].active:
+            node.workerinput[WORKER_DRIVER] = json.dumps(_stack(config).driver.to_json())
+
+
+# markers --------------------------------------------------------------------------------------------
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    marks = [m for m in item.iter_markers() if m.name in MARKERS]
+    if not marks:
+        return
+    from .errors import CudaStackError
+    from .rules import check_marker, evaluate_all
+
+    try:
+        calls = [check_marker(m.name, m.args, m.kwargs) for m in reversed(marks)]
+        unmet = evaluate_all(calls, _stack(item.config))
+    except CudaStackError as e:
+        pytest.fail(f"cudastack: {e}", pytrace=False)
+    item.stash[_unmet_key] = unmet
+    if unmet is not None and item.config.stash[settings_key].cudastack_unmet == "skip":
+        pytest.skip(unmet.reason)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_call(item: pytest.Item) -> None:
+    unmet = item.stash.get(_unmet_key, None)
+    if unmet is not None:
+        pytest.fail(unmet.reason, pytrace=False)
+
+
+# fixtures -------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def cuda_stack(pytestconfig: pytest.Config) -> Stack:
+    """The CUDA stack of this machine (session-scoped, computed lazily): ``.driver``, ``.wheels``,
+    ``.libs``, ``.inventory``, ``.findings(check)``; ``.to_json()`` gives it all as JSON."""
+    return _stack(pytestconfig)
+
+
+@pytest.fixture(scope="session")
+def cuda_driver(cuda_stack: Stack) -> DriverInfo:
+    """The NVIDIA driver evaluated against: probed via NVML, or declared with --cuda-driver/--cuda-arch.
+    ``.version``, ``.cuda_version`` (highest CUDA supported), ``.gpus``, ``.archs``, ``.source``, ``.reason``."""
+    return cuda_stack.driver
+
+
+@pytest.fixture(scope="session")
+def cuda_libs(cuda_stack: Stack) -> CudaLibs:
+    """The dynamic linker's view, computed statically: ``.resolve(soname)`` gives ``.path`` (None when not
+    found), ``.route``, ``.tried``, ``.provider``; ``.tree(path)`` the whole load closure of a file."""
+    return cuda_stack.libs
+
+
+@pytest.fixture(scope="session")
+def cuda_wheels(cuda_stack: Stack) -> CudaWheels:
+    """Installed CUDA distributions: iterate for ``.name``, ``.version``, ``.cuda_major``, ``.libraries``,
+    ``.problems``; ``.get(name)`` looks up any installed distribution."""
+    return cuda_stack.wheels
+
+
+# generated items ------------------------------------------------------------------------------------
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    # tryfirst: the generated items exist before -k / -m deselection and --co listing see the items
+    settings = config.stash[settings_key]
+    if not settings.items and not settings.cudastack_scan:
+        return
+    from .items import CudaStackCollector
+
+    collector = CudaStackCollector.for_session(session, lambda: _stack(config))
+    generated = list(collector.collect())
+    # reported like any collected node, so "collected N items" and collection-aware plugins count them
+    report = pytest.CollectReport(collector.nodeid, "passed", None, list(generated))
+    config.hook.pytest_collectreport(report=report)
+    items[:0] = generated
+
+
+# reporting ------------------------------------------------------------------------------------------
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    # Quiet unless asked: facts are computed only when an option is active or with -v.
+    settings = config.stash.get(settings_key, None)
+    if settings is None or (not settings.active and config.option.verbose <= 0):
+        return []
+    from .stack import header_lines
+
+    return header_lines(_stack(config), config.option.verbose)
+
+
+class Reporter:
+    """Per-session reporting: the generated items' reports, the terminal summary, files at the end."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.reports: list[pytest.TestReport] = []
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.nodeid.startswith("cudastack::") and (report.when == "call" or report.outcome != "passed"):
+            self.reports.append(report)
+
+    def findings(self) -> list[tuple[pytest.TestReport, list[str]]]:
+        from .items import FINDING_PROPERTY
+
+        out = []
+        for report in self.reports:
+            props = [str(v) for k, v in report.user_properties if k == FINDING_PROPERTY]
+            if props:
+                out.append((report, props))
+        return out
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        found = self.findings()
+        if not found:
+            return
+        terminalreporter.write_sep("=", "cudastack")
+        for report, props in found:
+            terminalreporter.write_line(f"{report.nodeid} ({report.outcome})")
+            for prop in props:
+                terminalreporter.write_line("  " + prop.replace("\n", "\n    "))
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionfinish(self) -> None:
+        config = self.config
+        if hasattr(config, "workerinput"):
+            return  # xdist workers write neither files nor the ELF cache
+        settings = config.stash[settings_key]
+        stack = config.stash.get(stack_key, None)
+        if settings.active:
+            stack = _stack(config)
+            _junit_properties(config, stack)
+            if settings.cudastack_snapshot:
+                from .stack import write_snapshot
+
+                write_snapshot(stack, settings.cudastack_snapshot)
+            summary = os.environ.get("GITHUB_STEP_SUMMARY")
+            if summary:
+                self.step_summary(summary, stack)
+        if stack is not None and "cache" in stack.__dict__:
+            stack.cache.flush()
+
+    def step_summary(self, path: str, stack: Stack) -> None:
+        """Append a Markdown table of the generated items to ``$GITHUB_STEP_SUMMARY``."""
+        d = stack.driver
+        rows = ["### cudastack", "", f"driver {d.version or 'none'} ({d.source}), CUDA <= {d.cuda_version or '?'}"]
+        rows += ["", "| item | outcome | findings |", "|---|---|---|"]
+        found = dict((r.nodeid, props) for r, props in self.findings())
+        for report in self.reports:
+            cells = [p.splitlines()[0].replace("|", "\\|") for p in found.get(report.nodeid, [])]
+            rows.append(f"| `{report.nodeid}` | {report.outcome} | {'<br>'.join(cells) or '-'} |")
+        with open(path, "a", encoding="utf-8") as f:
+            f.write("\n".join(rows) + "\n\n")
+
+
+def _junit_properties(config: pytest.Config, stack: Stack) -> None:
+    # junitxml's LogXML (public method add_global_property) is what record_testsuite_property uses; it
+    # lives on the controller only, so this works with xdist where the fixture does not.
+    xml = next((p for p in config.pluginmanager.get_plugins() if hasattr(p, "add_global_property")), None)
+    if xml is None:
+        return
+    d = stack.driver
+    xml.add_global_property("cudastack.driver", f"{d.version or 'none'} ({d.source})")
+    xml.add_global_property("cudastack.cuda", d.cuda_version or "unknown")
+    gpus = ", ".join(f"{g.name} ({g.compute_capability})" for g in d.gpus) or (
+        f"archs {','.join(d.archs)}" if d.archs else "none"
+    )
+    xml.add_global_property("cudastack.gpus", gpus)

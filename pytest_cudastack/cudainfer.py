@@ -1,0 +1,229 @@
+"""Which CUDA version does a binary or a wheel require? Evidence-based, never guessed.
+
+A binary's requirement comes from the sonames in its load closure that belong to one CUDA major
+(``libcublas.so.13`` -> 13.x; ``compat.soname_cuda_majors``). A soname shared by several majors
+(``libcurand.so.10``, ``libcusparse.so.12``) is decided by the file it resolves to: its owning wheel's
+version, else that library's own unambiguous NEEDED; otherwise it stays undecided. A wheel's requirement
+comes from its CUDA flavour and version (``compat.wheel_cuda_requirement``).
+
+``bound_findings`` compares requirements with ``--cuda-max`` / ``--cuda-min``: a requirement known only
+as a major (13.x) violates max 12.9; 12.x against max 12.4 is undecidable, a warning, not a failure.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from .findings import Finding, Severity
+
+if TYPE_CHECKING:
+    from .inventory import Distribution, Inventory
+    from .resolver import Tree
+
+__all__ = ["CudaNeed", "Inference", "bound_findings", "highest", "infer_binary", "infer_wheel", "parse_cuda"]
+
+logger = logging.getLogger(__name__)
+
+_BUILTINS_RE = re.compile(r"libnvrtc-builtins(?:\.alt)?\.so\.(\d+)\.(\d+)")
+
+
+@dataclass(frozen=True)
+class CudaNeed:
+    """One piece of evidence: ``subject`` requires CUDA ``major.minor`` (``minor`` None: any of that major)."""
+
+    major: int
+    minor: int | None
+    subject: str
+    evidence: str
+
+    @property
+    def version(self) -> str:
+        return f"{self.major}.{self.minor}" if self.minor is not None else f"{self.major}.x"
+
+    @property
+    def key(self) -> tuple[int, int]:
+        """Sort key; an unknown minor sorts below every known one."""
+        return self.major, -1 if self.minor is None else self.minor
+
+
+@dataclass(frozen=True)
+class Inference:
+    """What one binary or wheel requires: decided evidence and sonames that could not be decided."""
+
+    subject: str
+    needs: tuple[CudaNeed, ...] = ()
+    undecided: tuple[str, ...] = ()
+
+
+def parse_cuda(text: str) -> tuple[int, int | None]:
+    """``"12.9"`` -> ``(12, 9)``, ``"13"`` -> ``(13, None)``."""
+    major, _, rest = text.partition(".")
+    minor = rest.partition(".")[0]
+    return int(major), (int(minor) if minor else None)
+
+
+def _single_major(soname: str) -> tuple[int, int | None] | None:
+    from .compat import soname_cuda_majors
+
+    majors = soname_cuda_majors(soname)
+    if not majors or len(majors) != 1:
+        return None
+    match = _BUILTINS_RE.fullmatch(soname)
+    return next(iter(majors)), (int(match.group(2)) if match else None)
+
+
+def infer_wheel(dist: Distribution) -> Inference:
+    """A wheel's CUDA requirement from its flavour and version; no needs when it is not a CUDA wheel."""
+    from .compat import wheel_cuda_requirement
+
+    cuda, evidence = wheel_cuda_requirement(
+        dist.name, dist.version, dist.requires, tuple(lib.path for lib in dist.libraries)
+    )
+    if cuda is None:
+        return Inference(dist.label)
+    major, minor = parse_cuda(cuda)
+    version = f"{major}.{minor}" if minor is not None else f"{major}.x"
+    return Inference(dist.label, (CudaNeed(major, minor, dist.label, f"needs CUDA {version}: {evidence}"),))
+
+
+def infer_binary(tree: Tree, subject: str, inventory: Inventory | None = None) -> Inference:
+    """Requirements of the binary ``tree`` is rooted at, from every CUDA soname in its load closure."""
+    needs: list[CudaNeed] = []
+    undecided: list[str] = []
+    by_path: dict[str, list[str]] = {}
+    for lib in tree.libraries:
+        for parent in lib.needed_by:
+            by_path.setdefault(parent, []).append(lib.soname)
+    for lib in tree.libraries:
+        from .compat import soname_cuda_majors
+
+        majors = soname_cuda_majors(lib.soname)
+        if not majors:
+            continue
+        chain = tree.chain(lib.soname)
+        via = "" if len(chain) <= 1 else " via " + " -> ".join(chain[1:])
+        single = _single_major(lib.soname)
+        if single is not None:
+            major, minor = single
+            version = f"{major}.{minor}" if minor is not None else f"{major}.x"
+            needs.append(CudaNeed(major, minor, subject, f"links {lib.soname} (CUDA {version}){via}"))
+            continue
+        decided = _decide(lib.soname, lib.path, lib.provider, by_path, inventory)
+        choices = ", ".join(str(m) for m in sorted(majors))
+        if decided is None:
+            where = f"resolves to {lib.path}" if lib.path else "does not resolve here"
+            undecided.append(
+                f"{lib.soname} (shared by CUDA {choices}){via} {where}; neither an owning CUDA wheel nor "
+                "its own NEEDED tells which"
+            )
+            continue
+        major, minor, why = decided
+        version = f"{major}.{minor}" if minor is not None else f"{major}.x"
+        needs.append(CudaNeed(major, minor, subject, f"links {lib.soname} (CUDA {version}: {why}){via}"))
+    return Inference(subject, tuple(needs), tuple(undecided))
+
+
+def _decide(
+    soname: str,
+    path: str | None,
+    provider: str | None,
+    by_path: dict[str, list[str]],
+    inventory: Inventory | None,
+) -> tuple[int, int | None, str] | None:
+    if path is None:
+        return None
+    if inventory is not None:
+        for dist in inventory.owners(path):
+            wheel = infer_wheel(dist)
+            if wheel.needs:
+                need = wheel.needs[0]
+                return need.major, need.minor, f"{path} belongs to {dist.label}"
+    for needed in by_path.get(path, ()):
+        single = _single_major(needed)
+        if single is not None:
+            return single[0], None, f"{path} needs {needed}"
+    return None
+
+
+def _exceeds(need: CudaNeed, bound: tuple[int, int | None], kind: str) -> bool | None:
+    """True: violates the bound; False: within; None: undecidable (minor unknown on the bound's major)."""
+    major, minor = bound
+    if need.major != major:
+        return need.major > major if kind == "max" else need.major < major
+    if minor is None:
+        return False
+    if need.minor is None:
+        return None if (kind == "max" or minor > 0) else False
+    return need.minor > minor if kind == "max" else need.minor < minor
+
+
+def bound_findings(
+    kind: str,
+    bound: str,
+    inferences: Iterable[Inference],
+    option: str | None = None,
+    info_undecided: bool = True,
+) -> tuple[Finding, ...]:
+    """Findings for ``--cuda-max`` (``kind="max"``) or ``--cuda-min`` against every inference.
+
+    One ERROR per violating subject (naming every piece of evidence), one WARNING per subject whose
+    requirement is undecidable against the bound, INFO for ambiguous sonames no evidence decides.
+    """
+    check = f"cuda-{kind}"
+    label = option or f"--cuda-{kind}={bound}"
+    limit = parse_cuda(bound)
+    out: list[Finding] = []
+    word = "newer" if kind == "max" else "older"
+    for inf in inferences:
+        verdicts = [(n, _exceeds(n, limit, kind)) for n in inf.needs]
+        bad = [n for n, v in verdicts if v]
+        unsure = [n for n, v in verdicts if v is None]
+        if bad:
+            worst = max(bad, key=_key) if kind == "max" else min(bad, key=_key)
+            out.append(
+                Finding(
+                    check,
+                    Severity.ERROR,
+                    inf.subject,
+                    f"{inf.subject} {worst.evidence.split(' via ')[0]} but {label}"
+                    if len(bad) == 1
+                    else f"{inf.subject} requires CUDA {worst.version}, {word} than {label} allows",
+                    cause=f"built for CUDA {worst.version}; {label} forbids anything {word} than {bound}",
+                    fix=f"rebuild or reinstall {inf.subject} against CUDA {bound}"
+                    if kind == "max"
+                    else f"rebuild or reinstall {inf.subject} for CUDA >= {bound}",
+                    details=tuple(f"evidence: {n.evidence}" for n in bad),
+                )
+            )
+        elif unsure:
+            out.append(
+                Finding(
+                    check,
+                    Severity.WARNING,
+                    inf.subject,
+                    f"{inf.subject} requires CUDA {unsure[0].version}: cannot tell whether that is within {label}",
+                    cause="only the CUDA major is known from its sonames",
+                    details=tuple(f"evidence: {n.evidence}" for n in unsure),
+                )
+            )
+        if info_undecided and not inf.needs:
+            out.extend(
+                Finding(check, Severity.INFO, inf.subject, f"CUDA version undecidable: {u}") for u in inf.undecided
+            )
+    return tuple(out)
+
+
+def highest(inferences: Sequence[Inference]) -> CudaNeed | None:
+    """The newest requirement across inferences (minor-known beats minor-unknown on the same major)."""
+    needs = [n for inf in inferences for n in inf.needs]
+    if not needs:
+        return None
+    return max(needs, key=_key)
+
+
+def _key(need: CudaNeed) -> tuple[int, int]:
+    return need.key

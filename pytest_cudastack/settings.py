@@ -1,0 +1,291 @@
+"""Options of the pytest layer: help texts, value parsers and the frozen ``Settings`` they resolve into.
+
+Each option has one help constant, used by the pytest option, its ini key and the ``cudastack check``
+command. Values are resolved once, with the precedence command line > environment > ini > default
+(``resolve``); a bad value raises ``OptionError`` naming the option and where the value came from.
+No pytest here: the plugin turns ``OptionError`` into a usage error (exit 4), argparse ``type=`` functions
+(``cuda_version_type`` ...) turn it into ``argparse.ArgumentTypeError``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from .errors import OptionError
+
+__all__ = [
+    "ENV",
+    "HELP",
+    "INI_TYPES",
+    "UNMET_CHOICES",
+    "Settings",
+    "arch_list_type",
+    "cuda_version_type",
+    "driver_version_type",
+    "parse_arch_list",
+    "parse_cuda_version",
+    "parse_driver_version",
+    "parse_unmet",
+    "resolve",
+]
+
+UNMET_CHOICES = ("fail", "skip")
+
+# option dest (= ini key) -> help text. Defined once; the plugin and the CLI both read from here.
+HELP: dict[str, str] = {
+    "cudastack": "run all built-in CUDA stack invariant items (integrity, closure, driver, ...)",
+    "cuda_max": "nothing in the stack may require a CUDA newer than VER (e.g. 12.9); turns on that item",
+    "cuda_min": "nothing in the stack may be built for a CUDA older than VER (e.g. 12.0); turns on that item",
+    "cuda_driver": "evaluate against this NVIDIA driver version (e.g. 550.54.15) instead of probing",
+    "cuda_arch": "evaluate against these GPU architectures (e.g. sm_80,sm_90) instead of probing",
+    "cudastack_scan": "file or directory of binaries whose shared libraries must all resolve here "
+    "(repeatable); turns on the scan items",
+    "cudastack_unmet": "outcome of a test whose requires_* marker is unmet: fail (default) or skip",
+    "cudastack_snapshot": "write the CUDA stack as JSON to FILE",
+    "cudastack_baseline": "fail on drift from the CUDA stack snapshot recorded in FILE; turns on that item",
+    "cudastack_no_cache": "do not read or write the on-disk ELF cache (also CUDASTACK_NO_CACHE=1)",
+}
+
+# ini key -> pytest ini type (keys absent here have no ini form)
+INI_TYPES: dict[str, str] = {
+    "cudastack": "bool",
+    "cuda_max": "string",
+    "cuda_min": "string",
+    "cuda_driver": "string",
+    "cuda_arch": "string",
+    "cudastack_scan": "linelist",
+    "cudastack_unmet": "string",
+    "cudastack_baseline": "string",
+}
+
+# option dest -> environment variable (between the command line and the ini file in precedence)
+ENV: dict[str, str] = {
+    "cudastack": "CUDASTACK",
+    "cuda_max": "CUDASTACK_CUDA_MAX",
+    "cuda_min": "CUDASTACK_CUDA_MIN",
+    "cuda_driver": "CUDASTACK_CUDA_DRIVER",
+    "cuda_arch": "CUDASTACK_CUDA_ARCH",
+    "cudastack_scan": "CUDASTACK_SCAN",
+    "cudastack_unmet": "CUDASTACK_UNMET",
+    "cudastack_baseline": "CUDASTACK_BASELINE",
+    "cudastack_no_cache": "CUDASTACK_NO_CACHE",
+}
+
+_CUDA_RE = re.compile(r"\d{1,3}(\.\d{1,3})?")
+_DRIVER_RE = re.compile(r"\d{2,4}(\.\d{1,3}){0,2}")
+_ARCH_RE = re.compile(r"(?:sm_|compute_)?(\d{1,3})([af]?)")
+_DOTTED_ARCH_RE = re.compile(r"(\d{1,2})\.(\d)")
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"", "0", "false", "no", "off"}
+
+
+def parse_cuda_version(value: str) -> str:
+    """``"12.9"`` -> ``"12.9"``; a bare major (``"13"``) is allowed.
+
+    >>> parse_cuda_version("twelve")
+    Traceback (most recent call last):
+    ...
+    ValueError: invalid CUDA version 'twelve' (expected MAJOR[.MINOR], e.g. 12.9)
+    """
+    text = value.strip()
+    if not _CUDA_RE.fullmatch(text):
+        raise ValueError(f"invalid CUDA version {value!r} (expected MAJOR[.MINOR], e.g. 12.9)")
+    return text
+
+
+def parse_driver_version(value: str) -> str:
+    """``"550.54.15"``, ``"550"`` -> unchanged; anything else is a ``ValueError``."""
+    text = value.strip()
+    if not _DRIVER_RE.fullmatch(text):
+        raise ValueError(f"invalid NVIDIA driver version {value!r} (expected e.g. 550.54.15 or 580)")
+    return text
+
+
+def parse_arch_list(value: str | Iterable[str]) -> tuple[str, ...]:
+    """``"sm_80,sm_90"`` / ``"8.0, 90"`` -> ``("sm_80", "sm_90")``."""
+    parts = value.split(",") if isinstance(value, str) else [p for v in value for p in v.split(",")]
+    archs: list[str] = []
+    for part in (p.strip() for p in parts):
+        if not part:
+            continue
+        dotted = _DOTTED_ARCH_RE.fullmatch(part)
+        match = _ARCH_RE.fullmatch(part.lower())
+        if dotted:
+            arch = f"sm_{dotted.group(1)}{dotted.group(2)}"
+        elif match:
+            arch = f"sm_{match.group(1)}{match.group(2)}"
+        else:
+            raise ValueError(f"invalid GPU architecture {part!r} (expected e.g. sm_90 or 9.0)")
+        if arch not in archs:
+            archs.append(arch)
+    if not archs:
+        raise ValueError(f"invalid GPU architecture list {value!r} (expected e.g. sm_80,sm_90)")
+    return tuple(archs)
+
+
+def parse_unmet(value: str) -> str:
+    text = value.strip().lower()
+    if text not in UNMET_CHOICES:
+        raise ValueError(f"invalid value {value!r} (choose from {', '.join(UNMET_CHOICES)})")
+    return text
+
+
+def parse_bool(value: str | bool) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = value.strip().lower()
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    raise ValueError(f"invalid boolean {value!r} (expected 1/0, true/false, yes/no)")
+
+
+def _argparse_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    def convert(value: str) -> Any:
+        try:
+            return parse(value)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from e
+
+    convert.__name__ = parse.__name__.removeprefix("parse_")
+    return convert
+
+
+cuda_version_type = _argparse_type(parse_cuda_version)
+driver_version_type = _argparse_type(parse_driver_version)
+arch_list_type = _argparse_type(parse_arch_list)
+
+_PARSERS: dict[str, Callable[[Any], Any]] = {
+    "cudastack": parse_bool,
+    "cuda_max": parse_cuda_version,
+    "cuda_min": parse_cuda_version,
+    "cuda_driver": parse_driver_version,
+    "cuda_arch": parse_arch_list,
+    "cudastack_unmet": parse_unmet,
+    "cudastack_no_cache": parse_bool,
+}
+
+
+def _option_name(key: str) -> str:
+    return "--" + key.replace("_", "-")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Every option of the pytest layer, resolved once (command line > environment > ini > default).
+
+    ``sources`` maps each option that was set to where it came from ("command line", "CUDASTACK_CUDA_MAX",
+    "ini"), so messages can say "--cuda-max (ini) is 12.9".
+    """
+
+    cudastack: bool = False
+    cuda_max: str | None = None
+    cuda_min: str | None = None
+    cuda_driver: str | None = None
+    cuda_arch: tuple[str, ...] = ()
+    cudastack_scan: tuple[str, ...] = ()
+    cudastack_unmet: str = "fail"
+    cudastack_snapshot: str | None = None
+    cudastack_baseline: str | None = None
+    cudastack_no_cache: bool = False
+    sources: tuple[tuple[str, str], ...] = field(default=(), compare=False)
+
+    @classmethod
+    def from_values(cls, **values: Any) -> Settings:
+        """Build from plain values (the ``cudastack check`` command); ``None`` means unset.
+
+        Strings are parsed as on the command line; a bad one raises ``OptionError`` naming the option.
+        """
+        return resolve(cli=values)
+
+    # which generated items run --------------------------------------------------------------------
+    @property
+    def items(self) -> tuple[str, ...]:
+        """Names of the invariant items turned on, in run order."""
+        names: list[str] = []
+        if self.cudastack:
+            names += ["integrity", "closure"]
+        if self.cuda_max is not None:
+            names.append("cuda-max")
+        if self.cuda_min is not None:
+            names.append("cuda-min")
+        if self.cudastack:
+            names += ["driver", "arch"]
+        if self.cudastack_baseline is not None:
+            names.append("baseline")
+        return tuple(names)
+
+    @property
+    def active(self) -> bool:
+        """True when any option asks for work (items, snapshot, declared facts)."""
+        return bool(self.items or self.cudastack_scan or self.cudastack_snapshot or self.cuda_driver or self.cuda_arch)
+
+    def source(self, key: str) -> str:
+        return dict(self.sources).get(key, "default")
+
+    def describe(self, key: str) -> str:
+        """``"--cuda-max=12.9 (ini)"``: the option, its value and where the value came from."""
+        value = getattr(self, key)
+        if isinstance(value, tuple):
+            value = ",".join(value)
+        src = self.source(key)
+        suffix = "" if src == "command line" else f" (from {src})"
+        return f"{_option_name(key)}={value}{suffix}"
+
+    def with_values(self, **values: Any) -> Settings:
+        return replace(self, **values)
+
+
+def _split_env(key: str, value: str) -> Any:
+    if key == "cudastack_scan":
+        return tuple(p for p in value.split(os.pathsep) if p)
+    return value
+
+
+def resolve(
+    cli: Mapping[str, Any] | None = None,
+    env: Mapping[str, str] | None = None,
+    ini: Mapping[str, Any] | None = None,
+) -> Settings:
+    """Resolve every option once: ``cli`` (already parsed or plain strings), then ``env``, then ``ini``.
+
+    ``None``, ``False``, ``""`` and empty sequences count as unset. Raises ``OptionError`` naming the
+    option and its source.
+    """
+    layers: Sequence[tuple[str, Mapping[str, Any]]] = (
+        ("command line", cli or {}),
+        ("environment", {k: _split_env(k, env[v]) for k, v in ENV.items() if env and env.get(v)}),
+        ("ini", ini or {}),
+    )
+    values: dict[str, Any] = {}
+    sources: list[tuple[str, str]] = []
+    for key in HELP:
+        for where, layer in layers:
+            raw = layer.get(key)
+            if raw is None or raw is False or raw == "" or raw == () or raw == []:
+                continue
+            src = ENV[key] if where == "environment" else where
+            try:
+                values[key] = _convert(key, raw)
+            except ValueError as e:
+                raise OptionError(f"{_option_name(key)} (from {src}): {e}") from e
+            sources.append((key, src))
+            break
+    return Settings(**values, sources=tuple(sources))
+
+
+def _convert(key: str, raw: Any) -> Any:
+    if key == "cudastack_scan":
+        items = [raw] if isinstance(raw, str) else list(raw)
+        return tuple(str(p) for p in items if str(p).strip())
+    if key in ("cudastack_snapshot", "cudastack_baseline"):
+        return str(raw)
+    if key == "cuda_arch":
+        return parse_arch_list(raw)
+    return _PARSERS[key](raw) if isinstance(raw, (str, bool)) else raw

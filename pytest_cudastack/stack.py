@@ -1,0 +1,359 @@
+"""The CUDA stack of this machine as one lazily computed object, and its JSON snapshots.
+
+``Stack`` backs the ``cuda_*`` fixtures, the markers and the invariant items: every fact (driver,
+installed wheels, resolver, scanned binaries) is computed on first use and then reused. ``to_json`` is the
+snapshot format (``--cudastack-snapshot``, ``cudastack snapshot``); ``cmd_diff`` compares two of them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from collections.abc import Callable, Iterator
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+from .findings import Finding, Severity
+from .settings import Settings
+
+if TYPE_CHECKING:
+    from .cudainfer import Inference
+    from .driver import DriverInfo
+    from .elfcache import ElfCache
+    from .inventory import Distribution, Inventory
+    from .resolver import Library, Resolver, Tree
+
+__all__ = [
+    "SNAPSHOT_FORMAT",
+    "CudaLibs",
+    "CudaWheels",
+    "Stack",
+    "cmd_diff",
+    "cmd_snapshot",
+    "header_lines",
+    "load_snapshot",
+    "write_snapshot",
+]
+
+logger = logging.getLogger(__name__)
+
+SNAPSHOT_FORMAT = 1
+
+
+class CudaLibs:
+    """Where the dynamic linker would load libraries from (the ``cuda_libs`` fixture)."""
+
+    def __init__(self, stack: Stack) -> None:
+        self._stack = stack
+
+    def resolve(self, soname: str) -> Library:
+        """The linker's search for ``soname`` as a DT_NEEDED of the Python executable: ``.path`` (None when
+        not found), ``.route``, ``.tried``, ``.provider`` (owning distribution)."""
+        return self._stack.find(soname)
+
+    def tree(self, path: str) -> Tree:
+        """The whole load closure of the ELF file at ``path``."""
+        return self._stack.tree(path)
+
+
+class CudaWheels:
+    """The installed CUDA distributions (the ``cuda_wheels`` fixture); iterate, ``len()``, ``get(name)``."""
+
+    def __init__(self, inventory: Inventory) -> None:
+        self.inventory = inventory
+        self.distributions: tuple[Distribution, ...] = tuple(
+            d for d in inventory.distributions if d.cuda_major is not None
+        )
+
+    def __iter__(self) -> Iterator[Distribution]:
+        return iter(self.distributions)
+
+    def __len__(self) -> int:
+        return len(self.distributions)
+
+    def get(self, name: str) -> Distribution | None:
+        """Any installed distribution by name (CUDA or not), None when absent."""
+        return self.inventory.get(name)
+
+
+class Stack:
+    """Facts about this machine's CUDA stack, each computed on first use.
+
+    ``rootdir`` is where relative scan paths start and what display names are relative to; ``site_paths``
+    restricts the wheel inventory (default: ``sys.path``).
+    """
+
+    def __init__(
+        self,
+        settings: Settings | None = None,
+        *,
+        driver_info: DriverInfo | None = None,
+        probe: Callable[[], DriverInfo] | None = None,
+        cache: ElfCache | None = None,
+        rootdir: str = ".",
+        site_paths: tuple[str, ...] | None = None,
+    ) -> None:
+        self.settings = settings or Settings()
+        self.rootdir = rootdir
+        self._driver_info = driver_info
+        self._probe = probe
+        self._cache = cache
+        self._site_paths = site_paths
+
+    # facts ------------------------------------------------------------------------------------------
+    @cached_property
+    def driver(self) -> DriverInfo:
+        """The driver to evaluate against: ``driver_info`` when given (an xdist worker gets the controller's),
+        else the probe (``probe``, default NVML) with declared facts (``--cuda-driver`` / ``--cuda-arch``)
+        on top; a declared version with declared archs needs no probe at all."""
+        if self._driver_info is not None:
+            return self._driver_info
+        s = self.settings
+        if s.cuda_driver is not None and s.cuda_arch:
+            from .driver import declared_driver
+
+            return declared_driver(s.cuda_driver, s.cuda_arch)
+        if self._probe is not None:
+            probed = self._probe()
+        else:
+            from .driver import probe_driver
+
+            probed = probe_driver()
+        if s.cuda_driver is None and not s.cuda_arch:
+            return probed
+        from .driver import declared_driver
+
+        return declared_driver(s.cuda_driver, s.cuda_arch, probed=probed)
+
+    @cached_property
+    def cache(self) -> ElfCache:
+        from .elfcache import ElfCache
+
+        return self._cache or ElfCache(enabled=False if self.settings.cudastack_no_cache else None)
+
+    @cached_property
+    def inventory(self) -> Inventory:
+        from .inventory import installed_wheels
+
+        return installed_wheels(self._site_paths)
+
+    @cached_property
+    def integrity(self) -> tuple[Finding, ...]:
+        from .integrity import check_integrity
+
+        return check_integrity(self.inventory)
+
+    @cached_property
+    def resolver(self) -> Resolver:
+        from .resolver import Resolver, SearchConfig
+
+        return Resolver(SearchConfig.from_environment(), reader=self.cache.read, owner=self._owner)
+
+    def _owner(self, path: str) -> str | None:
+        return self.inventory.owner(path)
+
+    @cached_property
+    def libs(self) -> CudaLibs:
+        return CudaLibs(self)
+
+    @cached_property
+    def wheels(self) -> CudaWheels:
+        return CudaWheels(self.inventory)
+
+    def find(self, soname: str) -> Library:
+        return self.resolver.find(soname, sys.executable)
+
+    def tree(self, path: str) -> Tree:
+        return self._trees(os.path.abspath(path))
+
+    def _trees(self, path: str) -> Tree:
+        trees: dict[str, Tree] = self.__dict__.setdefault("_tree_cache", {})
+        if path not in trees:
+            trees[path] = self.resolver.tree(path)
+        return trees[path]
+
+    @cached_property
+    def scan_targets(self) -> tuple[tuple[str, str], ...]:
+        from .checks import scan_targets
+
+        return scan_targets(self.settings.cudastack_scan, self.rootdir)
+
+    @cached_property
+    def binary_inferences(self) -> tuple[Inference, ...]:
+        from .cudainfer import infer_binary
+
+        return tuple(
+            infer_binary(self.tree(path), name, self.inventory)
+            for name, path in self.scan_targets
+            if os.path.isfile(path)
+        )
+
+    @cached_property
+    def wheel_inferences(self) -> tuple[Inference, ...]:
+        from .cudainfer import infer_wheel
+
+        return tuple(infer_wheel(d) for d in self.inventory.distributions if d.cuda_major is not None)
+
+    @property
+    def arch_paths(self) -> tuple[str, ...]:
+        """Files whose GPU code must run on the target archs: scanned binaries, CUDA wheels' libraries."""
+        paths = [path for _, path in self.scan_targets if os.path.isfile(path)]
+        paths += [lib.path for dist in self.wheels for lib in dist.libraries if lib.exists]
+        return tuple(paths)
+
+    @property
+    def inferences(self) -> tuple[Inference, ...]:
+        """The CUDA requirement of every scanned binary and installed CUDA wheel."""
+        return self.binary_inferences + self.wheel_inferences
+
+    # findings per invariant item ---------------------------------------------------------------------
+    def findings(self, check: str) -> tuple[Finding, ...]:
+        """Findings of one invariant item ("integrity", "closure", "cuda-max", ...)."""
+        from . import checks, cudainfer
+
+        s = self.settings
+        if check == "integrity":
+            return self.integrity
+        if check == "closure":
+            from .closure import extension_closures
+
+            return extension_closures(self.inventory, self.resolver)
+        if check == "cuda-max" and s.cuda_max is not None:
+            return cudainfer.bound_findings("max", s.cuda_max, self.inferences, s.describe("cuda_max"))
+        if check == "cuda-min" and s.cuda_min is not None:
+            return cudainfer.bound_findings("min", s.cuda_min, self.inferences, s.describe("cuda_min"))
+        if check == "driver":
+            return checks.driver_findings(self.inferences, self.driver)
+        if check == "arch":
+            return checks.arch_coverage(self.arch_paths, self.driver)
+        if check == "baseline" and s.cudastack_baseline is not None:
+            path = os.path.join(self.rootdir, s.cudastack_baseline)
+            return checks.baseline_findings(s.cudastack_baseline, load_snapshot(path), self.to_json())
+        raise ValueError(f"unknown cudastack check {check!r}")
+
+    def scan_findings(self, path: str, name: str) -> tuple[Finding, ...]:
+        from .checks import binary_findings
+
+        if not os.path.lexists(path):
+            return (Finding("scan", Severity.ERROR, name, f"{name}: no such file", fix="fix the scan path"),)
+        return binary_findings(self.tree(path), name, self.inventory, self.driver)
+
+    # JSON -------------------------------------------------------------------------------------------
+    def to_json(self) -> dict[str, Any]:
+        """The stack as JSON: driver, CUDA wheels (with missing files), scanned binaries' resolution."""
+        from . import __version__
+
+        wheels = []
+        for dist in self.wheels:
+            wheels.append(
+                {
+                    "name": dist.name,
+                    "version": dist.version,
+                    "cuda_major": dist.cuda_major,
+                    "cuda_evidence": dist.cuda_evidence,
+                    "libraries": sorted(lib.soname or os.path.basename(lib.path) for lib in dist.libraries),
+                    "missing": sorted(lib.path for lib in dist.libraries if not lib.exists),
+                    "problems": list(dist.problems),
+                }
+            )
+        binaries = []
+        for name, path in self.scan_targets:
+            if os.path.isfile(path):
+                tree = self.tree(path).to_json()
+                tree["path"] = name
+                binaries.append(tree)
+        return {
+            "format": SNAPSHOT_FORMAT,
+            "generator": f"pytest-cudastack {__version__}",
+            "driver": self.driver.to_json(),
+            "wheels": wheels,
+            "binaries": binaries,
+        }
+
+
+def header_lines(stack: Stack, verbose: int = 0) -> list[str]:
+    """The report header: one line (driver | CUDA | GPUs | CUDA wheels | options), details with -v."""
+    d = stack.driver
+    driver = f"driver {d.version} ({d.source})" if d.version else f"driver: none ({d.reason or 'not found'})"
+    parts = [driver, f"CUDA <= {d.cuda_version}" if d.cuda_version else "CUDA: unknown"]
+    if d.gpus:
+        names = sorted({g.name for g in d.gpus})
+        parts.append(f"GPUs: {len(d.gpus)} x {', '.join(names)}")
+    elif d.archs:
+        parts.append(f"GPUs: archs {','.join(d.archs)} ({d.arch_source})")
+    else:
+        parts.append(f"GPUs: none ({d.reason or 'none found'})" if not d.present else "GPUs: none")
+    wheels = stack.wheels
+    majors: dict[int, int] = {}
+    for dist in wheels:
+        if dist.cuda_major is not None:
+            majors[dist.cuda_major] = majors.get(dist.cuda_major, 0) + 1
+    flavours = ", ".join(f"cu{m}: {n}" for m, n in sorted(majors.items()))
+    parts.append(f"{len(wheels)} CUDA wheels" + (f" ({flavours})" if flavours else ""))
+    s = stack.settings
+    for key in ("cuda_max", "cuda_min"):
+        if getattr(s, key) is not None:
+            parts.append(s.describe(key))
+    if s.cudastack_scan:
+        parts.append(f"scan: {len(stack.scan_targets)} files")
+    lines = ["cudastack: " + " | ".join(parts)]
+    if verbose > 0:
+        lines.extend(
+            f"  GPU {g.index}: {g.name} (sm {g.compute_capability or '?'}"
+            + (f", {g.memory_total / 2**30:.1f} GiB" if g.memory_total else "")
+            + ")"
+            for g in d.gpus
+        )
+        lines.extend(f"  driver note: {n}" for n in d.notes)
+        lines.extend(f"  wheel: {dist.label} (CUDA {dist.cuda_major}: {dist.cuda_evidence})" for dist in wheels)
+    return lines
+
+
+def load_snapshot(path: str) -> dict[str, Any]:
+    """Read a snapshot file; ``DataError`` naming the file when it is not one."""
+    from .errors import DataError
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError) as e:
+        raise DataError(f"{path}: cannot read cudastack snapshot: {e}") from e
+    if not isinstance(data, dict) or data.get("format") != SNAPSHOT_FORMAT:
+        raise DataError(f"{path}: not a cudastack snapshot (format {SNAPSHOT_FORMAT} expected)")
+    return data
+
+
+def write_snapshot(stack: Stack, path: str | None) -> None:
+    text = json.dumps(stack.to_json(), indent=2, sort_keys=True) + "\n"
+    if path is None or path == "-":
+        sys.stdout.write(text)
+        return
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def cmd_snapshot(args: argparse.Namespace) -> int:
+    """``cudastack snapshot [-o FILE]``."""
+    write_snapshot(Stack(), getattr(args, "output", None))
+    return 0
+
+
+def cmd_diff(args: argparse.Namespace) -> int:
+    """``cudastack diff A B``: exit 0 when equal, 1 when they differ, 2 when a file is not a snapshot."""
+    from .checks import diff_snapshots
+    from .errors import DataError
+
+    try:
+        old, new = load_snapshot(args.a), load_snapshot(args.b)
+    except DataError as e:
+        print(f"cudastack diff: {e}", file=sys.stderr)
+        return 2
+    lines = diff_snapshots(old, new)
+    for line in lines:
+        print(line)
+    return 1 if lines else 0
