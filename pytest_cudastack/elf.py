@@ -149,7 +149,7 @@ def _open_regular(path: str) -> tuple[int, os.stat_result]:
         raise ElfError(f"{path}: cannot stat: {e.strerror or e}") from e
     if not stat.S_ISREG(st.st_mode):
         os.close(fd)
-        kind = "directory" if stat.S_ISDIR(st.st_mode) else "not a regular file"
+        kind = "is a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file"
         raise ElfError(f"{path}: {kind}")
     return fd, st
 

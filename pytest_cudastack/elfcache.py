@@ -10,6 +10,7 @@ broken file is not re-parsed on every run while it is unchanged.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import logging
 import os
@@ -127,10 +128,8 @@ class ElfCache:
                     json.dump(payload, f, separators=(",", ":"))
                 os.replace(tmp, self.file)
             except BaseException:
-                try:
+                with contextlib.suppress(OSError):
                     os.unlink(tmp)
-                except OSError:
-                    pass
                 raise
         except OSError as e:
             log.warning("cannot write ELF cache %s: %s", self.file, e)

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from .elf import ElfInfo, read_elf
+from .elf import ElfInfo, _open_regular, read_elf
 from .errors import ElfError, LdCacheError
 from .ldcache import LdCache, cpu_hwcaps, read_ld_cache, read_ld_so_conf
 
@@ -62,7 +62,7 @@ class Route(str, Enum):
 def legacy_hwcap_subdirs(components: Sequence[str]) -> tuple[str, ...]:
     """Legacy hwcap subdirectories in glibc's order (dl-hwcaps.c ``_dl_important_hwcaps``), "" excluded.
 
-    *components* is glibc's ``temp`` list: hwcap bit names by bit, then the platform, then "tls".
+    *components* in glibc's order, e.g. ("tls", "haswell", "avx512_1", "x86_64").
     Entry k uses the components of mask ``2**n - 1 - k`` (leftmost bit = first component).
     """
     n = len(components)
@@ -108,7 +108,10 @@ def _x86_platform_and_legacy(vendor: str, flags: set[str]) -> tuple[str, tuple[s
             plat = "haswell"
         if plat is not None:
             platform = plat
-    return platform, (*comps, platform, "tls") if platform != "x86_64" else (*comps, "tls")
+    # glibc orders them tls, platform, then hwcap bits from the highest (LD_DEBUG=libs shows
+    # "tls/haswell/avx512_1/x86_64:tls/haswell/avx512_1:...")
+    ordered = ("tls", platform, *reversed(comps)) if platform != "x86_64" else ("tls", *reversed(comps))
+    return platform, ordered
 
 
 @dataclass(frozen=True)
@@ -371,6 +374,13 @@ class Resolver:
             msg = str(got)
             if ": cannot open:" in msg:
                 return ("absent", msg)
+            peek = self._peek_ident(path)
+            if peek is not None:
+                cls, little, machine = peek
+                if cls != want.elf_class:
+                    return ("skip", f"{path}: wrong ELF class (ELF{cls}, need ELF{want.elf_class})")
+                if little == want.little_endian and machine != want.machine:
+                    return ("skip", f"{path}: wrong machine ({machine}, need {want.machine})")
             return ("fatal", msg)
         if got.elf_class != want.elf_class:
             return ("skip", f"{path}: wrong ELF class (ELF{got.elf_class}, need ELF{want.elf_class})")
@@ -383,6 +393,23 @@ class Resolver:
         if got.osabi not in (0, 3):
             return ("fatal", f"{path}: ELF file OS ABI invalid ({got.osabi})")
         return ("ok", got)
+
+    def _peek_ident(self, path: str) -> tuple[int, bool, int] | None:
+        """(class, little endian, e_machine) from the first 20 bytes, as open_verify checks them first."""
+        try:
+            fd, _st = _open_regular(self._host(self._abs(path)))
+        except ElfError:
+            return None
+        try:
+            head = os.read(fd, 20)
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+        if len(head) < 20 or head[:4] != b"\x7fELF" or head[4] not in (1, 2) or head[5] not in (1, 2):
+            return None
+        little = head[5] == 1
+        return (32 if head[4] == 1 else 64, little, int.from_bytes(head[18:20], "little" if little else "big"))
 
     def _open_path(
         self, name: str, dirs: Sequence[str], want: ElfInfo, tried: list[str], skipped: list[str]
@@ -631,10 +658,11 @@ class Resolver:
                 hit = by_name.get(name)
                 if hit is not None:
                     detail = "the dynamic linker" if hit is rtld else f"as {hit.path}"
-                    r = _Rec(name, hit.path, Route.ALREADY_LOADED, detail, [], [obj.path], None, None)
+                    r = _Rec(raw, hit.path, Route.ALREADY_LOADED, detail, [], [obj.path], None, None)
                     recs[name] = r
                     continue
                 r = self._search(name, obj, main, want)
+                r.soname = raw
                 r.needed_by.append(obj.path)
                 recs[name] = r
                 if r.path is None:

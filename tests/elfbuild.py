@@ -1,0 +1,275 @@
+"""Build tiny real ELF files with the C compiler, for the elf/resolver/treeview tests (owner: core).
+
+``build_lib`` compiles one shared library; ``build_scenarios`` lays out the loader scenarios the resolver
+tests (and the ldd differential) use. Broken copies come from patching bytes (``patch``). Tests gate on
+``needs_cc``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+__all__ = [
+    "CC",
+    "Scenarios",
+    "build_exe",
+    "build_lib",
+    "build_scenarios",
+    "get_scenarios",
+    "needs_cc",
+    "needs_ldd",
+    "patch",
+    "retag",
+]
+
+CC = shutil.which("cc") or shutil.which("gcc")
+needs_cc = pytest.mark.skipif(CC is None, reason="needs a C compiler")
+needs_ldd = pytest.mark.skipif(
+    shutil.which("ldd") is None or not os.path.exists("/lib64/ld-linux-x86-64.so.2"),
+    reason="needs ldd and the x86-64 dynamic linker",
+)
+
+
+def _cc(args: Sequence[str], cwd: Path) -> None:
+    if CC is None:
+        raise RuntimeError("no C compiler")
+    proc = subprocess.run([CC, *args], cwd=cwd, capture_output=True, text=True, errors="replace", check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"cc {' '.join(args)} failed:\n{proc.stderr}")
+
+
+def _link_args(
+    soname: str | None, needed: Sequence[Path], rpath: str | None, runpath: str | None, extra: Sequence[str]
+) -> list[str]:
+    args: list[str] = []
+    if soname:
+        args.append(f"-Wl,-soname,{soname}")
+    if rpath is not None:
+        args += ["-Wl,--disable-new-dtags", f"-Wl,-rpath,{rpath}"]
+    if runpath is not None:
+        args += ["-Wl,--enable-new-dtags", f"-Wl,-rpath,{runpath}"]
+    args += ["-Wl,--no-as-needed", *(str(p) for p in needed), *extra]
+    return args
+
+
+def build_lib(
+    out: Path,
+    *,
+    soname: str | None = None,
+    needed: Sequence[Path] = (),
+    rpath: str | None = None,
+    runpath: str | None = None,
+    extra: Sequence[str] = (),
+    source: str | None = None,
+) -> Path:
+    """Compile a shared library at *out*. *needed* are library files linked in (DT_NEEDED = their soname).
+
+    Set both *rpath* and *runpath* for an object with DT_RPATH and DT_RUNPATH (first -rpath is old-style).
+    """
+    out.parent.mkdir(parents=True, exist_ok=True)
+    src = out.parent / (out.name.replace(".", "_") + ".c")
+    ident = "".join(c if c.isalnum() else "_" for c in out.name)
+    src.write_text(source if source is not None else f"int fn_{ident}(void) {{ return 42; }}\n")
+    args = ["-shared", "-fPIC", "-o", str(out), str(src)]
+    if rpath is not None and runpath is not None:
+        # GNU ld writes either tag, never both: write the RUNPATH string as DT_SONAME, then retag it
+        if soname:
+            raise ValueError("an object with both RPATH and RUNPATH gets no soname here")
+        args += _link_args(runpath, needed, rpath, None, extra)
+        _cc(args, out.parent)
+        retag(out, 14, 29)  # DT_SONAME -> DT_RUNPATH
+    else:
+        args += _link_args(soname, needed, rpath, runpath, extra)
+        _cc(args, out.parent)
+    src.unlink()
+    return out
+
+
+def retag(path: Path, old: int, new: int) -> None:
+    """Rewrite the first dynamic entry tagged *old* to tag *new* (ELF64 little-endian only)."""
+    from elftools.elf.elffile import ELFFile
+
+    with open(path, "rb") as f:
+        dyn = ELFFile(f).get_section_by_name(".dynamic")
+        offset, size = dyn["sh_offset"], dyn["sh_size"]
+    with open(path, "r+b") as f:
+        for pos in range(offset, offset + size, 16):
+            f.seek(pos)
+            if int.from_bytes(f.read(8), "little") == old:
+                f.seek(pos)
+                f.write(new.to_bytes(8, "little"))
+                return
+    raise ValueError(f"{path}: no dynamic tag {old}")
+
+
+def build_exe(
+    out: Path,
+    *,
+    needed: Sequence[Path] = (),
+    rpath: str | None = None,
+    runpath: str | None = None,
+    extra: Sequence[str] = (),
+) -> Path:
+    """Compile a small executable at *out* linked against *needed*."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    src = out.parent / (out.name + "_main.c")
+    src.write_text("int main(void) { return 0; }\n")
+    args = ["-o", str(out), str(src), *_link_args(None, needed, rpath, runpath, extra)]
+    args += [f"-Wl,-rpath-link,{p.parent}" for p in needed]
+    args += ["-Wl,--allow-shlib-undefined"]
+    _cc(args, out.parent)
+    src.unlink()
+    return out
+
+
+def patch(src: Path, dst: Path, offset: int, data: bytes) -> Path:
+    """Copy *src* to *dst* and overwrite bytes at *offset*."""
+    shutil.copyfile(src, dst)
+    with open(dst, "r+b") as f:
+        f.seek(offset)
+        f.write(data)
+    return dst
+
+
+@dataclass(frozen=True)
+class Scenarios:
+    """Paths of the built scenarios (roots to resolve), all under ``base``."""
+
+    base: Path
+    rpath_inherit: Path  # root RPATH=a:b; a/libmid needs libleaf (only in b): found via the root's RPATH
+    runpath_not_inherited: Path  # same with RUNPATH: libleaf not found
+    prec_rpath: Path  # RPATH=d_rpath; libprec in d_rpath, d_llp, d_runpath
+    prec_runpath: Path  # RUNPATH=d_runpath
+    prec_both: Path  # RPATH=d_rpath and RUNPATH=d_runpath: RPATH ignored
+    d_rpath: Path
+    d_llp: Path
+    d_runpath: Path
+    origin_link: Path  # symlink link/libo.so -> real/libo.so, RPATH $ORIGIN/deps; deps only in link/deps
+    origin_mid: Path  # root needing libsym (found as a symlink) whose $ORIGIN/sub exists only beside the link
+    nodeflib: Path  # -z nodefaultlib, needs libz.so.1 (system only)
+    wrong_machine: Path  # RPATH=wm:good; wm/libwm.so has e_machine=AArch64
+    wrong_class: Path  # RPATH=wc:good; wc/libwc.so has EI_CLASS=ELFCLASS32
+    missing_deep: Path  # root -> libm1 -> libm2 -> libgone (deleted)
+    not_elf_candidate: Path  # RPATH=junk:good; junk/libjunk.so is text: ld.so stops with an error
+    dir_candidate: Path  # RPATH=dirs:good; dirs/libdir.so is a directory: ld.so stops with an error
+    needs_slash: Path  # DT_NEEDED with a '/' and a DST: $ORIGIN/sub/libslash.so
+    dedupe: Path  # root needs liblink (a symlink to libtarget, soname libtarget) and libtarget
+    exe: Path  # an executable whose RPATH serves a library's dependency
+    leaf: Path  # a plain library with soname libleaf.so.1 and PyInit_leaf
+
+
+def build_scenarios(base: Path) -> Scenarios:
+    """Build every scenario under *base* (a fresh directory)."""
+    a, b = base / "a", base / "b"
+    leaf = build_lib(
+        b / "libleaf.so.1",
+        soname="libleaf.so.1",
+        source="int PyInit_libleaf(void) { return 0; }\nint helper(void) { return 1; }\n",
+    )
+    mid = build_lib(a / "libmid.so.1", soname="libmid.so.1", needed=[leaf])
+    rpath_inherit = build_lib(base / "r1" / "librpath.so", needed=[mid], rpath=f"{a}:{b}")
+    runpath_ni = build_lib(base / "r2" / "librunpath.so", needed=[mid], runpath=f"{a}:{b}")
+
+    d_rpath, d_llp, d_runpath = base / "p_rpath", base / "p_llp", base / "p_runpath"
+    prec = [build_lib(d / "libprec.so.1", soname="libprec.so.1") for d in (d_rpath, d_llp, d_runpath)]
+    prec_rpath = build_lib(base / "p" / "libprec_rpath.so", needed=[prec[0]], rpath=str(d_rpath))
+    prec_runpath = build_lib(base / "p" / "libprec_runpath.so", needed=[prec[0]], runpath=str(d_runpath))
+    prec_both = build_lib(base / "p" / "libprec_both.so", needed=[prec[0]], rpath=str(d_rpath), runpath=str(d_runpath))
+
+    real, link = base / "o_real", base / "o_link"
+    odep = build_lib(link / "deps" / "libodep.so.1", soname="libodep.so.1")
+    oreal = build_lib(real / "libo.so", needed=[odep], rpath="$ORIGIN/deps")
+    (link / "libo.so").symlink_to(oreal)
+    origin_link = link / "libo.so"
+
+    s_real, s_link = base / "s_real", base / "s_link"
+    sdep = build_lib(s_link / "sub" / "libsdep.so.1", soname="libsdep.so.1")
+    sreal = build_lib(s_real / "libsym.so.1", soname="libsym.so.1", needed=[sdep], rpath="${ORIGIN}/sub")
+    (s_link / "libsym.so.1").symlink_to(sreal)
+    origin_mid = build_lib(base / "s_root" / "libsroot.so", needed=[sreal], rpath=str(s_link))
+
+    libz = Path("/lib/x86_64-linux-gnu/libz.so.1")
+    if not libz.exists():
+        libz = Path("/usr/lib/x86_64-linux-gnu/libz.so.1")
+    nodeflib = build_lib(base / "nd" / "libnodef.so", needed=[libz], extra=["-Wl,-z,nodefaultlib"])
+
+    good = base / "good"
+    wm_good = build_lib(good / "libwm.so", soname="libwm.so")
+    (base / "wm").mkdir()
+    patch(wm_good, base / "wm" / "libwm.so", 18, (183).to_bytes(2, "little"))
+    wrong_machine = build_lib(base / "wmroot" / "libwmroot.so", needed=[wm_good], rpath=f"{base / 'wm'}:{good}")
+    wc_good = build_lib(good / "libwc.so", soname="libwc.so")
+    (base / "wc").mkdir()
+    patch(wc_good, base / "wc" / "libwc.so", 4, b"\x01")
+    wrong_class = build_lib(base / "wcroot" / "libwcroot.so", needed=[wc_good], rpath=f"{base / 'wc'}:{good}")
+
+    gone = build_lib(base / "m" / "libgone.so.1", soname="libgone.so.1")
+    m2 = build_lib(base / "m" / "libm2.so.1", soname="libm2.so.1", needed=[gone], rpath="$ORIGIN")
+    m1 = build_lib(base / "m" / "libm1.so.1", soname="libm1.so.1", needed=[m2], rpath="$ORIGIN")
+    missing_deep = build_lib(base / "mroot" / "libmroot.so", needed=[m1], rpath=str(base / "m"))
+    gone.unlink()
+
+    junk_good = build_lib(good / "libjunk.so", soname="libjunk.so")
+    (base / "junk").mkdir()
+    (base / "junk" / "libjunk.so").write_text("INPUT(-lc)\n")
+    not_elf = build_lib(base / "jroot" / "libjroot.so", needed=[junk_good], rpath=f"{base / 'junk'}:{good}")
+    dir_good = build_lib(good / "libdir.so", soname="libdir.so")
+    (base / "dirs" / "libdir.so").mkdir(parents=True)
+    dir_cand = build_lib(base / "droot" / "libdroot.so", needed=[dir_good], rpath=f"{base / 'dirs'}:{good}")
+
+    # DT_NEEDED "$ORIGIN/sub/libslash.so": a name with '/' (and a DST), opened without a search
+    slash_dep = build_lib(base / "sl" / "sub" / "libslash.so", soname="$ORIGIN/sub/libslash.so")
+    slash_root = build_lib(base / "sl" / "libslashroot.so", needed=[slash_dep])
+
+    target = build_lib(base / "dd" / "libtarget.so.1", soname="libtarget.so.1")
+    (base / "dd" / "liblink.so").symlink_to("libtarget.so.1")
+    dd_link_src = build_lib(base / "ddbuild" / "liblink.so", soname="liblink.so")
+    dedupe = build_lib(base / "ddroot" / "libddroot.so", needed=[dd_link_src, target], rpath=str(base / "dd"))
+
+    exe_dep = build_lib(base / "x_dep" / "libxdep.so.1", soname="libxdep.so.1")
+    x_mid = build_lib(base / "x_mid" / "libxmid.so.1", soname="libxmid.so.1", needed=[exe_dep])
+    exe = build_exe(base / "x_bin" / "prog", needed=[x_mid], rpath=f"{base / 'x_mid'}:{base / 'x_dep'}")
+
+    return Scenarios(
+        base=base,
+        rpath_inherit=rpath_inherit,
+        runpath_not_inherited=runpath_ni,
+        prec_rpath=prec_rpath,
+        prec_runpath=prec_runpath,
+        prec_both=prec_both,
+        d_rpath=d_rpath,
+        d_llp=d_llp,
+        d_runpath=d_runpath,
+        origin_link=origin_link,
+        origin_mid=origin_mid,
+        nodeflib=nodeflib,
+        wrong_machine=wrong_machine,
+        wrong_class=wrong_class,
+        missing_deep=missing_deep,
+        not_elf_candidate=not_elf,
+        dir_candidate=dir_cand,
+        needs_slash=slash_root,
+        dedupe=dedupe,
+        exe=exe,
+        leaf=leaf,
+    )
+
+
+_BUILT: dict[str, Scenarios] = {}
+
+
+def get_scenarios(tmp_path_factory: pytest.TempPathFactory) -> Scenarios:
+    """Every loader scenario, compiled once per process (skips without a C compiler). Test modules wrap
+    this in a session-scoped fixture."""
+    if CC is None:
+        pytest.skip("needs a C compiler")
+    if "s" not in _BUILT:
+        _BUILT["s"] = build_scenarios(tmp_path_factory.mktemp("elfscen"))
+    return _BUILT["s"]
