@@ -1,0 +1,113 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from sitebuild import HAVE_CC, compile_so, site_packages, write_dist
+
+from pytest_cudastack.closure import extension_closures, extension_modules, module_trees
+from pytest_cudastack.elf import read_elf
+from pytest_cudastack.findings import Severity
+from pytest_cudastack.inventory import installed_wheels
+from pytest_cudastack.resolver import Resolver, SearchConfig
+
+pytestmark = pytest.mark.skipif(not HAVE_CC, reason="needs a C compiler")
+
+EXT = "_C.cpython-311-x86_64-linux-gnu.so"
+RPATH = "$ORIGIN/lib:$ORIGIN/../nvidia/nccl/lib:$ORIGIN/../nvidia/cudnn/lib"
+
+
+def build(tmp_path: Path) -> Path:
+    """A torch-like layout: two extension modules sharing libtorch_x, which needs nccl and cudnn."""
+    site = site_packages(tmp_path / "venv")
+    write_dist(
+        site,
+        "torchish",
+        "1.0",
+        {
+            f"torchish/{EXT}": compile_so(None, pyinit="_C", needed=["libtorch_x.so"], rpath=RPATH),
+            "torchish/_other.abi3.so": compile_so(None, pyinit="_other", needed=["libtorch_x.so"], rpath=RPATH),
+            "torchish/lib/libtorch_x.so": compile_so(
+                "libtorch_x.so",
+                needed=["libnccl.so.2", "libcudnn.so.9", "libcuda.so.1"],
+                rpath="$ORIGIN/../../nvidia/nccl/lib:$ORIGIN/../../nvidia/cudnn/lib",
+            ),
+            # not an extension module: no PyInit
+            "torchish/lib/libplugin.so": compile_so("libplugin.so", needed=["libfabric.so.1"]),
+        },
+    )
+    write_dist(site, "nvidia-nccl-cu13", "2.30.7", {"nvidia/nccl/lib/libnccl.so.2": compile_so("libnccl.so.2")})
+    write_dist(site, "nvidia-cudnn-cu13", "9.24.0.43", {"nvidia/cudnn/lib/libcudnn.so.9": compile_so("libcudnn.so.9")})
+    return site
+
+
+def run(site: Path):
+    inv = installed_wheels([str(site)], reader=read_elf)
+    resolver = Resolver(SearchConfig.from_environment({}), reader=read_elf, owner=inv.owner)
+    return inv, resolver, extension_closures(inv, resolver)
+
+
+def test_modules_are_the_pyinit_exporters(tmp_path):
+    site = build(tmp_path)
+    inv = installed_wheels([str(site)], reader=read_elf)
+    mods = {lib.pyinit for _, lib in extension_modules(inv)}
+    assert mods == {"PyInit__C", "PyInit__other"}
+
+
+def test_clean_layout_only_infos(tmp_path):
+    site = build(tmp_path)
+    inv, resolver, found = run(site)
+    assert not [f for f in found if f.failing], [f.render() for f in found]
+    infos = {f.subject: f for f in found}
+    # the driver's libcuda.so.1 is absent on a build machine: a fact, not a failure
+    driver = next(f for f in found if f.subject == "libcuda.so.1")
+    assert driver.severity is Severity.INFO
+    assert "provided by the NVIDIA driver" in driver.message
+    plugin = infos["torchish 1.0"]
+    assert plugin.severity is Severity.INFO
+    assert "torchish/lib/libplugin.so needs libfabric.so.1" in plugin.details
+    # owners come from the inventory
+    (mt, *_) = module_trees(inv, resolver)
+    providers = {lib.soname: lib.provider for lib in mt.tree.libraries}
+    assert providers["libnccl.so.2"] == "nvidia-nccl-cu13 2.30.7"
+
+
+def test_every_missing_soname_at_once(tmp_path):
+    site = build(tmp_path)
+    (site / "nvidia/nccl/lib/libnccl.so.2").unlink()
+    (site / "nvidia/cudnn/lib/libcudnn.so.9").unlink()
+    _, _, found = run(site)
+    errs = {f.subject: f for f in found if f.failing}
+    assert set(errs) == {"libnccl.so.2", "libcudnn.so.9"}
+    nccl = errs["libnccl.so.2"]
+    assert nccl.chain == (f"torchish/{EXT}", "torchish/lib/libtorch_x.so")
+    assert nccl.cause == "nvidia-nccl-cu13 2.30.7 lists nvidia/nccl/lib/libnccl.so.2 but the file is gone"
+    assert "pip install --force-reinstall --no-deps nvidia-nccl-cu13==2.30.7" in nccl.fix
+    assert "from 2 extension module(s) of torchish 1.0" in nccl.message
+    assert "nvidia/nccl/lib" in nccl.where
+    assert "nvidia-cudnn-cu13 9.24.0.43 lists" in errs["libcudnn.so.9"].cause
+
+
+def test_missing_with_no_claimant(tmp_path):
+    site = site_packages(tmp_path / "venv")
+    write_dist(site, "m", "1", {"m/_m.so": compile_so(None, pyinit="_m", needed=["libnowhere.so.7"])})
+    _, _, found = run(site)
+    (f,) = found
+    assert f.failing
+    assert "no installed distribution ships it" in f.cause
+
+
+def test_shipped_but_not_on_the_search_path(tmp_path):
+    site = site_packages(tmp_path / "venv")
+    write_dist(site, "m", "1", {"m/_m.so": compile_so(None, pyinit="_m", needed=["libelsewhere.so.1"])})
+    write_dist(site, "other", "2", {"other/lib/libelsewhere.so.1": compile_so("libelsewhere.so.1")})
+    _, _, found = run(site)
+    (f,) = found
+    assert "other 2 ships it at other/lib/libelsewhere.so.1, but that directory is not on the search path" in f.cause
+
+
+def test_a_so_that_is_not_an_elf_is_not_a_module(tmp_path):
+    site = site_packages(tmp_path / "venv")
+    write_dist(site, "m", "1", {"m/_bad.so": "not an elf"})
+    _, _, found = run(site)
+    assert found == ()
