@@ -89,7 +89,8 @@ def test_same_size_overlap_is_decided_by_hash(tmp_path):
     site = site_packages(tmp_path / "venv")
     a = compile_so("libx.so.1", payload="AAAA")
     b = compile_so("libx.so.1", payload="BBBB")
-    assert len(a) == len(b) and a != b
+    assert len(a) == len(b)
+    assert a != b
     write_dist(site, "x-cu13", "1", {"x/lib/libx.so.1": a})
     write_dist(site, "x-cu12", "1", {"x/lib/libx.so.1": b})
     (f,) = check_integrity(inv_of(site))
