@@ -793,6 +793,12 @@ def _driver_label(driver: DriverInfo) -> str:
 
 
 def _native_cuda(driver: DriverInfo) -> Version | None:
+    if driver.forward_compat and driver.version:
+        # NVML reports the CUDA version of the libcuda it loaded, i.e. the forward-compatibility one; what the
+        # kernel driver itself supports comes from its branch
+        kernel = cuda_for_driver(driver.version)
+        if kernel is not None:
+            return kernel
     if driver.cuda_version:
         try:
             return parse_cuda_version(driver.cuda_version)
@@ -876,12 +882,19 @@ def driver_verdict(required_cuda: str, driver: DriverInfo, *, subject: str = "")
 
 def _forward_compat(driver: DriverInfo, required: Version) -> DriverVerdict | None:
     """A forward-compatibility libcuda (cuda-compat) newer than the kernel driver can lift the limit."""
-    compat_version = getattr(driver, "forward_compat", None)
+    compat_version = driver.forward_compat
     if not compat_version:
         return None
     compat_cuda = cuda_for_driver(compat_version)
     if compat_cuda is None or _major_minor(compat_cuda) < _major_minor(required):
         return None
+    if driver.gpus and all("geforce" in gpu.name.lower() for gpu in driver.gpus):
+        return DriverVerdict(
+            "incompatible",
+            f"CUDA {required} is beyond {_driver_label(driver)}; the forward-compatibility libcuda "
+            f"{compat_version} does not help on GeForce GPUs ({', '.join(g.name for g in driver.gpus)}): "
+            "CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE (804)",
+        )
     return DriverVerdict(
         "mvc",
         f"CUDA {required} is beyond {_driver_label(driver)}, but a forward-compatibility libcuda "

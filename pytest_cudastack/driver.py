@@ -515,6 +515,9 @@ def _probe_initialised(nvml: Any, files: DriverFiles, notes: list[str]) -> Drive
                 reasons.append(f"{first}; the CUDA version the driver supports is unknown")
     if version and files.kernel_module and version != files.kernel_module:
         notes.append(f"NVML reports driver {version} but the kernel module is {files.kernel_module}")
+    forward = files.forward_compat
+    if forward is None and version and not files.kernel_module and files.libcuda_version:
+        forward = _newer_libcuda(files, version, notes)
     gpus: list[Gpu] = []
     try:
         count = int(nvml.nvmlDeviceGetCount())
@@ -539,8 +542,27 @@ def _probe_initialised(nvml: Any, files: DriverFiles, notes: list[str]) -> Drive
         notes=tuple(notes),
         libcuda=files.libcuda,
         kernel_module=files.kernel_module,
-        forward_compat=files.forward_compat,
+        forward_compat=forward,
     )
+
+
+def _newer_libcuda(files: DriverFiles, driver_version: str, notes: list[str]) -> str | None:
+    """Without /proc (containers), compare libcuda's file-name version with the driver NVML reports."""
+    libcuda_version = files.libcuda_version
+    if not libcuda_version or libcuda_version == driver_version:
+        return None
+    try:
+        newer = compat.parse_driver_version(libcuda_version) > compat.parse_driver_version(driver_version)
+    except ValueError:
+        return None
+    if not newer:
+        return None
+    rule = compat.load_compat().forward_compat_rule if _data_ok() else ""
+    notes.append(
+        f"forward-compatibility libcuda {libcuda_version} ({files.libcuda}) is newer than the driver "
+        f"{driver_version} NVML reports: {rule}"
+    )
+    return libcuda_version
 
 
 def _probe_gpu(nvml: Any, index: int, notes: list[str]) -> Gpu | None:

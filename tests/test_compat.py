@@ -28,7 +28,7 @@ from pytest_cudastack.compat import (
     wheel_cuda_flavour,
     wheel_cuda_requirement,
 )
-from pytest_cudastack.driver import DriverInfo, declared_driver
+from pytest_cudastack.driver import DriverInfo, Gpu, declared_driver
 from pytest_cudastack.errors import DataError, RuleError
 
 
@@ -518,6 +518,21 @@ def test_verdict_both_sides_of_every_floor(major: int, floor: str):
     below = driver_verdict(required, declared_driver(_prev_driver(floor)))
     assert below.status == "incompatible", below.message
     assert f"CUDA {major} needs driver ≥ {floor}" in below.message
+
+
+def test_forward_compat_verdicts():
+    h100 = Gpu(0, "NVIDIA H100 80GB HBM3", None, "9.0", None, None)
+    rtx = Gpu(0, "NVIDIA GeForce RTX 4090", None, "8.9", None, None)
+    # NVML reports the compat libcuda's CUDA (13.0); the kernel driver (R550) decides the native range
+    dc = _driver("550.54.15", "13.0", forward_compat="580.65.06", gpus=(h100,))
+    verdict = driver_verdict("13.0", dc)
+    assert verdict.status == "mvc"
+    assert verdict.via == "forward compatibility"
+    assert driver_verdict("12.4", dc).status == "compatible"
+    geforce = driver_verdict("13.0", _driver("550.54.15", "13.0", forward_compat="580.65.06", gpus=(rtx,)))
+    assert geforce.status == "incompatible"
+    assert "GeForce" in geforce.message
+    assert "804" in geforce.message
 
 
 def test_incident1_message():

@@ -709,3 +709,19 @@ def test_real_gpu_probe():
         assert gpu.compute_capability
         assert gpu.arch is not None
         assert gpu.memory_total
+
+
+def test_forward_compat_without_proc(monkeypatch: pytest.MonkeyPatch):
+    files = drv.DriverFiles(
+        libcuda="/usr/local/cuda-13.0/compat/libcuda.so.1", libcuda_version="580.65.06", notes=("libcuda",)
+    )
+    monkeypatch.setattr(drv, "driver_files", lambda: files)
+    info = probe_driver(FakeNvml(driver="550.54.15", cuda=13000))
+    assert info.forward_compat == "580.65.06"
+    assert any("forward-compatibility libcuda 580.65.06" in n for n in info.notes)
+
+
+def test_import_is_lazy():
+    code = "import sys, pytest_cudastack.driver, pytest_cudastack.compat; print('pynvml' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "False"
