@@ -51,10 +51,12 @@ def test_facts_of_a_library(scen: Scenarios) -> None:
 def test_soname_runpath_and_nodeflib(scen: Scenarios) -> None:
     assert read_elf(scen.leaf).soname == "libleaf.so.1"
     info = read_elf(scen.runpath_not_inherited)
-    assert info.runpath == (str(scen.base / "a"), str(scen.base / "b")) and info.rpath == ()
+    assert info.runpath == (str(scen.base / "a"), str(scen.base / "b"))
+    assert info.rpath == ()
     assert read_elf(scen.nodeflib).nodeflib
     both = read_elf(scen.prec_both)
-    assert both.rpath == (str(scen.d_rpath),) and both.runpath == (str(scen.d_runpath),)
+    assert both.rpath == (str(scen.d_rpath),)
+    assert both.runpath == (str(scen.d_runpath),)
 
 
 def test_dst_not_expanded_and_empty_elements_kept(tmp_path: Path) -> None:
@@ -67,7 +69,8 @@ def test_executable_interpreter_and_version_needs(scen: Scenarios) -> None:
     assert info.interpreter == "/lib64/ld-linux-x86-64.so.2"
     assert info.elf_type in ("ET_DYN", "ET_EXEC")
     lib = read_elf(Path("/lib/x86_64-linux-gnu/libz.so.1"))
-    assert lib.version_needs and lib.version_needs[0].file == "libc.so.6"
+    assert lib.version_needs
+    assert lib.version_needs[0].file == "libc.so.6"
     assert all(v.startswith("GLIBC_") for v in lib.version_needs[0].versions)
 
 
@@ -251,7 +254,8 @@ def test_fuzzed_headers_never_raise_anything_else(scen: Scenarios, tmp_path: Pat
             ok += 1
         except ElfError:
             bad += 1
-    assert ok + bad == 300 and bad > 0
+    assert ok + bad == 300
+    assert bad > 0
 
 
 def test_looks_like_elf(scen: Scenarios, tmp_path: Path) -> None:

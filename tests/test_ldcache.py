@@ -155,9 +155,7 @@ def _ext(i: int) -> int:
             "/x64/libx.so.1",
             id="search goes on past a foreign entry",
         ),
-        pytest.param(
-            [("libx.so.1", "/x32/libx.so.1", 0x0803, 0)], [], (), None, id="x32 entry refused"
-        ),
+        pytest.param([("libx.so.1", "/x32/libx.so.1", 0x0803, 0)], [], (), None, id="x32 entry refused"),
         pytest.param(
             [
                 ("libx.so.1", "/v4/libx.so.1", 0x0303, _ext(0)),
@@ -225,7 +223,10 @@ def test_old_format_crafted() -> None:
             id="absurd count",
         ),
         pytest.param(
-            b"glibc-ld.so.cache1.1" + struct.pack("<II", 1, 0) + bytes([2, 0, 0, 0]) + b"\0" * 16
+            b"glibc-ld.so.cache1.1"
+            + struct.pack("<II", 1, 0)
+            + bytes([2, 0, 0, 0])
+            + b"\0" * 16
             + struct.pack("<iIIIQ", 0x303, 999999, 999999, 0, 0),
             id="string offset past end",
         ),
