@@ -94,13 +94,14 @@ def active_requirements(inv: Inventory) -> dict[str, list[Requirer]]:
         parsed[id(d)] = reqs
     extras: dict[str, set[str]] = {d.key: set() for d in inv.distributions}
     active: dict[tuple[int, int], Requirer] = {}
+    memo: dict[tuple[str, str], bool] = {}
     changed = True
     while changed:
         changed = False
         for d in inv.distributions:
             asked = extras.get(d.key, set())
             for i, req in enumerate(parsed[id(d)]):
-                if (id(d), i) in active or not _marker_ok(req, asked):
+                if (id(d), i) in active or not _marker_ok(req, asked, memo):
                     continue
                 active[(id(d), i)] = Requirer(d, req)
                 key = canonical_name(req.name)
@@ -115,15 +116,19 @@ def active_requirements(inv: Inventory) -> dict[str, list[Requirer]]:
     return out
 
 
-def _marker_ok(req: Requirement, extras: Iterable[str]) -> bool:
+def _marker_ok(req: Requirement, extras: Iterable[str], memo: dict[tuple[str, str], bool]) -> bool:
     if req.marker is None:
         return True
+    text = str(req.marker)
     for extra in ("", *sorted(extras)):
-        try:
-            if req.marker.evaluate({"extra": extra}):
-                return True
-        except (InvalidMarker, UndefinedComparison, UndefinedEnvironmentName):
-            return False
+        key = (text, extra)
+        if key not in memo:
+            try:
+                memo[key] = bool(req.marker.evaluate({"extra": extra}))
+            except (InvalidMarker, UndefinedComparison, UndefinedEnvironmentName):
+                memo[key] = False
+        if memo[key]:
+            return True
     return False
 
 
@@ -542,8 +547,10 @@ def _missing_or_altered(
         pip = pip_command(d)
         reinstall = f"{pip} install --force-reinstall --no-deps {d.name}=={d.version}"
         # ships nothing it claims?
-        own = [p for p in (d.abspath(e) for e in d.records) if p is not None and not _in_dist_info(d, p)]
-        if own and not any(os.path.lexists(p) for p in own):
+        own_iter = (p for p in (d.abspath(e) for e in d.records) if p is not None and not _in_dist_info(d, p))
+        first = next(own_iter, None)
+        if first is not None and not os.path.lexists(first) and not any(os.path.lexists(p) for p in own_iter):
+            own = [p for p in (d.abspath(e) for e in d.records) if p is not None and not _in_dist_info(d, p)]
             others = sorted({o.dist.label for p in own for o in by_path.get(p, []) if o.dist is not d})
             if others:
                 cause = (

@@ -18,6 +18,7 @@ import contextlib
 import csv
 import email.parser
 import email.policy
+import functools
 import importlib
 import logging
 import os
@@ -44,6 +45,7 @@ __all__ = [
     "install_prefix",
     "installed_wheels",
     "is_shared_lib_path",
+    "memo_reader",
     "record_abspath",
     "site_dirs",
 ]
@@ -154,7 +156,10 @@ class Inventory:
     def __post_init__(self) -> None:
         for dist in self.distributions:
             self._by_name.setdefault(dist.key, dist)
-            roots = {os.path.normpath(dist.location), os.path.realpath(dist.location)}
+            roots = {os.path.normpath(dist.location)}
+            real = os.path.realpath(dist.location)
+            if real not in roots:
+                roots.add(real)
             for entry in dist.records:
                 for root in roots:
                     p = record_abspath(root, entry.path)
@@ -208,6 +213,7 @@ class Inventory:
 # paths
 
 
+@functools.lru_cache(maxsize=256)
 def install_prefix(location: str) -> str:
     """The installation prefix of a site directory: ``P`` for ``P/lib/python3.11/site-packages``, else the
     site directory itself."""
@@ -227,12 +233,27 @@ def _within(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
 
 
+@functools.lru_cache(maxsize=256)
+def _norm_location(location: str) -> str:
+    return os.path.normpath(location)
+
+
 def record_abspath(location: str, path: str) -> str | None:
     """Resolve a RECORD path against its site directory; None when the result leaves the install prefix."""
     if not path or "\x00" in path:
         return None
-    full = os.path.normpath(os.path.join(location, path))
-    if _within(full, os.path.normpath(location)) or _within(full, install_prefix(location)):
+    loc = _norm_location(location)
+    if (
+        path[0] != "/"
+        and ".." not in path
+        and "//" not in path
+        and "/./" not in path
+        and not path.startswith("./")
+        and not path.endswith(("/.", "/"))
+    ):
+        return path if loc == "." else (loc + path if loc == "/" else f"{loc}/{path}")  # fast path
+    full = os.path.normpath(os.path.join(loc, path))
+    if _within(full, loc) or _within(full, install_prefix(location)):
         return full
     return None
 
@@ -305,6 +326,26 @@ def default_reader() -> Reader:
         return read_elf
     reader: Reader = elfcache.default_cache().read
     return reader
+
+
+def memo_reader(reader: Reader) -> Reader:
+    """``reader`` memoised by path for one run (shares parsed ELF facts between the inventory and the
+    resolver even when the on-disk cache is off); errors are memoised too."""
+    memo: dict[str, ElfInfo | CudaStackError | OSError] = {}
+
+    def read(path: str) -> ElfInfo:
+        got = memo.get(path)
+        if got is None:
+            try:
+                got = reader(path)
+            except (CudaStackError, OSError) as e:
+                got = e
+            memo[path] = got
+        if isinstance(got, (CudaStackError, OSError)):
+            raise got
+        return got
+
+    return read
 
 
 def _read_text(path: str, limit: int = 64 << 20) -> str | None:

@@ -17,11 +17,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from pytest_cudastack.closure import default_resolver, extension_closures, module_trees
+from pytest_cudastack.closure import extension_closures, module_trees
 from pytest_cudastack.findings import Finding, Severity
 from pytest_cudastack.integrity import check_integrity
-from pytest_cudastack.inventory import Inventory, installed_wheels
-from pytest_cudastack.resolver import Resolver
+from pytest_cudastack.inventory import Inventory, default_reader, installed_wheels, memo_reader
+from pytest_cudastack.resolver import Resolver, SearchConfig
 
 __all__ = [
     "WheelReport",
@@ -99,8 +99,9 @@ def site_dirs_from(args: argparse.Namespace | None) -> tuple[str, ...] | None:
 def wheel_report(paths: Sequence[str] | None = None) -> WheelReport:
     """Inventory + integrity + closure of ``paths`` (default: this interpreter's site directories)."""
     t0 = time.perf_counter()
-    inv = installed_wheels(paths)
-    resolver = default_resolver(inv)
+    reader = memo_reader(default_reader())
+    inv = installed_wheels(paths, reader=reader)
+    resolver = Resolver(SearchConfig.from_environment(), reader=reader, owner=inv.owner)
     trees = module_trees(inv, resolver)
     found = (*inv.findings, *check_integrity(inv), *extension_closures(inv, resolver, trees=trees))
     findings = tuple(sorted(found, key=lambda f: _ORDER[f.severity]))
