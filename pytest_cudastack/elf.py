@@ -187,8 +187,10 @@ def read_elf(path: str | os.PathLike[str]) -> ElfInfo:
 
 
 def _check_ident(p: str, ident: bytes, size: int) -> tuple[int, bool]:
-    if len(ident) < 16 or ident[:4] != b"\x7fELF":
-        raise ElfError(f"{p}: not an ELF file (bad magic)" if len(ident) >= 4 else f"{p}: file too short")
+    if ident[:4] != b"\x7fELF"[: len(ident[:4])] or not ident:
+        raise ElfError(f"{p}: not an ELF file (bad magic)" if ident else f"{p}: not an ELF file (empty)")
+    if len(ident) < 16:
+        raise ElfError(f"{p}: file too short for an ELF header ({len(ident)} bytes)")
     cls = {1: 32, 2: 64}.get(ident[4])
     if cls is None:
         raise ElfError(f"{p}: invalid ELF class byte {ident[4]}")
