@@ -29,15 +29,17 @@ from typing import Any
 CHILD = r"""
 import json, sys, time
 t0 = time.perf_counter()
-from pytest_cudastack.inventory import installed_wheels
+from pytest_cudastack.inventory import default_reader, installed_wheels, memo_reader
 from pytest_cudastack.integrity import check_integrity
-from pytest_cudastack.closure import default_resolver, extension_closures, module_trees
+from pytest_cudastack.closure import extension_closures, module_trees
+from pytest_cudastack.resolver import Resolver, SearchConfig
 t1 = time.perf_counter()
-inv = installed_wheels([sys.argv[1]])
+reader = memo_reader(default_reader())
+inv = installed_wheels([sys.argv[1]], reader=reader)
 t2 = time.perf_counter()
 integ = check_integrity(inv)
 t3 = time.perf_counter()
-resolver = default_resolver(inv)
+resolver = Resolver(SearchConfig.from_environment(), reader=reader, owner=inv.owner)
 trees = module_trees(inv, resolver)
 clos = extension_closures(inv, resolver, trees=trees)
 t4 = time.perf_counter()

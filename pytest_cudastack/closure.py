@@ -27,6 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from pytest_cudastack.findings import Finding, Severity
+from pytest_cudastack.integrity import pip_command
 from pytest_cudastack.inventory import Distribution, Inventory, ShippedLib, default_reader
 from pytest_cudastack.resolver import Library, Resolver, SearchConfig, Tree
 
@@ -192,16 +193,17 @@ def _missing_finding(inv: Inventory, m: _Missing) -> Finding:
             "RUNPATH, ld.so.cache, default directories) finds no file of that name"
         )
     if claimers:
-        fixes = [f"pip install --force-reinstall --no-deps {d.name}=={d.version}" for d in claimers]
+        fixes = [f"{pip_command(d)} install --force-reinstall --no-deps {d.name}=={d.version}" for d in claimers]
         fix = "; ".join(fixes)
     else:
         fix = f"install the package that provides {m.soname} (a wheel or a system package)"
-    tried: list[str] = []
+    tried: list[str] = []  # directories searched that exist (nonexistent RPATH entries are noise)
     for lib in m.libs:
         for t in lib.tried:
-            d = _rel(os.path.dirname(os.path.normpath(t)), inv)
-            if d not in tried:
-                tried.append(d)
+            d = os.path.dirname(os.path.normpath(t))
+            r = _rel(d, inv)
+            if r not in tried and os.path.isdir(d):
+                tried.append(r)
     details = tuple(f"module: {x}" for x in modules[:8]) + (
         (f"... and {len(modules) - 8} more module(s)",) if len(modules) > 8 else ()
     )
@@ -243,8 +245,8 @@ def _unreachable(inv: Inventory, resolver: Resolver, reached: set[str], skip: Ca
                     check="closure",
                     severity=Severity.INFO,
                     subject=d.label,
-                    message=f"{len(notes)} shipped librar{'y' if len(notes) == 1 else 'ies'} that no extension "
-                    "module loads need sonames not found here (optional plugins)",
+                    message=f"{len(notes)} optional librar{'y' if len(notes) == 1 else 'ies'} (loaded by no "
+                    f"extension module) need{'s' if len(notes) == 1 else ''} sonames not found here",
                     cause="loaded only on demand (dlopen) when the feature is used; not needed to import anything",
                     fix="install the missing libraries only if you use that feature",
                     where=(d.location,),

@@ -560,9 +560,9 @@ def _missing_or_altered(
             else:
                 cause = (
                     "its files were deleted, most likely by uninstalling another distribution that installs "
-                    "the same paths; no installed distribution lists them now, so which one cannot be read "
-                    "from the files"
-                ) + _variant_hint(d)
+                    f"the same paths{_variant_hint(d)}; no installed distribution lists them now, so which "
+                    "one cannot be read from the files"
+                )
             needed = _who_requires(d, required_by)
             fix = reinstall if needed else f"{reinstall} (or {pip} uninstall -y {d.name} if nothing needs it)"
             findings.append(
@@ -616,9 +616,9 @@ def _missing_or_altered(
                 )
             else:
                 cause = (
-                    "deleted after install; no installed distribution lists the same paths now (uninstalling "
-                    "one that installed the same paths, or deleting by hand, does this)"
-                ) + _variant_hint(d)
+                    "deleted after install, by hand or by uninstalling a distribution that installs the same "
+                    f"paths{_variant_hint(d)}; no installed distribution lists them now"
+                )
             findings.append(
                 Finding(
                     check="integrity",
@@ -650,15 +650,12 @@ def _missing_or_altered(
 
 
 def _variant_hint(d: Distribution) -> str:
+    """`` (nvidia-cudnn-cu12 does)`` for the wheels whose other CUDA variant installs the same paths."""
     m = _VARIANT.match(d.key)
     if m is None:
         return ""
     family, major = m.group(1), m.group(2)
-    other = f"nvidia-{family}-cu{'12' if major == '13' else '13'}"
-    return (
-        f". {other} installs the same paths as {d.name} (nvidia/{family}/lib/); if it was installed here and "
-        "then uninstalled, that deleted these files"
-    )
+    return f" (nvidia-{family}-cu{'12' if major == '13' else '13'} does)"
 
 
 def _placeholders(inv: Inventory, required_by: dict[str, list[Requirer]]) -> list[Finding]:

@@ -27,6 +27,7 @@ __all__ = [
     "WheelReport",
     "cmd_check",
     "cmd_report",
+    "compact",
     "render_report",
     "site_dirs_from",
     "wheel_findings",
@@ -121,6 +122,25 @@ def _indent(text: str) -> str:
     return "\n".join("  " + line for line in text.splitlines())
 
 
+def compact(f: Finding, details: int = 3) -> str:
+    """A finding in a few lines: message, chain, cause, at most ``details`` details, fix."""
+    lines = [f"{f.subject}: {f.message}"]
+    if f.chain:
+        lines.append("  needed by: " + " -> ".join(f.chain))
+    if f.cause:
+        lines.append(f"  cause: {f.cause}")
+    if f.where and len(f.where) <= 3:
+        lines.append("  looked in: " + ", ".join(f.where))
+    elif f.where:
+        lines.append(f"  looked in {len(f.where)} places: {', '.join(f.where[:3])}, ... (-v or --json for all)")
+    lines.extend(f"  {d}" for d in f.details[:details])
+    if len(f.details) > details:
+        lines.append(f"  ... {len(f.details) - details} more (-v or --json)")
+    if f.fix:
+        lines.append(f"  fix: {f.fix}")
+    return "\n".join(lines)
+
+
 def render_report(rep: WheelReport, *, verbose: bool = False) -> str:
     """Findings first (errors and warnings in full, INFO one line each), then CUDA wheels by flavour."""
     lines: list[str] = []
@@ -129,7 +149,7 @@ def render_report(rep: WheelReport, *, verbose: bool = False) -> str:
     infos = [f for f in rep.findings if f.severity is Severity.INFO]
     for title, group in (("ERROR", errors), ("WARNING", warnings)):
         for f in group:
-            lines.append(f"{title} [{f.check}] " + f.render().replace("\n", "\n  ", 0))
+            lines.append(f"{title} [{f.check}] " + (f.render() if verbose else compact(f)))
             lines.append("")
     for f in infos:
         lines.append(f"info [{f.check}] {f.subject}: {f.message}")
