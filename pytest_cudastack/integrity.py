@@ -329,6 +329,13 @@ def _pinned_version(dist: Distribution, requirers: Sequence[Requirer]) -> str:
     return dist.version
 
 
+def _exact_pin(r: Requirer) -> str | None:
+    specs = list(r.requirement.specifier)
+    if len(specs) == 1 and specs[0].operator in ("==", "===") and "*" not in specs[0].version:
+        return specs[0].version
+    return None
+
+
 def _who_requires(dist: Distribution, required_by: dict[str, list[Requirer]]) -> list[Requirer]:
     return [r for r in required_by.get(dist.key, []) if r.dist is not dist]
 
@@ -502,17 +509,20 @@ def _broken_pins(inv: Inventory, state: _StateFn, required_by: dict[str, list[Re
                 states.sort(key=lambda s: s.rel)
                 rels = [s.rel for s in states]
                 more = f" (and {len(rels) - 1} more)" if len(rels) > 1 else ""
-                pinned = _pinned_version(y, [r])
+                exact = _exact_pin(r)
                 libname = _lib_name(y.name)
-                if z.version != pinned:
+                if exact is not None and z.version != exact and libname == "cuDNN" and r.dist.key == "torch":
+                    # torch compares the cuDNN version it was built with to the loaded one at first use
                     predicted = (
-                        f"{libname} version incompatibility at first use: {r.dist.name} was built against "
-                        f"{pinned}, the files on disk are {z.version}"
+                        f"cuDNN version incompatibility at first use: torch was built against {exact}, the "
+                        f"files on disk are {z.version}"
+                    )
+                elif exact is not None and z.version != exact:
+                    predicted = (
+                        f"{r.dist.name} pins {y.name}=={exact} but will load {libname} {z.version} from {z.name}"
                     )
                 else:
-                    predicted = (
-                        f"{r.dist.name} loads {z.name}'s build of {libname} {z.version} where it expects {y.name}'s"
-                    )
+                    predicted = f"{r.dist.name} will load {z.label}'s build of {libname}, not {y.label}'s"
                 if z.cuda_major is not None and y.cuda_major is not None and z.cuda_major != y.cuda_major:
                     predicted += f" (built for CUDA {z.cuda_major}, {y.name} is for CUDA {y.cuda_major})"
                 _reason, fix = _keep_one([y, z], required_by)

@@ -266,3 +266,25 @@ def test_pip_command(tmp_path):
     plain.mkdir()
     write_dist(plain, "b", "1", {"b.py": ""})
     assert pip_command(inv_of(plain).distributions[0]) == "pip"
+
+
+@needs_cc
+@pytest.mark.parametrize(
+    ("requirer", "requirement", "expect"),
+    [
+        pytest.param(
+            "app", "nvidia-nccl-cu13==2.30.7", "app pins nvidia-nccl-cu13==2.30.7 but will load NCCL 2.28.9", id="pin"
+        ),
+        pytest.param("app", "nvidia-nccl-cu13>=2", "app will load nvidia-nccl-cu12 2.28.9's build of NCCL", id="range"),
+    ],
+)
+def test_broken_pin_wording_is_only_as_strong_as_the_facts(tmp_path, requirer, requirement, expect):
+    site = site_packages(tmp_path / "venv")
+    write_dist(site, requirer, "1", requires=[requirement])
+    write_dist(site, "nvidia-nccl-cu13", "2.30.7", {"nvidia/nccl/lib/libnccl.so.2": compile_so("libnccl.so.2")})
+    write_dist(
+        site, "nvidia-nccl-cu12", "2.28.9", {"nvidia/nccl/lib/libnccl.so.2": compile_so("libnccl.so.2", payload="12")}
+    )
+    pin = next(f for f in check_integrity(inv_of(site)) if f.subject.startswith(f"{requirer} -> "))
+    assert expect in pin.cause
+    assert "version incompatibility" not in pin.cause  # only torch's cuDNN check is known to say that

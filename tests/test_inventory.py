@@ -235,3 +235,23 @@ def test_default_paths_are_this_interpreters(monkeypatch, tmp_path):
     assert dirs[0] == str(site)
     inv = installed_wheels(reader=read_elf)
     assert inv.get("only-here") is not None
+
+
+def test_memo_reader_reads_once_and_remembers_errors():
+    from pytest_cudastack.errors import ElfError
+    from pytest_cudastack.inventory import memo_reader
+
+    calls: list[str] = []
+
+    def reader(path):
+        calls.append(path)
+        if path == "bad":
+            raise ElfError("bad: not an ELF file")
+        return path.upper()
+
+    read = memo_reader(reader)
+    assert read("a") == read("a") == "A"
+    for _ in range(2):
+        with pytest.raises(ElfError):
+            read("bad")
+    assert calls == ["a", "bad"]
