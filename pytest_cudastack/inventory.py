@@ -65,7 +65,7 @@ def canonical_name(name: str) -> str:
 
 def is_shared_lib_path(path: str) -> bool:
     """True for ``*.so`` / ``*.so.<ver>`` names (``libcudnn.so.9``, ``_C.cpython-311-x86_64-linux-gnu.so``)."""
-    return bool(_SO_RE.search(os.path.basename(path)))
+    return ".so" in path and bool(_SO_RE.search(os.path.basename(path)))
 
 
 @dataclass(frozen=True)
