@@ -11,6 +11,7 @@ Exit status: 0 when everything resolves, 1 when something is missing or unreadab
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -40,20 +41,49 @@ def _site_dirs_for(paths: Sequence[str]) -> list[str]:
 
 
 def _inventory(paths: Sequence[str] = ()) -> Any | None:
-    """The wheels inventory (lazily imported, guarded: None when unavailable or broken)."""
+    """The wheels inventory of the site directories holding *paths* (all of this interpreter's when
+    *paths* is empty); lazily imported and guarded: None when unavailable or broken."""
     try:
         from . import inventory
     except ImportError:
         return None
     try:
-        extra = _site_dirs_for(paths)
-        if extra:
-            default = [p for p in sys.path if p and os.path.isdir(p)]
-            return inventory.installed_wheels([*extra, *(d for d in default if d not in extra)])
+        if paths:
+            dirs = _site_dirs_for(paths)
+            return inventory.installed_wheels(dirs) if dirs else None
         return inventory.installed_wheels()
     except Exception as e:  # the inventory must never break tree/why
         log.warning("cannot read installed distributions: %s", e)
         return None
+
+
+def _with_providers(trees: list[Tree]) -> list[Tree]:
+    """Fill Library.provider from the inventory of the site directories the closures touch (a file
+    outside every site directory has no wheel owner, so system-only closures skip the inventory)."""
+    touched = [t.path for t in trees] + [x.path for t in trees for x in t.libraries if x.path]
+    inv = _inventory(touched) if _site_dirs_for(touched) else None
+    if inv is None:
+        return trees
+    owner = _owner(inv)
+    if owner is None:
+        return trees
+    cache: dict[str, str | None] = {}
+
+    def prov(path: str | None) -> str | None:
+        if path is None:
+            return None
+        if path not in cache:
+            try:
+                cache[path] = owner(path)
+            except Exception as e:  # an inventory bug must not break tree
+                log.debug("owner(%s) failed: %s", path, e)
+                cache[path] = None
+        return cache[path]
+
+    return [
+        dataclasses.replace(t, libraries=tuple(dataclasses.replace(x, provider=prov(x.path)) for x in t.libraries))
+        for t in trees
+    ]
 
 
 def _owner(inv: Any | None) -> Callable[[str], str | None] | None:
@@ -115,12 +145,13 @@ def render_tree(tree: Tree, out: TextIO) -> None:
 def cmd_tree(args: argparse.Namespace) -> int:
     """``cudastack tree PATH... [--json]``."""
     paths: list[str] = list(args.paths)
-    inv = _inventory(paths)
-    resolver = Resolver(SearchConfig.from_environment(), owner=_owner(inv))
-    trees = [resolver.tree(p) for p in paths]
+    resolver = Resolver(SearchConfig.from_environment())
+    trees = _with_providers([resolver.tree(p) for p in paths])
     _flush_cache()
     if getattr(args, "json", False):
-        json.dump([t.to_json() for t in trees], sys.stdout, indent=1)
+        # compact unless a human is watching: the C encoder is only used without indent
+        indent = 1 if sys.stdout.isatty() else None
+        sys.stdout.write(json.dumps([t.to_json() for t in trees], indent=indent))
         sys.stdout.write("\n")
     else:
         for t in trees:

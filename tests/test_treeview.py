@@ -91,6 +91,7 @@ def test_tree_bad_path(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
 def test_tree_providers(scen: Scenarios, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     mid = os.path.realpath(scen.base / "a" / "libmid.so.1")
     monkeypatch.setattr(treeview, "_inventory", lambda paths=(): FakeInventory({mid: "mid-wheel 1.0"}, {}))
+    monkeypatch.setattr(treeview, "_site_dirs_for", lambda paths: ["/fake-site"])
     main(["tree", "--json", str(scen.rpath_inherit)])
     libs = {x["soname"]: x for x in json.loads(capsys.readouterr().out)[0]["libraries"]}
     assert libs["libmid.so.1"]["provider"] == "mid-wheel 1.0"

@@ -1,0 +1,93 @@
+"""Benchmark: ``cudastack tree --json`` over every ELF file of a venv, cold and warm, against ldd and lddtree.
+
+Usage: python benchmarks/bench_tree.py [VENV]   (default: $CUDASTACK_TORCH_VENV)
+
+A script, not a test: it prints timings and ratios. Targets: cold <= 0.25x ldd, warm <= 0.05x ldd,
+>= 30x faster than auditwheel's lddtree.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def elf_files(venv: str) -> list[str]:
+    from pytest_cudastack.elf import looks_like_elf
+
+    out = []
+    for dirpath, _dirs, files in os.walk(venv):
+        for f in files:
+            p = os.path.join(dirpath, f)
+            if (".so" in f or os.access(p, os.X_OK)) and not os.path.islink(p) and looks_like_elf(p):
+                out.append(p)
+    return sorted(out)
+
+
+def run_tree(files: list[str], cache_dir: str) -> float:
+    env = dict(os.environ, CUDASTACK_CACHE_DIR=cache_dir)
+    env.pop("CUDASTACK_NO_CACHE", None)
+    env.pop("LD_LIBRARY_PATH", None)
+    t = time.perf_counter()
+    subprocess.run(
+        [sys.executable, "-m", "pytest_cudastack.cli", "tree", "--json", *files],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        check=False,
+    )
+    return time.perf_counter() - t
+
+
+def run_ldd(files: list[str]) -> float:
+    env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
+    t = time.perf_counter()
+    for f in files:
+        subprocess.run(["ldd", f], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+    return time.perf_counter() - t
+
+
+def run_lddtree(files: list[str]) -> float | None:
+    try:
+        from auditwheel.lddtree import ldd
+    except ImportError:
+        return None
+    t = time.perf_counter()
+    for f in files:
+        try:
+            ldd(Path(f))
+        except Exception as e:  # lddtree chokes on some inputs; count the time anyway
+            print(f"  lddtree failed on {f}: {e}", file=sys.stderr)
+    return time.perf_counter() - t
+
+
+def main(argv: list[str]) -> int:
+    venv = argv[1] if len(argv) > 1 else os.environ.get("CUDASTACK_TORCH_VENV", "")
+    if not venv or not os.path.isdir(venv):
+        print("usage: bench_tree.py VENV (or set CUDASTACK_TORCH_VENV)", file=sys.stderr)
+        return 2
+    files = elf_files(venv)
+    print(f"{len(files)} ELF files under {venv}")
+    with tempfile.TemporaryDirectory(prefix="cudastack-bench-") as cache:
+        cold = run_tree(files, cache)
+        warm = min(run_tree(files, cache) for _ in range(3))
+    ldd_t = run_ldd(files)
+    lddtree_t = run_lddtree(files)
+    print(f"cudastack tree cold : {cold:8.3f} s   ({cold / ldd_t:.3f} x ldd; target <= 0.25)")
+    print(f"cudastack tree warm : {warm:8.3f} s   ({warm / ldd_t:.3f} x ldd; target <= 0.05)")
+    print(f"ldd                 : {ldd_t:8.3f} s   ({ldd_t / len(files) * 1000:.1f} ms per file)")
+    if lddtree_t is not None:
+        print(
+            f"auditwheel lddtree  : {lddtree_t:8.3f} s   (cold is {lddtree_t / cold:.1f}x faster, warm "
+            f"{lddtree_t / warm:.1f}x; target >= 30)"
+        )
+    else:
+        print("auditwheel lddtree  : not installed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
