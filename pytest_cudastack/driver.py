@@ -16,10 +16,13 @@ from __future__ import annotations
 import ctypes
 import functools
 import importlib
+import json
 import logging
 import os
 import re
 import stat
+import subprocess
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,6 +36,7 @@ from pytest_cudastack.errors import OptionError, RuleError
 __all__ = [
     "NVML_LIBRARY_ENV",
     "NVML_REASONS",
+    "PROBE_TIMEOUT_S",
     "PROC_VERSION_PATH",
     "DriverFiles",
     "DriverInfo",
@@ -42,6 +46,7 @@ __all__ = [
     "driver_files",
     "driver_satisfies",
     "gpus_satisfy",
+    "nvml_facts",
     "nvml_reason",
     "parse_memory",
     "parse_proc_version",
@@ -409,16 +414,21 @@ def _import_pynvml() -> Any:
 
 @functools.lru_cache(maxsize=8)
 def probe_driver(nvml: Any | None = None) -> DriverInfo:
-    """Probe the driver via NVML (``nvml``: an injected pynvml-like module for tests) plus static file facts.
+    """Probe the driver: NVML facts plus static file facts (:func:`driver_files`).
 
-    Never raises; cached (call ``probe_driver.cache_clear()`` to re-probe).
+    By default NVML is asked in a short-lived child process (``sys.executable``), so neither libnvidia-ml nor
+    the libcuda that ``nvmlSystemGetCudaDriverVersion_v2`` loads ever enters the test process; a crash or hang
+    in the driver stack becomes a reason.  An injected ``nvml`` (a pynvml-like module, for tests) is asked
+    in-process.  Never raises; cached: call it as ``probe_driver()`` and ``probe_driver.cache_clear()`` to
+    re-probe.
     """
     try:
         files = driver_files()
     except Exception as e:  # pragma: no cover - driver_files never raises, belt and braces
         files = DriverFiles(notes=(f"static driver facts unavailable: {e}",))
     try:
-        return _probe(nvml, files)
+        raw = nvml_facts(nvml) if nvml is not None else _nvml_facts_in_child()
+        return _combine(raw, files)
     except Exception as e:  # never raise out of the probe
         logger.debug("driver probe failed", exc_info=True)
         return DriverInfo(
@@ -431,6 +441,47 @@ def probe_driver(nvml: Any | None = None) -> DriverInfo:
             kernel_module=files.kernel_module,
             forward_compat=files.forward_compat,
         )
+
+
+_CHILD_CODE = (
+    "import sys; sys.path[:] = [p for p in sys.path if p not in ('', '.')]; "
+    "from pytest_cudastack.driver import _nvml_child_main; _nvml_child_main()"
+)
+PROBE_TIMEOUT_S = 60.0
+
+
+def _nvml_child_main() -> None:
+    """Entry point of the probe child: NVML facts as one JSON line on stdout."""
+    sys.stdout.write(json.dumps(nvml_facts().to_json()) + "\n")
+    sys.stdout.flush()
+
+
+def _nvml_facts_in_child(timeout: float | None = None) -> DriverInfo:
+    """Run :func:`nvml_facts` in a child Python process; every failure of the child is a reason."""
+    if timeout is None:
+        timeout = PROBE_TIMEOUT_S
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _CHILD_CODE],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+            stdin=subprocess.DEVNULL,
+        )
+    except subprocess.TimeoutExpired:
+        return DriverInfo("absent", None, None, reason=f"the NVML probe did not finish within {timeout:g} s")
+    except OSError as e:
+        return DriverInfo("absent", None, None, reason=f"the NVML probe could not start {sys.executable}: {e}")
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        how = f"died from signal {-done.returncode}" if done.returncode < 0 else f"exited {done.returncode}"
+        return DriverInfo("absent", None, None, reason=f"the NVML probe process {how}: {tail}")
+    try:
+        return DriverInfo.from_json(json.loads(lines[-1]))
+    except (ValueError, KeyError, TypeError) as e:
+        return DriverInfo("absent", None, None, reason=f"the NVML probe returned unreadable output: {e}")
 
 
 def _fallback(files: DriverFiles, reason: str, notes: list[str]) -> DriverInfo:
@@ -460,43 +511,83 @@ def _fallback(files: DriverFiles, reason: str, notes: list[str]) -> DriverInfo:
     )
 
 
-def _probe(nvml: Any | None, files: DriverFiles) -> DriverInfo:
-    notes = list(files.notes)
-    if nvml is None:
-        try:
-            nvml = _import_pynvml()
-        except ImportError as e:
-            return _fallback(files, f"nvidia-ml-py (pynvml) is not installed: {e}", notes)
-        problem = _load_nvml_override(nvml)
-        if problem is not None:
-            return _fallback(files, problem, notes)
-        if os.environ.get(NVML_LIBRARY_ENV):
-            notes.append(f"NVML library from ${NVML_LIBRARY_ENV}: {os.environ[NVML_LIBRARY_ENV]}")
+def _combine(raw: DriverInfo, files: DriverFiles) -> DriverInfo:
+    """Merge NVML's facts with the static ones (kernel module, libcuda, forward compatibility)."""
+    notes = list(files.notes) + list(raw.notes)
+    if raw.source != "probed":
+        return _fallback(files, raw.reason or "NVML unavailable", notes)
+    reasons = [raw.reason] if raw.reason else []
+    version = raw.version or files.kernel_module
+    cuda = raw.cuda_version
+    if cuda is None:
+        table = compat.cuda_for_driver(version) if version and _data_ok() else None
+        if table is not None:
+            cuda = str(table)
+            notes.append(f"CUDA version {cuda} taken from the driver branch table for {version}")
+        else:
+            reasons.append("the CUDA version the driver supports is unknown")
+    if raw.version and files.kernel_module and raw.version != files.kernel_module:
+        notes.append(f"NVML reports driver {raw.version} but the kernel module is {files.kernel_module}")
+    forward = files.forward_compat
+    if forward is None and version and not files.kernel_module and files.libcuda_version:
+        forward = _newer_libcuda(files, version, notes)
+    return DriverInfo(
+        "probed",
+        version,
+        cuda,
+        raw.gpus,
+        raw.archs,
+        raw.arch_source,
+        reason="; ".join(reasons) or None,
+        notes=tuple(notes),
+        libcuda=files.libcuda,
+        kernel_module=files.kernel_module,
+        forward_compat=forward,
+    )
+
+
+def nvml_facts(nvml: Any | None = None) -> DriverInfo:
+    """What NVML alone says, in this process (``nvml``: pynvml or a stand-in; default: pynvml, whose library
+    ``$CUDASTACK_NVML_LIBRARY`` overrides).  ``source`` is "absent" when NVML cannot initialise.  Never raises.
+    """
+    notes: list[str] = []
     try:
-        nvml.nvmlInit()
-    except Exception as e:
-        return _fallback(files, nvml_reason("nvmlInit", e), notes)
-    try:
-        return _probe_initialised(nvml, files, notes)
-    finally:
+        if nvml is None:
+            try:
+                nvml = _import_pynvml()
+            except ImportError as e:
+                return DriverInfo("absent", None, None, reason=f"nvidia-ml-py (pynvml) is not installed: {e}")
+            problem = _load_nvml_override(nvml)
+            if problem is not None:
+                return DriverInfo("absent", None, None, reason=problem)
+            if os.environ.get(NVML_LIBRARY_ENV):
+                notes.append(f"NVML library from ${NVML_LIBRARY_ENV}: {os.environ[NVML_LIBRARY_ENV]}")
         try:
-            nvml.nvmlShutdown()
+            nvml.nvmlInit()
         except Exception as e:
-            logger.debug("nvmlShutdown failed: %s", e)
+            return DriverInfo("absent", None, None, reason=nvml_reason("nvmlInit", e), notes=tuple(notes))
+        try:
+            return _nvml_initialised(nvml, notes)
+        finally:
+            try:
+                nvml.nvmlShutdown()
+            except Exception as e:
+                logger.debug("nvmlShutdown failed: %s", e)
+    except Exception as e:  # never raise out of the probe
+        return DriverInfo("absent", None, None, reason=f"NVML probe failed: {type(e).__name__}: {e}")
 
 
 def _cuda_from_int(value: int) -> str:
     return f"{value // 1000}.{(value % 1000) // 10}"
 
 
-def _probe_initialised(nvml: Any, files: DriverFiles, notes: list[str]) -> DriverInfo:
+def _nvml_initialised(nvml: Any, notes: list[str]) -> DriverInfo:
     reasons: list[str] = []
-    version: str | None
+    version: str | None = None
     try:
         version = _text(nvml.nvmlSystemGetDriverVersion()).strip() or None
     except Exception as e:
         reasons.append(nvml_reason("nvmlSystemGetDriverVersion", e))
-        version = files.kernel_module
     cuda: str | None = None
     try:
         cuda = _cuda_from_int(int(nvml.nvmlSystemGetCudaDriverVersion_v2()))
@@ -507,17 +598,6 @@ def _probe_initialised(nvml: Any, files: DriverFiles, notes: list[str]) -> Drive
             notes.append(f"{first}; used nvmlSystemGetCudaDriverVersion instead")
         except Exception as e2:
             notes.append(f"{first}; {nvml_reason('nvmlSystemGetCudaDriverVersion', e2)}")
-            table = compat.cuda_for_driver(version) if version and _data_ok() else None
-            if table is not None:
-                cuda = str(table)
-                notes.append(f"CUDA version {cuda} taken from the driver branch table for {version}")
-            else:
-                reasons.append(f"{first}; the CUDA version the driver supports is unknown")
-    if version and files.kernel_module and version != files.kernel_module:
-        notes.append(f"NVML reports driver {version} but the kernel module is {files.kernel_module}")
-    forward = files.forward_compat
-    if forward is None and version and not files.kernel_module and files.libcuda_version:
-        forward = _newer_libcuda(files, version, notes)
     gpus: list[Gpu] = []
     try:
         count = int(nvml.nvmlDeviceGetCount())
@@ -540,9 +620,6 @@ def _probe_initialised(nvml: Any, files: DriverFiles, notes: list[str]) -> Drive
         "probed" if gpus else None,
         reason="; ".join(reasons) or None,
         notes=tuple(notes),
-        libcuda=files.libcuda,
-        kernel_module=files.kernel_module,
-        forward_compat=forward,
     )
 
 

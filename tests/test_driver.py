@@ -232,14 +232,41 @@ def test_nvml_absent_library(tmp_path: Path):
     assert "NVML_ERROR_LIBRARY_NOT_FOUND" in info.reason
 
 
-def test_probe_does_not_load_libcuda(fake_nvml: Path):
+def test_probe_keeps_nvml_out_of_this_process(fake_nvml: Path):
     code = (
-        "from pytest_cudastack.driver import probe_driver; probe_driver(); "
-        "maps = open('/proc/self/maps').read(); print('libcuda.so' in maps)"
+        "from pytest_cudastack.driver import probe_driver; info = probe_driver(); "
+        "maps = open('/proc/self/maps').read(); "
+        "print(info.version, 'libnvidia-ml' in maps or 'libcuda.so' in maps)"
     )
     environ = dict(os.environ, **{NVML_LIBRARY_ENV: str(fake_nvml), "FAKENVML_GPUS": TWO_GPUS})
     done = subprocess.run([sys.executable, "-c", code], env=environ, capture_output=True, text=True, check=True)
-    assert done.stdout.strip() == "False"
+    assert done.stdout.strip() == "550.54.15 False"
+
+
+@pytest.mark.parametrize(
+    ("code", "timeout", "text"),
+    [
+        pytest.param("import time; time.sleep(30)", 0.5, "did not finish within 0.5 s", id="hang"),
+        pytest.param("import sys; sys.exit('NVML exploded')", 30, "exited 1: NVML exploded", id="exit"),
+        pytest.param(
+            "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)", 30, "died from signal 11", id="segfault"
+        ),
+        pytest.param("print('not json')", 30, "unreadable output", id="garbage"),
+        pytest.param("pass", 30, "exited 0: no output", id="silent"),
+    ],
+)
+def test_probe_child_failures_are_reasons(monkeypatch: pytest.MonkeyPatch, code: str, timeout: float, text: str):
+    monkeypatch.setattr(drv, "_CHILD_CODE", code)
+    monkeypatch.setattr(drv, "PROBE_TIMEOUT_S", timeout)
+    monkeypatch.setattr(drv, "driver_files", lambda: drv.DriverFiles())
+    info = drv._nvml_facts_in_child(timeout)
+    assert info.source == "absent"
+    assert info.reason is not None
+    assert text in info.reason
+    combined = probe_driver()
+    assert combined.source == "absent"
+    assert combined.reason is not None
+    assert text in combined.reason
 
 
 # --------------------------------------------------------------------------------------------- injected NVML
