@@ -19,6 +19,7 @@ import csv
 import email.parser
 import email.policy
 import functools
+import glob
 import importlib
 import logging
 import os
@@ -279,12 +280,32 @@ def _pth_dirs(site_dir: str) -> list[str]:
     return out
 
 
+def _expand_prefix(path: str) -> list[str]:
+    found = sorted(glob.glob(os.path.join(glob.escape(path), "lib*", "python3*", "site-packages")))
+    if not found:
+        return [path]
+    if os.path.exists(os.path.join(path, "pyvenv.cfg")) or not _dist_info_dirs(path):
+        return found
+    return [path]
+
+
+def _twins(path: str) -> list[str]:
+    parts = os.path.normpath(os.path.abspath(path)).split(os.sep)
+    if len(parts) >= 4 and parts[-1] == "site-packages" and parts[-3] in ("lib", "lib64"):
+        twin = [*parts[:-3], "lib64" if parts[-3] == "lib" else "lib", *parts[-2:]]
+        return [os.sep.join(twin)]
+    return []
+
+
 def site_dirs(paths: Sequence[str] | None = None) -> tuple[str, ...]:
     """Directories to look in, in search order, without duplicates (by realpath).
 
     ``paths=None``: every directory on this interpreter's ``sys.path`` (which already holds ``.pth``-added
     paths and the user site), plus ``site.getsitepackages()`` and the user site. Explicit ``paths``: those,
-    each followed by the directories its ``.pth`` files add.
+    each followed by its ``lib``/``lib64`` twin (``P/lib64/python3.11/site-packages`` for
+    ``P/lib/python3.11/site-packages``, when it is another directory) and the directories its ``.pth``
+    files add. A path that is an environment prefix (``pyvenv.cfg`` or ``lib/python3*/site-packages`` in it,
+    no dist-info of its own) stands for its site directories.
     """
     candidates: list[str] = []
     if paths is None:
@@ -295,9 +316,11 @@ def site_dirs(paths: Sequence[str] | None = None) -> tuple[str, ...]:
         if isinstance(user, str):
             candidates.append(user)
     else:
-        for p in paths:
-            candidates.append(p)
-            candidates.extend(_pth_dirs(p))
+        for given in paths:
+            for p in _expand_prefix(given):
+                for q in (p, *_twins(p)):
+                    candidates.append(q)
+                    candidates.extend(_pth_dirs(q))
     seen: set[str] = set()
     out: list[str] = []
     for c in candidates:

@@ -255,3 +255,19 @@ def test_memo_reader_reads_once_and_remembers_errors():
         with pytest.raises(ElfError):
             read("bad")
     assert calls == ["a", "bad"]
+
+
+def test_prefix_and_lib64_twin(tmp_path):
+    prefix = tmp_path / "venv"
+    site = site_packages(prefix)
+    (prefix / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    plat = prefix / "lib64/python3.11/site-packages"
+    plat.mkdir(parents=True)
+    write_dist(site, "pure", "1", {"pure.py": ""})
+    write_dist(plat, "plat", "1", {"plat.py": ""})
+    # the prefix stands for its site directories
+    assert site_dirs([str(prefix)]) == (str(site), str(plat))
+    # a site directory brings its lib64 twin
+    assert site_dirs([str(site)]) == (str(site), str(plat))
+    inv = installed_wheels([str(prefix)], reader=read_elf)
+    assert {d.name for d in inv.distributions} == {"pure", "plat"}
