@@ -98,7 +98,8 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(str(e)) from e
     config.stash[settings_key] = _absolute_paths(config, settings)
     config.pluginmanager.register(Reporter(config), "cudastack-reporter")
-    if config.pluginmanager.hasplugin("xdist"):
+    # "xdist" when auto-loaded from its entry point, "xdist.plugin" when loaded with -p xdist.plugin
+    if config.pluginmanager.hasplugin("xdist") or config.pluginmanager.hasplugin("xdist.plugin"):
         config.pluginmanager.register(XdistHooks(), "cudastack-xdist")
 
 
@@ -170,8 +171,11 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     try:
         calls = [check_marker(m.name, m.args, m.kwargs) for m in reversed(marks)]
         unmet = evaluate_all(calls, _stack(item.config))
+        misuse = None
     except CudaStackError as e:
-        pytest.fail(f"cudastack: {e}", pytrace=False)
+        misuse = f"cudastack: {e}"
+    if misuse is not None:
+        pytest.fail(misuse, pytrace=False)  # outside the except block: one message, no chained traceback
     item.stash[_unmet_key] = unmet
     if unmet is not None and item.config.stash[settings_key].cudastack_unmet == "skip":
         pytest.skip(unmet.reason)
@@ -240,7 +244,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
 def pytest_report_header(config: pytest.Config) -> list[str]:
     # Quiet unless asked: facts are computed only when an option is active or with -v.
     settings = config.stash.get(settings_key, None)
-    if settings is None or (not settings.active and config.option.verbose <= 0):
+    if settings is None or (not settings.active and config.option.verbose <= 0) or hasattr(config, "workerinput"):
         return []
     from .stack import header_lines
 
