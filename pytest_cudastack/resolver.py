@@ -210,7 +210,10 @@ class Tree:
         return tuple(lib for lib in self.libraries if lib.path is None)
 
     def chain(self, soname: str) -> tuple[str, ...]:
-        """Root, ..., the object that first needed *soname* (paths); () when not in the tree."""
+        """Root, ..., the object that first needed *soname* (paths); () when not in the tree.
+
+        A soname can appear twice: missing for one requester, found later through another requester's
+        RPATH/RUNPATH (ld.so searches again, as ldd shows); ``chain`` follows the first."""
         lib = next((x for x in self.libraries if x.soname == soname), None)
         if lib is None or not lib.needed_by:
             return ()
@@ -610,7 +613,8 @@ class Resolver:
         problems: list[str] = []
         by_name: dict[str, _Obj] = {}  # names (DT_NEEDED strings, sonames, paths) of loaded objects
         by_id: dict[tuple[int, int], _Obj] = {}
-        recs: dict[str, _Rec] = {}
+        recs: dict[str, _Rec] = {}  # latest record per (expanded) name
+        ordered: list[_Rec] = []  # every record, in load order
         parents: dict[str, str] = {}
 
         def register(o: _Obj, *names: str | None) -> None:
@@ -650,21 +654,29 @@ class Resolver:
                 if name is None:
                     problems.append(f"{obj.path}: cannot expand {raw!r}")
                     continue
-                r = recs.get(name)
-                if r is not None:
-                    if obj.path not in r.needed_by:
-                        r.needed_by.append(obj.path)
+                prev = recs.get(name)
+                if prev is not None and prev.path is not None:
+                    if obj.path not in prev.needed_by:
+                        prev.needed_by.append(obj.path)
                     continue
-                hit = by_name.get(name)
+                hit = by_name.get(name) if prev is None else None
                 if hit is not None:
                     detail = "the dynamic linker" if hit is rtld else f"as {hit.path}"
                     r = _Rec(raw, hit.path, Route.ALREADY_LOADED, detail, [], [obj.path], None, None)
                     recs[name] = r
+                    ordered.append(r)
                     continue
+                # a name not found before is searched again: ld.so's placeholder for it (l_faked) never
+                # satisfies a later request, so another requester's RPATH/RUNPATH may still find it
                 r = self._search(name, obj, main, want)
                 r.soname = raw
                 r.needed_by.append(obj.path)
+                if prev is not None and r.path is None:
+                    if obj.path not in prev.needed_by:
+                        prev.needed_by.append(obj.path)
+                    continue
                 recs[name] = r
+                ordered.append(r)
                 if r.path is None:
                     if r.problem:
                         problems.append(f"{name}: {r.problem}")
@@ -695,7 +707,7 @@ class Resolver:
                 provider=self._owner_of(r.path),
                 problem=r.problem,
             )
-            for r in recs.values()
+            for r in ordered
         )
         return Tree(main.path, main.info, libs, tuple(problems), parents)
 

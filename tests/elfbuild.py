@@ -163,6 +163,7 @@ class Scenarios:
     dedupe: Path  # root needs liblink (a symlink to libtarget, soname libtarget) and libtarget
     exe: Path  # an executable whose RPATH serves a library's dependency
     leaf: Path  # a plain library with soname libleaf.so.1 and PyInit_leaf
+    refound: Path  # librx.so.1 missing for the root, found again through librq's RPATH
 
 
 def build_scenarios(base: Path) -> Scenarios:
@@ -233,6 +234,12 @@ def build_scenarios(base: Path) -> Scenarios:
     dd_link_src = build_lib(base / "ddbuild" / "liblink.so", soname="liblink.so")
     dedupe = build_lib(base / "ddroot" / "libddroot.so", needed=[dd_link_src, target], rpath=str(base / "dd"))
 
+    # root (RUNPATH=ry) needs librx (not on its path) then librq (in ry, RPATH=rx): ld.so marks librx
+    # missing for root, then finds it again for librq
+    rx = build_lib(base / "rx" / "librx.so.1", soname="librx.so.1")
+    rq = build_lib(base / "ry" / "librq.so.1", soname="librq.so.1", needed=[rx], rpath=str(base / "rx"))
+    refound = build_lib(base / "rroot" / "librroot.so", needed=[rx, rq], runpath=str(base / "ry"))
+
     exe_dep = build_lib(base / "x_dep" / "libxdep.so.1", soname="libxdep.so.1")
     x_mid = build_lib(base / "x_mid" / "libxmid.so.1", soname="libxmid.so.1", needed=[exe_dep])
     exe = build_exe(base / "x_bin" / "prog", needed=[x_mid], rpath=f"{base / 'x_mid'}:{base / 'x_dep'}")
@@ -259,6 +266,7 @@ def build_scenarios(base: Path) -> Scenarios:
         dedupe=dedupe,
         exe=exe,
         leaf=leaf,
+        refound=refound,
     )
 
 

@@ -163,6 +163,16 @@ def test_loaded_object_satisfies_by_soname_and_inode(scen: Scenarios) -> None:
     assert target.tried == ()
 
 
+def test_missing_name_is_searched_again_for_a_later_requester(scen: Scenarios) -> None:
+    t = host().tree(str(scen.refound))
+    rx = [x for x in t.libraries if x.soname == "librx.so.1"]
+    assert [x.path for x in rx] == [None, str(scen.base / "rx" / "librx.so.1")]
+    assert rx[0].needed_by == (str(scen.refound),)
+    assert rx[1].route == Route.RPATH
+    assert rx[1].needed_by == (str(scen.base / "ry" / "librq.so.1"),)
+    assert [x.soname for x in t.missing] == ["librx.so.1"]
+
+
 def test_executable_rpath_serves_its_libraries(scen: Scenarios) -> None:
     t = host().tree(str(scen.exe))
     xdep = lib(t, "libxdep.so.1")
