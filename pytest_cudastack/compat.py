@@ -15,7 +15,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
@@ -37,6 +37,7 @@ __all__ = [
     "SonameRow",
     "ToolkitRow",
     "UnsuffixedWheel",
+    "VerdictStatus",
     "arch_cuda_range",
     "cuda_for_driver",
     "cuda_major_for_soname_in_wheel",
@@ -61,6 +62,7 @@ logger = logging.getLogger(__name__)
 
 DATA_FILE = "data/cuda_compat.json"
 VERDICT_STATUSES = ("compatible", "mvc", "incompatible", "unknown")
+VerdictStatus = Literal["compatible", "mvc", "incompatible", "unknown"]
 
 _DRIVER_RE = re.compile(r"^[0-9]{3,4}(\.[0-9]{1,4}){0,3}$")
 _CUDA_RE = re.compile(r"^[0-9]{1,2}(\.[0-9]{1,3}){0,3}$")
@@ -78,8 +80,10 @@ def parse_driver_version(text: str) -> Version:
     <Version('550.54.15')>
     """
     value = str(text).strip()
+    if value[:1] in ("R", "r") and value[1:].isdigit():
+        value = value[1:]  # branch spelling "R550"
     if not _DRIVER_RE.match(value):
-        raise ValueError(f"invalid NVIDIA driver version {text!r} (expected e.g. 550.54.15 or 580)")
+        raise ValueError(f"invalid NVIDIA driver version {text!r} (expected e.g. 550.54.15, 580 or R580)")
     return Version(value)
 
 
@@ -91,6 +95,13 @@ def parse_cuda_version(text: str | Version) -> Version:
     if not _CUDA_RE.match(value):
         raise ValueError(f"invalid CUDA version {text!r} (expected e.g. 12.4 or 13)")
     return Version(value)
+
+
+def _rule_cuda(text: str | Version) -> Version:
+    try:
+        return parse_cuda_version(text)
+    except ValueError as e:
+        raise RuleError(str(e)) from e
 
 
 def driver_branch(driver_version: str | Version) -> int:
@@ -570,7 +581,7 @@ def min_driver_for_cuda(cuda: str | Version) -> str | None:
     A major.minor without a toolkit row (12.7) falls back to the first branch supporting it ("565").
     None when the data does not know (e.g. 13.4, whose floor is unconfirmed).
     """
-    version = parse_cuda_version(cuda)
+    version = _rule_cuda(cuda)
     mm = _major_minor(version)
     rows = [r for r in load_compat().toolkits if _major_minor(r.toolkit) == mm]
     released = [r for r in rows if not r.label.endswith(" RC")]
@@ -641,7 +652,7 @@ def arch_cuda_range(cc: str) -> tuple[int, int | None] | None:
 
 def toolkit_sm_targets(toolkit: str | Version) -> frozenset[str] | None:
     """Real ``sm_*`` targets accepted by a toolkit's ptxas (major.minor), or None when not in the data."""
-    mm = _major_minor(parse_cuda_version(toolkit))
+    mm = _major_minor(_rule_cuda(toolkit))
     for tk, sms in load_compat().sm_targets:
         if _major_minor(tk) == mm:
             return sms
@@ -778,7 +789,7 @@ class DriverVerdict:
     warning); "incompatible" (a failure); "unknown" (no facts; ``message`` says why).
     """
 
-    status: str
+    status: VerdictStatus
     message: str
     via: str | None = None  # "minor-version compatibility" / "forward compatibility" when status == "mvc"
 

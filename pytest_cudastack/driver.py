@@ -124,7 +124,10 @@ class Gpu:
         """``sm_90`` for compute capability 9.0, None when unknown."""
         if not self.compute_capability:
             return None
-        return compat.normalize_arch(self.compute_capability)
+        try:
+            return compat.normalize_arch(self.compute_capability)
+        except ValueError:
+            return None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -737,7 +740,9 @@ def declared_driver(
         parsed = compat.parse_driver_version(str(version))
     except ValueError as e:
         raise OptionError(str(e)) from e
-    cuda = compat.cuda_for_driver(str(parsed))
+    version = str(version).strip().lstrip("Rr")
+    cuda = compat.cuda_for_driver(version)
+    notes = []  # the probed notes describe this machine, not the deployment target
     reason = None
     if cuda is None:
         reason = f"driver {version} is older than every branch in the compatibility data"
@@ -747,18 +752,17 @@ def declared_driver(
     for row in compat.load_compat().branches:
         if row.unconfirmed and row.branch == branch:
             notes.append(f"R{branch} reportedly supports CUDA {row.cuda} (unconfirmed; not used)")
-    declared_notes = tuple(n for n in notes if not n.startswith(("libcuda", "libnvidia-ml", "kernel module")))
     if probed is not None and probed.present:
-        declared_notes += (f"probed here: {probed.summary()}",)
+        notes.append(f"probed here: {probed.summary()}")
     return DriverInfo(
         "declared",
-        str(version).strip(),
+        version,
         str(cuda) if cuda is not None else None,
         () if declared_archs else base.gpus,
         declared_archs or base.archs,
         "declared" if declared_archs else base.arch_source,
         reason,
-        declared_notes,
+        tuple(notes),
     )
 
 

@@ -626,3 +626,11 @@ def test_gpu_verdict_message_and_bad_arch():
     assert "CUDA 13 no longer supports compute capability 7.0 (sm_70)" in verdict.message
     with pytest.raises(RuleError, match="invalid GPU architecture 'volta'"):
         gpu_verdict("volta", 13)
+
+
+@pytest.mark.parametrize("bad", ["twelve", "12.x", ""])
+def test_lookups_reject_malformed_versions(bad: str):
+    with pytest.raises(RuleError, match="invalid CUDA version"):
+        min_driver_for_cuda(bad)
+    with pytest.raises(RuleError, match="invalid CUDA version"):
+        toolkit_sm_targets(bad)
