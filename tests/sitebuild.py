@@ -7,6 +7,7 @@ next to the result (which is what lets a test make a soname "missing").
 
 from __future__ import annotations
 
+import atexit
 import base64
 import hashlib
 import os
@@ -37,6 +38,7 @@ def _work() -> Path:
     global _workdir
     if _workdir is None:
         _workdir = Path(tempfile.mkdtemp(prefix="cudastack-sitebuild-"))
+        atexit.register(shutil.rmtree, _workdir, ignore_errors=True)
     return _workdir
 
 
