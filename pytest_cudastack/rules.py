@@ -138,8 +138,9 @@ def _soname_unmet(soname: str, facts: Facts) -> str | None:
 def _broken(dist: Distribution, integrity: Sequence[Finding]) -> list[str]:
     problems = [f"{lib.path} (listed in RECORD) is missing" for lib in dist.libraries if not lib.exists]
     for finding in integrity:
-        subject = finding.subject.split()[0] if finding.subject else ""
-        if finding.failing and canonical_name(subject) == dist.key:
+        # subjects name distributions as "name version", "a / b" (shared files) or "name -> requirement"
+        names = {canonical_name(part.split()[0]) for part in finding.subject.split(" / ") if part.strip()}
+        if finding.failing and dist.key in names:
             problems.append(finding.message)
     return problems
 

@@ -235,7 +235,7 @@ class Settings:
         if isinstance(value, tuple):
             value = ",".join(value)
         src = self.source(key)
-        suffix = "" if src == "command line" else f" (from {src})"
+        suffix = "" if src in ("command line", "default") else f" (from {src})"
         return f"{_option_name(key)}={value}{suffix}"
 
     def with_values(self, **values: Any) -> Settings:

@@ -102,7 +102,9 @@ def test_unmet_option_beats_ini(pt):
 @pytest.mark.skipif(not HAVE_CC, reason="needs a C compiler")
 def test_requires_soname_shipped_by_wheel_and_claimed_but_missing(pt):
     site = pt.mkdir("site")
-    write_dist(site, "nvidia-fake-cu12", "12.9.79", {"nvidia/fake/lib/libfakecuda.so.12": compile_so("libfakecuda.so.12")})
+    write_dist(
+        site, "nvidia-fake-cu12", "12.9.79", {"nvidia/fake/lib/libfakecuda.so.12": compile_so("libfakecuda.so.12")}
+    )
     write_dist(
         site,
         "nvidia-gone-cu12",
@@ -126,7 +128,9 @@ def test_requires_soname_shipped_by_wheel_and_claimed_but_missing(pt):
     )
     result = run(pt)
     result.assert_outcomes(passed=1, failed=1)
-    result.stdout.fnmatch_lines(["*libgonecuda.so.9 not found*nvidia-gone-cu12 9.1.0 claims it at *libgonecuda.so.9 but the file is missing*"])
+    result.stdout.fnmatch_lines(
+        ["*libgonecuda.so.9 not found*nvidia-gone-cu12 9.1.0 claims it at *libgonecuda.so.9 but the file is missing*"]
+    )
 
 
 def test_requires_wheel(pt):
@@ -646,6 +650,3 @@ def test_no_cache_writes_with_no_cache_option(pt, monkeypatch):
 def test_python_executable_is_elf():
     # the requires_soname search runs as the Python executable's DT_NEEDED
     assert Path(os.path.realpath(sys.executable)).read_bytes()[:4] == b"\x7fELF"
-
-
-

@@ -1,0 +1,131 @@
+from __future__ import annotations
+
+import copy
+
+import pytest
+from elfbuild import build_exe, build_lib, needs_cc
+
+from pytest_cudastack.checks import (
+    arch_coverage,
+    baseline_findings,
+    binary_findings,
+    diff_snapshots,
+    driver_findings,
+    scan_targets,
+)
+from pytest_cudastack.cudainfer import CudaNeed, Inference
+from pytest_cudastack.driver import DriverInfo
+from pytest_cudastack.findings import Severity
+from pytest_cudastack.resolver import Library, Route, Tree
+
+ROOT = "/app/bin/train"
+
+
+def missing(soname: str) -> Library:
+    return Library(soname, None, None, Route.NOT_FOUND, "", (f"/app/lib/{soname}", f"/usr/lib/{soname}"), (ROOT,))
+
+
+def test_binary_findings_reports_every_missing_soname_at_once():
+    tree = Tree(ROOT, None, (missing("libcublas.so.13"), missing("libcublasLt.so.13")), (), {})
+    findings = binary_findings(tree, "bin/train")
+    assert [f.severity for f in findings] == [Severity.ERROR, Severity.ERROR]
+    first = findings[0]
+    assert first.message == "needs libcublas.so.13, which the dynamic linker does not find"
+    assert first.where == ("/app/lib/libcublas.so.13", "/usr/lib/libcublas.so.13")
+    assert first.chain == (ROOT,)
+    assert "rebuild against the CUDA version" in first.fix
+
+
+@pytest.mark.parametrize(
+    ("source", "severity"),
+    [
+        pytest.param("absent", Severity.INFO, id="driverless machine"),
+        pytest.param("declared", Severity.INFO, id="declared deployment driver"),
+        pytest.param("probed", Severity.ERROR, id="driver here but libcuda unresolvable"),
+    ],
+)
+def test_driver_soname_missing(source, severity):
+    tree = Tree(ROOT, None, (missing("libcuda.so.1"),), (), {})
+    (f,) = binary_findings(tree, "bin/train", driver=DriverInfo(source, None, None))
+    assert f.severity is severity
+
+
+def test_not_an_elf_problem_is_an_error():
+    (f,) = binary_findings(Tree(ROOT, None, (), ("not an ELF file",), {}), "bin/train")
+    assert f.failing
+    assert "not an ELF file" in f.message
+
+
+@needs_cc
+def test_scan_targets_walks_directories_and_keeps_missing_paths(tmp_path):
+    lib = build_lib(tmp_path / "lib" / "liba.so.1", soname="liba.so.1")
+    build_exe(tmp_path / "bin" / "sub" / "b", needed=[lib])
+    build_exe(tmp_path / "bin" / "a", needed=[lib])
+    (tmp_path / "bin" / "notes.txt").write_text("x")
+    targets = scan_targets(["bin", str(tmp_path / "lib" / "liba.so.1"), "gone"], str(tmp_path))
+    assert [name for name, _ in targets] == ["bin/a", "bin/sub/b", "lib/liba.so.1", "gone"]
+    assert targets[0][1] == str(tmp_path / "bin" / "a")
+
+
+def inf(subject: str, major: int, minor: int | None) -> Inference:
+    return Inference(subject, (CudaNeed(major, minor, subject, f"links x (CUDA {major})"),))
+
+
+def test_driver_findings_groups_and_grades():
+    driver = DriverInfo("declared", "550.54.15", "12.4")
+    findings = driver_findings([inf("bin/a", 13, None), inf("bin/b", 13, None), inf("bin/c", 12, 4)], driver)
+    assert len(findings) == 1
+    (f,) = findings
+    assert f.severity is Severity.ERROR
+    assert f.subject == "2 components"
+    assert "CUDA 13 needs driver" in f.message
+    assert f.details == ("bin/a: links x (CUDA 13)", "bin/b: links x (CUDA 13)")
+
+
+def test_driver_findings_minor_version_compat_is_a_warning():
+    (f,) = driver_findings([inf("torch", 12, 8)], DriverInfo("declared", "550.54.15", "12.4"))
+    assert f.severity is Severity.WARNING
+    assert "minor-version compatibility" in f.message
+
+
+def test_driver_findings_unknown_driver_is_info():
+    (f,) = driver_findings([inf("torch", 12, 8)], DriverInfo("absent", None, None, reason="no NVML"))
+    assert f.severity is Severity.INFO
+
+
+def test_arch_coverage_without_archs_is_info():
+    (f,) = arch_coverage(["/x"], DriverInfo("absent", None, None, reason="no NVML"))
+    assert f.severity is Severity.INFO
+    assert "--cuda-arch" in f.message
+
+
+SNAP = {
+    "format": 1,
+    "driver": {"version": "550.54.15", "cuda_version": "12.4", "archs": ["sm_80"], "gpus": []},
+    "wheels": [{"name": "nvidia-cudnn-cu12", "version": "9.19.0.56", "missing": []}],
+    "binaries": [{"path": "bin/a", "libraries": [{"soname": "libcublas.so.12", "path": "/l/libcublas.so.12"}]}],
+}
+
+
+def test_diff_snapshots_equal():
+    assert diff_snapshots(SNAP, copy.deepcopy(SNAP)) == ()
+
+
+def test_diff_snapshots_names_every_change():
+    new = copy.deepcopy(SNAP)
+    new["driver"]["version"] = "580.65.06"
+    new["wheels"][0]["version"] = "9.24.0.43"
+    new["wheels"][0]["missing"] = ["/s/libcudnn.so.9"]
+    new["wheels"].append({"name": "nvidia-nccl-cu13", "version": "2.30.7"})
+    new["binaries"][0]["libraries"][0]["path"] = None
+    assert diff_snapshots(SNAP, new) == (
+        "driver version: 550.54.15 -> 580.65.06",
+        "wheel nvidia-cudnn-cu12: 9.19.0.56 -> 9.24.0.43",
+        "wheel nvidia-cudnn-cu12: /s/libcudnn.so.9 went missing",
+        "wheel nvidia-nccl-cu13 2.30.7: added",
+        "binary bin/a: libcublas.so.12: /l/libcublas.so.12 -> not found",
+    )
+    findings = baseline_findings("base.json", SNAP, new)
+    assert len(findings) == 5
+    assert all(f.failing and f.check == "baseline" for f in findings)
+    assert "--cudastack-snapshot=base.json" in findings[0].fix

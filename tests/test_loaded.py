@@ -1,0 +1,43 @@
+from __future__ import annotations
+
+import argparse
+import json
+
+from pytest_cudastack.loaded import cmd_loaded, loaded_libraries
+
+
+def test_loaded_lists_new_shared_objects_with_sonames():
+    libs, error = loaded_libraries("_ctypes")
+    assert error is None
+    by_name = {lib.path.rsplit("/", 1)[-1]: lib for lib in libs}
+    ext = next(lib for name, lib in by_name.items() if name.startswith("_ctypes"))
+    assert ext.soname is None  # an extension module has no DT_SONAME
+    assert any(lib.soname and lib.soname.startswith("libffi.so") for lib in libs)
+
+
+def test_loaded_json_shape(capsys):
+    assert cmd_loaded(argparse.Namespace(module="_ctypes", json=True)) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["module"] == "_ctypes"
+    assert data["libraries"]
+    assert set(data["libraries"][0]) == {"path", "soname", "provider"}
+
+
+def test_loaded_already_imported_module_maps_nothing_new():
+    libs, error = loaded_libraries("sys")
+    assert error is None
+    assert libs == ()
+
+
+def test_loaded_failed_import_exits_1(capsys):
+    assert cmd_loaded(argparse.Namespace(module="no_such_module_cudastack", json=True)) == 1
+    data = json.loads(capsys.readouterr().out)
+    assert "ModuleNotFoundError" in data["error"]
+
+
+def test_loaded_module_printing_to_stdout(tmp_path, monkeypatch):
+    (tmp_path / "noisy_cudastack.py").write_text("import _ctypes\nprint('{\"paths\": []}', end='')\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    libs, error = loaded_libraries("noisy_cudastack")
+    assert error is None
+    assert libs

@@ -1,0 +1,82 @@
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from pytest_cudastack.driver import DriverInfo
+from pytest_cudastack.errors import DataError
+from pytest_cudastack.settings import Settings
+from pytest_cudastack.stack import Stack, cmd_diff, cmd_snapshot, header_lines, load_snapshot, write_snapshot
+
+
+@pytest.fixture
+def stack(tmp_path) -> Stack:
+    driver = DriverInfo("declared", "550.54.15", "12.4", archs=("sm_90",), arch_source="declared")
+    return Stack(Settings(cuda_max="12.9"), driver_info=driver, rootdir=str(tmp_path), site_paths=(str(tmp_path),))
+
+
+def test_driver_is_declared_without_probe():
+    called = []
+
+    def probe() -> DriverInfo:
+        called.append(1)
+        return DriverInfo("probed", "570.1", "12.8")
+
+    s = Stack(Settings(cuda_driver="550.54.15", cuda_arch=("sm_90",)), probe=probe)
+    assert (s.driver.version, s.driver.source, s.driver.archs) == ("550.54.15", "declared", ("sm_90",))
+    assert called == []
+    assert Stack(Settings(), probe=probe).driver.version == "570.1"
+    merged = Stack(Settings(cuda_arch=("sm_80",)), probe=probe).driver
+    assert (merged.version, merged.archs, merged.arch_source) == ("570.1", ("sm_80",), "declared")
+
+
+def test_to_json_round_trips_through_json(stack, tmp_path):
+    data = json.loads(json.dumps(stack.to_json()))
+    assert data["format"] == 1
+    assert data["driver"]["version"] == "550.54.15"
+    assert data["wheels"] == []
+    assert data["binaries"] == []
+    out = tmp_path / "snap.json"
+    write_snapshot(stack, str(out))
+    assert load_snapshot(str(out))["driver"]["version"] == "550.54.15"
+
+
+def test_header_lines(stack):
+    (line,) = header_lines(stack)
+    assert line == (
+        "cudastack: driver 550.54.15 (declared) | CUDA <= 12.4 | GPUs: archs sm_90 (declared) | 0 CUDA wheels"
+        " | --cuda-max=12.9"
+    )
+    assert len(header_lines(stack, verbose=1)) >= 1
+
+
+def test_load_snapshot_rejects_other_json(tmp_path):
+    bad = tmp_path / "x.json"
+    bad.write_text('{"format": 99}')
+    with pytest.raises(DataError, match=r"x\.json: not a cudastack snapshot"):
+        load_snapshot(str(bad))
+    with pytest.raises(DataError, match="cannot read"):
+        load_snapshot(str(tmp_path / "absent.json"))
+
+
+def test_cmd_snapshot_and_diff(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("CUDASTACK_CUDA_DRIVER", "550.54.15")  # ignored by the command: it probes
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    assert cmd_snapshot(argparse.Namespace(output=str(a))) == 0
+    b.write_text(a.read_text())
+    assert cmd_diff(argparse.Namespace(a=str(a), b=str(b))) == 0
+    data = json.loads(b.read_text())
+    data["driver"]["version"] = "999.1"
+    b.write_text(json.dumps(data))
+    capsys.readouterr()
+    assert cmd_diff(argparse.Namespace(a=str(a), b=str(b))) == 1
+    assert "driver version:" in capsys.readouterr().out
+    (tmp_path / "c.json").write_text("nope")
+    assert cmd_diff(argparse.Namespace(a=str(a), b=str(tmp_path / "c.json"))) == 2
+
+
+def test_unknown_check_is_an_error(stack):
+    with pytest.raises(ValueError, match="unknown cudastack check"):
+        stack.findings("nonsense")
