@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import stat
+import struct
 from dataclasses import dataclass
 from typing import IO, Any
 
@@ -21,6 +22,7 @@ __all__ = [
     "EM_NAMES",
     "ElfInfo",
     "VersionNeed",
+    "exports",
     "looks_like_elf",
     "machine_name",
     "read_elf",
@@ -168,6 +170,32 @@ def looks_like_elf(path: str | os.PathLike[str]) -> bool:
         os.close(fd)
 
 
+def exports(path: str | os.PathLike[str], symbol: str) -> bool:
+    """Whether the ELF file at *path* defines the dynamic symbol *symbol* (hash-table lookup, a few reads;
+    False when it has no hash table). Raises :class:`ElfError` naming the file."""
+    from elftools.elf.elffile import ELFFile
+
+    p = os.fspath(path)
+    fd, st = _open_regular(p)
+    with os.fdopen(fd, "rb", buffering=4096) as stream:
+        try:
+            elf_class, little = _check_ident(p, stream.read(16), st.st_size)
+            stream.seek(0)
+            elf: Any = ELFFile(stream)
+            _check_tables(p, elf.header, st.st_size)
+            headers = [elf._get_section_header(i) for i in range(min(elf.num_sections(), 65536))]
+            gnu = [i for i, h in enumerate(headers) if h["sh_type"] == "SHT_GNU_HASH"]
+            sysv = [i for i, h in enumerate(headers) if h["sh_type"] == "SHT_HASH"]
+            idx = gnu[0] if gnu else (sysv[0] if sysv else -1)
+            if idx < 0:
+                return False
+            return _hash_lookup(p, stream, elf_class, little, headers, idx, bool(gnu), symbol.encode())
+        except ElfError:
+            raise
+        except Exception as e:  # pyelftools raises many kinds on corrupt input
+            raise ElfError(f"{p}: corrupt ELF file: {type(e).__name__}: {e}") from e
+
+
 def read_elf(path: str | os.PathLike[str]) -> ElfInfo:
     """Read the declared facts of the ELF file at *path*; raises :class:`ElfError` naming the file."""
     p = os.fspath(path)
@@ -240,35 +268,34 @@ def _parse(p: str, stream: IO[bytes], size: int) -> ElfInfo:
         elif t == "PT_DYNAMIC":
             dyn_seg = seg
 
+    # Walk section *headers* only: building every Section object would make pyelftools parse whole
+    # hash tables (hundreds of thousands of entries in a large library).
     section_names: list[str] = []
-    dyn_sec: Any = None
-    verneed_sec: Any = None
-    gnu_hash: Any = None
-    sysv_hash: Any = None
-    sec: Any
-    for sec in elf.iter_sections():
-        name = sec.name
+    headers: list[Any] = []
+    dyn_idx = verneed_idx = gnu_hash_idx = sysv_hash_idx = -1
+    nsec = elf.num_sections()
+    if nsec > 65536:
+        raise ElfError(f"{p}: absurd section count {nsec}")
+    for i in range(nsec):
+        hdr = elf._get_section_header(i)
+        name = elf._get_section_name(hdr)
+        headers.append(hdr)
         section_names.append(name)
-        st = sec["sh_type"]
+        st = hdr["sh_type"]
         if st == "SHT_DYNAMIC":
-            dyn_sec = sec
+            dyn_idx = i
         elif st == "SHT_GNU_verneed":
-            verneed_sec = sec
+            verneed_idx = i
         elif st == "SHT_GNU_HASH":
-            gnu_hash = sec
+            gnu_hash_idx = i
         elif st == "SHT_HASH":
-            sysv_hash = sec
-        if (
-            sec["sh_type"] != "SHT_NOBITS"
-            and sec["sh_offset"] + sec["sh_size"] > size
-            and st
-            in (
-                "SHT_DYNAMIC",
-                "SHT_STRTAB",
-                "SHT_GNU_verneed",
-            )
+            sysv_hash_idx = i
+        if st in ("SHT_DYNAMIC", "SHT_STRTAB", "SHT_GNU_verneed", "SHT_DYNSYM", "SHT_GNU_HASH", "SHT_HASH") and (
+            hdr["sh_offset"] + hdr["sh_size"] > size
         ):
             raise ElfError(f"{p}: section {name!r} past end of file")
+    dyn_sec: Any = elf.get_section(dyn_idx) if dyn_idx >= 0 else None
+    verneed_sec: Any = elf.get_section(verneed_idx) if verneed_idx >= 0 else None
 
     soname: str | None = None
     needed: list[str] = []
@@ -303,7 +330,8 @@ def _parse(p: str, stream: IO[bytes], size: int) -> ElfInfo:
                 raise ElfError(f"{p}: absurd version-needs section")
 
     cuda = tuple(s for s in CUDA_SECTIONS if s in section_names)
-    pyinit = _pyinit(p, gnu_hash if gnu_hash is not None else sysv_hash)
+    hash_idx = gnu_hash_idx if gnu_hash_idx >= 0 else sysv_hash_idx
+    pyinit = _pyinit(p, stream, elf_class, little, headers, hash_idx, hash_idx == gnu_hash_idx)
     return ElfInfo(
         path=p,
         elf_class=elf_class,
@@ -323,18 +351,140 @@ def _parse(p: str, stream: IO[bytes], size: int) -> ElfInfo:
     )
 
 
-def _pyinit(p: str, hash_sec: Any) -> str | None:
-    """``PyInit_<mod>`` when the hash table of .dynsym finds it defined; no walk over all symbols."""
-    if hash_sec is None:
+def _gnu_hash(name: bytes) -> int:
+    h = 5381
+    for c in name:
+        h = (h * 33 + c) & 0xFFFFFFFF
+    return h
+
+
+def _sysv_hash(name: bytes) -> int:
+    h = 0
+    for c in name:
+        h = ((h << 4) + c) & 0xFFFFFFFF
+        g = h & 0xF0000000
+        if g:
+            h ^= g >> 24
+        h &= ~g & 0xFFFFFFFF
+    return h
+
+
+class _Reader:
+    """Bounded positional reads of fixed-size integers; a read past the end raises ElfError."""
+
+    def __init__(self, p: str, stream: IO[bytes], little: bool) -> None:
+        self.p = p
+        self.stream = stream
+        self.end = "<" if little else ">"
+
+    def read(self, offset: int, n: int) -> bytes:
+        self.stream.seek(offset)
+        data = self.stream.read(n)
+        if len(data) != n:
+            raise ElfError(f"{self.p}: hash table or symbol past end of file")
+        return data
+
+    def ints(self, fmt: str, offset: int) -> tuple[int, ...]:
+        st = struct.Struct(self.end + fmt)
+        return st.unpack(self.read(offset, st.size))
+
+    def cstr(self, offset: int, limit: int) -> bytes:
+        self.stream.seek(offset)
+        data = self.stream.read(min(limit, 4096))
+        end = data.find(b"\0")
+        return data if end < 0 else data[:end]
+
+
+def _pyinit(
+    p: str, stream: IO[bytes], elf_class: int, little: bool, headers: list[Any], hash_idx: int, gnu: bool
+) -> str | None:
+    """``PyInit_<mod>`` when the GNU (or SysV) hash table of .dynsym finds it defined."""
+    if hash_idx < 0:
         return None
     mod = os.path.basename(p).split(".", 1)[0]
-    if not mod.isidentifier():
+    if not mod.isidentifier() or not mod.isascii():
         return None
-    name = f"PyInit_{mod}"
-    sym = hash_sec.get_symbol(name)
-    if sym is None or sym["st_shndx"] in ("SHN_UNDEF", _SHN_UNDEF):
-        return None
-    return name
+    want = f"PyInit_{mod}".encode()
+    return want.decode() if _hash_lookup(p, stream, elf_class, little, headers, hash_idx, gnu, want) else None
+
+
+def _hash_lookup(
+    p: str,
+    stream: IO[bytes],
+    elf_class: int,
+    little: bool,
+    headers: list[Any],
+    hash_idx: int,
+    gnu: bool,
+    want: bytes,
+) -> bool:
+    """Whether .dynsym defines *want*, through the hash table: a handful of positional reads (bloom word,
+    bucket, the chain entries of one bucket and their symbols), never a walk over all symbols."""
+    hsec = headers[hash_idx]
+    link = int(hsec["sh_link"])
+    if not 0 <= link < len(headers):
+        raise ElfError(f"{p}: hash section links to section {link}")
+    symtab = headers[link]
+    strlink = int(symtab["sh_link"])
+    if not 0 <= strlink < len(headers):
+        raise ElfError(f"{p}: symbol table links to section {strlink}")
+    strtab = headers[strlink]
+    r = _Reader(p, stream, little)
+    sym_off, sym_size = int(symtab["sh_offset"]), int(symtab["sh_size"])
+    entsize = int(symtab["sh_entsize"]) or (24 if elf_class == 64 else 16)
+    str_off, str_size = int(strtab["sh_offset"]), int(strtab["sh_size"])
+    nsyms = sym_size // entsize if entsize else 0
+
+    def defined_match(idx: int) -> bool:
+        if not 0 <= idx < nsyms:
+            return False
+        base = sym_off + idx * entsize
+        if elf_class == 64:
+            st_name, _info, _other, shndx = r.ints("IBBH", base)
+        else:
+            st_name, _v, _s, _info, _other, shndx = r.ints("IIIBBH", base)
+        if st_name >= str_size:
+            return False
+        return shndx != _SHN_UNDEF and r.cstr(str_off + st_name, str_size - st_name) == want
+
+    off = int(hsec["sh_offset"])
+    if gnu:
+        nbuckets, symoffset, bloom_size, bloom_shift = r.ints("IIII", off)
+        if nbuckets == 0 or bloom_size == 0:
+            return False
+        h = _gnu_hash(want)
+        word = 8 if elf_class == 64 else 4
+        bits = word * 8
+        (bloom,) = r.ints("Q" if word == 8 else "I", off + 16 + word * ((h // bits) % bloom_size))
+        mask = (1 << (h % bits)) | (1 << ((h >> bloom_shift) % bits))
+        if bloom & mask != mask:
+            return False
+        buckets_off = off + 16 + word * bloom_size
+        (idx,) = r.ints("I", buckets_off + 4 * (h % nbuckets))
+        if idx < symoffset:
+            return False
+        chain_off = buckets_off + 4 * nbuckets
+        for _ in range(max(nsyms, 1)):
+            (ch,) = r.ints("I", chain_off + 4 * (idx - symoffset))
+            if (ch | 1) == (h | 1) and defined_match(idx):
+                return True
+            if ch & 1:
+                return False
+            idx += 1
+        raise ElfError(f"{p}: GNU hash chain does not terminate")
+    nbucket, nchain = r.ints("II", off)
+    if nbucket == 0:
+        return False
+    (idx,) = r.ints("I", off + 8 + 4 * (_sysv_hash(want) % nbucket))
+    for _ in range(nchain + 1):
+        if idx == 0:
+            return False
+        if idx >= nchain:
+            raise ElfError(f"{p}: SysV hash chain index {idx} out of range")
+        if defined_match(idx):
+            return True
+        (idx,) = r.ints("I", off + 8 + 4 * nbucket + 4 * idx)
+    raise ElfError(f"{p}: SysV hash chain does not terminate")
 
 
 _EM_BY_NAME: dict[str, int] | None = None

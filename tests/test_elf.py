@@ -13,7 +13,15 @@ from pathlib import Path
 import pytest
 from elfbuild import Scenarios, build_exe, build_lib, get_scenarios, needs_cc, patch
 
-from pytest_cudastack.elf import CUDA_SECTIONS, ElfInfo, VersionNeed, looks_like_elf, machine_name, read_elf
+from pytest_cudastack.elf import (
+    CUDA_SECTIONS,
+    ElfInfo,
+    VersionNeed,
+    exports,
+    looks_like_elf,
+    machine_name,
+    read_elf,
+)
 from pytest_cudastack.errors import ElfError
 
 pytestmark = needs_cc
@@ -268,3 +276,47 @@ def test_executable_built_here_is_readable(tmp_path: Path) -> None:
     exe = build_exe(tmp_path / "prog")
     assert stat.S_IMODE(exe.stat().st_mode) & 0o100
     assert read_elf(exe).interpreter
+
+
+@pytest.mark.parametrize("style", ["gnu", "sysv", "both"])
+def test_pyinit_with_each_hash_style(tmp_path: Path, style: str) -> None:
+    src = "int PyInit_hashmod(void) { return 0; }\n" + "".join(
+        f"int f{i}(void) {{ return {i}; }}\n" for i in range(300)
+    )
+    lib = build_lib(tmp_path / "hashmod.so", source=src, extra=[f"-Wl,--hash-style={style}"])
+    assert read_elf(lib).pyinit == "PyInit_hashmod"
+    other = tmp_path / "f7.so"  # f7 exists, but as a plain function, not PyInit_f7
+    shutil.copyfile(lib, other)
+    assert read_elf(other).pyinit is None
+
+
+def test_hash_lookup_agrees_with_pyelftools() -> None:
+    """Differential: our positional hash lookup vs pyelftools' hash-section get_symbol."""
+    from elftools.elf.elffile import ELFFile
+
+    base = Path("/usr/lib/x86_64-linux-gnu")
+    files = sorted(p for p in base.glob("*.so.*") if p.is_file() and not p.is_symlink() and looks_like_elf(p))
+    checked = 0
+    for f in files[:: max(1, len(files) // 25)]:
+        with open(f, "rb") as fh:
+            elf = ELFFile(fh)
+            sec = elf.get_section_by_name(".gnu.hash") or elf.get_section_by_name(".hash")
+            dynsym = elf.get_section_by_name(".dynsym")
+            if sec is None or dynsym is None:
+                continue
+            syms = [s for s in dynsym.iter_symbols() if s.name][::11][:12]
+            names = [s.name for s in syms] + ["surely_not_a_symbol_xyz", "PyInit_nothing"]
+            expect = {}
+            for n in names:
+                got = sec.get_symbol(n)
+                expect[n] = got is not None and got["st_shndx"] != "SHN_UNDEF"
+        for n in names:
+            assert exports(f, n) == expect[n], (f, n)
+            checked += 1
+    assert checked > 50
+
+
+def test_exports_errors(tmp_path: Path) -> None:
+    (tmp_path / "x.so").write_text("nope")
+    with pytest.raises(ElfError, match="not an ELF"):
+        exports(tmp_path / "x.so", "f")
