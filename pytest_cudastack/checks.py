@@ -70,8 +70,7 @@ def binary_findings(
 
     out: list[Finding] = []
     out.extend(
-        Finding("scan", Severity.ERROR, subject, f"{subject}: {problem}", fix="scan only ELF binaries")
-        for problem in tree.problems
+        Finding("scan", Severity.ERROR, subject, problem, fix="scan only ELF binaries") for problem in tree.problems
     )
     for lib in tree.missing:
         chain = tree.chain(lib.soname)
@@ -143,7 +142,7 @@ def driver_findings(inferences: Iterable[Inference], driver: DriverInfo) -> tupl
     severity = {"compatible": None, "mvc": Severity.WARNING, "incompatible": Severity.ERROR}
     for required, needs in sorted(groups.items()):
         subject = needs[0].subject if len(needs) == 1 else f"{len(needs)} components"
-        verdict = driver_verdict(required, driver, subject=subject)
+        verdict = driver_verdict(required, driver)  # the finding's subject names who needs it
         sev = severity.get(verdict.status, Severity.INFO)
         if sev is None:
             continue

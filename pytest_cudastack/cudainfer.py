@@ -149,6 +149,17 @@ def _decide(
     return None
 
 
+def _last_minor(major: int) -> int | None:
+    """Last minor of a closed CUDA series (a newer major exists in the toolkit table): 12 -> 9; else None."""
+    from .compat import load_compat
+
+    releases = [row.toolkit.release for row in load_compat().toolkits]
+    if not any(r[0] > major for r in releases):
+        return None
+    minors = [r[1] if len(r) > 1 else 0 for r in releases if r[0] == major]
+    return max(minors) if minors else None
+
+
 def _exceeds(need: CudaNeed, bound: tuple[int, int | None], kind: str) -> bool | None:
     """True: violates the bound; False: within; None: undecidable (minor unknown on the bound's major)."""
     major, minor = bound
@@ -157,7 +168,10 @@ def _exceeds(need: CudaNeed, bound: tuple[int, int | None], kind: str) -> bool |
     if minor is None:
         return False
     if need.minor is None:
-        return None if (kind == "max" or minor > 0) else False
+        if kind == "max":
+            last = _last_minor(major)
+            return None if last is None or last > minor else False
+        return None if minor > 0 else False
     return need.minor > minor if kind == "max" else need.minor < minor
 
 
@@ -189,10 +203,8 @@ def bound_findings(
                     check,
                     Severity.ERROR,
                     inf.subject,
-                    f"{inf.subject} {worst.evidence.split(' via ')[0]} but {label}"
-                    if len(bad) == 1
-                    else f"{inf.subject} requires CUDA {worst.version}, {word} than {label} allows",
-                    cause=f"built for CUDA {worst.version}; {label} forbids anything {word} than {bound}",
+                    f"{worst.evidence.split(' via ')[0]} but {label}",
+                    cause=f"it requires CUDA {worst.version}; {label} forbids anything {word} than {bound}",
                     fix=f"rebuild or reinstall {inf.subject} against CUDA {bound}"
                     if kind == "max"
                     else f"rebuild or reinstall {inf.subject} for CUDA >= {bound}",
@@ -205,7 +217,7 @@ def bound_findings(
                     check,
                     Severity.WARNING,
                     inf.subject,
-                    f"{inf.subject} requires CUDA {unsure[0].version}: cannot tell whether that is within {label}",
+                    f"requires CUDA {unsure[0].version}: cannot tell whether that is within {label}",
                     cause="only the CUDA major is known from its sonames",
                     details=tuple(f"evidence: {n.evidence}" for n in unsure),
                 )

@@ -238,7 +238,7 @@ class Stack:
         from .checks import binary_findings
 
         if not os.path.lexists(path):
-            return (Finding("scan", Severity.ERROR, name, f"{name}: no such file", fix="fix the scan path"),)
+            return (Finding("scan", Severity.ERROR, name, "no such file", fix="fix the --cudastack-scan path"),)
         return binary_findings(self.tree(path), name, self.inventory, self.driver)
 
     # JSON -------------------------------------------------------------------------------------------

@@ -88,6 +88,8 @@ def need(major: int, minor: int | None, subject: str = "bin/x") -> Inference:
         pytest.param("max", "12.9", 12, 9, None, id="12.9 within max 12.9"),
         pytest.param("max", "12.4", 12, 9, Severity.ERROR, id="12.9 violates max 12.4"),
         pytest.param("max", "12.4", 12, None, Severity.WARNING, id="12.x vs max 12.4 undecidable"),
+        pytest.param("max", "12.9", 12, None, None, id="12.x within max 12.9: the series ended at 12.9"),
+        pytest.param("max", "13.0", 13, None, Severity.WARNING, id="13.x vs max 13.0 undecidable: 13.1 exists"),
         pytest.param("max", "12", 12, None, None, id="12.x within max 12"),
         pytest.param("max", "13.0", 12, None, None, id="12.x within max 13.0"),
         pytest.param("min", "13.0", 12, None, Severity.ERROR, id="12.x violates min 13.0"),
@@ -105,7 +107,7 @@ def test_bound_semantics(kind, bound, major, minor, expected):
 
 def test_violation_message_names_component_requirement_and_evidence():
     (f,) = bound_findings("max", "12.9", [need(13, None, "bin/train_tft")], "--cuda-max=12.9")
-    assert f.message == "bin/train_tft links libfoo (CUDA 13) but --cuda-max=12.9"
+    assert f.message == "links libfoo (CUDA 13) but --cuda-max=12.9"
     assert f.subject == "bin/train_tft"
     assert f.failing
 
