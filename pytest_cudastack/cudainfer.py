@@ -184,14 +184,15 @@ def bound_findings(
 ) -> tuple[Finding, ...]:
     """Findings for ``--cuda-max`` (``kind="max"``) or ``--cuda-min`` against every inference.
 
-    One ERROR per violating subject (naming every piece of evidence), one WARNING per subject whose
-    requirement is undecidable against the bound, INFO for ambiguous sonames no evidence decides.
+    One ERROR per violating subject (naming every piece of evidence), one WARNING per undecidable
+    version (listing the subjects), INFO for ambiguous sonames no evidence decides.
     """
     check = f"cuda-{kind}"
     label = option or f"--cuda-{kind}={bound}"
     limit = parse_cuda(bound)
     out: list[Finding] = []
     word = "newer" if kind == "max" else "older"
+    undecidable: dict[str, list[CudaNeed]] = {}  # version -> one need per subject
     for inf in inferences:
         verdicts = [(n, _exceeds(n, limit, kind)) for n in inf.needs]
         bad = [n for n, v in verdicts if v]
@@ -212,20 +213,22 @@ def bound_findings(
                 )
             )
         elif unsure:
-            out.append(
-                Finding(
-                    check,
-                    Severity.WARNING,
-                    inf.subject,
-                    f"requires CUDA {unsure[0].version}: cannot tell whether that is within {label}",
-                    cause="only the CUDA major is known from its sonames",
-                    details=tuple(f"evidence: {n.evidence}" for n in unsure),
-                )
-            )
+            undecidable.setdefault(unsure[0].version, []).append(unsure[0])
         if info_undecided and not inf.needs:
             out.extend(
                 Finding(check, Severity.INFO, inf.subject, f"CUDA version undecidable: {u}") for u in inf.undecided
             )
+    for version, needs in sorted(undecidable.items()):
+        out.append(
+            Finding(
+                check,
+                Severity.WARNING,
+                needs[0].subject if len(needs) == 1 else f"{len(needs)} components",
+                f"require CUDA {version}: cannot tell whether that is within {label}",
+                cause="only the CUDA major is known (from sonames or the wheel's name), not the minor",
+                details=tuple(f"{n.subject}: {n.evidence}" for n in needs),
+            )
+        )
     return tuple(out)
 
 

@@ -199,10 +199,8 @@ class Stack:
 
     @property
     def arch_paths(self) -> tuple[str, ...]:
-        """Files whose GPU code must run on the target archs: scanned binaries, CUDA wheels' libraries."""
-        paths = [path for _, path in self.scan_targets if os.path.isfile(path)]
-        paths += [lib.path for dist in self.wheels for lib in dist.libraries if lib.exists]
-        return tuple(paths)
+        """Files whose GPU code must run on the target archs: the scanned binaries (the ones you build)."""
+        return tuple(path for _, path in self.scan_targets if os.path.isfile(path))
 
     @property
     def inferences(self) -> tuple[Inference, ...]:
