@@ -42,6 +42,26 @@ def run_tree(files: list[str], cache_dir: str) -> float:
     return time.perf_counter() - t
 
 
+def run_core(files: list[str], cache_dir: str) -> tuple[float, float]:
+    """In-process Resolver over all files (no interpreter start-up, no wheel inventory): cold, warm."""
+    os.environ["CUDASTACK_CACHE_DIR"] = cache_dir
+    os.environ.pop("CUDASTACK_NO_CACHE", None)
+    from pytest_cudastack.elfcache import ElfCache
+    from pytest_cudastack.resolver import Resolver, SearchConfig
+
+    env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
+    times = []
+    for _ in range(2):
+        t = time.perf_counter()
+        cache = ElfCache(cache_dir, enabled=True)
+        resolver = Resolver(SearchConfig.from_environment(env), reader=cache.read)
+        for f in files:
+            resolver.tree(f)
+        cache.flush()
+        times.append(time.perf_counter() - t)
+    return times[0], times[1]
+
+
 def run_ldd(files: list[str]) -> float:
     env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
     t = time.perf_counter()
@@ -74,10 +94,14 @@ def main(argv: list[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="cudastack-bench-") as cache:
         cold = run_tree(files, cache)
         warm = min(run_tree(files, cache) for _ in range(3))
+    with tempfile.TemporaryDirectory(prefix="cudastack-bench-core-") as cache:
+        core_cold, core_warm = run_core(files, cache)
     ldd_t = run_ldd(files)
     lddtree_t = run_lddtree(files)
     print(f"cudastack tree cold : {cold:8.3f} s   ({cold / ldd_t:.3f} x ldd; target <= 0.25)")
     print(f"cudastack tree warm : {warm:8.3f} s   ({warm / ldd_t:.3f} x ldd; target <= 0.05)")
+    print(f"resolver core cold  : {core_cold:8.3f} s   ({core_cold / ldd_t:.3f} x ldd; in-process, no inventory)")
+    print(f"resolver core warm  : {core_warm:8.3f} s   ({core_warm / ldd_t:.3f} x ldd; in-process, no inventory)")
     print(f"ldd                 : {ldd_t:8.3f} s   ({ldd_t / len(files) * 1000:.1f} ms per file)")
     if lddtree_t is not None:
         print(

@@ -257,16 +257,22 @@ def _parse(p: str, stream: IO[bytes], size: int) -> ElfInfo:
         etype = _ET_NAMES.get(int(etype) if etype.isdigit() else -1, etype)
 
     interpreter: str | None = None
-    dyn_seg: Any = None
-    seg: Any
-    for seg in elf.iter_segments():
-        t = seg["p_type"]
+    dyn_seg_idx = -1
+    nseg = elf.num_segments()
+    if nseg > 65536:
+        raise ElfError(f"{p}: absurd program header count {nseg}")
+    # program *headers* only: pyelftools' DynamicSegment object would build every section to find .dynstr
+    for i in range(nseg):
+        ph = elf._get_segment_header(i)
+        t = ph["p_type"]
         if t == "PT_INTERP":
-            if seg["p_offset"] + seg["p_filesz"] > size:
-                raise ElfError(f"{p}: PT_INTERP past end of file")
-            interpreter = seg.get_interp_name()
+            off, n = int(ph["p_offset"]), int(ph["p_filesz"])
+            if off + n > size or n > 4096:
+                raise ElfError(f"{p}: PT_INTERP past end of file or too long")
+            stream.seek(off)
+            interpreter = stream.read(n).split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
         elif t == "PT_DYNAMIC":
-            dyn_seg = seg
+            dyn_seg_idx = i
 
     # Walk section *headers* only: building every Section object would make pyelftools parse whole
     # hash tables (hundreds of thousands of entries in a large library).
@@ -302,7 +308,9 @@ def _parse(p: str, stream: IO[bytes], size: int) -> ElfInfo:
     rpath: tuple[str, ...] = ()
     runpath: tuple[str, ...] = ()
     nodeflib = False
-    dyn: Any = dyn_sec if dyn_sec is not None else dyn_seg
+    dyn: Any = dyn_sec
+    if dyn is None and dyn_seg_idx >= 0:  # no section headers (stripped): the segment finds .dynstr itself
+        dyn = elf.get_segment(dyn_seg_idx)
     if dyn is not None:
         for count, tag in enumerate(dyn.iter_tags()):
             if count > 1_000_000:
