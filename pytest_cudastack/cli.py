@@ -29,15 +29,24 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cudastack", description=__doc__.splitlines()[0])
     parser.add_argument("--no-cache", action="store_true", help="do not read or write the on-disk ELF cache")
     sub = parser.add_subparsers(dest="command")
+    # Which Python environment's wheels to inspect: another venv can be checked without activating it.
+    site = argparse.ArgumentParser(add_help=False)
+    site.add_argument(
+        "--site",
+        action="append",
+        metavar="DIR",
+        help="a site-packages directory or venv prefix to inspect (repeatable; default: this interpreter's)",
+    )
 
-    report = sub.add_parser("report", help="the stack on one screen, findings first (default)")
+    report = sub.add_parser("report", parents=[site], help="the stack on one screen, findings first (default)")
     report.add_argument("--json", action="store_true", help="print JSON instead of text")
+    report.add_argument("-v", "--verbose", action="count", default=0, help="show more detail")
 
     tree = sub.add_parser("tree", help="where the dynamic linker would load every needed library from")
     tree.add_argument("paths", nargs="+", metavar="PATH")
     tree.add_argument("--json", action="store_true", help="print JSON instead of text")
 
-    why = sub.add_parser("why", help="where SONAME would load from, and which distributions ship it")
+    why = sub.add_parser("why", parents=[site], help="where SONAME would load from, and which distributions ship it")
     why.add_argument("soname")
     why.add_argument("--json", action="store_true", help="print JSON instead of text")
 
@@ -45,10 +54,10 @@ def build_parser() -> argparse.ArgumentParser:
     loaded.add_argument("module")
     loaded.add_argument("--json", action="store_true", help="print JSON instead of text")
 
-    check = sub.add_parser("check", help="run the invariant checks; exit 1 on findings")
+    check = sub.add_parser("check", parents=[site], help="run the invariant checks; exit 1 on findings")
     check.add_argument("--json", action="store_true", help="print JSON instead of text")
 
-    snapshot = sub.add_parser("snapshot", help="write the stack as JSON")
+    snapshot = sub.add_parser("snapshot", parents=[site], help="write the stack as JSON")
     snapshot.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of standard output")
 
     diff = sub.add_parser("diff", help="compare two snapshots")
