@@ -51,6 +51,7 @@ __all__ = [
     "parse_memory",
     "parse_proc_version",
     "probe_driver",
+    "visible_gpus",
 ]
 
 logger = logging.getLogger(__name__)
@@ -534,19 +535,52 @@ def _combine(raw: DriverInfo, files: DriverFiles) -> DriverInfo:
     forward = files.forward_compat
     if forward is None and version and not files.kernel_module and files.libcuda_version:
         forward = _newer_libcuda(files, version, notes)
+    gpus = visible_gpus(raw.gpus, os.environ.get("CUDA_VISIBLE_DEVICES"), notes)
+    archs = tuple(dict.fromkeys(a for a in (g.arch for g in gpus) if a))
     return DriverInfo(
         "probed",
         version,
         cuda,
-        raw.gpus,
-        raw.archs,
-        raw.arch_source,
+        gpus,
+        archs,
+        "probed" if gpus else None,
         reason="; ".join(reasons) or None,
         notes=tuple(notes),
         libcuda=files.libcuda,
         kernel_module=files.kernel_module,
         forward_compat=forward,
     )
+
+
+def visible_gpus(
+    gpus: Sequence[Gpu], cuda_visible_devices: str | None, notes: list[str] | None = None
+) -> tuple[Gpu, ...]:
+    """The GPUs a CUDA process would see under ``CUDA_VISIBLE_DEVICES`` (NVML always lists all of them).
+
+    Entries are NVML indices or (prefixes of) UUIDs; as in CUDA, the list ends at the first entry that names
+    no GPU, and an empty value hides every GPU.  MIG entries are not resolved (the GPUs are kept).
+    """
+    if cuda_visible_devices is None:
+        return tuple(gpus)
+    entries = [e.strip() for e in cuda_visible_devices.split(",")]
+    if any(e.upper().startswith("MIG-") for e in entries):
+        if notes is not None:
+            notes.append(f"CUDA_VISIBLE_DEVICES={cuda_visible_devices} names MIG instances; all GPUs kept")
+        return tuple(gpus)
+    chosen: list[Gpu] = []
+    for entry in entries:
+        match = None
+        if entry.isdigit():
+            match = next((g for g in gpus if g.index == int(entry)), None)
+        elif entry:
+            match = next((g for g in gpus if g.uuid and g.uuid.lower().startswith(entry.lower())), None)
+        if match is None:
+            break
+        if match not in chosen:
+            chosen.append(match)
+    if notes is not None and len(chosen) != len(gpus):
+        notes.append(f"CUDA_VISIBLE_DEVICES={cuda_visible_devices}: {len(chosen)} of {len(gpus)} GPUs visible")
+    return tuple(chosen)
 
 
 def nvml_facts(nvml: Any | None = None) -> DriverInfo:

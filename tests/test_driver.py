@@ -39,7 +39,8 @@ GiB = 2**30
 
 
 @pytest.fixture(autouse=True)
-def _clear_caches():
+def _clear_caches(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     probe_driver.cache_clear()
     load_compat.cache_clear()
     yield
@@ -67,7 +68,7 @@ _PROBE = "import json; from pytest_cudastack.driver import probe_driver; print(j
 
 def run_probe(library: Path | str, **env: str) -> DriverInfo:
     """Probe in a child process: pynvml keeps its library handle in module globals, one per process."""
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("FAKENVML_")}
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("FAKENVML_") and k != "CUDA_VISIBLE_DEVICES"}
     environ[NVML_LIBRARY_ENV] = str(library)
     environ.update(env)
     done = subprocess.run(
@@ -100,6 +101,35 @@ def test_fake_nvml_full_probe(fake_nvml: Path):
 def test_fake_nvml_cuda_13_driver(fake_nvml: Path):
     info = run_probe(fake_nvml, FAKENVML_DRIVER="580.95.05", FAKENVML_CUDA="13000", FAKENVML_GPUS="Tesla V100:7.0:32")
     assert (info.version, info.cuda_version, info.archs) == ("580.95.05", "13.0", ("sm_70",))
+
+
+@needs_cc
+def test_fake_nvml_cuda_visible_devices(fake_nvml: Path):
+    info = run_probe(fake_nvml, FAKENVML_GPUS=TWO_GPUS, CUDA_VISIBLE_DEVICES="1")
+    assert [g.name for g in info.gpus] == ["NVIDIA A10"]
+    assert info.archs == ("sm_86",)
+    assert "CUDA_VISIBLE_DEVICES=1: 1 of 2 GPUs visible" in info.notes
+
+
+H100 = Gpu(0, "H100", "GPU-8932f937-d72c-4106-c12f-20bd9faed9f6", "9.0", None, None)
+A10 = Gpu(1, "A10", "GPU-11112222-d72c-4106-c12f-20bd9faed9f6", "8.6", None, None)
+
+
+@pytest.mark.parametrize(
+    ("value", "names"),
+    [
+        (None, ["H100", "A10"]),
+        ("", []),
+        ("0", ["H100"]),
+        ("1,0", ["A10", "H100"]),
+        ("GPU-1111", ["A10"]),
+        ("0,7,1", ["H100"]),  # CUDA stops at the first invalid entry
+        ("-1", []),
+        ("MIG-abcd", ["H100", "A10"]),
+    ],
+)
+def test_visible_gpus(value: str | None, names: list[str]):
+    assert [g.name for g in drv.visible_gpus((H100, A10), value)] == names
 
 
 @needs_cc
