@@ -26,6 +26,7 @@ path as given (as ``ldd``/``ld.so FILE`` does).
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import sys
@@ -376,7 +377,16 @@ class Resolver:
         if isinstance(got, ElfError):
             msg = str(got)
             if ": cannot open:" in msg:
-                return ("absent", msg)
+                # open_path goes on after ENOENT/EACCES; any other open error (a symlink loop, a name too
+                # long) abandons the rest of this search list (glibc: "here_any && errno != ENOENT ...")
+                try:
+                    os.stat(self._host(self._abs(path)))
+                    err = errno.EACCES  # stat works, open does not: a permission problem
+                except OSError as e:
+                    err = e.errno or errno.ENOENT
+                if err in (errno.ENOENT, errno.EACCES, errno.ENOTDIR):
+                    return ("absent", msg)
+                return ("abandon", msg)
             peek = self._peek_ident(path)
             if peek is not None:
                 cls, little, machine = peek
@@ -432,27 +442,31 @@ class Resolver:
                 if not self._exists(cand):
                     continue
                 tried.append(cand)
-                found, fatal = self._judge(cand, want, skipped)
+                found, fatal, _abandon = self._judge(cand, want, skipped)
                 if found or fatal:
                     return found, fatal
             cand = base + name
             tried.append(cand)
             if name not in listing:
                 continue
-            found, fatal = self._judge(cand, want, skipped)
+            found, fatal, abandon = self._judge(cand, want, skipped)
             if found or fatal:
                 return found, fatal
+            if abandon:  # the last errno of this directory decides (open_path)
+                skipped.append("rest of this search list abandoned")
+                return None, None
         return None, None
 
-    def _judge(self, cand: str, want: ElfInfo, skipped: list[str]) -> tuple[str | None, str | None]:
+    def _judge(self, cand: str, want: ElfInfo, skipped: list[str]) -> tuple[str | None, str | None, bool]:
+        """(found path, fatal problem, abandon the rest of this list)."""
         kind, detail = self._verify(cand, want)
         if kind == "ok":
-            return cand, None
+            return cand, None, False
         if kind == "fatal":
-            return None, str(detail)
-        if kind == "skip" or detail:
+            return None, str(detail), False
+        if kind in ("skip", "abandon") or detail:
             skipped.append(str(detail))
-        return None, None
+        return None, None, kind == "abandon"
 
     # ------------------------------------------------------------------ DSTs and path lists
     def _expand(self, s: str, origin: str | None) -> str | None:
@@ -539,7 +553,7 @@ class Resolver:
             if exp is None:
                 return rec(None, Route.NOT_FOUND, "cannot expand dynamic string token")
             tried.append(exp)
-            found, fatal = self._judge(exp, want, skipped) if self._exists(exp) else (None, None)
+            found, fatal, _ = self._judge(exp, want, skipped) if self._exists(exp) else (None, None, False)
             return rec(found, Route.DIRECT if found else Route.NOT_FOUND, "", fatal)
 
         if not req.info.runpath:
@@ -580,7 +594,7 @@ class Resolver:
                 cached = None
             if cached is not None:
                 tried.append(cached)
-                found, fatal = self._judge(cached, want, skipped) if self._exists(cached) else (None, None)
+                found, fatal, _ = self._judge(cached, want, skipped) if self._exists(cached) else (None, None, False)
                 if found or fatal:
                     return rec(found, Route.LD_CACHE if found else Route.NOT_FOUND, cache.path, fatal)
         elif self.config.conf_dirs and not req.info.nodeflib:

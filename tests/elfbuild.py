@@ -164,6 +164,7 @@ class Scenarios:
     exe: Path  # an executable whose RPATH serves a library's dependency
     leaf: Path  # a plain library with soname libleaf.so.1 and PyInit_leaf
     refound: Path  # librx.so.1 missing for the root, found again through librq's RPATH
+    loop_candidate: Path  # a symlink loop earlier on the RPATH list abandons that list
 
 
 def build_scenarios(base: Path) -> Scenarios:
@@ -240,6 +241,14 @@ def build_scenarios(base: Path) -> Scenarios:
     rq = build_lib(base / "ry" / "librq.so.1", soname="librq.so.1", needed=[rx], rpath=str(base / "rx"))
     refound = build_lib(base / "rroot" / "librroot.so", needed=[rx, rq], runpath=str(base / "ry"))
 
+    # RPATH=loopd:good, loopd/liblp.so is a symlink loop: open() fails with ELOOP, which makes ld.so
+    # abandon the rest of the RPATH list (good/ is never tried); LD_LIBRARY_PATH would still find it
+    lp_good = build_lib(good / "liblp.so", soname="liblp.so")
+    (base / "loopd").mkdir()
+    (base / "loopd" / "liblp.so").symlink_to("l2.so")
+    (base / "loopd" / "l2.so").symlink_to("liblp.so")
+    loop_candidate = build_lib(base / "lproot" / "liblproot.so", needed=[lp_good], rpath=f"{base / 'loopd'}:{good}")
+
     exe_dep = build_lib(base / "x_dep" / "libxdep.so.1", soname="libxdep.so.1")
     x_mid = build_lib(base / "x_mid" / "libxmid.so.1", soname="libxmid.so.1", needed=[exe_dep])
     exe = build_exe(base / "x_bin" / "prog", needed=[x_mid], rpath=f"{base / 'x_mid'}:{base / 'x_dep'}")
@@ -267,6 +276,7 @@ def build_scenarios(base: Path) -> Scenarios:
         exe=exe,
         leaf=leaf,
         refound=refound,
+        loop_candidate=loop_candidate,
     )
 
 

@@ -173,6 +173,16 @@ def test_missing_name_is_searched_again_for_a_later_requester(scen: Scenarios) -
     assert [x.soname for x in t.missing] == ["librx.so.1"]
 
 
+def test_symlink_loop_abandons_the_list(scen: Scenarios) -> None:
+    got = lib(host().tree(str(scen.loop_candidate)), "liblp.so")
+    assert got.path is None
+    assert str(scen.base / "good" / "liblp.so") not in got.tried
+    assert got.problem
+    assert "abandoned" in got.problem
+    got = lib(host((str(scen.base / "good"),)).tree(str(scen.loop_candidate)), "liblp.so")
+    assert got.route == Route.LD_LIBRARY_PATH  # the next list still runs
+
+
 def test_executable_rpath_serves_its_libraries(scen: Scenarios) -> None:
     t = host().tree(str(scen.exe))
     xdep = lib(t, "libxdep.so.1")
