@@ -634,7 +634,8 @@ def _nvml_initialised(nvml: Any, notes: list[str]) -> DriverInfo:
             cuda = _cuda_from_int(int(nvml.nvmlSystemGetCudaDriverVersion()))
             notes.append(f"{first}; used nvmlSystemGetCudaDriverVersion instead")
         except Exception as e2:
-            notes.append(f"{first}; {nvml_reason('nvmlSystemGetCudaDriverVersion', e2)}")
+            # NVML cannot tell the CUDA version (typically libcuda.so.1 is absent); the table may estimate it
+            reasons.append(f"{first}; {nvml_reason('nvmlSystemGetCudaDriverVersion', e2)}")
     gpus: list[Gpu] = []
     try:
         count = int(nvml.nvmlDeviceGetCount())

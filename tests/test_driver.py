@@ -198,6 +198,13 @@ def test_fake_nvml_no_gpu(fake_nvml: Path):
             id="both fail: table",
         ),
         pytest.param(
+            {"FAKENVML_FAIL_CUDA_V2": "12", "FAKENVML_FAIL_CUDA_V1": "12"},
+            "probed",
+            "reason",
+            "nvmlSystemGetCudaDriverVersion_v2: NVML could not load libcuda.so.1",
+            id="both fail: reason",
+        ),
+        pytest.param(
             {"FAKENVML_FAIL_COUNT": "15"},
             "probed",
             "reason",
