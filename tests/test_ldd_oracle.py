@@ -148,3 +148,9 @@ def test_torch_venv_matches_ldd() -> None:
     paths = _venv_elfs()
     assert len(paths) >= 100
     _compare(paths)
+
+
+@needs_cc
+def test_fixture_llp_with_origin(scen: Scenarios) -> None:
+    """$ORIGIN in LD_LIBRARY_PATH expands to the main program's directory."""
+    _compare([str(scen.prec_runpath), str(scen.prec_both)], "$ORIGIN/../p_llp")
