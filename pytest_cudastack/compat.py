@@ -677,13 +677,19 @@ def _req_pins(requires: Sequence[str]) -> list[tuple[str, Requirement]]:
 
 
 def _pinned_version(req: Requirement) -> Version | None:
+    """The exact pin (``==13.0.3``), else the lower bound (``>=13.0.88,<14``, ``~=12.8``), else None."""
+    lower: Version | None = None
     for spec in req.specifier:
+        text = spec.version.rstrip(".*")
+        try:
+            version = Version(text)
+        except InvalidVersion:
+            continue
         if spec.operator in ("==", "===") and "*" not in spec.version:
-            try:
-                return Version(spec.version)
-            except InvalidVersion:
-                return None
-    return None
+            return version
+        if spec.operator in (">=", "~=", ">", "==") and (lower is None or version > lower):
+            lower = version
+    return lower
 
 
 def _requirement_from_name(name: str, version: str | None) -> tuple[str | None, str]:
@@ -703,7 +709,13 @@ def _requirement_from_name(name: str, version: str | None) -> tuple[str | None, 
         major = int(m["major"])
         evidence = template.format(major=major)
         base = m.groupdict().get("base")
-        if parsed is not None and base is not None and base in data.tracks_cuda_suffixed and parsed.major == major:
+        if (
+            parsed is not None
+            and base is not None
+            and base in data.tracks_cuda_suffixed
+            and parsed.major == major
+            and len(parsed.release) > 1
+        ):
             return f"{major}.{_major_minor(parsed)[1]}", f"{evidence} ({name} {version})"
         return str(major), evidence
     if parsed is not None and parsed.local:
@@ -721,7 +733,7 @@ def _requirement_from_name(name: str, version: str | None) -> tuple[str | None, 
         if parsed is None:
             return None, f"unsuffixed {name} with unparsable version {version!r}"
         if parsed >= row.min_version:
-            if row.tracks_cuda and parsed.major == row.major:
+            if row.tracks_cuda and parsed.major == row.major and len(parsed.release) > 1:
                 return _fmt_mm(parsed), f"unsuffixed {name} {version} (CUDA {row.major} naming)"
             return str(row.major), f"unsuffixed {name} {version} (CUDA {row.major} naming)"
         return None, f"unsuffixed {name} {version}: older than the CUDA {row.major} series; major unknown"

@@ -424,6 +424,24 @@ TORCH_2141_REQUIRES = (
             id="torch pins cu12",
         ),
         pytest.param(
+            "pkg",
+            "1",
+            ("nvidia-nvjitlink>=13.0.88,<14",),
+            (),
+            "13.0",
+            "pins nvidia-nvjitlink<14,>=13.0.88",
+            id="lower bound",
+        ),
+        pytest.param(
+            "pkg",
+            "1",
+            ("nvidia-cuda-runtime-cu12==12.*",),
+            (),
+            "12",
+            "pins nvidia-cuda-runtime-cu12==12.*",
+            id="wildcard pin",
+        ),
+        pytest.param(
             "jax", "0.5", ("nvidia-cudnn-cu12>=9",), (), "12", "pins nvidia-cudnn-cu12>=9", id="unpinned cu12 dep"
         ),
         pytest.param(
