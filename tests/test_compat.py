@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import copy
+import importlib.metadata
 import itertools
 import json
+import os
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 import pytest
+from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 from pytest_cudastack import compat
@@ -652,3 +656,53 @@ def test_lookups_reject_malformed_versions(bad: str):
         min_driver_for_cuda(bad)
     with pytest.raises(RuleError, match="invalid CUDA version"):
         toolkit_sm_targets(bad)
+
+
+# --------------------------------------------------------------------------------------------- real wheels
+
+
+def _torch_site() -> Path:
+    venv = os.environ.get("CUDASTACK_TORCH_VENV")
+    if not venv or not Path(venv).is_dir():
+        pytest.skip("CUDASTACK_TORCH_VENV unset or absent")
+    sites = sorted(Path(venv).glob("lib/python3*/site-packages"))
+    if not sites:
+        pytest.skip(f"no site-packages under {venv}")
+    return sites[0]
+
+
+@pytest.mark.real
+def test_real_torch_venv_flavours():
+    """torch 2.14.1 (no local version) with the unsuffixed CUDA 13 wheels: every CUDA wheel is CUDA 13."""
+    site = _torch_site()
+    seen = {}
+    for dist in importlib.metadata.distributions(path=[str(site)]):
+        name = dist.metadata["Name"]
+        files = [str(f) for f in dist.files or ()]
+        seen[canonicalize_name(name)] = wheel_cuda_requirement(name, dist.version, dist.requires or (), files)
+    assert seen["torch"][0] == "13.0"
+    assert "cuda-toolkit" in seen["torch"][1]
+    for name, (cuda, evidence) in seen.items():
+        if name.startswith("nvidia-") or name in ("cuda-toolkit", "torch"):
+            assert cuda is not None, (name, evidence)
+            assert cuda.split(".")[0] == "13", (name, evidence)
+        elif name not in ("cuda-bindings", "cuda-pathfinder"):
+            assert cuda is None, (name, evidence)
+
+
+@pytest.mark.real
+def test_real_torch_venv_sonames():
+    """Every versioned CUDA toolkit soname the venv ships (read from the ELF files) maps to CUDA 13."""
+    from pytest_cudastack.elf import read_elf
+
+    site = _torch_site()
+    checked = 0
+    for path in sorted((site / "nvidia").rglob("*.so.*")):
+        soname = read_elf(str(path)).soname
+        if not soname or soname.startswith("libnvperf"):
+            continue
+        majors = soname_cuda_majors(soname)
+        assert majors is not None, soname
+        assert 13 in majors, soname
+        checked += 1
+    assert checked > 20
