@@ -675,7 +675,7 @@ def _torch_site() -> Path:
 def test_real_torch_venv_flavours():
     """torch 2.14.1 (no local version) with the unsuffixed CUDA 13 wheels: every CUDA wheel is CUDA 13."""
     site = _torch_site()
-    seen = {}
+    seen: dict[str, tuple[str | None, str]] = {}
     for dist in importlib.metadata.distributions(path=[str(site)]):
         name = dist.metadata["Name"]
         files = [str(f) for f in dist.files or ()]
