@@ -22,6 +22,15 @@ opened (missing, dangling link) is skipped; a candidate that is not a valid ELF 
 truncated or non-ELF file) makes ld.so stop with an error, recorded as ``problem``. ``$ORIGIN`` is the
 directory of the path an object was opened as (symlinks are NOT resolved, dl-object.c), for the root the
 path as given (as ``ldd``/``ld.so FILE`` does).
+
+Also modelled: a name not found for one requester is searched again for a later one (ld.so never reuses
+its placeholder for a missing object, so ``ldd`` may list a soname as "not found" and later as found); an
+open error other than ENOENT/EACCES (e.g. a symlink loop) abandons the rest of that search list; the program
+interpreter is already loaded, so ``ld-linux-x86-64.so.2`` in DT_NEEDED is satisfied by it (and listed, as
+``ldd`` lists it); ``preloaded`` objects behave like LD_PRELOAD. ``Library.tried`` lists every candidate
+opened, in order, except glibc-hwcaps/legacy hwcap subdirectories that do not exist (ld.so tries those once
+and then remembers them as missing). Not modelled: secure-execution (setuid) rules, ``--inhibit-cache``,
+audit modules, dlopen.
 """
 
 from __future__ import annotations
