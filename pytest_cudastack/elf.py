@@ -144,6 +144,8 @@ def _open_regular(path: str) -> tuple[int, os.stat_result]:
         fd = os.open(path, _OPEN_FLAGS)
     except OSError as e:
         raise ElfError(f"{path}: cannot open: {e.strerror or e}") from e
+    except ValueError as e:  # an embedded NUL byte
+        raise ElfError(f"{path!r}: cannot open: {e}") from e
     try:
         st = os.fstat(fd)
     except OSError as e:

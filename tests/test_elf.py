@@ -266,6 +266,12 @@ def test_fuzzed_headers_never_raise_anything_else(scen: Scenarios, tmp_path: Pat
     assert bad > 0
 
 
+def test_impossible_path_is_an_elferror() -> None:
+    with pytest.raises(ElfError, match="cannot open"):
+        read_elf("lib\0nul.so")
+    assert not looks_like_elf("lib\0nul.so")
+
+
 def test_looks_like_elf(scen: Scenarios, tmp_path: Path) -> None:
     assert looks_like_elf(scen.leaf)
     assert looks_like_elf(str(scen.origin_link))  # follows the symlink
