@@ -188,6 +188,16 @@ def pytest_runtest_call(item: pytest.Item) -> None:
         pytest.fail(unmet.reason, pytrace=False)
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    report = yield
+    # like skipping.py for skip marks: report an unmet-marker skip at the test, not inside this plugin
+    if report.skipped and item.stash.get(_unmet_key, None) is not None and isinstance(report.longrepr, tuple):
+        path, line = item.reportinfo()[:2]
+        report.longrepr = (str(path), (line or 0) + 1, report.longrepr[2])
+    return report
+
+
 # fixtures -------------------------------------------------------------------------------------------
 
 
@@ -280,7 +290,9 @@ class Reporter:
         for report, props in found:
             terminalreporter.write_line(f"{report.nodeid} ({report.outcome})")
             for prop in props:
-                terminalreporter.write_line("  " + prop.replace("\n", "\n    "))
+                # errors in full are in the failure section above; warnings and infos are only here
+                text = prop.splitlines()[0] if prop.startswith("error:") else prop
+                terminalreporter.write_line("  " + text.replace("\n", "\n    "))
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionfinish(self) -> None:

@@ -13,6 +13,7 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
@@ -198,11 +199,6 @@ class Stack:
         return tuple(infer_wheel(d) for d in self.inventory.distributions if d.cuda_major is not None)
 
     @property
-    def arch_paths(self) -> tuple[str, ...]:
-        """Files whose GPU code must run on the target archs: the scanned binaries (the ones you build)."""
-        return tuple(path for _, path in self.scan_targets if os.path.isfile(path))
-
-    @property
     def inferences(self) -> tuple[Inference, ...]:
         """The CUDA requirement of every scanned binary and installed CUDA wheel."""
         return self.binary_inferences + self.wheel_inferences
@@ -226,7 +222,9 @@ class Stack:
         if check == "driver":
             return checks.driver_findings(self.inferences, self.driver)
         if check == "arch":
-            return checks.arch_coverage(self.arch_paths, self.driver)
+            names = {path: name for name, path in self.scan_targets if os.path.isfile(path)}
+            found = checks.arch_coverage(tuple(names), self.driver)
+            return tuple(replace(f, subject=names.get(f.subject, f.subject)) for f in found)
         if check == "baseline" and s.cudastack_baseline is not None:
             path = os.path.join(self.rootdir, s.cudastack_baseline)
             return checks.baseline_findings(s.cudastack_baseline, load_snapshot(path), self.to_json())
