@@ -139,7 +139,8 @@ class Stack:
     def inventory(self) -> Inventory:
         from .inventory import installed_wheels
 
-        return installed_wheels(self._site_paths)
+        # the session's own cache (flushed by the controller only), not the process-wide default one
+        return installed_wheels(self._site_paths, reader=self.cache.read)
 
     @cached_property
     def integrity(self) -> tuple[Finding, ...]:

@@ -644,10 +644,23 @@ def test_terminal_summary_lists_warnings(pt):
     result.stdout.fnmatch_lines(["*= cudastack =*", "cudastack::arch (passed)", "  info: archs: no target GPU*"])
 
 
-def test_no_cache_writes_with_no_cache_option(pt, monkeypatch):
-    pt.makepyfile("def test_x(): pass")
-    run(pt, "--cudastack", "--cudastack-no-cache", "--cuda-driver=550")
-    assert not (pt.path / ".cudastack-cache").exists() or not any((pt.path / ".cudastack-cache").iterdir())
+@needs_cc
+@pytest.mark.parametrize(
+    ("args", "written"),
+    [
+        pytest.param([], True, id="cache written"),
+        pytest.param(["--cudastack-no-cache"], False, id="--cudastack-no-cache"),
+        # the scan items run on the workers, which read the binary but never write the cache
+        pytest.param(["-p", "xdist.plugin", "-n", "2"], False, id="xdist workers never write"),
+    ],
+)
+def test_elf_cache_writes(seed, monkeypatch, args, written):
+    cache = seed.path / "elfcache"
+    monkeypatch.setenv("CUDASTACK_CACHE_DIR", str(cache))
+    run(seed, "--cudastack-scan=bin", *args).assert_outcomes(passed=3)
+    cache_file = cache / "elfcache-v1.json"
+    entries = json.loads(cache_file.read_text())["entries"] if cache_file.exists() else {}
+    assert (str(seed.path / "bin" / "train_tft") in entries) is written
 
 
 def test_python_executable_is_elf():

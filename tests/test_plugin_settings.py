@@ -1,0 +1,111 @@
+"""settings.py: value parsers, precedence, Settings.from_values (what `cudastack check` builds)."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from pytest_cudastack.errors import OptionError
+from pytest_cudastack.settings import (
+    ENV,
+    HELP,
+    INI_TYPES,
+    Settings,
+    cuda_version_type,
+    parse_arch_list,
+    parse_cuda_version,
+    parse_driver_version,
+    resolve,
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        pytest.param("12.9", "12.9", id="major.minor"),
+        pytest.param(" 13 ", "13", id="major"),
+    ],
+)
+def test_parse_cuda_version(text, expected):
+    assert parse_cuda_version(text) == expected
+
+
+@pytest.mark.parametrize("text", ["twelve", "12.9.1", "", "v12", "12."])
+def test_parse_cuda_version_rejects(text):
+    with pytest.raises(ValueError, match="invalid CUDA version"):
+        parse_cuda_version(text)
+
+
+def test_parse_driver_version():
+    assert parse_driver_version("550.54.15") == "550.54.15"
+    assert parse_driver_version("580") == "580"
+    with pytest.raises(ValueError, match="invalid NVIDIA driver version"):
+        parse_driver_version("latest")
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        pytest.param("sm_80,sm_90", ("sm_80", "sm_90"), id="list"),
+        pytest.param("8.0, 9.0", ("sm_80", "sm_90"), id="dotted"),
+        pytest.param("90a", ("sm_90a",), id="bare with suffix"),
+        pytest.param(("sm_90", "sm_90,sm_100"), ("sm_90", "sm_100"), id="repeated, deduplicated"),
+    ],
+)
+def test_parse_arch_list(value, expected):
+    assert parse_arch_list(value) == expected
+
+
+@pytest.mark.parametrize("value", ["hopper", ",", "sm_"])
+def test_parse_arch_list_rejects(value):
+    with pytest.raises(ValueError, match="invalid GPU architecture"):
+        parse_arch_list(value)
+
+
+def test_argparse_type_raises_argument_type_error():
+    with pytest.raises(argparse.ArgumentTypeError, match="invalid CUDA version 'x'"):
+        cuda_version_type("x")
+
+
+def test_precedence_cli_env_ini():
+    s = resolve(
+        cli={"cuda_max": "12.9"},
+        env={"CUDASTACK_CUDA_MAX": "12.4", "CUDASTACK_CUDA_MIN": "12.0", "CUDASTACK_SCAN": "bin:tools"},
+        ini={"cuda_max": "11.8", "cuda_min": "11.0", "cuda_driver": "550", "cudastack": True},
+    )
+    assert (s.cuda_max, s.source("cuda_max")) == ("12.9", "command line")
+    assert (s.cuda_min, s.source("cuda_min")) == ("12.0", "CUDASTACK_CUDA_MIN")
+    assert (s.cuda_driver, s.source("cuda_driver")) == ("550", "ini")
+    assert s.cudastack_scan == ("bin", "tools")
+    assert s.cudastack is True
+    assert s.describe("cuda_min") == "--cuda-min=12.0 (from CUDASTACK_CUDA_MIN)"
+
+
+def test_bad_ini_value_names_option_and_source():
+    with pytest.raises(OptionError, match=r"--cuda-arch \(from ini\): invalid GPU architecture 'hopper'"):
+        resolve(ini={"cuda_arch": "hopper"})
+
+
+def test_from_values_for_the_cli():
+    s = Settings.from_values(cudastack=True, cuda_max="12.9", cuda_arch="sm_90", cudastack_scan=["bin"], cuda_min=None)
+    assert s == Settings(cudastack=True, cuda_max="12.9", cuda_arch=("sm_90",), cudastack_scan=("bin",))
+    assert s.items == ("integrity", "closure", "cuda-max", "driver", "arch")
+    with pytest.raises(OptionError, match="--cuda-max"):
+        Settings.from_values(cuda_max="twelve")
+
+
+def test_items_and_active():
+    assert Settings().items == ()
+    assert not Settings().active
+    assert Settings(cuda_driver="550").active
+    assert Settings(cudastack_baseline="b.json").items == ("baseline",)
+    assert Settings(cudastack_scan=("bin",)).active
+
+
+def test_every_option_has_help_env_and_ini_consistently():
+    assert set(INI_TYPES) <= set(HELP)
+    assert set(ENV) <= set(HELP)
+    assert all(
+        ENV[k] == "CUDASTACK" + (("_" + k.upper().removeprefix("CUDASTACK_")) if k != "cudastack" else "") for k in ENV
+    )
