@@ -60,26 +60,11 @@ def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    from .settings import (
-        HELP,
-        INI_TYPES,
-        UNMET_CHOICES,
-        arch_list_type,
-        cuda_version_type,
-        driver_version_type,
-    )
+    from .settings import HELP, INI_TYPES, option_specs
 
     group = parser.getgroup("cudastack", "pytest-cudastack")
-    group.addoption("--cudastack", action="store_true", default=None, help=HELP["cudastack"])
-    group.addoption("--cuda-max", metavar="VER", type=cuda_version_type, help=HELP["cuda_max"])
-    group.addoption("--cuda-min", metavar="VER", type=cuda_version_type, help=HELP["cuda_min"])
-    group.addoption("--cuda-driver", metavar="VER", type=driver_version_type, help=HELP["cuda_driver"])
-    group.addoption("--cuda-arch", metavar="sm_XX[,sm_YY]", type=arch_list_type, help=HELP["cuda_arch"])
-    group.addoption("--cudastack-scan", metavar="PATH", action="append", help=HELP["cudastack_scan"])
-    group.addoption("--cudastack-unmet", choices=UNMET_CHOICES, help=HELP["cudastack_unmet"])
-    group.addoption("--cudastack-snapshot", metavar="FILE", help=HELP["cudastack_snapshot"])
-    group.addoption("--cudastack-baseline", metavar="FILE", help=HELP["cudastack_baseline"])
-    group.addoption("--cudastack-no-cache", action="store_true", default=None, help=HELP["cudastack_no_cache"])
+    for flag, kwargs in option_specs():
+        group.addoption(flag, **kwargs)
     for key, kind in INI_TYPES.items():
         parser.addini(key, HELP[key], type=kind)  # type: ignore[arg-type]
 

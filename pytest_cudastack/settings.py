@@ -24,9 +24,11 @@ __all__ = [
     "INI_TYPES",
     "UNMET_CHOICES",
     "Settings",
+    "add_arguments",
     "arch_list_type",
     "cuda_version_type",
     "driver_version_type",
+    "option_specs",
     "parse_arch_list",
     "parse_cuda_version",
     "parse_driver_version",
@@ -172,6 +174,28 @@ _PARSERS: dict[str, Callable[[Any], Any]] = {
 }
 
 
+def option_specs() -> list[tuple[str, dict[str, Any]]]:
+    """``(flag, argparse keyword arguments)`` of every option, shared by pytest and ``cudastack check``."""
+    return [
+        ("--cudastack", {"action": "store_true", "default": None, "help": HELP["cudastack"]}),
+        ("--cuda-max", {"metavar": "VER", "type": cuda_version_type, "help": HELP["cuda_max"]}),
+        ("--cuda-min", {"metavar": "VER", "type": cuda_version_type, "help": HELP["cuda_min"]}),
+        ("--cuda-driver", {"metavar": "VER", "type": driver_version_type, "help": HELP["cuda_driver"]}),
+        ("--cuda-arch", {"metavar": "sm_XX[,sm_YY]", "type": arch_list_type, "help": HELP["cuda_arch"]}),
+        ("--cudastack-scan", {"metavar": "PATH", "action": "append", "help": HELP["cudastack_scan"]}),
+        ("--cudastack-unmet", {"choices": UNMET_CHOICES, "help": HELP["cudastack_unmet"]}),
+        ("--cudastack-snapshot", {"metavar": "FILE", "help": HELP["cudastack_snapshot"]}),
+        ("--cudastack-baseline", {"metavar": "FILE", "help": HELP["cudastack_baseline"]}),
+        ("--cudastack-no-cache", {"action": "store_true", "default": None, "help": HELP["cudastack_no_cache"]}),
+    ]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the options to an argparse parser (``cudastack check``); ``Settings.from_namespace`` reads them."""
+    for flag, kwargs in option_specs():
+        parser.add_argument(flag, **kwargs)
+
+
 def _option_name(key: str) -> str:
     return "--" + key.replace("_", "-")
 
@@ -203,6 +227,12 @@ class Settings:
         Strings are parsed as on the command line; a bad one raises ``OptionError`` naming the option.
         """
         return resolve(cli=values)
+
+    @classmethod
+    def from_namespace(cls, args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> Settings:
+        """From ``add_arguments``' parsed options, with the environment below them (``cudastack check``)."""
+        env = os.environ if environ is None else environ
+        return resolve(cli={key: getattr(args, key, None) for key in HELP}, env=env)
 
     # which generated items run --------------------------------------------------------------------
     @property

@@ -238,6 +238,14 @@ class Stack:
             return (Finding("scan", Severity.ERROR, name, "no such file", fix="fix the --cudastack-scan path"),)
         return binary_findings(self.tree(path), name, self.inventory, self.driver)
 
+    def run_checks(self) -> dict[str, tuple[Finding, ...]]:
+        """Every invariant item the settings turn on, as the plugin names them ("integrity",
+        "scan[bin/train]") -> its findings; what ``cudastack check`` reports."""
+        out = {check: self.findings(check) for check in self.settings.items}
+        for name, path in self.scan_targets:
+            out[f"scan[{name}]"] = self.scan_findings(path, name)
+        return out
+
     # JSON -------------------------------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
         """The stack as JSON: driver, CUDA wheels (with missing files), scanned binaries' resolution."""

@@ -448,6 +448,12 @@ def test_junit_properties(pt):
     assert props["cudastack.gpus"] == "archs sm_90"
     names = {tc.get("name") for tc in root.iter("testcase")}
     assert {"integrity", "closure", "driver", "arch", "test_x"} <= names
+    # warnings and infos of an item are properties of its testcase
+    run(pt, "--cudastack", "-k", "arch", "--junitxml=arch.xml")
+    case = next(tc for tc in ET.parse(pt.path / "arch.xml").getroot().iter("testcase") if tc.get("name") == "arch")
+    (prop,) = case.iter("property")
+    assert prop.get("name") == "cudastack.finding"
+    assert prop.get("value", "").startswith("info: archs: no target GPU architecture known")
 
 
 # -- the seed scenario with gcc-built stubs --------------------------------------------------------

@@ -109,3 +109,16 @@ def test_every_option_has_help_env_and_ini_consistently():
     assert all(
         ENV[k] == "CUDASTACK" + (("_" + k.upper().removeprefix("CUDASTACK_")) if k != "cudastack" else "") for k in ENV
     )
+
+
+def test_cli_parser_shares_the_options(monkeypatch):
+    from pytest_cudastack.settings import add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    monkeypatch.setenv("CUDASTACK_CUDA_DRIVER", "550.54.15")
+    args = parser.parse_args(["--cuda-max=12.9", "--cudastack-scan=bin", "--cudastack-scan=tools", "--cudastack"])
+    s = Settings.from_namespace(args)
+    assert (s.cuda_max, s.cudastack_scan, s.cudastack, s.cuda_driver) == ("12.9", ("bin", "tools"), True, "550.54.15")
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--cuda-max=twelve"])

@@ -80,3 +80,17 @@ def test_cmd_snapshot_and_diff(tmp_path, monkeypatch, capsys):
 def test_unknown_check_is_an_error(stack):
     with pytest.raises(ValueError, match="unknown cudastack check"):
         stack.findings("nonsense")
+
+
+def test_run_checks_names_items_like_the_plugin(tmp_path):
+    (tmp_path / "bin").mkdir()
+    driver = DriverInfo("declared", "550.54.15", "12.4")
+    s = Stack(
+        Settings(cudastack=True, cuda_max="12.9", cudastack_scan=("bin", "gone")),
+        driver_info=driver,
+        rootdir=str(tmp_path),
+        site_paths=(str(tmp_path),),
+    )
+    results = s.run_checks()
+    assert list(results) == ["integrity", "closure", "cuda-max", "driver", "arch", "scan[gone]"]
+    assert results["scan[gone]"][0].message == "no such file"
