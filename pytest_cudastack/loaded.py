@@ -14,6 +14,7 @@ import logging
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,15 +83,16 @@ def _child_mapped(module: str, python: str, timeout: float) -> tuple[list[str], 
 
 
 def loaded_libraries(
-    module: str, python: str | None = None, timeout: float = 300.0
+    module: str, python: str | None = None, timeout: float = 300.0, site_paths: Sequence[str] | None = None
 ) -> tuple[tuple[LoadedLibrary, ...], str | None]:
-    """Shared objects mapped by importing ``module`` in a child ``python``, and the import error if any."""
+    """Shared objects mapped by importing ``module`` in a child ``python`` (default: this one), and the
+    import error if any. Providers come from the distributions in ``site_paths`` (default: ``sys.path``)."""
     from .elf import looks_like_elf, read_elf
     from .errors import ElfError
     from .inventory import installed_wheels
 
     paths, error = _child_mapped(module, python or sys.executable, timeout)
-    inventory = installed_wheels()
+    inventory = installed_wheels(site_paths)
     out: list[LoadedLibrary] = []
     for path in paths:
         if not looks_like_elf(path):

@@ -1,7 +1,11 @@
 from __future__ import annotations
 
 import argparse
+import glob
 import json
+import os
+
+import pytest
 
 from pytest_cudastack.loaded import cmd_loaded, loaded_libraries
 
@@ -41,3 +45,17 @@ def test_loaded_module_printing_to_stdout(tmp_path, monkeypatch):
     libs, error = loaded_libraries("noisy_cudastack")
     assert error is None
     assert libs
+
+
+@pytest.mark.real
+def test_loaded_torch_maps_the_cuda_wheels_libraries():
+    venv = os.environ.get("CUDASTACK_TORCH_VENV")
+    if not venv or not os.path.isdir(venv):
+        pytest.skip("needs the real torch CUDA venv ($CUDASTACK_TORCH_VENV)")
+    site = glob.glob(os.path.join(venv, "lib", "python3*", "site-packages"))
+    libs, error = loaded_libraries("torch", python=os.path.join(venv, "bin", "python"), site_paths=site)
+    assert error is None
+    providers = {lib.soname: lib.provider for lib in libs}
+    assert providers["libcudart.so.13"].startswith("nvidia-cuda-runtime ")
+    assert providers["libcublas.so.13"].startswith("nvidia-cublas ")
+    assert providers["libtorch_cuda.so"].startswith("torch ")
