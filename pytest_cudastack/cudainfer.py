@@ -98,9 +98,9 @@ def infer_binary(tree: Tree, subject: str, inventory: Inventory | None = None) -
     for lib in tree.libraries:
         for parent in lib.needed_by:
             by_path.setdefault(parent, []).append(lib.soname)
-    for lib in tree.libraries:
-        from .compat import soname_cuda_majors
+    from .compat import soname_cuda_majors
 
+    for lib in tree.libraries:
         majors = soname_cuda_majors(lib.soname)
         if not majors:
             continue

@@ -304,7 +304,7 @@ class Reporter:
         d = stack.driver
         rows = ["### cudastack", "", f"driver {d.version or 'none'} ({d.source}), CUDA <= {d.cuda_version or '?'}"]
         rows += ["", "| item | outcome | findings |", "|---|---|---|"]
-        found = dict((r.nodeid, props) for r, props in self.findings())
+        found = {r.nodeid: props for r, props in self.findings()}
         for report in self.reports:
             cells = [p.splitlines()[0].replace("|", "\\|") for p in found.get(report.nodeid, [])]
             rows.append(f"| `{report.nodeid}` | {report.outcome} | {'<br>'.join(cells) or '-'} |")

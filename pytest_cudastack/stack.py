@@ -103,6 +103,7 @@ class Stack:
         self._probe = probe
         self._cache = cache
         self._site_paths = site_paths
+        self._trees: dict[str, Tree] = {}
 
     # facts ------------------------------------------------------------------------------------------
     @cached_property
@@ -166,16 +167,13 @@ class Stack:
         return CudaWheels(self.inventory)
 
     def find(self, soname: str) -> Library:
-        return self.resolver.find(soname, sys.executable)
+        return self.resolver.find(soname)  # as a DT_NEEDED of the running Python executable
 
     def tree(self, path: str) -> Tree:
-        return self._trees(os.path.abspath(path))
-
-    def _trees(self, path: str) -> Tree:
-        trees: dict[str, Tree] = self.__dict__.setdefault("_tree_cache", {})
-        if path not in trees:
-            trees[path] = self.resolver.tree(path)
-        return trees[path]
+        path = os.path.abspath(path)
+        if path not in self._trees:
+            self._trees[path] = self.resolver.tree(path)
+        return self._trees[path]
 
     @cached_property
     def scan_targets(self) -> tuple[tuple[str, str], ...]:
