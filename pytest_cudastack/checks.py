@@ -165,6 +165,8 @@ def arch_coverage(paths: Sequence[str], driver: DriverInfo) -> tuple[Finding, ..
     """GPU code of ``paths`` against the probed or declared archs (``archcheck.arch_findings``)."""
     from .archcheck import arch_findings
 
+    if not paths:
+        return ()
     if not driver.archs:
         why = driver.reason or "no GPU found"
         return (

@@ -97,6 +97,7 @@ def test_arch_coverage_without_archs_is_info():
     (f,) = arch_coverage(["/x"], DriverInfo("absent", None, None, reason="no NVML"))
     assert f.severity is Severity.INFO
     assert "--cuda-arch" in f.message
+    assert arch_coverage([], DriverInfo("absent", None, None)) == ()  # nothing to check, nothing to say
 
 
 SNAP = {
