@@ -13,18 +13,29 @@ as a major (13.x) violates max 12.9; 12.x against max 12.4 is undecidable, a war
 from __future__ import annotations
 
 import logging
+import os
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .findings import Finding, Severity
 
 if TYPE_CHECKING:
+    from .elf import ElfInfo
     from .inventory import Distribution, Inventory
     from .resolver import Tree
 
-__all__ = ["CudaNeed", "Inference", "bound_findings", "highest", "infer_binary", "infer_wheel", "parse_cuda"]
+__all__ = [
+    "CudaNeed",
+    "Inference",
+    "bound_findings",
+    "highest",
+    "infer_binary",
+    "infer_shipped",
+    "infer_wheel",
+    "parse_cuda",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -88,6 +99,29 @@ def infer_wheel(dist: Distribution) -> Inference:
     major, minor = parse_cuda(cuda)
     version = f"{major}.{minor}" if minor is not None else f"{major}.x"
     return Inference(dist.label, (CudaNeed(major, minor, dist.label, f"needs CUDA {version}: {evidence}"),))
+
+
+def infer_shipped(dist: Distribution, reader: Callable[[str], ElfInfo]) -> Inference:
+    """A wheel without a CUDA flavour whose shared libraries (extension modules) link CUDA sonames that
+    decide a major directly (``libcudart.so.13``): each such DT_NEEDED is evidence."""
+    from .errors import ElfError
+
+    needs: list[CudaNeed] = []
+    for lib in dist.libraries:
+        if not lib.exists:
+            continue
+        try:
+            needed = reader(lib.path).needed
+        except ElfError:
+            continue
+        rel = os.path.relpath(lib.path, dist.location)
+        for soname in needed:
+            single = _single_major(soname)
+            if single is not None:
+                major, minor = single
+                version = f"{major}.{minor}" if minor is not None else f"{major}.x"
+                needs.append(CudaNeed(major, minor, dist.label, f"{rel} links {soname} (CUDA {version})"))
+    return Inference(dist.label, tuple(needs))
 
 
 def infer_binary(tree: Tree, subject: str, inventory: Inventory | None = None) -> Inference:

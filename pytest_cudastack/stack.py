@@ -193,13 +193,19 @@ class Stack:
 
     @cached_property
     def wheel_inferences(self) -> tuple[Inference, ...]:
-        from .cudainfer import infer_wheel
+        from .cudainfer import infer_shipped, infer_wheel
 
-        return tuple(infer_wheel(d) for d in self.inventory.distributions if d.cuda_major is not None)
+        out = []
+        for dist in self.inventory.distributions:
+            inference = infer_wheel(dist) if dist.cuda_major is not None else infer_shipped(dist, self.cache.read)
+            if inference.needs or inference.undecided:
+                out.append(inference)
+        return tuple(out)
 
     @property
     def inferences(self) -> tuple[Inference, ...]:
-        """The CUDA requirement of every scanned binary and installed CUDA wheel."""
+        """The CUDA requirement of every scanned binary, installed CUDA wheel and other installed wheel
+        whose extension modules link CUDA libraries."""
         return self.binary_inferences + self.wheel_inferences
 
     # findings per invariant item ---------------------------------------------------------------------

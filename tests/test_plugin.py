@@ -688,3 +688,23 @@ def test_elf_cache_writes(seed, monkeypatch, args, written):
 def test_python_executable_is_elf():
     # the requires_soname search runs as the Python executable's DT_NEEDED
     assert Path(os.path.realpath(sys.executable)).read_bytes()[:4] == b"\x7fELF"
+
+
+@pytest.mark.skipif(not HAVE_CC, reason="needs a C compiler")
+def test_cuda_max_covers_wheels_and_their_extension_modules(pt):
+    site = pt.mkdir("site")
+    write_dist(site, "nvidia-cuda-runtime-cu12", "12.9.79", {"nvidia/cuda_runtime/lib/libcudart.so.12": b"x"})
+    ext = compile_so(None, needed=["libcudart.so.13"], pyinit="_kernels")
+    write_dist(site, "mykernels", "1.0", {"mykernels/_kernels.cpython-311-x86_64-linux-gnu.so": ext})
+    pt.syspathinsert(site)
+    result = run(pt, "--cuda-max=12.4", "-k", "cuda-max")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*[[]error] mykernels 1.0: mykernels/_kernels.cpython-311-x86_64-linux-gnu.so links libcudart.so.13 "
+            "(CUDA 13.x) but --cuda-max=12.4",
+            "*[[]error] nvidia-cuda-runtime-cu12 12.9.79: needs CUDA 12.9: name suffix -cu12 * but --cuda-max=12.4",
+        ],
+        consecutive=False,
+    )
+    run(pt, "--cuda-max=13.0", "-k", "cuda-max").assert_outcomes(passed=1)
