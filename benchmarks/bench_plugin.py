@@ -33,7 +33,13 @@ def make_suite(root: Path, tests: int) -> None:
 
 
 def run(root: Path, extra: list[str]) -> float:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("CUDASTACK", "PYTEST_"))}
+    # as installed for real: byte-compiled (into a private prefix, so the checkout stays clean)
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("CUDASTACK", "PYTEST_")) and k != "PYTHONDONTWRITEBYTECODE"
+    }
+    env["PYTHONPYCACHEPREFIX"] = str(root / "pycache")
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *extra]
     start = time.perf_counter()
     proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, check=False)
@@ -52,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="cudastack-bench-") as tmp:
         root = Path(tmp)
         make_suite(root, args.tests)
-        run(root, [])  # warm the file system and bytecode caches
+        run(root, [])  # warm the file system and write the bytecode caches
         run(root, ["-p", "no:cudastack"])
         with_plugin: list[float] = []
         without: list[float] = []

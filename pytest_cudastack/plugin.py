@@ -3,6 +3,9 @@
 Imports only pytest and the standard library at module level; everything else is imported when first
 needed, so a suite that uses none of this pays (almost) nothing. Facts are computed once per session in a
 lazily built ``stack.Stack`` kept in ``config.stash``.
+
+PYTEST_DONT_REWRITE: this module has no asserts; skipping pytest's assertion rewrite of the entry-point
+module keeps start-up cheap where byte-code is not cached (PYTHONDONTWRITEBYTECODE).
 """
 
 from __future__ import annotations
@@ -81,8 +84,9 @@ def pytest_configure(config: pytest.Config) -> None:
         settings = resolve(cli, os.environ, ini)
     except OptionError as e:
         raise pytest.UsageError(str(e)) from e
-    config.stash[settings_key] = _absolute_paths(config, settings)
-    config.pluginmanager.register(Reporter(config), "cudastack-reporter")
+    settings = config.stash[settings_key] = _absolute_paths(config, settings)
+    if settings.active:  # unused, the plugin adds no per-test reporting hooks
+        config.pluginmanager.register(Reporter(config), "cudastack-reporter")
     # "xdist" when auto-loaded from its entry point, "xdist.plugin" when loaded with -p xdist.plugin
     if config.pluginmanager.hasplugin("xdist") or config.pluginmanager.hasplugin("xdist.plugin"):
         config.pluginmanager.register(XdistHooks(), "cudastack-xdist")
@@ -130,6 +134,8 @@ def _stack(config: pytest.Config) -> Stack:
 
         stack = Stack(config.stash[settings_key], driver_info=driver_info, probe=probe, rootdir=str(config.rootpath))
         config.stash[stack_key] = stack
+        if workerinput is None:  # xdist workers never write the ELF cache (like pytest's cacheprovider)
+            config.add_cleanup(stack.flush_cache)
     return stack
 
 
@@ -247,7 +253,8 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 
 
 class Reporter:
-    """Per-session reporting: the generated items' reports, the terminal summary, files at the end."""
+    """Registered when an option is active: the generated items' reports, the terminal summary, JUnit
+    properties, the snapshot and $GITHUB_STEP_SUMMARY at the end."""
 
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
@@ -258,6 +265,8 @@ class Reporter:
             self.reports.append(report)
 
     def findings(self) -> list[tuple[pytest.TestReport, list[str]]]:
+        if not self.reports:
+            return []
         from .items import FINDING_PROPERTY
 
         out = []
@@ -284,20 +293,16 @@ class Reporter:
         config = self.config
         if hasattr(config, "workerinput"):
             return  # xdist workers write neither files nor the ELF cache
-        settings = config.stash[settings_key]
-        stack = config.stash.get(stack_key, None)
-        if settings.active:
-            stack = _stack(config)
-            _junit_properties(config, stack)
-            if settings.cudastack_snapshot:
-                from .stack import write_snapshot
+        stack = _stack(config)
+        _junit_properties(config, stack)
+        snapshot = config.stash[settings_key].cudastack_snapshot
+        if snapshot:
+            from .stack import write_snapshot
 
-                write_snapshot(stack, settings.cudastack_snapshot)
-            summary = os.environ.get("GITHUB_STEP_SUMMARY")
-            if summary:
-                self.step_summary(summary, stack)
-        if stack is not None and "cache" in stack.__dict__:
-            stack.cache.flush()
+            write_snapshot(stack, snapshot)
+        summary = os.environ.get("GITHUB_STEP_SUMMARY")
+        if summary:
+            self.step_summary(summary, stack)
 
     def step_summary(self, path: str, stack: Stack) -> None:
         """Append a Markdown table of the generated items to ``$GITHUB_STEP_SUMMARY``."""

@@ -136,6 +136,11 @@ class Stack:
 
         return self._cache or ElfCache(enabled=False if self.settings.cudastack_no_cache else None)
 
+    def flush_cache(self) -> None:
+        """Write the ELF cache if this session read anything through it."""
+        if "cache" in self.__dict__:
+            self.cache.flush()
+
     @cached_property
     def inventory(self) -> Inventory:
         from .inventory import installed_wheels
