@@ -86,7 +86,18 @@ def binary_findings(
                 )
             )
             continue
-        claims = _claims(lib.soname, inventory)
+        shipped = [
+            (dist, path, os.path.isfile(path)) for dist, path in (inventory.shipping(lib.soname) if inventory else ())
+        ]
+        claims = tuple(f"{d.label} ships it at {p} ({'present' if ok else 'missing'})" for d, p, ok in shipped)
+        present = [p for _, p, ok in shipped if ok]
+        if present:
+            fix = f"add {os.path.dirname(present[0])} to the binary's RUNPATH (-Wl,-rpath) or to LD_LIBRARY_PATH"
+        elif shipped:
+            name = shipped[0][0].name
+            fix = f"reinstall {name} (pip install --force-reinstall --no-deps {name})"
+        else:
+            fix = f"install the package that provides {lib.soname}, or rebuild against the CUDA this image has"
         out.append(
             Finding(
                 "scan",
@@ -94,34 +105,13 @@ def binary_findings(
                 subject,
                 f"needs {lib.soname}, which the dynamic linker does not find",
                 cause=lib.problem or ("; ".join(claims) if claims else "no directory searched holds it"),
-                fix=_fix(lib.soname, claims, inventory),
+                fix=fix,
                 where=lib.tried,
                 chain=chain,
-                details=tuple(claims),
+                details=claims,
             )
         )
     return tuple(out)
-
-
-def _claims(soname: str, inventory: Inventory | None) -> list[str]:
-    if inventory is None:
-        return []
-    out = []
-    for dist, path in inventory.shipping(soname):
-        state = "present" if os.path.isfile(path) else "missing"
-        out.append(f"{dist.label} ships it at {path} ({state})")
-    return out
-
-
-def _fix(soname: str, claims: Sequence[str], inventory: Inventory | None) -> str:
-    present = [c for c in claims if c.endswith("(present)")]
-    if present:
-        where = os.path.dirname(present[0].split(" ships it at ")[1].rsplit(" (", 1)[0])
-        return f"add {where} to the binary's RUNPATH (-Wl,-rpath) or to LD_LIBRARY_PATH"
-    if claims:
-        name = claims[0].split(" ")[0]
-        return f"reinstall {name} (pip install --force-reinstall --no-deps {name})"
-    return f"install the package that provides {soname}, or rebuild against the CUDA version this image has"
 
 
 def driver_findings(inferences: Iterable[Inference], driver: DriverInfo) -> tuple[Finding, ...]:

@@ -33,7 +33,30 @@ def test_binary_findings_reports_every_missing_soname_at_once():
     assert first.message == "needs libcublas.so.13, which the dynamic linker does not find"
     assert first.where == ("/app/lib/libcublas.so.13", "/usr/lib/libcublas.so.13")
     assert first.chain == (ROOT,)
-    assert "rebuild against the CUDA version" in first.fix
+    assert "rebuild against the CUDA this image has" in first.fix
+
+
+class _Dist:
+    name, label = "nvidia-cublas", "nvidia-cublas 13.1.1.3"
+
+
+class _Inventory:
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def shipping(self, soname: str) -> tuple[tuple[_Dist, str], ...]:
+        return ((_Dist(), self.path),)
+
+
+def test_binary_findings_names_the_wheel_that_claims_a_missing_soname(tmp_path):
+    tree = Tree(ROOT, None, (missing("libcublas.so.13"),), (), {})
+    gone = str(tmp_path / "libcublas.so.13")
+    (f,) = binary_findings(tree, "bin/train", _Inventory(gone))  # type: ignore[arg-type]
+    assert f.details == (f"nvidia-cublas 13.1.1.3 ships it at {gone} (missing)",)
+    assert f.fix == "reinstall nvidia-cublas (pip install --force-reinstall --no-deps nvidia-cublas)"
+    (tmp_path / "libcublas.so.13").write_bytes(b"x")
+    (f,) = binary_findings(tree, "bin/train", _Inventory(gone))  # type: ignore[arg-type]
+    assert f.fix == f"add {tmp_path} to the binary's RUNPATH (-Wl,-rpath) or to LD_LIBRARY_PATH"
 
 
 @pytest.mark.parametrize(
