@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -30,7 +30,6 @@ __all__ = [
     "CudaNeed",
     "Inference",
     "bound_findings",
-    "highest",
     "infer_binary",
     "infer_shipped",
     "infer_wheel",
@@ -214,7 +213,6 @@ def bound_findings(
     bound: str,
     inferences: Iterable[Inference],
     option: str | None = None,
-    info_undecided: bool = True,
 ) -> tuple[Finding, ...]:
     """Findings for ``--cuda-max`` (``kind="max"``) or ``--cuda-min`` against every inference.
 
@@ -248,7 +246,7 @@ def bound_findings(
             )
         elif unsure:
             undecidable.setdefault(unsure[0].version, []).append(unsure[0])
-        if info_undecided and not inf.needs:
+        if not inf.needs:
             out.extend(
                 Finding(check, Severity.INFO, inf.subject, f"CUDA version undecidable: {u}") for u in inf.undecided
             )
@@ -264,14 +262,6 @@ def bound_findings(
             )
         )
     return tuple(out)
-
-
-def highest(inferences: Sequence[Inference]) -> CudaNeed | None:
-    """The newest requirement across inferences (minor-known beats minor-unknown on the same major)."""
-    needs = [n for inf in inferences for n in inf.needs]
-    if not needs:
-        return None
-    return max(needs, key=_key)
 
 
 def _key(need: CudaNeed) -> tuple[int, int]:

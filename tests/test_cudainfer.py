@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_cudastack.cudainfer import CudaNeed, Inference, bound_findings, highest, infer_binary, parse_cuda
+from pytest_cudastack.cudainfer import CudaNeed, Inference, bound_findings, infer_binary, parse_cuda
 from pytest_cudastack.findings import Severity
 from pytest_cudastack.resolver import Library, Route, Tree
 
@@ -110,9 +110,3 @@ def test_violation_message_names_component_requirement_and_evidence():
     assert f.message == "links libfoo (CUDA 13) but --cuda-max=12.9"
     assert f.subject == "bin/train_tft"
     assert f.failing
-
-
-def test_highest():
-    assert highest([need(12, 9), need(13, None), need(12, None)]).major == 13  # type: ignore[union-attr]
-    assert highest([need(13, None), need(13, 0)]).minor == 0  # type: ignore[union-attr]
-    assert highest([]) is None
