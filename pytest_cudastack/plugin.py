@@ -208,8 +208,11 @@ def cuda_driver(cuda_stack: Stack) -> DriverInfo:
 
 @pytest.fixture(scope="session")
 def cuda_libs(cuda_stack: Stack) -> CudaLibs:
-    """The dynamic linker's view, computed statically: ``.resolve(soname)`` gives ``.path`` (None when not
-    found), ``.route``, ``.tried``, ``.provider``; ``.tree(path)`` the whole load closure of a file."""
+    """The dynamic linker's view, computed statically: ``.resolve(soname)`` searches as the Python
+    executable's DT_NEEDED would (LD_LIBRARY_PATH, ld.so.cache, default dirs) and gives ``.path`` (None when
+    not found), ``.route``, ``.tried``, ``.provider``; ``.tree(path)`` the whole load closure of a file.
+    Libraries that wheels ship and load by path (torch's nvidia/*/lib) are not on that search; the
+    ``cuda_wheels`` fixture and the ``requires_soname`` marker cover them."""
     return cuda_stack.libs
 
 
