@@ -246,9 +246,10 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
-    # Quiet unless asked: facts are computed only when an option is active or with -v.
+    # Quiet unless asked: probing the driver and reading the wheels is not free, so with no cudastack
+    # option active the header appears only at -vv (one line when active, details from -v).
     settings = config.stash.get(settings_key, None)
-    if settings is None or (not settings.active and config.option.verbose <= 0) or hasattr(config, "workerinput"):
+    if settings is None or (not settings.active and config.option.verbose < 2) or hasattr(config, "workerinput"):
         return []
     from .stack import header_lines
 

@@ -389,10 +389,19 @@ def test_help_lists_group_and_ini(pt):
 
 
 def test_no_items_and_no_header_when_unused(pt):
+    pt.makeconftest(
+        """
+        def pytest_cudastack_driver(config):
+            raise AssertionError("probed although unused")
+        """
+    )
     pt.makepyfile("def test_x(): pass")
-    result = run(pt)
-    result.assert_outcomes(passed=1)
-    assert "cudastack" not in result.stdout.str()
+    for args in ([], ["-v"]):
+        result = run(pt, *args)
+        result.assert_outcomes(passed=1)
+        assert "cudastack" not in result.stdout.str()
+    pt.makeconftest("")
+    run(pt, "-vv").stdout.fnmatch_lines(["cudastack: driver*"])  # asked for all the detail
 
 
 def test_cudastack_items_collected_with_readable_ids(pt):
