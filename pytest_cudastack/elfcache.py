@@ -4,7 +4,9 @@ One JSON file (``elfcache-v1.json``) in ``$CUDASTACK_CACHE_DIR``, else ``$XDG_CA
 else ``~/.cache/pytest-cudastack``. ``CUDASTACK_NO_CACHE=1`` disables it. The file is written atomically
 (temporary file + ``os.replace``). A file that is not valid JSON, has another schema or version, or holds
 malformed entries is ignored (entry by entry) and rebuilt, never trusted. Read errors are cached too, so a
-broken file is not re-parsed on every run while it is unchanged.
+broken file is not re-parsed on every run while it is unchanged. Besides ELF facts the file holds ``extra``
+values other layers store and validate themselves (the owners ``cudastack tree`` looked up), so a warm run
+reads one file.
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ import contextlib
 import json
 import logging
 import os
-import tempfile
 from typing import Any
 
 from .elf import ElfInfo, read_elf
@@ -50,6 +51,7 @@ class ElfCache:
         self.enabled = enabled if enabled is not None else os.environ.get("CUDASTACK_NO_CACHE", "") != "1"
         self.file = os.path.join(self.directory, CACHE_FILE)
         self._entries: dict[str, dict[str, Any]] | None = None
+        self._extra: dict[str, Any] = {}
         self._dirty = False
         self.hits = 0
         self.misses = 0
@@ -69,6 +71,9 @@ class ElfCache:
                     and isinstance(raw.get("entries"), dict)
                 ):
                     entries = {k: v for k, v in raw["entries"].items() if isinstance(v, dict)}
+                    extra = raw.get("extra")
+                    if isinstance(extra, dict):
+                        self._extra = extra
                 else:
                     log.info("ignoring foreign or outdated ELF cache %s", self.file)
                     self._dirty = True
@@ -115,11 +120,30 @@ class ElfCache:
         self._dirty = True
         return result
 
+    def get_extra(self, key: str) -> Any:
+        """A JSON value stored with :meth:`put_extra` (None when absent or the cache is disabled). Callers
+        validate what they get: the file may be corrupt."""
+        if not self.enabled:
+            return None
+        self._load()
+        return self._extra.get(key)
+
+    def put_extra(self, key: str, value: Any) -> None:
+        """Store a JSON-serialisable *value* with the ELF facts (written by :meth:`flush`), for other facts
+        that are cheap to validate but dear to compute (e.g. the owners of library paths)."""
+        if not self.enabled:
+            return
+        self._load()
+        self._extra[key] = value
+        self._dirty = True
+
     def flush(self) -> None:
         """Write the cache atomically; a no-op when unchanged or disabled. Never raises on I/O errors."""
         if not self.enabled or not self._dirty or self._entries is None:
             return
-        payload = {"schema": _SCHEMA, "version": _VERSION, "entries": self._entries}
+        payload = {"schema": _SCHEMA, "version": _VERSION, "entries": self._entries, "extra": self._extra}
+        import tempfile  # lazy: a warm run that changes nothing never writes
+
         try:
             os.makedirs(self.directory, exist_ok=True)
             fd, tmp = tempfile.mkstemp(prefix=".elfcache-", suffix=".tmp", dir=self.directory)

@@ -15,30 +15,26 @@ are never read or hashed. Paths outside the prefix are ignored and reported as a
 from __future__ import annotations
 
 import contextlib
-import csv
-import email.parser
-import email.policy
 import functools
-import glob
 import importlib
 import logging
 import os
 import re
-import site
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pytest_cudastack.errors import CudaStackError
-from pytest_cudastack.findings import Finding, Severity
 
 if TYPE_CHECKING:
     from pytest_cudastack.elf import ElfInfo
+    from pytest_cudastack.findings import Finding
 
 __all__ = [
     "Distribution",
     "Inventory",
+    "OwnerIndex",
     "RecordEntry",
     "ShippedLib",
     "canonical_name",
@@ -47,6 +43,7 @@ __all__ = [
     "installed_wheels",
     "is_shared_lib_path",
     "memo_reader",
+    "owner_index",
     "record_abspath",
     "site_dirs",
 ]
@@ -281,6 +278,8 @@ def _pth_dirs(site_dir: str) -> list[str]:
 
 
 def _expand_prefix(path: str) -> list[str]:
+    import glob
+
     found = sorted(glob.glob(os.path.join(glob.escape(path), "lib*", "python3*", "site-packages")))
     if not found:
         return [path]
@@ -309,6 +308,8 @@ def site_dirs(paths: Sequence[str] | None = None) -> tuple[str, ...]:
     """
     candidates: list[str] = []
     if paths is None:
+        import site
+
         candidates.extend(p or os.getcwd() for p in sys.path)
         with contextlib.suppress(AttributeError):  # old virtualenv site.py lacks it
             candidates.extend(site.getsitepackages())
@@ -398,6 +399,8 @@ def _read_text(path: str, limit: int = 64 << 20) -> str | None:
 
 
 def _parse_record(text: str) -> tuple[list[RecordEntry], list[str]]:
+    import csv
+
     entries: list[RecordEntry] = []
     problems: list[str] = []
     try:
@@ -481,6 +484,9 @@ def read_distribution(location: str, dirname: str, reader: Reader) -> Distributi
     if meta_text is None:
         problems.append(f"no readable METADATA in {dirname}; name and version taken from the directory name")
     else:
+        import email.parser
+        import email.policy
+
         msg = email.parser.Parser(policy=email.policy.compat32).parsestr(meta_text, headersonly=True)
         name = str(msg.get("Name") or "").strip() or fallback_name
         version = str(msg.get("Version") or "").strip() or fallback_version
@@ -529,6 +535,8 @@ def _dist_info_dirs(location: str) -> list[str]:
 
 
 def _inventory_findings(dists: Iterable[Distribution]) -> list[Finding]:
+    from pytest_cudastack.findings import Finding, Severity  # lazy: the owners-only path never needs it
+
     findings: list[Finding] = []
     by_name: dict[str, list[Distribution]] = {}
     for d in dists:
@@ -611,3 +619,146 @@ def installed_wheels(paths: Sequence[str] | None = None, reader: Reader | None =
                     )
                 )
     return Inventory(tuple(dists), dirs, tuple(_inventory_findings(dists)))
+
+
+# ----------------------------------------------------------------------------------------------------
+# owners only
+
+
+def _meta_name_version(text: str) -> tuple[str, str]:
+    """First ``Name:`` and ``Version:`` header values (stripped; "" when absent) of a METADATA text, with
+    plain string operations (what the email parser gives for these one-line headers)."""
+    name: str | None = None
+    version: str | None = None
+    for line in text.splitlines():
+        if not line:
+            break  # end of the header block
+        head = line[:8].lower()
+        if name is None and head.startswith("name:"):
+            name = line[5:].strip()
+        elif version is None and head == "version:":
+            version = line[8:].strip()
+        if name is not None and version is not None:
+            break
+    return name or "", version or ""
+
+
+_SPECIAL_MARKERS = ("..", "//", "/./", "\n/", "\r/", "\n./", "\r./", "/,", "/.,", "/\n", "/\r", "/.\n", "/.\r")
+_ODD_LINE_BREAKS = "\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
+
+
+def _is_plain_record_path(path: str) -> bool:
+    """record_abspath's fast-path condition: the path resolves to ``<site dir>/<path>`` unchanged."""
+    return not (
+        path.startswith(("/", "./")) or ".." in path or "//" in path or "/./" in path or path.endswith(("/.", "/"))
+    )
+
+
+def _record_paths(text: str) -> tuple[list[str], list[str]]:
+    """(every path of a RECORD text, the subset that is not plain), as _parse_record reads them."""
+    if '"' in text:  # quoted fields: the csv module decides, exactly as the full inventory reads them
+        entries, _problems = _parse_record(text)
+        paths = [e.path for e in entries]
+        return paths, [x for x in paths if not _is_plain_record_path(x)]
+    # a row is kept when its path is not empty and not every field is blank (see _parse_record)
+    paths = [
+        x
+        for line in text.splitlines()
+        if (x := line.partition(",")[0]) and (x.strip() or line.replace(",", "").strip())
+    ]
+    odd = (
+        text.startswith(("/", "./"))
+        or text.endswith(("/", "/."))
+        or any(m in text for m in _SPECIAL_MARKERS)
+        or any(c in text for c in _ODD_LINE_BREAKS)
+    )
+    return paths, ([x for x in paths if not _is_plain_record_path(x)] if odd else [])
+
+
+class OwnerIndex:
+    """``path -> "name version"`` from RECORD files alone, for the provider column of ``cudastack tree``.
+
+    Reads each dist-info's RECORD (plain string operations) and the Name/Version lines of its METADATA, but no
+    ELF file and no flavour rule, so it costs a fraction of :func:`installed_wheels`. ``owner`` agrees with
+    :meth:`Inventory.owner` for the same directories: the first distribution (in search order) whose RECORD
+    lists the path, looked up normalised, then realpath'ed. Built on the first lookup.
+    """
+
+    def __init__(self, dirs: Sequence[str]) -> None:
+        self.site_dirs = tuple(dirs)
+        self._plain: list[tuple[tuple[str, ...], dict[str, tuple[int, str]]]] | None = None
+        self._special: dict[str, tuple[int, str]] = {}
+
+    def stamp(self) -> list[Any]:
+        """What the answers depend on: the directories, their dist-info names and the (inode, size, mtime)
+        of each RECORD and METADATA (a cached answer is valid while the stamp is equal)."""
+        out: list[Any] = []
+        for loc in self.site_dirs:
+            row: list[Any] = [loc]
+            for dirname in _dist_info_dirs(loc):
+                row.append(dirname)
+                for f in ("RECORD", "METADATA"):
+                    try:
+                        st = os.stat(os.path.join(loc, dirname, f))
+                        row.append([st.st_ino, st.st_size, st.st_mtime_ns])
+                    except OSError:
+                        row.append(None)
+            out.append(row)
+        return out
+
+    def _build(self) -> list[tuple[tuple[str, ...], dict[str, tuple[int, str]]]]:
+        plain_by_site: list[tuple[tuple[str, ...], dict[str, tuple[int, str]]]] = []
+        order = 0
+        for loc in self.site_dirs:
+            roots = tuple(dict.fromkeys((os.path.normpath(loc), os.path.realpath(loc))))
+            plain: dict[str, tuple[int, str]] = {}
+            for dirname in _dist_info_dirs(loc):
+                order += 1
+                fallback_name, fallback_version = _name_version_from_dirname(dirname)
+                meta = _read_text(os.path.join(loc, dirname, "METADATA"))
+                name, version = _meta_name_version(meta) if meta is not None else ("", "")
+                label = f"{name or fallback_name} {version or fallback_version}"
+                text = _read_text(os.path.join(loc, dirname, "RECORD"))
+                if text is None:
+                    continue
+                paths, special = _record_paths(text)
+                value = (order, label)
+                new = dict.fromkeys(paths, value)
+                new.update(plain)  # an earlier distribution keeps its claim
+                plain = new
+                for raw in special:
+                    for root in roots:
+                        full = record_abspath(root, raw)
+                        if full is not None:
+                            self._special.setdefault(full, value)
+            plain_by_site.append((roots, plain))
+        return plain_by_site
+
+    def _lookup(self, p: str) -> str | None:
+        assert self._plain is not None
+        best = self._special.get(p)
+        for roots, plain in self._plain:
+            for root in roots:
+                prefix = root if root.endswith("/") else root + "/"
+                if p.startswith(prefix):
+                    hit = plain.get(p[len(prefix) :])
+                    if hit is not None and (best is None or hit[0] < best[0]):
+                        best = hit
+        return best[1] if best is not None else None
+
+    def owner(self, path: str) -> str | None:
+        """``"name version"`` of the first distribution whose RECORD lists *path*, else None."""
+        if self._plain is None:
+            self._plain = self._build()
+        p = os.path.normpath(os.path.abspath(path))
+        found = self._lookup(p)
+        if found is None:
+            real = os.path.realpath(p)
+            if real != p:
+                found = self._lookup(real)
+        return found
+
+
+def owner_index(paths: Sequence[str] | None = None) -> OwnerIndex:
+    """An :class:`OwnerIndex` over :func:`site_dirs` of *paths* (default: this interpreter's)."""
+    return OwnerIndex(site_dirs(paths))

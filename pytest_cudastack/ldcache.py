@@ -11,7 +11,6 @@ supported level winning; the first plain entry with the default flags ends the s
 from __future__ import annotations
 
 import functools
-import glob
 import logging
 import os
 import struct
@@ -298,6 +297,8 @@ def read_ld_so_conf(path: str = "/etc/ld.so.conf", root: str = "/") -> tuple[str
                 for pattern in line[8:].split():
                     if not pattern.startswith("/"):
                         pattern = os.path.join(os.path.dirname(conf), pattern)
+                    import glob  # lazy: only without an ld.so.cache
+
                     hits = sorted(glob.glob(under(pattern)))
                     for h in hits:
                         logical = "/" + os.path.relpath(h, root).lstrip("/") if root not in ("", "/") else h

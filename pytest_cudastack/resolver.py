@@ -302,6 +302,9 @@ class Resolver:
             *self.config.legacy_subdirs,
         )
         self._sysdirs = tuple(d.rstrip("/") + "/" for d in self.config.default_dirs)
+        self._subheads = tuple((sub, sub.split("/", 1)[0]) for sub in self._subdirs)
+        self._present: dict[str, tuple[str, ...]] = {}  # directory -> hwcap subdirs whose first part exists
+        self._realdirs: dict[str, str] = {}
 
     # ------------------------------------------------------------------ file system, memoised
     def _host(self, logical: str) -> str:
@@ -360,7 +363,15 @@ class Resolver:
         key = self._abs(path)
         hit = self._realpaths.get(key)
         if hit is None:
-            hit = os.path.realpath(self._host(key))
+            host = self._host(key)
+            d, _sep, base = host.rpartition("/")
+            real_d = self._realdirs.get(d)
+            if real_d is None:
+                real_d = self._realdirs[d] = os.path.realpath(d or "/")
+            if base and base not in (".", "..") and not os.path.islink(host):
+                hit = (real_d.rstrip("/") or "") + "/" + base  # one lstat, the directory resolved once
+            else:
+                hit = os.path.realpath(host)
             if self._prefix and hit.startswith(self._prefix + "/"):
                 hit = hit[len(self._prefix) :]
             self._realpaths[key] = hit
@@ -443,10 +454,11 @@ class Resolver:
             if listing is None:
                 tried.append(base + name)
                 continue
-            for sub in self._subdirs:
-                first = sub.split("/", 1)[0]
-                if first not in listing:
-                    continue
+            present = self._present.get(base)
+            if present is None:
+                present = tuple(sub for sub, first in self._subheads if first in listing)
+                self._present[base] = present
+            for sub in present:
                 cand = f"{base}{sub}/{name}"
                 if not self._exists(cand):
                     continue

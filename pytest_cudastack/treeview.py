@@ -4,7 +4,9 @@
 not the vDSO; the program interpreter is listed when something needs it, as ``ldd`` lists it), with each
 library's route, owning distribution, and every place tried for a missing one. ``--json`` prints design.md's
 list ``[{"path", "libraries": [{"soname", "path", "needed_by", "provider"}]}]``. ``why SONAME`` says where a
-program started from this interpreter would find SONAME and which installed distributions ship it.
+program started from this interpreter would find SONAME and which installed distributions ship it (those of
+``--site DIR...`` when given, else this interpreter's). ``tree --site DIR...`` takes owners from those
+directories instead of the site directories the closures touch.
 Exit status: 0 when everything resolves, 1 when something is missing or unreadable.
 """
 
@@ -29,8 +31,8 @@ log = logging.getLogger(__name__)
 def _site_dirs_for(paths: Sequence[str]) -> list[str]:
     """site-packages directories holding *paths* (so a venv's files get their owners)."""
     out: list[str] = []
-    for p in paths:
-        parts = os.path.abspath(p).split(os.sep)
+    for parent in dict.fromkeys(os.path.dirname(os.path.abspath(p)) for p in paths):
+        parts = parent.split(os.sep)
         for i in range(len(parts) - 1, 0, -1):
             if parts[i] in ("site-packages", "dist-packages"):
                 d = os.sep.join(parts[: i + 1])
@@ -40,46 +42,103 @@ def _site_dirs_for(paths: Sequence[str]) -> list[str]:
     return out
 
 
-def _inventory(paths: Sequence[str] = ()) -> Any | None:
-    """The wheels inventory of the site directories holding *paths* (all of this interpreter's when
-    *paths* is empty); lazily imported and guarded: None when unavailable or broken."""
+def _inventory(site: Sequence[str] | None = None) -> Any | None:
+    """The wheels inventory of *site* (site directories or venv prefixes; None: this interpreter's);
+    lazily imported and guarded: None when unavailable or broken."""
     try:
         from . import inventory
     except ImportError:
         return None
     try:
-        if paths:
-            dirs = _site_dirs_for(paths)
-            return inventory.installed_wheels(dirs) if dirs else None
-        return inventory.installed_wheels()
+        return inventory.installed_wheels(list(site) if site is not None else None)
     except Exception as e:  # the inventory must never break tree/why
         log.warning("cannot read installed distributions: %s", e)
         return None
 
 
-def _with_providers(trees: list[Tree]) -> list[Tree]:
-    """Fill Library.provider from the inventory of the site directories the closures touch (a file
-    outside every site directory has no wheel owner, so system-only closures skip the inventory)."""
-    touched = [t.path for t in trees] + [x.path for t in trees for x in t.libraries if x.path]
-    inv = _inventory(touched) if _site_dirs_for(touched) else None
-    if inv is None:
-        return trees
-    owner = _owner(inv)
-    if owner is None:
-        return trees
-    cache: dict[str, str | None] = {}
+def _owner_index(site: Sequence[str]) -> Any | None:
+    """A path -> owner index over *site* (RECORD files only: no ELF reads, no flavour rules); None when
+    unavailable."""
+    try:
+        from .inventory import owner_index
+    except ImportError:
+        return None
+    try:
+        return owner_index(list(site))
+    except Exception as e:  # the inventory must never break tree
+        log.warning("cannot read installed distributions: %s", e)
+        return None
 
-    def prov(path: str | None) -> str | None:
-        if path is None:
+
+_OWNERS_KEY = "treeview-owners"
+_OWNERS_KEPT = 8  # site-directory sets remembered in the cache
+
+
+class _Providers:
+    """The owner of each library path (callable), from an owner index, with answers kept in the ELF cache
+    file under the stamp of the RECORD/METADATA files they came from: a warm run reads no RECORD while none
+    changed."""
+
+    def __init__(self, index: Any | None, cache: Any | None) -> None:
+        self.index = index
+        self.cache = cache
+        self.stamp: Any = None
+        self.saved: dict[str, Any] = {}
+        self.answers: dict[str, Any] = {}
+        self.new: dict[str, str | None] = {}
+        self.key = ""
+        if index is None:
+            return
+        try:
+            self.stamp = index.stamp()
+        except Exception as e:  # an inventory bug must not break tree
+            log.debug("owner stamp failed: %s", e)
+            return
+        self.key = "\0".join(index.site_dirs)
+        saved = cache.get_extra(_OWNERS_KEY) if cache is not None else None
+        self.saved = saved if isinstance(saved, dict) else {}
+        entry = self.saved.get(self.key)
+        if isinstance(entry, dict) and entry.get("stamp") == self.stamp and isinstance(entry.get("answers"), dict):
+            self.answers = entry["answers"]
+
+    def __call__(self, path: str | None) -> str | None:
+        if path is None or self.index is None:
             return None
-        if path not in cache:
+        hit = self.answers.get(path, False)
+        if hit is False:
+            hit = self.new.get(path, False)
+        if hit is False:
             try:
-                cache[path] = owner(path)
+                hit = self.index.owner(path)
             except Exception as e:  # an inventory bug must not break tree
                 log.debug("owner(%s) failed: %s", path, e)
-                cache[path] = None
-        return cache[path]
+                hit = None
+            self.new[path] = hit
+        return hit if isinstance(hit, str) else None
 
+    def save(self) -> None:
+        """Put new answers into the cache (written by the next flush)."""
+        if not self.new or self.cache is None or self.stamp is None:
+            return
+        kept = {k: v for k, v in self.saved.items() if k != self.key}
+        while len(kept) >= _OWNERS_KEPT:
+            kept.pop(next(iter(kept)))
+        kept[self.key] = {"stamp": self.stamp, "answers": {**self.answers, **self.new}}
+        self.cache.put_extra(_OWNERS_KEY, kept)
+
+
+def _providers(trees: list[Tree], site: Sequence[str] | None) -> _Providers:
+    """Owners from the RECORDs of *site*, else of the site directories the closures touch (a file outside
+    every site directory has no wheel owner, so system-only closures read no RECORD)."""
+    if site is None:
+        touched = [t.path for t in trees] + [x.path for t in trees for x in t.libraries if x.path]
+        site = _site_dirs_for(touched)
+    index = _owner_index(site) if site else None
+    return _Providers(index, _cache() if index is not None else None)
+
+
+def _with_providers(trees: list[Tree], prov: Callable[[str | None], str | None]) -> list[Tree]:
+    """*trees* with Library.provider filled (for the human view)."""
     return [
         dataclasses.replace(t, libraries=tuple(dataclasses.replace(x, provider=prov(x.path)) for x in t.libraries))
         for t in trees
@@ -143,17 +202,29 @@ def render_tree(tree: Tree, out: TextIO) -> None:
 
 
 def cmd_tree(args: argparse.Namespace) -> int:
-    """``cudastack tree PATH... [--json]``."""
+    """``cudastack tree PATH... [--json] [--site DIR]``."""
     paths: list[str] = list(args.paths)
+    site: Sequence[str] | None = getattr(args, "site", None)
     resolver = Resolver(SearchConfig.from_environment())
-    trees = _with_providers([resolver.tree(p) for p in paths])
-    _flush_cache()
+    trees = [resolver.tree(p) for p in paths]
+    prov = _providers(trees, site)
     if getattr(args, "json", False):
+        data = []
+        for t in trees:
+            d = t.to_json()
+            for lib in d["libraries"]:
+                lib["provider"] = prov(lib["path"])
+            data.append(d)
+        prov.save()
+        _flush_cache()
         # compact unless a human is watching: the C encoder is only used without indent
         indent = 1 if sys.stdout.isatty() else None
-        sys.stdout.write(json.dumps([t.to_json() for t in trees], indent=indent))
+        sys.stdout.write(json.dumps(data, indent=indent))
         sys.stdout.write("\n")
     else:
+        trees = _with_providers(trees, prov)
+        prov.save()
+        _flush_cache()
         for t in trees:
             render_tree(t, sys.stdout)
     return 1 if any(t.missing or t.problems for t in trees) else 0
@@ -199,7 +270,7 @@ def render_why(data: dict[str, Any], out: TextIO) -> None:
 
 def cmd_why(args: argparse.Namespace) -> int:
     """``cudastack why SONAME [--json]``: exit 1 when the dynamic linker would not find it."""
-    inv = _inventory()
+    inv = _inventory(getattr(args, "site", None))
     resolver = Resolver(SearchConfig.from_environment(), owner=_owner(inv))
     lib = resolver.find(args.soname)
     _flush_cache()
@@ -212,9 +283,16 @@ def cmd_why(args: argparse.Namespace) -> int:
     return 0 if lib.path is not None else 1
 
 
-def _flush_cache() -> None:
+def _cache() -> Any | None:
+    """The process-wide ELF cache (None when the core lacks it)."""
     try:
         from .elfcache import default_cache
     except ImportError:  # pragma: no cover
-        return
-    default_cache().flush()
+        return None
+    return default_cache()
+
+
+def _flush_cache() -> None:
+    cache = _cache()
+    if cache is not None:
+        cache.flush()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 from dataclasses import dataclass
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from elfbuild import Scenarios, get_scenarios, needs_cc
+from sitebuild import compile_so, site_packages, write_dist
 
 from pytest_cudastack import treeview
 from pytest_cudastack.cli import main
@@ -88,9 +90,16 @@ def test_tree_bad_path(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     assert "not an ELF file" in capsys.readouterr().out
 
 
+class FakeIndex(FakeInventory):
+    site_dirs = ("/fake-site",)
+
+    def stamp(self) -> list[str]:
+        return ["fake"]
+
+
 def test_tree_providers(scen: Scenarios, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     mid = os.path.realpath(scen.base / "a" / "libmid.so.1")
-    monkeypatch.setattr(treeview, "_inventory", lambda paths=(): FakeInventory({mid: "mid-wheel 1.0"}, {}))
+    monkeypatch.setattr(treeview, "_owner_index", lambda site: FakeIndex({mid: "mid-wheel 1.0"}, {}))
     monkeypatch.setattr(treeview, "_site_dirs_for", lambda paths: ["/fake-site"])
     main(["tree", "--json", str(scen.rpath_inherit)])
     libs = {x["soname"]: x for x in json.loads(capsys.readouterr().out)[0]["libraries"]}
@@ -103,7 +112,8 @@ def test_tree_providers(scen: Scenarios, capsys: pytest.CaptureFixture[str], mon
 def test_tree_without_inventory(
     scen: Scenarios, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(treeview, "_inventory", lambda paths=(): None)
+    monkeypatch.setattr(treeview, "_owner_index", lambda site: None)
+    monkeypatch.setattr(treeview, "_site_dirs_for", lambda paths: ["/fake-site"])
     assert main(["tree", "--json", str(scen.rpath_inherit)]) == 0
     assert all(x["provider"] is None for x in json.loads(capsys.readouterr().out)[0]["libraries"])
 
@@ -115,7 +125,7 @@ def test_site_dirs_for() -> None:
 
 
 def test_why_found(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(treeview, "_inventory", lambda paths=(): None)
+    monkeypatch.setattr(treeview, "_inventory", lambda site=None: None)
     assert main(["why", "libc.so.6"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("libc.so.6 => /")
@@ -130,7 +140,7 @@ def test_why_missing_but_shipped(
     inv = FakeInventory(
         {}, {"libfake.so.9": [("nvidia-fake-cu12 9.0", str(present)), ("nvidia-fake-cu13 9.1", "/gone/libfake.so.9")]}
     )
-    monkeypatch.setattr(treeview, "_inventory", lambda paths=(): inv)
+    monkeypatch.setattr(treeview, "_inventory", lambda site=None: inv)
     assert main(["why", "libfake.so.9"]) == 1
     out = capsys.readouterr().out
     assert "NOT FOUND by the dynamic linker" in out
@@ -149,7 +159,7 @@ def test_why_missing_but_shipped(
 def test_why_uses_ld_library_path(
     scen: Scenarios, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(treeview, "_inventory", lambda paths=(): None)
+    monkeypatch.setattr(treeview, "_inventory", lambda site=None: None)
     monkeypatch.setenv("LD_LIBRARY_PATH", str(scen.d_llp))
     assert main(["why", "--json", "libprec.so.1"]) == 0
     data = json.loads(capsys.readouterr().out)
@@ -168,6 +178,80 @@ def test_no_cache_flag(
 ) -> None:
     monkeypatch.delenv("CUDASTACK_NO_CACHE", raising=False)
     main(["--no-cache", "tree", "--json", str(scen.rpath_inherit)])
-    monkeypatch.delenv("CUDASTACK_NO_CACHE", raising=False)  # cli sets it for the process
+    os.environ.pop("CUDASTACK_NO_CACHE", None)  # cli sets it for the process (monkeypatch would restore it)
     capsys.readouterr()
     assert not (tmp_path / "cache").exists()
+
+
+def _venv_with_lib(tmp_path: Path) -> tuple[Path, Path]:
+    """A venv prefix whose wheel ships libcudastackfake.so.9 (under an rpath the loader does not know)."""
+    site = site_packages(tmp_path / "venv")
+    write_dist(
+        site,
+        "nvidia-fake-cu13",
+        "9.1",
+        {"nvidia/fake/lib/libcudastackfake.so.9": compile_so("libcudastackfake.so.9")},
+    )
+    return tmp_path / "venv", site
+
+
+def test_why_uses_the_site_option(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    venv, site = _venv_with_lib(tmp_path)
+    assert main(["why", "libcudastackfake.so.9"]) == 1
+    assert "shipped by: no installed distribution" in capsys.readouterr().out
+    for given in (venv, site):
+        assert main(["why", "--site", str(given), "libcudastackfake.so.9"]) == 1
+        out = capsys.readouterr().out
+        assert f"nvidia-fake-cu13 9.1: {site / 'nvidia/fake/lib/libcudastackfake.so.9'}" in out
+        assert "MISSING" not in out
+    assert main(["why", "--json", "--site", str(venv), "libcudastackfake.so.9"]) == 1
+    data = json.loads(capsys.readouterr().out)
+    assert data["shipped_by"] == [
+        {
+            "distribution": "nvidia-fake-cu13 9.1",
+            "path": str(site / "nvidia/fake/lib/libcudastackfake.so.9"),
+            "exists": True,
+        }
+    ]
+
+
+def test_tree_providers_from_records_and_cache(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    site = site_packages(tmp_path / "venv")
+    lib = compile_so("libcudastackdep.so.1")
+    ext = compile_so(None, needed=["libcudastackdep.so.1"], rpath="$ORIGIN/../dep/lib", pyinit="ext")
+    write_dist(site, "dep-wheel", "1.0", {"dep/lib/libcudastackdep.so.1": lib})
+    write_dist(site, "ext-wheel", "2.0", {"ext/ext.so": ext})
+    root = str(site / "ext" / "ext.so")
+
+    def providers() -> dict[str, str | None]:
+        assert main(["tree", "--json", root]) == 0
+        data = json.loads(capsys.readouterr().out)
+        return {x["soname"]: x["provider"] for x in data[0]["libraries"]}
+
+    got = providers()
+    assert got["libcudastackdep.so.1"] == "dep-wheel 1.0"
+    assert got["libc.so.6"] is None
+    cache = json.loads((tmp_path / "cache" / "elfcache-v1.json").read_text())
+    assert cache["extra"]["treeview-owners"]
+    # warm: answers come from the cache file, no RECORD is parsed
+    from pytest_cudastack import elfcache, inventory
+
+    monkeypatch.setattr(elfcache, "_DEFAULT", None)
+    monkeypatch.setattr(inventory.OwnerIndex, "_build", lambda self: pytest.fail("RECORD parsed"))
+    assert providers() == got
+    monkeypatch.undo()
+    monkeypatch.setenv("CUDASTACK_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("LD_LIBRARY_PATH", raising=False)
+    # a changed RECORD invalidates the cached answers
+    write_dist(site, "dep-wheel", "1.0", {"dep/lib/libcudastackdep.so.1": lib}, extra_rows=["x/y.py,,"])
+    (site / "dep_wheel-1.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: dep-wheel\nVersion: 1.1\n")
+    assert providers()["libcudastackdep.so.1"] == "dep-wheel 1.1"
+    # site given (cli's --site, when the tree command gets it): owners from there only
+    other = site_packages(tmp_path / "other")
+    for given, want in ((other, None), (tmp_path / "venv", "dep-wheel 1.1")):
+        ns = argparse.Namespace(paths=[root], json=True, site=[str(given)])
+        assert treeview.cmd_tree(ns) == 0
+        libs = {x["soname"]: x["provider"] for x in json.loads(capsys.readouterr().out)[0]["libraries"]}
+        assert libs["libcudastackdep.so.1"] == want
