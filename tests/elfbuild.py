@@ -27,6 +27,7 @@ __all__ = [
     "needs_ldd",
     "patch",
     "retag",
+    "synth_elf",
 ]
 
 CC = shutil.which("cc") or shutil.which("gcc")
@@ -98,6 +99,7 @@ def retag(path: Path, old: int, new: int) -> None:
 
     with open(path, "rb") as f:
         dyn = ELFFile(f).get_section_by_name(".dynamic")
+        assert dyn is not None, path
         offset, size = dyn["sh_offset"], dyn["sh_size"]
     with open(path, "r+b") as f:
         for pos in range(offset, offset + size, 16):
@@ -291,3 +293,168 @@ def get_scenarios(tmp_path_factory: pytest.TempPathFactory) -> Scenarios:
     if "s" not in _BUILT:
         _BUILT["s"] = build_scenarios(tmp_path_factory.mktemp("elfscen"))
     return _BUILT["s"]
+
+
+def synth_elf(
+    out: Path,
+    *,
+    elf_class: int = 64,
+    little: bool = True,
+    machine: int = 62,
+    soname: str | None = "libsynth.so.1",
+    needed: Sequence[str] = ("libc.so.6",),
+    rpath: str | None = None,
+    runpath: str | None = None,
+    nodeflib: bool = False,
+    interpreter: str | None = None,
+    verneed: Sequence[tuple[str, Sequence[str]]] = (),
+    sections: bool = True,
+    extra_sections: Sequence[str] = (),
+    pyinit: str | None = None,
+) -> Path:
+    """Write a minimal, well-formed ELF shared object of any class and byte order (no compiler needed).
+
+    Layout: ELF header, program headers (PT_LOAD over the whole file at vaddr 0x10000, PT_DYNAMIC,
+    PT_INTERP), .interp, .dynstr, .dynamic, .gnu.version_r, .dynsym + .hash (SysV, defining
+    ``PyInit_<pyinit>``), empty *extra_sections* (e.g. ``.nv_fatbin``), .shstrtab and the section header
+    table (omitted with ``sections=False``, as sstrip does).
+    """
+    import struct
+
+    e = "<" if little else ">"
+    b64 = elf_class == 64
+    base = 0x10000
+    strtab = bytearray(b"\0")
+
+    def s(text: str) -> int:
+        off = len(strtab)
+        strtab.extend(text.encode() + b"\0")
+        return off
+
+    dyn: list[tuple[int, int]] = [(1, s(n)) for n in needed]
+    if soname is not None:
+        dyn.append((14, s(soname)))
+    if rpath is not None:
+        dyn.append((15, s(rpath)))
+    if runpath is not None:
+        dyn.append((29, s(runpath)))
+    if nodeflib:
+        dyn.append((0x6FFFFFFB, 0x800))
+    vn = bytearray()
+    for i, (file, versions) in enumerate(verneed):
+        last = i == len(verneed) - 1
+        vn += struct.pack(e + "HHIII", 1, len(versions), s(file), 16, 0 if last else 16 + 16 * len(versions))
+        for j, v in enumerate(versions):
+            vn += struct.pack(e + "IHHII", 0, 0, 2 + j, s(v), 0 if j == len(versions) - 1 else 16)
+    sym_name = s(f"PyInit_{pyinit}") if pyinit else 0
+    ehsize, phentsize, shentsize = (64, 56, 64) if b64 else (52, 32, 40)
+    phnum = 3 if interpreter is not None else 2
+    off = ehsize + phnum * phentsize
+    blobs: list[tuple[str, int, bytes, int, int, int]] = []  # name, type, data, link, info, entsize
+
+    def add(name: str, sh_type: int, data: bytes, link: int = 0, info: int = 0, entsize: int = 0) -> int:
+        blobs.append((name, sh_type, data, link, info, entsize))
+        return len(blobs)  # section index (0 is the null section)
+
+    if interpreter is not None:
+        add(".interp", 1, interpreter.encode() + b"\0")
+    symsize = 24 if b64 else 16
+    syms = bytes(symsize)
+    if pyinit:
+        if b64:
+            syms += struct.pack(e + "IBBHQQ", sym_name, 0x12, 0, 5, base, 0)
+        else:
+            syms += struct.pack(e + "IIIBBH", sym_name, base, 0, 0x12, 0, 5)
+    # order: [.interp] .dynstr .dynamic [.gnu.version_r] .dynsym .hash extras
+    dynstr_idx = add(".dynstr", 3, b"")  # data filled in once every string is known
+    dynamic_idx = add(".dynamic", 6, b"", link=dynstr_idx, entsize=16 if b64 else 8)
+    if vn:
+        add(".gnu.version_r", 0x6FFFFFFE, bytes(vn), link=dynstr_idx, info=len(verneed))
+    dynsym_idx = add(".dynsym", 11, syms, link=dynstr_idx, info=1, entsize=symsize)
+    nsyms = len(syms) // symsize
+    h = 0
+    for c in f"PyInit_{pyinit}".encode():
+        h = ((h << 4) + c) & 0xFFFFFFFF
+        g = h & 0xF0000000
+        if g:
+            h ^= g >> 24
+        h &= ~g & 0xFFFFFFFF
+    chains = [0] * nsyms
+    bucket = [1 if pyinit else 0]
+    add(".hash", 5, struct.pack(e + f"II{len(bucket)}I{nsyms}I", 1, nsyms, *bucket, *chains), link=dynsym_idx)
+    for name in extra_sections:
+        add(name, 1, b"\0" * 8)
+    # lay out the section data; .dynstr and .dynamic get their final bytes now
+    offsets: list[int] = []
+    pos = off
+    dyn_entries = [*dyn]
+    for i, (name, sh_type, _data, link, info, entsize) in enumerate(blobs):
+        pos = (pos + 7) & ~7
+        offsets.append(pos)
+        if name == ".dynstr":
+            blobs[i] = (name, sh_type, bytes(strtab), link, info, entsize)
+            dyn_entries.append((5, base + pos))  # DT_STRTAB
+            dyn_entries.append((10, len(strtab)))  # DT_STRSZ
+            dyn_entries.append((0, 0))
+        elif name == ".dynamic":
+            fmt = e + ("qQ" if b64 else "iI")
+            blobs[i] = (name, sh_type, b"".join(struct.pack(fmt, t, v) for t, v in dyn_entries), link, info, entsize)
+        pos += len(blobs[i][2])
+    shstr = bytearray(b"\0")
+    name_offs = []
+    for name, *_ in blobs:
+        name_offs.append(len(shstr))
+        shstr.extend(name.encode() + b"\0")
+    shstr_name = len(shstr)
+    shstr.extend(b".shstrtab\0")
+    pos = (pos + 7) & ~7
+    shstr_off = pos
+    pos += len(shstr)
+    pos = (pos + 7) & ~7
+    shoff = pos if sections else 0
+    shnum = len(blobs) + 2 if sections else 0
+    total = pos + (shnum * shentsize if sections else 0)
+    img = bytearray(total)
+    ident = b"\x7fELF" + bytes([2 if b64 else 1, 1 if little else 2, 1, 0]) + bytes(8)
+    ehdr_fmt = e + ("16sHHIQQQIHHHHHH" if b64 else "16sHHIIIIIHHHHHH")
+    img[0:ehsize] = struct.pack(
+        ehdr_fmt,
+        ident,
+        3,
+        machine,
+        1,
+        0,
+        ehsize,
+        shoff,
+        0,
+        ehsize,
+        phentsize,
+        phnum,
+        shentsize,
+        shnum,
+        shnum - 1 if sections else 0,
+    )
+    dyn_i = dynamic_idx - 1
+    phdrs = [(1, 0, base, total), (2, offsets[dyn_i], base + offsets[dyn_i], len(blobs[dyn_i][2]))]
+    if interpreter is not None:
+        phdrs.insert(0, (3, offsets[0], base + offsets[0], len(blobs[0][2])))
+    for k, (pt, poff, vaddr, size) in enumerate(phdrs):
+        if b64:
+            ph = struct.pack(e + "IIQQQQQQ", pt, 4, poff, vaddr, vaddr, size, size, 8)
+        else:
+            ph = struct.pack(e + "IIIIIIII", pt, poff, vaddr, vaddr, size, size, 4, 4)
+        img[ehsize + k * phentsize : ehsize + (k + 1) * phentsize] = ph
+    for (_name, _t, data, *_rest), o in zip(blobs, offsets, strict=True):
+        img[o : o + len(data)] = data
+    img[shstr_off : shstr_off + len(shstr)] = shstr
+    if sections:
+        shdr_fmt = e + ("IIQQQQIIQQ" if b64 else "IIIIIIIIII")
+        rows = [(0, 0, 0, 0, 0, 0, 0, 0, 0, 0)]
+        for (_name, sh_type, data, link, info, entsize), o, no in zip(blobs, offsets, name_offs, strict=True):
+            rows.append((no, sh_type, 2, base + o, o, len(data), link, info, 8, entsize))
+        rows.append((shstr_name, 3, 0, 0, shstr_off, len(shstr), 0, 0, 1, 0))
+        for k, row in enumerate(rows):
+            img[shoff + k * shentsize : shoff + (k + 1) * shentsize] = struct.pack(shdr_fmt, *row)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_bytes(bytes(img))
+    return out

@@ -4,19 +4,24 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import shutil
 import socket
 import stat
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
 import pytest
-from elfbuild import Scenarios, build_exe, build_lib, get_scenarios, needs_cc, patch
+from elfbuild import Scenarios, build_exe, build_lib, get_scenarios, needs_cc, patch, synth_elf
 
 from pytest_cudastack.elf import (
     CUDA_SECTIONS,
     ElfInfo,
     VersionNeed,
+    _read_elf_fast,
+    _read_elf_pyelftools,
     exports,
     looks_like_elf,
     machine_name,
@@ -326,3 +331,156 @@ def test_exports_errors(tmp_path: Path) -> None:
     (tmp_path / "x.so").write_text("nope")
     with pytest.raises(ElfError, match="not an ELF"):
         exports(tmp_path / "x.so", "f")
+
+
+# ---------------------------------------------------------------- fast reader vs pyelftools
+def _agree(path: Path | str) -> ElfInfo | None:
+    """The fast reader declines (None) or gives exactly what pyelftools gives; an identification error is
+    the same error from both."""
+    try:
+        fast = _read_elf_fast(path)
+    except ElfError as e:
+        with pytest.raises(ElfError, match=re.escape(str(e))):
+            _read_elf_pyelftools(path)
+        return None
+    if fast is None:
+        return None
+    assert fast == _read_elf_pyelftools(path), path
+    return fast
+
+
+def test_fast_reader_agrees_on_gcc_fixtures(scen: Scenarios, cuda_lib: Path, tmp_path: Path) -> None:
+    patched = {scen.base / "wc" / "libwc.so"}  # EI_CLASS rewritten: the 64-bit tables no longer parse
+    files = [p for p in scen.base.rglob("*") if p.is_file() and looks_like_elf(p) and p not in patched]
+    assert len(files) > 20
+    for style in ("gnu", "sysv", "both"):
+        files.append(
+            build_lib(
+                tmp_path / f"h{style}.so", source="int PyInit_h(void){return 0;}", extra=[f"-Wl,--hash-style={style}"]
+            )
+        )
+    files += [cuda_lib, build_exe(tmp_path / "prog")]
+    answered = [p for p in files if _agree(p) is not None]
+    assert len(answered) == len(files)  # well-formed files never need pyelftools
+
+
+def test_fast_reader_agrees_on_system_libraries() -> None:
+    base = Path("/usr/lib/x86_64-linux-gnu")
+    files = sorted(p for p in base.glob("*.so*") if p.is_file() and not p.is_symlink() and looks_like_elf(p))
+    if len(files) < 10:
+        pytest.skip("no system library sample")
+    sample = files[:: max(1, len(files) // 60)] + [Path(p) for p in ("/usr/bin/ls", "/bin/sh") if os.path.exists(p)]
+    assert all(_agree(p) is not None for p in sample)
+
+
+@pytest.mark.parametrize("elf_class", [32, 64])
+@pytest.mark.parametrize("little", [True, False], ids=["le", "be"])
+@pytest.mark.parametrize("sections", [True, False], ids=["sections", "no-sections"])
+def test_fast_reader_every_class_and_byte_order(tmp_path: Path, elf_class: int, little: bool, sections: bool) -> None:
+    p = synth_elf(
+        tmp_path / "synth.cpython-311.so",
+        elf_class=elf_class,
+        little=little,
+        machine=3 if elf_class == 32 else 62,
+        needed=("libc.so.6", "libm.so.6"),
+        rpath="$ORIGIN/../lib::x",
+        runpath="/opt/r",
+        nodeflib=True,
+        interpreter="/lib/ld-linux.so.2",
+        verneed=[("libc.so.6", ("GLIBC_2.0", "GLIBC_2.1")), ("libm.so.6", ("GLIBC_2.2",))],
+        sections=sections,
+        extra_sections=(".nv_fatbin", "__nv_relfatbin"),
+        pyinit="synth",
+    )
+    info = _agree(p)
+    assert info is not None
+    assert (info.elf_class, info.little_endian, info.machine) == (elf_class, little, 3 if elf_class == 32 else 62)
+    assert info.needed == ("libc.so.6", "libm.so.6")
+    assert info.soname == "libsynth.so.1"
+    assert info.rpath == ("$ORIGIN/../lib", "", "x")
+    assert info.runpath == ("/opt/r",)
+    assert info.nodeflib
+    assert info.interpreter == "/lib/ld-linux.so.2"
+    if sections:  # without section headers there is no verneed section, no hash section, no names
+        assert info.version_needs == (
+            VersionNeed("libc.so.6", ("GLIBC_2.0", "GLIBC_2.1")),
+            VersionNeed("libm.so.6", ("GLIBC_2.2",)),
+        )
+        assert info.cuda_sections == (".nv_fatbin", "__nv_relfatbin")
+        assert info.pyinit == "PyInit_synth"
+        assert exports(p, "PyInit_synth")
+        assert not exports(p, "PyInit_other")
+    else:
+        assert (info.version_needs, info.cuda_sections, info.pyinit) == ((), (), None)
+
+
+def test_fast_reader_fuzzed_agrees_or_declines(scen: Scenarios, tmp_path: Path) -> None:
+    """Corrupt headers, tables and strings: where the fast reader answers, pyelftools answers the same."""
+    from elftools.elf.elffile import ELFFile
+
+    src = scen.rpath_inherit
+    raw = src.read_bytes()
+    with open(src, "rb") as f:
+        elf = ELFFile(f)
+        regions = [
+            (0, 64),
+            (elf["e_phoff"], elf["e_phoff"] + elf["e_phnum"] * elf["e_phentsize"]),
+            (elf["e_shoff"], elf["e_shoff"] + elf["e_shnum"] * elf["e_shentsize"]),
+        ]
+        for sec in elf.iter_sections():
+            if sec.name in (".dynamic", ".dynstr", ".gnu.version_r", ".shstrtab", ".gnu.hash", ".interp"):
+                regions.append((sec["sh_offset"], sec["sh_offset"] + min(sec["sh_size"], 4096)))
+    rng = random.Random(4242)
+    p = tmp_path / "libfuzz.so"
+    answered = declined = 0
+    for _ in range(400):
+        data = bytearray(raw)
+        for _ in range(rng.randint(1, 6)):
+            lo, hi = rng.choice(regions)
+            data[rng.randrange(lo, hi)] = rng.choice([0, 1, 0xFF, rng.randrange(256)])
+        if rng.random() < 0.05:
+            data = data[: rng.randrange(len(data))]
+        p.write_bytes(bytes(data))
+        if _agree(p) is None:
+            declined += 1
+        else:
+            answered += 1
+    assert answered > 100
+    assert declined > 20
+
+
+def test_fast_reader_declines_to_pyelftools_for_the_error(scen: Scenarios, tmp_path: Path) -> None:
+    bad = patch(scen.rpath_inherit, tmp_path / "shoff.so", 0x28, (10**9).to_bytes(8, "little"))
+    assert _read_elf_fast(bad) is None
+    with pytest.raises(ElfError, match="section header table past end of file"):
+        read_elf(bad)
+
+
+def test_fast_path_never_imports_pyelftools(scen: Scenarios, tmp_path: Path) -> None:
+    code = (
+        "import sys\nfrom pytest_cudastack.elf import exports\nfrom pytest_cudastack.elfcache import ElfCache\n"
+        f"c = ElfCache({str(tmp_path / 'c')!r}, enabled=True)\n"
+        f"info = c.read({str(scen.leaf)!r}); c.flush()\n"
+        f"assert exports({str(scen.leaf)!r}, 'PyInit_libleaf')\n"
+        "assert 'elftools' not in sys.modules, 'pyelftools imported'\n"
+        "print(info.soname)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "libleaf.so.1"
+
+
+@pytest.mark.real
+def test_fast_reader_agrees_on_the_torch_venv() -> None:
+    venv = os.environ.get("CUDASTACK_TORCH_VENV")
+    if not venv or not os.path.isdir(venv):
+        pytest.skip("CUDASTACK_TORCH_VENV unset or absent")
+    files = [
+        os.path.join(d, f)
+        for d, _dirs, names in os.walk(venv)
+        for f in names
+        if not os.path.islink(os.path.join(d, f)) and looks_like_elf(os.path.join(d, f))
+    ]
+    assert len(files) >= 100
+    for f in files:
+        assert _agree(f) is not None, f  # real wheels never need the fallback
