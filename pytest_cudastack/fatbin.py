@@ -8,6 +8,7 @@ flags at 0x28) and its payload. Only headers are read: a multi-GB cuBLAS costs a
 
 from __future__ import annotations
 
+import mmap
 import os
 import stat
 import struct
@@ -74,31 +75,68 @@ def _open_regular(path: str) -> int:
     return fd
 
 
-def _section_ranges(fd: int, path: str) -> list[tuple[int, int]]:
-    """(offset, size) of the fatbin sections, or the whole file for a standalone .fatbin."""
+def _section_ranges(fd: int, path: str) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """(offset, size) of the fatbin sections, and of the other data sections that may embed containers.
+
+    A standalone .fatbin file is one range. Some libraries (cuFFT) keep most of their containers outside
+    ``.nv_fatbin``, in large-model data sections registered by their own code, so the other allocated,
+    non-executable sections are searched too: reading only ``.nv_fatbin`` would under-report their archs.
+    """
     head = os.pread(fd, 64, 0)
     size = os.fstat(fd).st_size
     if len(head) >= 4 and struct.unpack_from("<I", head)[0] == CONTAINER_MAGIC:
-        return [(0, size)]
+        return [(0, size)], []
     if head[:4] != b"\x7fELF":
         raise ElfError(f"{path}: neither an ELF file nor a fatbinary")
     from elftools.common.exceptions import ELFError as PyElfError
+    from elftools.elf.constants import SH_FLAGS
     from elftools.elf.elffile import ELFFile
 
+    named: list[tuple[int, int]] = []
+    other: list[tuple[int, int]] = []
     with os.fdopen(os.dup(fd), "rb") as stream:
         try:
-            elf = ELFFile(stream)
-            ranges = []
-            for name in _SECTIONS:
-                section = elf.get_section_by_name(name)
-                if section is not None and section["sh_type"] != "SHT_NOBITS":
-                    ranges.append((int(section["sh_offset"]), int(section["sh_size"])))
+            for section in ELFFile(stream).iter_sections():
+                if section["sh_type"] != "SHT_PROGBITS":
+                    continue
+                span = (int(section["sh_offset"]), int(section["sh_size"]))
+                if section.name in _SECTIONS:
+                    named.append(span)
+                elif section["sh_flags"] & SH_FLAGS.SHF_ALLOC and not section["sh_flags"] & SH_FLAGS.SHF_EXECINSTR:
+                    other.append(span)
         except (PyElfError, struct.error, ValueError, IndexError, UnicodeDecodeError) as e:
             raise ElfError(f"{path}: corrupt ELF headers: {e}") from e
-    for offset, length in ranges:
-        if offset + length > size:
-            raise ElfError(f"{path}: fatbin section runs past the end of the file")
-    return ranges
+    if any(offset + length > size for offset, length in named):
+        raise ElfError(f"{path}: fatbin section runs past the end of the file")
+    return named, [(offset, length) for offset, length in other if offset + length <= size and length]
+
+
+def _embedded(fd: int, ranges: list[tuple[int, int]]) -> list[FatbinEntry]:
+    """Entries of well-formed containers found by their magic inside ``ranges``.
+
+    The magic can occur by chance in data, so a match counts only when its header and every entry fit;
+    a match that does not is data, not a malformed container.
+    """
+    if not ranges:
+        return []
+    found: list[FatbinEntry] = []
+    magic = struct.pack("<I", CONTAINER_MAGIC)
+    with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as view:
+        for start, length in ranges:
+            end = start + length
+            pos = view.find(magic, start, end)
+            while pos != -1:
+                _magic, version, header_size, files_size = _CONTAINER.unpack_from(view, pos)
+                container_end = pos + header_size + files_size
+                if version == 1 and header_size == _CONTAINER.size and files_size and container_end <= end:
+                    problems: list[str] = []
+                    entries = _entries(fd, pos, header_size + files_size, problems)
+                    if entries and not problems:
+                        found.extend(entries)
+                        pos = view.find(magic, container_end, end)
+                        continue
+                pos = view.find(magic, pos + 4, end)
+    return found
 
 
 def _entries(fd: int, start: int, length: int, problems: list[str]) -> list[FatbinEntry]:
@@ -154,8 +192,10 @@ def read_fatbin(path: str | os.PathLike[str]) -> Fatbin:
     try:
         problems: list[str] = []
         entries: list[FatbinEntry] = []
-        for start, length in _section_ranges(fd, name):
+        named, other = _section_ranges(fd, name)
+        for start, length in named:
             entries.extend(_entries(fd, start, length, problems))
+        entries.extend(_embedded(fd, other))
         return Fatbin(path=name, entries=tuple(entries), problems=tuple(problems))
     finally:
         os.close(fd)

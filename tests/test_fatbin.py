@@ -143,3 +143,18 @@ def test_bad_files_raise_elf_error_naming_the_file(tmp_path: Path, make) -> None
 )
 def test_runs_on(entry: FatbinEntry, cc: int, expected: bool) -> None:
     assert runs_on(entry, cc) is expected
+
+
+@needs_nvcc
+def test_containers_embedded_in_data_sections(built: dict[str, Path], tmp_path: Path) -> None:
+    # cuFFT keeps most of its kernels in large data sections, not in .nv_fatbin.
+    blob = built["fatbin"].read_bytes()
+    noise = struct.pack("<I", CONTAINER_MAGIC) + b"\x07" * 12  # a chance match: not a container
+    array = ",".join(str(b) for b in noise + b"\x00" * 4 + blob)
+    src = tmp_path / "embed.c"
+    src.write_text(f"__attribute__((aligned(8))) const unsigned char kernels[] = {{{array}}};\n")
+    lib = tmp_path / "libembed.so"
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(lib), str(src)], check=True)
+    fat = read_fatbin(lib)
+    assert fat.sass == ("sm_75",)
+    assert fat.problems == ()
