@@ -19,7 +19,7 @@ _COMMANDS: dict[str, str] = {
     "tree": "pytest_cudastack.treeview:cmd_tree",
     "why": "pytest_cudastack.treeview:cmd_why",
     "loaded": "pytest_cudastack.loaded:cmd_loaded",
-    "check": "pytest_cudastack.report:cmd_check",
+    "check": "pytest_cudastack.stack:cmd_check",
     "snapshot": "pytest_cudastack.stack:cmd_snapshot",
     "diff": "pytest_cudastack.stack:cmd_diff",
 }
@@ -56,6 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     check = sub.add_parser("check", parents=[site], help="run the invariant checks; exit 1 on findings")
     check.add_argument("--json", action="store_true", help="print JSON instead of text")
+    from .settings import add_arguments
+
+    add_arguments(check)
 
     snapshot = sub.add_parser("snapshot", parents=[site], help="write the stack as JSON")
     snapshot.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of standard output")

@@ -32,6 +32,7 @@ __all__ = [
     "CudaLibs",
     "CudaWheels",
     "Stack",
+    "cmd_check",
     "cmd_diff",
     "cmd_snapshot",
     "header_lines",
@@ -351,10 +352,56 @@ def write_snapshot(stack: Stack, path: str | None) -> None:
     os.replace(tmp, path)
 
 
+def _site_paths(args: argparse.Namespace) -> tuple[str, ...] | None:
+    from .report import site_dirs_from
+
+    return site_dirs_from(args)
+
+
 def cmd_snapshot(args: argparse.Namespace) -> int:
     """``cudastack snapshot [-o FILE]``."""
-    write_snapshot(Stack(), getattr(args, "output", None))
+    write_snapshot(Stack(site_paths=_site_paths(args)), getattr(args, "output", None))
     return 0
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    """``cudastack check [pytest's cudastack options]``: the invariant items the options turn on, as the
+    plugin runs them; with none of --cudastack/--cuda-max/--cuda-min/--cudastack-scan/--cudastack-baseline,
+    all the built-in ones (as --cudastack). Exit 0 clean, 1 findings, 2 bad options."""
+    from .errors import CudaStackError
+
+    try:
+        settings = Settings.from_namespace(args)
+    except CudaStackError as e:
+        print(f"cudastack check: error: {e}", file=sys.stderr)
+        return 2
+    if not settings.items and not settings.cudastack_scan:
+        settings = settings.with_values(cudastack=True)
+    stack = Stack(settings, rootdir=os.getcwd(), site_paths=_site_paths(args))
+    try:
+        results = stack.run_checks()
+        if settings.cudastack_snapshot:
+            write_snapshot(stack, settings.cudastack_snapshot)
+    except CudaStackError as e:
+        print(f"cudastack check: error: {e}", file=sys.stderr)
+        return 2
+    finally:
+        stack.flush_cache()
+    failing = any(f.failing for found in results.values() for f in found)
+    if getattr(args, "json", False):
+        payload = {
+            "ok": not failing,
+            "items": {name: [f.to_json() for f in found] for name, found in results.items()},
+        }
+        print(json.dumps(payload, indent=2))
+        return 1 if failing else 0
+    for name, found in results.items():
+        verdict = "FAIL" if any(f.failing for f in found) else "ok"
+        print(f"{verdict:4} cudastack::{name}")
+        for finding in found:
+            text = finding.render().replace("\n", "\n       ")
+            print(f"     {finding.severity.value}: {text}")
+    return 1 if failing else 0
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
