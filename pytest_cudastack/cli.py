@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Callable, Sequence
 
@@ -79,12 +80,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.no_cache:
-        import os
-
         os.environ["CUDASTACK_NO_CACHE"] = "1"
     if args.command is None:
         args = parser.parse_args([*(argv if argv is not None else sys.argv[1:]), "report"])
-    return _load(_COMMANDS[args.command])(args)
+    try:
+        return _load(_COMMANDS[args.command])(args)
+    except BrokenPipeError:
+        # `cudastack tree ... | head` closed our stdout: not an error of ours.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

@@ -66,8 +66,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     from .settings import HELP, INI_TYPES, option_specs
 
     group = parser.getgroup("cudastack", "pytest-cudastack")
-    for flag, kwargs in option_specs():
-        group.addoption(flag, **kwargs)
+    for flags, kwargs in option_specs():
+        group.addoption(*flags, **kwargs)
     for key, kind in INI_TYPES.items():
         parser.addini(key, HELP[key], type=kind)  # type: ignore[arg-type]
 

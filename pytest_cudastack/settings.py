@@ -174,9 +174,9 @@ _PARSERS: dict[str, Callable[[Any], Any]] = {
 }
 
 
-def option_specs() -> list[tuple[str, dict[str, Any]]]:
-    """``(flag, argparse keyword arguments)`` of every option, shared by pytest and ``cudastack check``."""
-    return [
+def option_specs() -> list[tuple[tuple[str, ...], dict[str, Any]]]:
+    """``(flags, argparse keyword arguments)`` of every option, shared by pytest and ``cudastack check``."""
+    specs: list[tuple[str | tuple[str, ...], dict[str, Any]]] = [
         ("--cudastack", {"action": "store_true", "default": None, "help": HELP["cudastack"]}),
         ("--cuda-max", {"metavar": "VER", "type": cuda_version_type, "help": HELP["cuda_max"]}),
         ("--cuda-min", {"metavar": "VER", "type": cuda_version_type, "help": HELP["cuda_min"]}),
@@ -186,14 +186,19 @@ def option_specs() -> list[tuple[str, dict[str, Any]]]:
         ("--cudastack-unmet", {"choices": UNMET_CHOICES, "help": HELP["cudastack_unmet"]}),
         ("--cudastack-snapshot", {"metavar": "FILE", "help": HELP["cudastack_snapshot"]}),
         ("--cudastack-baseline", {"metavar": "FILE", "help": HELP["cudastack_baseline"]}),
-        ("--cudastack-no-cache", {"action": "store_true", "default": None, "help": HELP["cudastack_no_cache"]}),
+        # design.md spells it --no-cache; the prefixed spelling matches every other option of the plugin.
+        (
+            ("--cudastack-no-cache", "--no-cache"),
+            {"action": "store_true", "default": None, "dest": "cudastack_no_cache", "help": HELP["cudastack_no_cache"]},
+        ),
     ]
+    return [((flags,) if isinstance(flags, str) else flags, kwargs) for flags, kwargs in specs]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the options to an argparse parser (``cudastack check``); ``Settings.from_namespace`` reads them."""
-    for flag, kwargs in option_specs():
-        parser.add_argument(flag, **kwargs)
+    for flags, kwargs in option_specs():
+        parser.add_argument(*flags, **kwargs)
 
 
 def _option_name(key: str) -> str:

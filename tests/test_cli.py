@@ -63,3 +63,12 @@ def test_check_with_no_item_option_runs_the_builtin_items(
 def test_report_on_an_empty_site(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["report", "--site", str(tmp_path)]) == 0
     assert "wheels:" in capsys.readouterr().out
+
+
+@needs_cc
+@pytest.mark.parametrize("flag", ["--no-cache", "--cudastack-no-cache"])
+def test_check_no_cache_writes_no_cache(seed: Path, flag: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["check", flag, "--site", "site", "--cudastack-scan=bin"]) == 0
+    assert not (seed / "cache").exists()
+    assert main(["check", "--site", "site", "--cudastack-scan=bin"]) == 0
+    assert (seed / "cache").exists()
