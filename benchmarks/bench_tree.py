@@ -78,6 +78,21 @@ def run_core(files: list[str], cache_dir: str) -> tuple[float, float]:
     return times[0], times[1]
 
 
+def run_floor(cache_dir: str) -> tuple[float, float]:
+    """Interpreter start-up alone, and with the standard-library modules every command needs (json, argparse,
+    logging, dataclasses, typing): the part of a warm run no change to this package can remove."""
+    env = _child_env(cache_dir)
+    out = []
+    for code in ("pass", "import json, argparse, logging, dataclasses, typing, enum, struct"):
+        best = float("inf")
+        for _ in range(5):
+            t = time.perf_counter()
+            subprocess.run([sys.executable, "-c", code], env=env, check=False)
+            best = min(best, time.perf_counter() - t)
+        out.append(best)
+    return out[0], out[1]
+
+
 def run_ldd(files: list[str]) -> float:
     env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
     t = time.perf_counter()
@@ -113,12 +128,16 @@ def main(argv: list[str]) -> int:
         warm = min(run_tree(files, cache) for _ in range(3))
     with tempfile.TemporaryDirectory(prefix="cudastack-bench-core-") as cache:
         core_cold, core_warm = run_core(files, cache)
+    with tempfile.TemporaryDirectory(prefix="cudastack-bench-floor-") as cache:
+        start, floor = run_floor(cache)
     ldd_t = run_ldd(files)
     lddtree_t = run_lddtree(files)
     print(f"cudastack tree cold : {cold:8.3f} s   ({cold / ldd_t:.3f} x ldd; target <= 0.25)")
     print(f"cudastack tree warm : {warm:8.3f} s   ({warm / ldd_t:.3f} x ldd; target <= 0.05)")
     print(f"resolver core cold  : {core_cold:8.3f} s   ({core_cold / ldd_t:.3f} x ldd; in-process, no inventory)")
     print(f"resolver core warm  : {core_warm:8.3f} s   ({core_warm / ldd_t:.3f} x ldd; in-process, no inventory)")
+    print(f"python start-up     : {start:8.3f} s   ({start / ldd_t:.3f} x ldd; `python -c pass`)")
+    print(f"start-up + stdlib   : {floor:8.3f} s   ({floor / ldd_t:.3f} x ldd; json/argparse/logging/dataclasses)")
     print(f"ldd                 : {ldd_t:8.3f} s   ({ldd_t / len(files) * 1000:.1f} ms per file)")
     if lddtree_t is not None:
         print(

@@ -143,9 +143,7 @@ class Inventory:
     distributions: tuple[Distribution, ...]
     site_dirs: tuple[str, ...]
     findings: tuple[Finding, ...]
-    _owners: dict[str, list[Distribution]] = field(
-        default_factory=dict, init=False, repr=False, compare=False, hash=False
-    )
+    _owners: dict[str, Any] = field(default_factory=dict, init=False, repr=False, compare=False, hash=False)
     _by_name: dict[str, Distribution] = field(default_factory=dict, init=False, repr=False, compare=False, hash=False)
     _by_soname: dict[str, list[tuple[Distribution, str]]] = field(
         default_factory=dict, init=False, repr=False, compare=False, hash=False
@@ -154,17 +152,6 @@ class Inventory:
     def __post_init__(self) -> None:
         for dist in self.distributions:
             self._by_name.setdefault(dist.key, dist)
-            roots = {os.path.normpath(dist.location)}
-            real = os.path.realpath(dist.location)
-            if real not in roots:
-                roots.add(real)
-            for entry in dist.records:
-                for root in roots:
-                    p = record_abspath(root, entry.path)
-                    if p is not None:
-                        owners = self._owners.setdefault(p, [])
-                        if not any(o is dist for o in owners):
-                            owners.append(dist)
             for lib in dist.libraries:
                 names = {os.path.basename(lib.path)}
                 if lib.soname:
@@ -172,13 +159,69 @@ class Inventory:
                 for n in names:
                     self._by_soname.setdefault(n, []).append((dist, lib.path))
 
+    def _owner_maps(
+        self,
+    ) -> tuple[list[tuple[tuple[str, ...], dict[str, int], dict[str, list[int]]]], dict[str, list[int]]]:
+        """Built on the first lookup: per site directory, RECORD paths as written -> the first distribution
+        index (and every index, for paths more than one RECORD lists); a plain path resolves to
+        ``<root>/<path>`` unchanged, so it needs no normalisation. Absolute paths for the few that are not
+        plain (``..``, absolute, ``./``)."""
+        if "maps" not in self._owners:
+            by_loc: dict[str, tuple[tuple[str, ...], dict[str, list[int]]]] = {}
+            firsts: dict[str, dict[str, int]] = {}
+            special: dict[str, list[int]] = {}
+            for i, dist in enumerate(self.distributions):
+                loc = dist.location
+                if loc not in by_loc:
+                    roots = tuple(dict.fromkeys((os.path.normpath(loc), os.path.realpath(loc))))
+                    by_loc[loc] = (roots, {})
+                    firsts[loc] = {}
+                roots, multi = by_loc[loc]
+                first = firsts[loc]
+                paths = [e.path for e in dist.records]
+                odd = [x for x in paths if not x or "\x00" in x or not _is_plain_record_path(x)] if _odd(paths) else []
+                plain = dict.fromkeys(paths, i)
+                for x in odd:
+                    plain.pop(x, None)
+                    for root in roots:
+                        full = record_abspath(root, x)
+                        if full is not None:
+                            hit = special.setdefault(full, [])
+                            if not hit or hit[-1] != i:
+                                hit.append(i)
+                for x in plain.keys() & first.keys():  # listed by an earlier distribution too
+                    multi.setdefault(x, [first[x]]).append(i)
+                plain.update(first)  # the earlier distribution stays first
+                firsts[loc] = plain
+            self._owners["maps"] = ([(r, firsts[loc], m) for loc, (r, m) in by_loc.items()], special)
+        maps: tuple[list[tuple[tuple[str, ...], dict[str, int], dict[str, list[int]]]], dict[str, list[int]]] = (
+            self._owners["maps"]
+        )
+        return maps
+
+    def _owner_indexes(self, p: str) -> list[int]:
+        plain_maps, special = self._owner_maps()
+        found = set(special.get(p, ()))
+        for roots, first, multi in plain_maps:
+            for root in roots:
+                prefix = root if root.endswith("/") else root + "/"
+                if p.startswith(prefix):
+                    rel = p[len(prefix) :]
+                    if rel in multi:
+                        found.update(multi[rel])
+                    elif rel in first:
+                        found.add(first[rel])
+        return sorted(found)
+
     def owners(self, path: str) -> tuple[Distribution, ...]:
         """Every distribution whose RECORD lists ``path`` (absolute; normalised and realpath'ed here)."""
         p = os.path.normpath(os.path.abspath(path))
-        found = self._owners.get(p)
-        if found is None:
-            found = self._owners.get(os.path.realpath(p), [])
-        return tuple(found)
+        found = self._owner_indexes(p)
+        if not found:
+            real = os.path.realpath(p)
+            if real != p:
+                found = self._owner_indexes(real)
+        return tuple(self.distributions[i] for i in found)
 
     def owner(self, path: str) -> str | None:
         """``"name version"`` of the (first) distribution whose RECORD lists ``path``, else None."""
@@ -408,6 +451,15 @@ def _parse_record(text: str) -> tuple[list[RecordEntry], list[str]]:
     except csv.Error as e:
         return entries, [f"RECORD is not valid CSV: {e}"]
     for lineno, row in enumerate(rows, 1):
+        if len(row) == 3:  # the well-formed row, decided without the checks below (same result)
+            path, digest, size_s = row
+            if (
+                path.strip()
+                and (not digest or ("=" in digest and digest == digest.strip()))
+                and (not size_s or (size_s.isascii() and size_s.isdigit()))
+            ):
+                entries.append(RecordEntry(path, digest or None, int(size_s) if size_s else None))
+                continue
         if not row or all(not c.strip() for c in row):
             continue
         if len(row) != 3:
@@ -501,7 +553,11 @@ def read_distribution(location: str, dirname: str, reader: Reader) -> Distributi
     else:
         records, rec_problems = _parse_record(record_text)
         problems.extend(rec_problems)
-    outside = [e.path for e in records if record_abspath(location, e.path) is None]
+    outside = [
+        e.path
+        for e in records
+        if ("\x00" in e.path or not _is_plain_record_path(e.path)) and record_abspath(location, e.path) is None
+    ]
     if outside:
         shown = ", ".join(outside[:3]) + (f" and {len(outside) - 3} more" if len(outside) > 3 else "")
         problems.append(f"RECORD lists {len(outside)} path(s) outside the install prefix, ignored: {shown}")
@@ -645,6 +701,12 @@ def _meta_name_version(text: str) -> tuple[str, str]:
 
 _SPECIAL_MARKERS = ("..", "//", "/./", "\n/", "\r/", "\n./", "\r./", "/,", "/.,", "/\n", "/\r", "/.\n", "/.\r")
 _ODD_LINE_BREAKS = "\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
+
+
+def _odd(paths: list[str]) -> bool:
+    """Whether any of *paths* may not be plain (a cheap screen over all of them at once)."""
+    text = "\n" + "\n".join(paths) + "\n"
+    return any(m in text for m in ("\n/", "\n./", "..", "//", "/./", "/\n", "/.\n", "\x00", "\n\n"))
 
 
 def _is_plain_record_path(path: str) -> bool:

@@ -248,27 +248,47 @@ class Tree:
         }
 
 
-@dataclass
 class _Obj:
-    path: str  # logical path it was opened as
-    info: ElfInfo
-    loader: _Obj | None
-    origin: str | None
-    file_id: tuple[int, int] | None
-    rpath_dirs: list[str] | None = None
-    runpath_dirs: list[str] | None = None
+    """A loaded object (plain class with slots: built thousands of times, never compared)."""
+
+    __slots__ = ("file_id", "info", "loader", "origin", "path", "rpath_dirs", "runpath_dirs")
+
+    def __init__(
+        self, path: str, info: ElfInfo, loader: _Obj | None, origin: str | None, file_id: tuple[int, int] | None
+    ) -> None:
+        self.path = path  # logical path it was opened as
+        self.info = info
+        self.loader = loader
+        self.origin = origin
+        self.file_id = file_id
+        self.rpath_dirs: list[str] | None = None
+        self.runpath_dirs: list[str] | None = None
 
 
-@dataclass
 class _Rec:
-    soname: str
-    path: str | None
-    route: Route
-    detail: str
-    tried: list[str]
-    needed_by: list[str]
-    problem: str | None
-    obj: _Obj | None
+    """One search result in a closure (plain class with slots)."""
+
+    __slots__ = ("detail", "needed_by", "obj", "path", "problem", "route", "soname", "tried")
+
+    def __init__(
+        self,
+        soname: str,
+        path: str | None,
+        route: Route,
+        detail: str,
+        tried: list[str],
+        needed_by: list[str],
+        problem: str | None,
+        obj: _Obj | None,
+    ) -> None:
+        self.soname = soname
+        self.path = path
+        self.route = route
+        self.detail = detail
+        self.tried = tried
+        self.needed_by = needed_by
+        self.problem = problem
+        self.obj = obj
 
 
 _Verdict = tuple[str, Any]  # ("ok", ElfInfo) | ("absent", reason) | ("skip", reason) | ("fatal", reason)
@@ -305,6 +325,8 @@ class Resolver:
         self._subheads = tuple((sub, sub.split("/", 1)[0]) for sub in self._subdirs)
         self._present: dict[str, tuple[str, ...]] = {}  # directory -> hwcap subdirs whose first part exists
         self._realdirs: dict[str, str] = {}
+        self._searches: dict[tuple[Any, ...], tuple[str | None, Route, str, tuple[str, ...], str | None]] = {}
+        self._llp_has_dst = any("$" in x for x in self.config.ld_library_path)
 
     # ------------------------------------------------------------------ file system, memoised
     def _host(self, logical: str) -> str:
@@ -558,6 +580,37 @@ class Resolver:
 
     # ------------------------------------------------------------------ the search
     def _search(self, name: str, req: _Obj, main: _Obj, want: ElfInfo) -> _Rec:
+        """_search_uncached, memoised on everything the search depends on (the file system is memoised by
+        this instance anyway): the name, the RPATH chain (paths and directories) or the requester's RUNPATH,
+        the main program's origin when LD_LIBRARY_PATH has DSTs, DF_1_NODEFLIB and the wanted class/machine.
+        Trees of many files in one directory share most searches."""
+        if req.info.runpath:
+            chain: tuple[Any, ...] = ("runpath", req.path, tuple(self._runpath_dirs(req)))
+        else:
+            links: list[tuple[str, tuple[str, ...]]] = []
+            o: _Obj | None = req
+            did_main = False
+            while o is not None:
+                dirs = self._rpath_dirs(o)
+                if dirs:
+                    links.append((o.path, tuple(dirs)))
+                    did_main |= o is main
+                o = o.loader
+            if not did_main and main is not req:
+                dirs = self._rpath_dirs(main)
+                if dirs:
+                    links.append((main.path, tuple(dirs)))
+            chain = ("rpath", *links)
+        llp_origin = main.origin if self._llp_has_dst else None
+        key = (name, chain, llp_origin, req.info.nodeflib, want.elf_class, want.little_endian, want.machine)
+        hit = self._searches.get(key)
+        if hit is None:
+            r = self._search_uncached(name, req, main, want)
+            hit = self._searches[key] = (r.path, r.route, r.detail, tuple(r.tried), r.problem)
+        path, route, detail, tried, problem = hit
+        return _Rec(name, path, route, detail, list(tried), [], problem, None)
+
+    def _search_uncached(self, name: str, req: _Obj, main: _Obj, want: ElfInfo) -> _Rec:
         tried: list[str] = []
         skipped: list[str] = []
 
