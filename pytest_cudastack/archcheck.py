@@ -37,9 +37,7 @@ def _describe(fat: Fatbin) -> str:
     return " and ".join(parts)
 
 
-def arch_findings(
-    paths: Iterable[str], archs: Sequence[str], source: str = "declared"
-) -> tuple[Finding, ...]:
+def arch_findings(paths: Iterable[str], archs: Sequence[str], source: str = "declared") -> tuple[Finding, ...]:
     """For each file with GPU code, one finding per target arch that none of its entries runs on.
 
     SASS that runs directly is fine; PTX alone is a warning (JIT-compiled at first launch, slow and only
@@ -55,8 +53,7 @@ def arch_findings(
             findings.append(Finding("arch", Severity.WARNING, path, f"cannot read GPU code: {e}"))
             continue
         findings.extend(
-            Finding("arch", Severity.WARNING, path, f"malformed fatbin: {problem}")
-            for problem in fat.problems
+            Finding("arch", Severity.WARNING, path, f"malformed fatbin: {problem}") for problem in fat.problems
         )
         if not fat.entries:
             continue
