@@ -10,6 +10,13 @@ RECORD paths: relative paths are resolved against the site directory. Paths that
 the ``../../../bin/torchrun`` script entries every venv has, or absolute paths) are kept as records and may be
 ``stat``-ed when they stay inside the installation prefix (the directory holding ``lib/pythonX.Y/``), but they
 are never read or hashed. Paths outside the prefix are ignored and reported as an inventory warning.
+
+Cost: RECORD rows are the bulk (torch alone lists ~22k files). Well-formed rows skip the per-field checks,
+``Inventory.owner(s)`` builds its path map on the first lookup, keyed by the RECORD path as written (a plain
+relative path needs no normalisation; only the few ``..``/absolute ones are resolved), and heavy modules
+(csv, email, glob, site, findings) are imported where used. :class:`OwnerIndex` answers the same owner
+question from RECORD and METADATA alone (no ELF reads, no flavour rules): it is what ``cudastack tree``
+uses for its provider column.
 """
 
 from __future__ import annotations
