@@ -186,10 +186,11 @@ class Inventory:
                 roots, multi = by_loc[loc]
                 first = firsts[loc]
                 paths = [e.path for e in dist.records]
-                odd = [x for x in paths if not x or "\x00" in x or not _is_plain_record_path(x)] if _odd(paths) else []
+                odd = _nonplain(paths)
                 plain = dict.fromkeys(paths, i)
                 for x in odd:
-                    plain.pop(x, None)
+                    if plain.pop(x, None) is None:
+                        continue  # a marked line that is not one of this RECORD's paths
                     for root in roots:
                         full = record_abspath(root, x)
                         if full is not None:
@@ -706,20 +707,28 @@ def _meta_name_version(text: str) -> tuple[str, str]:
     return name or "", version or ""
 
 
-_SPECIAL_MARKERS = ("..", "//", "/./", "\n/", "\r/", "\n./", "\r./", "/,", "/.,", "/\n", "/\r", "/.\n", "/.\r")
-_ODD_LINE_BREAKS = "\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
-
-
-def _odd(paths: list[str]) -> bool:
-    """Whether any of *paths* may not be plain (a cheap screen over all of them at once)."""
-    text = "\n" + "\n".join(paths) + "\n"
-    return any(m in text for m in ("\n/", "\n./", "..", "//", "/./", "/\n", "/.\n", "\x00", "\n\n"))
+def _nonplain(paths: list[str]) -> list[str]:
+    """The paths that are not plain (see :func:`_is_plain_record_path`): a cheap inline screen first (a
+    superset: a leading ``/`` or ``.``, ``..``, ``//``, ``/.``, a trailing ``/``, NUL), the exact test only on
+    what it lets through. Most RECORD paths fail the screen's every test."""
+    return [
+        x
+        for x in paths
+        if (not x or x[0] in "/." or ".." in x or "//" in x or "/." in x or x[-1] == "/" or "\x00" in x)
+        and not _is_plain_record_path(x)
+    ]
 
 
 def _is_plain_record_path(path: str) -> bool:
     """record_abspath's fast-path condition: the path resolves to ``<site dir>/<path>`` unchanged."""
     return not (
-        path.startswith(("/", "./")) or ".." in path or "//" in path or "/./" in path or path.endswith(("/.", "/"))
+        not path
+        or "\x00" in path
+        or path.startswith(("/", "./"))
+        or ".." in path
+        or "//" in path
+        or "/./" in path
+        or path.endswith(("/.", "/"))
     )
 
 
@@ -728,20 +737,14 @@ def _record_paths(text: str) -> tuple[list[str], list[str]]:
     if '"' in text:  # quoted fields: the csv module decides, exactly as the full inventory reads them
         entries, _problems = _parse_record(text)
         paths = [e.path for e in entries]
-        return paths, [x for x in paths if not _is_plain_record_path(x)]
+        return paths, _nonplain(paths)
     # a row is kept when its path is not empty and not every field is blank (see _parse_record)
     paths = [
         x
         for line in text.splitlines()
         if (x := line.partition(",")[0]) and (x.strip() or line.replace(",", "").strip())
     ]
-    odd = (
-        text.startswith(("/", "./"))
-        or text.endswith(("/", "/."))
-        or any(m in text for m in _SPECIAL_MARKERS)
-        or any(c in text for c in _ODD_LINE_BREAKS)
-    )
-    return paths, ([x for x in paths if not _is_plain_record_path(x)] if odd else [])
+    return paths, _nonplain(paths)
 
 
 class OwnerIndex:
@@ -793,6 +796,7 @@ class OwnerIndex:
                 paths, special = _record_paths(text)
                 value = (order, label)
                 new = dict.fromkeys(paths, value)
+                special = [x for x in special if x in new]
                 new.update(plain)  # an earlier distribution keeps its claim
                 plain = new
                 for raw in special:

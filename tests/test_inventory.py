@@ -271,3 +271,49 @@ def test_prefix_and_lib64_twin(tmp_path):
     assert site_dirs([str(site)]) == (str(site), str(plat))
     inv = installed_wheels([str(prefix)], reader=read_elf)
     assert {d.name for d in inv.distributions} == {"pure", "plat"}
+
+
+def _weird_site(tmp_path):
+    site = site_packages(tmp_path / "venv")
+    rows = {
+        "a-1": "x/y.so,,\n../../../bin/t,sha256=a,1\n./x/z.so,,\n/abs/p,,\nd/,,\nd/.,,\n..foo,,\nx//w.so,,\n"
+        "x/./v.so,,\n  ,, \n , x,\nx/y.so,,\nq\n",
+        "b-2": 'x/y.so,,\nx/z.so,,\n"x/c,omma.so",,\n../../../lib/libk.so,,\nx/./v.so,,\r\nlast/\n',
+        "c-3": "x/z.so,,\nx/w.so,,\n..foo,,\n",
+    }
+    for stem, record in rows.items():
+        name, version = stem.split("-")
+        write_dist(site, name, version, record=record)
+    return site
+
+
+def test_owners_of_unusual_record_paths(tmp_path):
+    """RECORD paths with ``..``, ``./``, ``//``, trailing slashes, quotes, CRLF, blank fields: every owner,
+    first in search order, and the RECORD-only OwnerIndex agrees with the full inventory."""
+    from pytest_cudastack.inventory import owner_index
+
+    site = _weird_site(tmp_path)
+    venv = tmp_path / "venv"
+    inv = installed_wheels([str(venv)], reader=read_elf)
+    expect = {
+        "x/y.so": ["a 1", "b 2"],
+        "x/z.so": ["a 1", "b 2", "c 3"],
+        "x/w.so": ["a 1", "c 3"],
+        "x/v.so": ["a 1", "b 2"],
+        "d": ["a 1"],
+        "..foo": ["a 1", "c 3"],
+        "x/c,omma.so": ["b 2"],
+        "q": ["a 1"],
+        "last": ["b 2"],
+        "nope": [],
+        str(venv / "bin/t"): ["a 1"],
+        str(venv / "lib/libk.so"): ["b 2"],
+        "/abs/p": [],
+    }
+    index = owner_index([str(venv)])
+    for rel, owners in expect.items():
+        path = rel if rel.startswith("/") else str(site / rel)
+        assert [d.label for d in inv.owners(path)] == owners, rel
+        assert index.owner(path) == (owners[0] if owners else None), rel
+        assert inv.owner(path) == index.owner(path)
+    assert index.owner(str(site / "torch" / ".." / "x/y.so")) == "a 1"  # normalised before the lookup
