@@ -428,6 +428,7 @@ class _Fast:
         self.osabi = head[7]
         self.secs: list[_SecHdr] = []
         self.cuda: tuple[str, ...] = ()
+        self.window: tuple[int, bytes] = (0, b"")
 
     def read(self, offset: int, n: int) -> bytes:
         """Exactly *n* bytes at *offset*, inside the file, else _Fallback."""
@@ -486,14 +487,22 @@ class _Fast:
         return strtab
 
     def cstr(self, base: int, limit: int, offset: int, strict: bool) -> str:
-        """The NUL-terminated string at *offset* of the table at *base* (*limit* bytes long)."""
+        """The NUL-terminated string at *offset* of the table at *base* (*limit* bytes long). The last 4 KiB
+        read is kept: the strings one file needs sit close together in its .dynstr."""
         if offset >= limit:
             raise _Fallback("string outside its table")
-        n = min(limit - offset, 256)
+        start = base + offset
+        w0, wdata = self.window
+        if w0 <= start < w0 + len(wdata):
+            end = wdata.find(b"\0", start - w0)
+            if end >= 0 and w0 + end < base + limit:
+                return wdata[start - w0 : end].decode("utf-8", "strict" if strict else "replace")
+        n = min(limit - offset, 4096)
         while True:
-            data = self.read(base + offset, n)
+            data = self.read(start, n)
             end = data.find(b"\0")
             if end >= 0:
+                self.window = (start, data)
                 return data[:end].decode("utf-8", "strict" if strict else "replace")
             if n >= limit - offset or n >= 1 << 20:
                 raise _Fallback("unterminated string")

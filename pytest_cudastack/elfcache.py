@@ -149,7 +149,7 @@ class ElfCache:
             fd, tmp = tempfile.mkstemp(prefix=".elfcache-", suffix=".tmp", dir=self.directory)
             try:
                 with os.fdopen(fd, "w", encoding="utf-8") as f:
-                    json.dump(payload, f, separators=(",", ":"))
+                    f.write(json.dumps(payload, separators=(",", ":")))  # one C-encoder call, one write
                 os.replace(tmp, self.file)
             except BaseException:
                 with contextlib.suppress(OSError):
