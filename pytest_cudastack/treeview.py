@@ -60,7 +60,7 @@ def _owner_index(site: Sequence[str]) -> Any | None:
     """A path -> owner index over *site* (RECORD files only: no ELF reads, no flavour rules); None when
     unavailable."""
     try:
-        from .inventory import owner_index
+        from .sitepaths import owner_index
     except ImportError:
         return None
     try:
