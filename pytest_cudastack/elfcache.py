@@ -142,11 +142,9 @@ class ElfCache:
         if not self.enabled or not self._dirty or self._entries is None:
             return
         payload = {"schema": _SCHEMA, "version": _VERSION, "entries": self._entries, "extra": self._extra}
-        import tempfile  # lazy: a warm run that changes nothing never writes
-
         try:
             os.makedirs(self.directory, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=".elfcache-", suffix=".tmp", dir=self.directory)
+            fd, tmp = _mkstemp(self.directory)
             try:
                 with os.fdopen(fd, "w", encoding="utf-8") as f:
                     f.write(json.dumps(payload, separators=(",", ":")))  # one C-encoder call, one write
@@ -159,6 +157,20 @@ class ElfCache:
             log.warning("cannot write ELF cache %s: %s", self.file, e)
             return
         self._dirty = False
+
+
+def _mkstemp(directory: str) -> tuple[int, str]:
+    """A new private file in *directory* (``O_EXCL``, mode 0600), as tempfile.mkstemp makes it, without
+    importing tempfile (random, shutil, ...) on every run that writes the cache."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0)
+    for attempt in range(100):
+        name = os.path.join(directory, f".elfcache-{os.getpid()}-{os.urandom(6).hex()}.tmp")
+        try:
+            return os.open(name, flags, 0o600), name
+        except FileExistsError:
+            if attempt == 99:
+                raise
+    raise FileExistsError(directory)  # pragma: no cover
 
 
 _DEFAULT: ElfCache | None = None
