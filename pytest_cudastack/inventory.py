@@ -33,7 +33,6 @@ from pytest_cudastack.errors import CudaStackError
 from pytest_cudastack.sitepaths import (  # re-exported: they are part of this module's API
     OwnerIndex,
     _dist_info_dirs,
-    _is_plain_record_path,
     _name_version_from_dirname,
     _nonplain,
     _read_text,
@@ -413,11 +412,7 @@ def read_distribution(location: str, dirname: str, reader: Reader) -> Distributi
     else:
         records, rec_problems = _parse_record(record_text)
         problems.extend(rec_problems)
-    outside = [
-        e.path
-        for e in records
-        if ("\x00" in e.path or not _is_plain_record_path(e.path)) and record_abspath(location, e.path) is None
-    ]
+    outside = [x for x in _nonplain([e.path for e in records]) if record_abspath(location, x) is None]
     if outside:
         shown = ", ".join(outside[:3]) + (f" and {len(outside) - 3} more" if len(outside) > 3 else "")
         problems.append(f"RECORD lists {len(outside)} path(s) outside the install prefix, ignored: {shown}")
