@@ -26,7 +26,9 @@ _COMMANDS: dict[str, str] = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(check_options: bool = True) -> argparse.ArgumentParser:
+    """The whole parser; ``check_options=False`` leaves out ``check``'s pytest options, whose import the
+    other subcommands need not pay for."""
     parser = argparse.ArgumentParser(prog="cudastack", description=__doc__.splitlines()[0])
     parser.add_argument("--no-cache", action="store_true", help="do not read or write the on-disk ELF cache")
     sub = parser.add_subparsers(dest="command")
@@ -43,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--json", action="store_true", help="print JSON instead of text")
     report.add_argument("-v", "--verbose", action="count", default=0, help="show more detail")
 
-    tree = sub.add_parser("tree", help="where the dynamic linker would load every needed library from")
+    tree = sub.add_parser("tree", parents=[site], help="where the dynamic linker would load every needed library from")
     tree.add_argument("paths", nargs="+", metavar="PATH")
     tree.add_argument("--json", action="store_true", help="print JSON instead of text")
 
@@ -57,9 +59,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     check = sub.add_parser("check", parents=[site], help="run the invariant checks; exit 1 on findings")
     check.add_argument("--json", action="store_true", help="print JSON instead of text")
-    from .settings import add_arguments
+    if check_options:
+        from .settings import add_arguments
 
-    add_arguments(check)
+        add_arguments(check)
 
     snapshot = sub.add_parser("snapshot", parents=[site], help="write the stack as JSON")
     snapshot.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of standard output")
@@ -77,12 +80,13 @@ def _load(target: str) -> Callable[[argparse.Namespace], int]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    words = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(check_options="check" in words)
+    args = parser.parse_args(words)
     if args.no_cache:
         os.environ["CUDASTACK_NO_CACHE"] = "1"
     if args.command is None:
-        args = parser.parse_args([*(argv if argv is not None else sys.argv[1:]), "report"])
+        args = parser.parse_args([*words, "report"])
     try:
         return _load(_COMMANDS[args.command])(args)
     except BrokenPipeError:

@@ -1,6 +1,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -72,3 +75,16 @@ def test_check_no_cache_writes_no_cache(seed: Path, flag: str, capsys: pytest.Ca
     assert not (seed / "cache").exists()
     assert main(["check", "--site", "site", "--cudastack-scan=bin"]) == 0
     assert (seed / "cache").exists()
+
+
+def test_tree_does_not_pay_for_the_check_options(tmp_path: Path) -> None:
+    code = (
+        "import sys\n"
+        "from pytest_cudastack.cli import main\n"
+        f"main(['tree', '--site', {str(tmp_path)!r}, '/bin/sh', '--json'])\n"
+        "sys.stderr.write(str('pytest_cudastack.settings' in sys.modules))\n"
+    )
+    env = {**os.environ, "CUDASTACK_NO_CACHE": "1"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    assert json.loads(done.stdout)[0]["path"] == "/bin/sh"
+    assert done.stderr == "False"
