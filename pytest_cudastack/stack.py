@@ -313,7 +313,8 @@ def header_lines(stack: Stack, verbose: int = 0) -> list[str]:
         if getattr(s, key) is not None:
             parts.append(s.describe(key))
     if s.cudastack_scan:
-        parts.append(f"scan: {len(stack.scan_targets)} files")
+        count = len(stack.scan_targets)
+        parts.append(f"scan: {count} file{'' if count == 1 else 's'}")
     lines = ["cudastack: " + " | ".join(parts)]
     if verbose > 0:
         lines.extend(

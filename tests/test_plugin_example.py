@@ -44,7 +44,7 @@ def test_example_clean_build_passes(example):
     result.assert_outcomes(passed=5, skipped=3)
     result.stdout.fnmatch_lines(
         [
-            "cudastack: driver 550.54.15 (declared) | CUDA <= 12.4 | * | --cuda-max=12.9 (from ini) | scan: 1 files",
+            "cudastack: driver 550.54.15 (declared) | CUDA <= 12.4 | * | --cuda-max=12.9 (from ini) | scan: 1 file",
             "cudastack::cuda-max PASSED*",
             "cudastack::scan[[]bin/train_ppo] PASSED*",
         ],
