@@ -6,16 +6,28 @@ A script, not a test: it prints timings and ratios. Targets: cold <= 0.25x ldd, 
 >= 30x faster than auditwheel's lddtree. Every command figure is the best of three (cold: three fresh cache
 directories; ldd: three passes over all files); lddtree runs once. The start-up lines show the floor of any
 Python command on this machine (the interpreter, and the standard-library modules every command imports).
+
+The command is measured as users run it: this checkout installed (not editable) with
+``pip install --no-deps --target TMP/site .`` and run by a fresh venv's interpreter
+(``python -m venv --without-pip``) as ``python -m pytest_cudastack.cli`` with ``PYTHONPATH=TMP/site`` plus
+this interpreter's site-packages for the dependencies (pyelftools, ...; put on the path, their ``.pth`` files
+are not run). An editable install's import hook costs ~20 ms per start; the "editable" line shows it.
 """
 
 from __future__ import annotations
 
 import os
+import site
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+PYTHON = sys.executable  # replaced by the installed copy's interpreter in main()
+PYTHONPATH: str | None = None
+CWD: str | None = None  # where the timed commands run
 
 
 def elf_files(venv: str) -> list[str]:
@@ -32,19 +44,36 @@ def elf_files(venv: str) -> list[str]:
 
 def _child_env(cache_dir: str) -> dict[str, str]:
     env = dict(os.environ, CUDASTACK_CACHE_DIR=cache_dir)
-    for k in ("CUDASTACK_NO_CACHE", "LD_LIBRARY_PATH", "PYTHONDONTWRITEBYTECODE"):
+    for k in ("CUDASTACK_NO_CACHE", "LD_LIBRARY_PATH", "PYTHONDONTWRITEBYTECODE", "PYTHONPATH"):
         env.pop(k, None)  # measure an installed package: byte-compiled modules
+    if PYTHONPATH is not None:
+        env["PYTHONPATH"] = PYTHONPATH
     return env
+
+
+def install(tmp: str) -> tuple[str, str]:
+    """(interpreter, PYTHONPATH) of a non-editable install of this checkout under *tmp*."""
+    target = os.path.join(tmp, "site")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", target, str(REPO)],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+    venv = os.path.join(tmp, "venv")
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", venv], check=True)
+    deps = [p for p in site.getsitepackages() if os.path.isdir(p)]
+    return os.path.join(venv, "bin", "python"), os.pathsep.join([target, *deps])
 
 
 def compile_once(files: list[str]) -> None:
     """An untimed run so every module is byte-compiled, as in an installed package."""
     with tempfile.TemporaryDirectory(prefix="cudastack-bench-warmup-") as cache:
         subprocess.run(
-            [sys.executable, "-m", "pytest_cudastack.cli", "tree", "--json", files[0]],
+            [PYTHON, "-m", "pytest_cudastack.cli", "tree", "--json", files[0]],
             env=_child_env(cache),
             stdout=subprocess.DEVNULL,
             check=False,
+            cwd=CWD,
         )
 
 
@@ -52,10 +81,11 @@ def run_tree(files: list[str], cache_dir: str) -> float:
     env = _child_env(cache_dir)
     t = time.perf_counter()
     subprocess.run(
-        [sys.executable, "-m", "pytest_cudastack.cli", "tree", "--json", *files],
+        [PYTHON, "-m", "pytest_cudastack.cli", "tree", "--json", *files],
         env=env,
         stdout=subprocess.DEVNULL,
         check=False,
+        cwd=CWD,  # `-m` puts the current directory first on sys.path: not the checkout's
     )
     return time.perf_counter() - t
 
@@ -81,15 +111,15 @@ def run_core(files: list[str], cache_dir: str) -> tuple[float, float]:
 
 
 def run_floor(cache_dir: str) -> tuple[float, float]:
-    """Interpreter start-up alone, and with the standard-library modules every command needs (json, argparse,
-    logging, dataclasses, typing): the part of a warm run no change to this package can remove."""
+    """Interpreter start-up alone, and with the modules every ``cudastack`` command imports (the package,
+    json, argparse): the part of a warm run that no change to the tree command can remove."""
     env = _child_env(cache_dir)
     out = []
-    for code in ("pass", "import json, argparse, logging, dataclasses, typing, enum, struct"):
+    for code in ("pass", "import pytest_cudastack, json, argparse"):
         best = float("inf")
         for _ in range(5):
             t = time.perf_counter()
-            subprocess.run([sys.executable, "-c", code], env=env, check=False)
+            subprocess.run([PYTHON, "-c", code], env=env, check=False, cwd=CWD)
             best = min(best, time.perf_counter() - t)
         out.append(best)
     return out[0], out[1]
@@ -122,8 +152,18 @@ def main(argv: list[str]) -> int:
     if not venv or not os.path.isdir(venv):
         print("usage: bench_tree.py VENV (or set CUDASTACK_TORCH_VENV)", file=sys.stderr)
         return 2
+    global PYTHON, PYTHONPATH, CWD
     files = elf_files(venv)
     print(f"{len(files)} ELF files under {venv}")
+    # the editable dev install first, for comparison
+    compile_once(files)
+    with tempfile.TemporaryDirectory(prefix="cudastack-bench-") as cache:
+        run_tree(files, cache)
+        editable = min(run_tree(files, cache) for _ in range(3))
+    tmp = tempfile.TemporaryDirectory(prefix="cudastack-bench-install-")
+    PYTHON, PYTHONPATH = install(tmp.name)
+    CWD = tmp.name
+    print(f"installed (not editable) under {tmp.name}; run as {PYTHON} -m pytest_cudastack.cli")
     compile_once(files)
     # best of three for every timed command (cold: three fresh cache directories), ldd included: on a
     # shared, noisy machine the minimum is the figure least disturbed by other load
@@ -140,12 +180,14 @@ def main(argv: list[str]) -> int:
         start, floor = run_floor(cache)
     ldd_t = min(run_ldd(files) for _ in range(3))
     lddtree_t = run_lddtree(files)
+    tmp.cleanup()
     print(f"cudastack tree cold : {cold:8.3f} s   ({cold / ldd_t:.3f} x ldd; target <= 0.25)")
     print(f"cudastack tree warm : {warm:8.3f} s   ({warm / ldd_t:.3f} x ldd; target <= 0.05)")
+    print(f"warm, editable      : {editable:8.3f} s   ({editable / ldd_t:.3f} x ldd; the dev venv's editable install)")
     print(f"resolver core cold  : {core_cold:8.3f} s   ({core_cold / ldd_t:.3f} x ldd; in-process, no inventory)")
     print(f"resolver core warm  : {core_warm:8.3f} s   ({core_warm / ldd_t:.3f} x ldd; in-process, no inventory)")
     print(f"python start-up     : {start:8.3f} s   ({start / ldd_t:.3f} x ldd; `python -c pass`)")
-    print(f"start-up + stdlib   : {floor:8.3f} s   ({floor / ldd_t:.3f} x ldd; json/argparse/logging/dataclasses)")
+    print(f"start-up + imports  : {floor:8.3f} s   ({floor / ldd_t:.3f} x ldd; pytest_cudastack, json, argparse)")
     print(f"ldd                 : {ldd_t:8.3f} s   ({ldd_t / len(files) * 1000:.1f} ms per file)")
     if lddtree_t is not None:
         print(

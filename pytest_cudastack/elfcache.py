@@ -12,18 +12,27 @@ reads one file.
 from __future__ import annotations
 
 import atexit
-import contextlib
 import json
-import logging
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .elf import ElfInfo, read_elf
 from .errors import ElfError
 
-__all__ = ["CACHE_FILE", "ElfCache", "default_cache", "default_cache_dir"]
+if TYPE_CHECKING:
+    import logging
 
-log = logging.getLogger(__name__)
+    from .elf import ElfInfo
+
+__all__ = ["CACHE_FILE", "ElfCache", "default_cache", "default_cache_dir", "write_atomic"]
+
+
+def _log() -> logging.Logger:
+    """This module's logger, imported when first needed: ``cudastack tree``'s warm path imports this module
+    for :func:`default_cache_dir` and :func:`write_atomic` and never logs."""
+    import logging
+
+    return logging.getLogger(__name__)
+
 
 CACHE_FILE = "elfcache-v1.json"
 _SCHEMA = "pytest-cudastack-elfcache"
@@ -75,18 +84,20 @@ class ElfCache:
                     if isinstance(extra, dict):
                         self._extra = extra
                 else:
-                    log.info("ignoring foreign or outdated ELF cache %s", self.file)
+                    _log().info("ignoring foreign or outdated ELF cache %s", self.file)
                     self._dirty = True
             except FileNotFoundError:
                 pass
             except (OSError, ValueError, UnicodeDecodeError, RecursionError) as e:
-                log.info("ignoring unreadable ELF cache %s: %s", self.file, e)
+                _log().info("ignoring unreadable ELF cache %s: %s", self.file, e)
                 self._dirty = True
         self._entries = entries
         return entries
 
     def read(self, path: str) -> ElfInfo:
         """Cached read_elf; raises ElfError (errors are cached too)."""
+        from .elf import ElfInfo, read_elf
+
         if not self.enabled:
             return read_elf(path)
         try:
@@ -142,21 +153,31 @@ class ElfCache:
         if not self.enabled or not self._dirty or self._entries is None:
             return
         payload = {"schema": _SCHEMA, "version": _VERSION, "entries": self._entries, "extra": self._extra}
+        # one C-encoder call, one write
+        if write_atomic(self.directory, self.file, json.dumps(payload, separators=(",", ":")), "ELF cache"):
+            self._dirty = False
+
+
+def write_atomic(directory: str, file: str, text: str, what: str) -> bool:
+    """Write *text* to *file* in *directory* (created when missing) atomically: a private temporary file,
+    then ``os.replace``. False (and a warning naming *what*) on an I/O error; never raises one."""
+    try:
+        os.makedirs(directory, exist_ok=True)
+        fd, tmp = _mkstemp(directory)
         try:
-            os.makedirs(self.directory, exist_ok=True)
-            fd, tmp = _mkstemp(self.directory)
-            try:
-                with os.fdopen(fd, "w", encoding="utf-8") as f:
-                    f.write(json.dumps(payload, separators=(",", ":")))  # one C-encoder call, one write
-                os.replace(tmp, self.file)
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
-                raise
-        except OSError as e:
-            log.warning("cannot write ELF cache %s: %s", self.file, e)
-            return
-        self._dirty = False
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(text)
+            os.replace(tmp, file)
+        except BaseException:
+            try:  # noqa: SIM105 - contextlib is not imported on the warm path
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+    except OSError as e:
+        _log().warning("cannot write %s %s: %s", what, file, e)
+        return False
+    return True
 
 
 def _mkstemp(directory: str) -> tuple[int, str]:

@@ -327,6 +327,10 @@ class Resolver:
         self._realdirs: dict[str, str] = {}
         self._searches: dict[tuple[Any, ...], tuple[str | None, Route, str, tuple[str, ...], str | None]] = {}
         self._llp_has_dst = any("$" in x for x in self.config.ld_library_path)
+        # what the closure being resolved read (see tree_deps): "s" + host path for a stat/listing/read,
+        # "c" for the current directory; None when not recording
+        self._deps: set[str] | None = None
+        self._search_deps: dict[tuple[Any, ...], frozenset[str]] = {}
 
     # ------------------------------------------------------------------ file system, memoised
     def _host(self, logical: str) -> str:
@@ -335,10 +339,21 @@ class Resolver:
         return self._prefix + logical
 
     def _abs(self, p: str) -> str:
-        return p if p.startswith("/") else os.path.join(self.config.cwd, p)
+        if p.startswith("/"):
+            return p
+        if self._deps is not None:
+            self._deps.add("c")
+        return os.path.join(self.config.cwd, p)
 
     def _listing(self, directory: str) -> frozenset[str] | None:
-        key = self._abs(directory) if directory else self.config.cwd
+        if directory:
+            key = self._abs(directory)
+        else:
+            key = self.config.cwd
+            if self._deps is not None:
+                self._deps.add("c")
+        if self._deps is not None:
+            self._deps.add("s" + self._host(key))
         hit = self._listings.get(key, False)
         if hit is not False:
             return hit  # type: ignore[return-value]
@@ -360,6 +375,8 @@ class Resolver:
 
     def _info(self, path: str) -> ElfInfo | ElfError:
         key = self._abs(path)
+        if self._deps is not None:
+            self._deps.add("s" + self._host(key))
         hit = self._infos.get(key)
         if hit is None:
             try:
@@ -373,6 +390,8 @@ class Resolver:
 
     def _file_id(self, path: str) -> tuple[int, int] | None:
         key = self._abs(path)
+        if self._deps is not None:
+            self._deps.add("s" + self._host(key))
         if key not in self._ids:
             try:
                 st = os.stat(self._host(key))
@@ -451,8 +470,11 @@ class Resolver:
 
     def _peek_ident(self, path: str) -> tuple[int, bool, int] | None:
         """(class, little endian, e_machine) from the first 20 bytes, as open_verify checks them first."""
+        host = self._host(self._abs(path))
+        if self._deps is not None:
+            self._deps.add("s" + host)
         try:
-            fd, _st = _open_regular(self._host(self._abs(path)))
+            fd, _st = _open_regular(host)
         except ElfError:
             return None
         try:
@@ -604,9 +626,23 @@ class Resolver:
         llp_origin = main.origin if self._llp_has_dst else None
         key = (name, chain, llp_origin, req.info.nodeflib, want.elf_class, want.little_endian, want.machine)
         hit = self._searches.get(key)
+        outer = self._deps
+        if outer is not None:
+            known = self._search_deps.get(key)
+            if hit is not None and known is not None:
+                outer |= known
+            else:  # not memoised, or memoised while not recording: search (again), recording what it reads
+                hit = None
+                self._deps = set()
         if hit is None:
-            r = self._search_uncached(name, req, main, want)
+            try:
+                r = self._search_uncached(name, req, main, want)
+            finally:
+                inner, self._deps = self._deps, outer
             hit = self._searches[key] = (r.path, r.route, r.detail, tuple(r.tried), r.problem)
+            if outer is not None and inner is not None:
+                self._search_deps[key] = frozenset(inner)
+                outer |= inner
         path, route, detail, tried, problem = hit
         return _Rec(name, path, route, detail, list(tried), [], problem, None)
 
@@ -696,6 +732,23 @@ class Resolver:
             return Tree(path, None, (), (str(got),))
         main = self._new_obj(path, got, None)
         return self._closure(main, got, list(preloaded))
+
+    def tree_deps(self, path: str) -> tuple[Tree, frozenset[str]]:
+        """:meth:`tree`, and what its answer depends on: ``"s" + path`` for every file or directory whose
+        status, listing or contents the resolution read (existing or not), ``"c"`` when a relative path made
+        it depend on the current directory. The paths are those handed to the operating system (under
+        ``config.root``). Memoised searches carry the dependencies they were computed with, so the set is the
+        same whichever files this instance resolved before. Used by ``cudastack tree``'s closure cache."""
+        outer = self._deps
+        deps: set[str] = set()
+        self._deps = deps
+        try:
+            tree = self.tree(path)
+        finally:
+            self._deps = outer
+        if outer is not None:
+            outer |= deps
+        return tree, frozenset(deps)
 
     def _closure(self, main: _Obj, want: ElfInfo, preloaded: list[str]) -> Tree:
         problems: list[str] = []

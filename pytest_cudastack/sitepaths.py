@@ -9,17 +9,13 @@ flavour rule.
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import logging
 import os
 import sys
 from collections.abc import Sequence
 from typing import Any
 
 __all__ = ["OwnerIndex", "install_prefix", "owner_index", "record_abspath", "site_dirs"]
-
-logger = logging.getLogger(__name__)
 
 
 @functools.lru_cache(maxsize=256)
@@ -122,8 +118,9 @@ def site_dirs(paths: Sequence[str] | None = None) -> tuple[str, ...]:
         import site
 
         candidates.extend(p or os.getcwd() for p in sys.path)
-        with contextlib.suppress(AttributeError):  # old virtualenv site.py lacks it
-            candidates.extend(site.getsitepackages())
+        getsitepackages = getattr(site, "getsitepackages", None)  # old virtualenv site.py lacks it
+        if getsitepackages is not None:
+            candidates.extend(getsitepackages())
         user = site.getusersitepackages() if site.ENABLE_USER_SITE else None
         if isinstance(user, str):
             candidates.append(user)

@@ -12,26 +12,38 @@ Exit status: 0 when everything resolves, 1 when something is missing or unreadab
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
 import json
-import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-from .resolver import Library, Resolver, Route, SearchConfig, Tree
+if TYPE_CHECKING:
+    import argparse
+    import logging
+
+    from .resolver import Library, Tree
 
 __all__ = ["cmd_tree", "cmd_why", "render_tree", "render_why"]
 
-log = logging.getLogger(__name__)
+
+def _log() -> logging.Logger:
+    """This module's logger, imported when first needed (``tree --json``'s warm path never logs)."""
+    import logging
+
+    return logging.getLogger(__name__)
 
 
 def _site_dirs_for(paths: Sequence[str]) -> list[str]:
     """site-packages directories holding *paths* (so a venv's files get their owners)."""
     out: list[str] = []
-    for parent in dict.fromkeys(os.path.dirname(os.path.abspath(p)) for p in paths):
+    heads: dict[str, None] = {}
+    for p in dict.fromkeys(paths):
+        head, sep, base = p.rpartition("/")
+        # the directory of a plain last component is its head: one abspath per directory, not per file
+        heads["d" + (head or "/") if sep and base not in (".", "..") else "f" + p] = None
+    parents = (os.path.abspath(h[1:]) if h[0] == "d" else os.path.dirname(os.path.abspath(h[1:])) for h in heads)
+    for parent in dict.fromkeys(parents):
         parts = parent.split(os.sep)
         for i in range(len(parts) - 1, 0, -1):
             if parts[i] in ("site-packages", "dist-packages"):
@@ -52,7 +64,7 @@ def _inventory(site: Sequence[str] | None = None) -> Any | None:
     try:
         return inventory.installed_wheels(list(site) if site is not None else None)
     except Exception as e:  # the inventory must never break tree/why
-        log.warning("cannot read installed distributions: %s", e)
+        _log().warning("cannot read installed distributions: %s", e)
         return None
 
 
@@ -66,7 +78,7 @@ def _owner_index(site: Sequence[str]) -> Any | None:
     try:
         return owner_index(list(site))
     except Exception as e:  # the inventory must never break tree
-        log.warning("cannot read installed distributions: %s", e)
+        _log().warning("cannot read installed distributions: %s", e)
         return None
 
 
@@ -92,7 +104,7 @@ class _Providers:
         try:
             self.stamp = index.stamp()
         except Exception as e:  # an inventory bug must not break tree
-            log.debug("owner stamp failed: %s", e)
+            _log().debug("owner stamp failed: %s", e)
             return
         self.key = "\0".join(index.site_dirs)
         saved = cache.get_extra(_OWNERS_KEY) if cache is not None else None
@@ -111,7 +123,7 @@ class _Providers:
             try:
                 hit = self.index.owner(path)
             except Exception as e:  # an inventory bug must not break tree
-                log.debug("owner(%s) failed: %s", path, e)
+                _log().debug("owner(%s) failed: %s", path, e)
                 hit = None
             self.new[path] = hit
         return hit if isinstance(hit, str) else None
@@ -139,6 +151,8 @@ def _providers(trees: list[Tree], site: Sequence[str] | None) -> _Providers:
 
 def _with_providers(trees: list[Tree], prov: Callable[[str | None], str | None]) -> list[Tree]:
     """*trees* with Library.provider filled (for the human view)."""
+    import dataclasses
+
     return [
         dataclasses.replace(t, libraries=tuple(dataclasses.replace(x, provider=prov(x.path)) for x in t.libraries))
         for t in trees
@@ -153,6 +167,8 @@ def _owner(inv: Any | None) -> Callable[[str], str | None] | None:
 
 
 def _tag(lib: Library) -> str:
+    from .resolver import Route
+
     if lib.route in (Route.RPATH, Route.RUNPATH) and lib.route_detail:
         return lib.route_detail
     if lib.route == Route.ALREADY_LOADED:
@@ -162,6 +178,8 @@ def _tag(lib: Library) -> str:
 
 def render_tree(tree: Tree, out: TextIO) -> None:
     """The human view: an indented tree, one line per library, missing ones marked, with tried paths."""
+    from .resolver import Route
+
     out.write(f"{tree.path}\n")
     for p in tree.problems:
         out.write(f"  ! {p}\n")
@@ -205,29 +223,118 @@ def cmd_tree(args: argparse.Namespace) -> int:
     """``cudastack tree PATH... [--json] [--site DIR]``."""
     paths: list[str] = list(args.paths)
     site: Sequence[str] | None = getattr(args, "site", None)
+    if getattr(args, "json", False):
+        return _tree_json(paths, site)
+    from .resolver import Resolver, SearchConfig
+
     resolver = Resolver(SearchConfig.from_environment())
     trees = [resolver.tree(p) for p in paths]
     prov = _providers(trees, site)
-    if getattr(args, "json", False):
-        data = []
-        for t in trees:
-            d = t.to_json()
-            for lib in d["libraries"]:
-                lib["provider"] = prov(lib["path"])
-            data.append(d)
-        prov.save()
-        _flush_cache()
-        # compact unless a human is watching: the C encoder is only used without indent
-        indent = 1 if sys.stdout.isatty() else None
-        sys.stdout.write(json.dumps(data, indent=indent))
-        sys.stdout.write("\n")
-    else:
-        trees = _with_providers(trees, prov)
-        prov.save()
-        _flush_cache()
-        for t in trees:
-            render_tree(t, sys.stdout)
+    trees = _with_providers(trees, prov)
+    prov.save()
+    _flush_cache()
+    for t in trees:
+        render_tree(t, sys.stdout)
     return 1 if any(t.missing or t.problems for t in trees) else 0
+
+
+def _provider_context(index: Any | None, since_ns: int) -> tuple[str, bool]:
+    """(the context providers are computed under, whether rows may be stored with it): the site directories
+    and the stamp of their RECORD/METADATA files; "" without an owner index (every provider None). Not
+    storable while a stamped file's mtime is within the racy window of the run's start."""
+    if index is None:
+        return "", True
+    try:
+        stamp = index.stamp()
+        dirs = list(index.site_dirs)
+    except Exception as e:  # an inventory bug must not break tree
+        _log().debug("owner stamp failed: %s", e)
+        return "?", False
+    from . import treecache
+
+    fresh = True
+    for row in stamp if isinstance(stamp, list) else ():
+        for x in row if isinstance(row, list) else ():
+            if isinstance(x, list) and len(x) == 3 and isinstance(x[2], int) and x[2] + treecache.RACY_NS > since_ns:
+                fresh = False
+    return json.dumps([dirs, stamp], separators=(",", ":")), fresh
+
+
+def _tree_json(paths: list[str], site: Sequence[str] | None) -> int:
+    """``tree --json``: rows from the closure cache where every file and directory they were read from is
+    unchanged (see :mod:`pytest_cudastack.treecache`), the resolver for the rest."""
+    import time
+
+    since = time.time_ns()  # before anything is read: the racy window is measured from here
+    store: Any = None
+    if os.environ.get("CUDASTACK_NO_CACHE", "") != "1":
+        from .elfcache import default_cache_dir
+        from .treecache import TreeCache, environment_key, racy
+
+        key, ldcache = environment_key()
+        # no ld.so.cache: the answers come from ld.so.conf and its includes, which are not tracked
+        store = TreeCache(default_cache_dir(), key, enabled=isinstance(ldcache, list))
+        store.writable = not racy(ldcache, since)
+    hits: dict[str, dict[str, Any]] = store.lookup(paths) if store is not None else {}
+    todo = [p for p in dict.fromkeys(paths) if p not in hits]
+    fresh: dict[str, tuple[Tree, frozenset[str]]] = {}
+    cacheable = True
+    if todo:
+        from .resolver import Resolver, SearchConfig
+
+        resolver = Resolver(SearchConfig.from_environment())
+        cacheable = resolver.config.ld_cache is not None and resolver.config.root in ("", "/")
+        for p in todo:
+            fresh[p] = resolver.tree_deps(p)
+    libpaths: dict[str, list[str]] = {p: e["paths"] for p, e in hits.items()}
+    for p, (t, _deps) in fresh.items():
+        libpaths[p] = list(dict.fromkeys(x.path for x in t.libraries if x.path is not None))
+    if site is None:
+        touched = list(paths) + [x for p in dict.fromkeys(paths) for x in libpaths[p]]
+        site = _site_dirs_for(touched)
+    index = _owner_index(site) if site else None
+    ctx, ctx_storable = _provider_context(index, since)
+    prov: _Providers | None = None
+    rows: list[str] = []
+    fail = False
+    for p in paths:
+        entry = hits.get(p)
+        if entry is not None and store.ctx_of(entry) == ctx:
+            rows.append(entry["row"])
+            fail = fail or entry["fail"]
+            continue
+        if entry is not None:  # the closure holds; the providers were found under other site directories
+            d = json.loads(entry["row"])
+            bad: bool = entry["fail"]
+            deps = set(entry["deps"])
+        else:
+            tree, got = fresh[p]
+            d = tree.to_json()
+            bad = bool(tree.missing or tree.problems)
+            deps = set(got)
+        if prov is None:
+            prov = _Providers(index, _cache() if index is not None else None)
+        for lib in d["libraries"]:
+            lib["provider"] = prov(lib["path"])
+        text = json.dumps(d)
+        rows.append(text)
+        fail = fail or bad
+        if store is not None and cacheable:
+            if index is not None:  # an owner is looked up by realpath when the path is not in a RECORD
+                deps.update("r" + x for x in libpaths[p])
+            store.store(p, text, bad, libpaths[p], deps, ctx if ctx_storable else None, since)
+    if prov is not None:
+        prov.save()
+    if prov is not None or todo:
+        _flush_cache()
+    if store is not None:
+        store.flush()
+    if sys.stdout.isatty():  # a human is watching: indented (the compact form needs no re-encoding)
+        sys.stdout.write(json.dumps(json.loads("[" + ", ".join(rows) + "]"), indent=1))
+    else:
+        sys.stdout.write("[" + ", ".join(rows) + "]")
+    sys.stdout.write("\n")
+    return 1 if fail else 0
 
 
 def _why_data(soname: str, lib: Library, inv: Any | None) -> dict[str, Any]:
@@ -237,7 +344,7 @@ def _why_data(soname: str, lib: Library, inv: Any | None) -> dict[str, Any]:
             for dist, path in inv.shipping(soname):
                 shipped.append({"distribution": str(dist.label), "path": path, "exists": os.path.exists(path)})
         except Exception as e:  # pragma: no cover - inventory bug
-            log.warning("inventory.shipping(%s) failed: %s", soname, e)
+            _log().warning("inventory.shipping(%s) failed: %s", soname, e)
     data = lib.to_json()
     data["shipped_by"] = shipped
     return data
@@ -270,6 +377,8 @@ def render_why(data: dict[str, Any], out: TextIO) -> None:
 
 def cmd_why(args: argparse.Namespace) -> int:
     """``cudastack why SONAME [--json]``: exit 1 when the dynamic linker would not find it."""
+    from .resolver import Resolver, SearchConfig
+
     inv = _inventory(getattr(args, "site", None))
     resolver = Resolver(SearchConfig.from_environment(), owner=_owner(inv))
     lib = resolver.find(args.soname)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from elfbuild import Scenarios, get_scenarios, needs_cc
 
-from pytest_cudastack import elfcache
+from pytest_cudastack import elf
 from pytest_cudastack.elf import read_elf
 from pytest_cudastack.elfcache import CACHE_FILE, ElfCache, default_cache, default_cache_dir
 from pytest_cudastack.errors import ElfError
@@ -34,7 +34,7 @@ def _forbid_parsing(monkeypatch: pytest.MonkeyPatch) -> None:
     def boom(path: str) -> None:
         raise AssertionError(f"parsed {path} although cached")
 
-    monkeypatch.setattr(elfcache, "read_elf", boom)
+    monkeypatch.setattr(elf, "read_elf", boom)  # elfcache imports it when it reads
 
 
 def test_roundtrip_across_instances(lib: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -188,3 +188,15 @@ def test_resolver_default_reader_uses_the_cache(
     default_cache().flush()
     entries = json.loads((tmp_path / "rc" / CACHE_FILE).read_text())["entries"]
     assert str(scen.rpath_inherit) in entries
+
+
+def test_light_import() -> None:
+    """`cudastack tree --json`'s warm path imports this module for its directory and atomic write: it must
+    not pull in the ELF reader (dataclasses, struct, pyelftools) or logging."""
+    import subprocess
+    import sys
+
+    code = "import sys, pytest_cudastack.elfcache, pytest_cudastack.treecache; print(sorted(sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    for heavy in ("'pytest_cudastack.elf'", "'dataclasses'", "'logging'", "'elftools'"):
+        assert heavy not in out

@@ -7,6 +7,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from elfbuild import Scenarios, get_scenarios, needs_cc
@@ -255,3 +256,240 @@ def test_tree_providers_from_records_and_cache(
         assert treeview.cmd_tree(ns) == 0
         libs = {x["soname"]: x["provider"] for x in json.loads(capsys.readouterr().out)[0]["libraries"]}
         assert libs["libcudastackdep.so.1"] == want
+
+
+# ---------------------------------------------------------------------------------------------------- closure cache
+
+
+@pytest.fixture
+def window(monkeypatch: pytest.MonkeyPatch) -> float:
+    """A short racy window for these tests (the default is 2 s): wait settle() after changing files."""
+    from pytest_cudastack import treecache
+
+    monkeypatch.setattr(treecache, "RACY_NS", 50_000_000)
+    return 0.06
+
+
+def settle(seconds: float) -> None:
+    import time
+
+    time.sleep(seconds)
+
+
+def _no_resolver(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pytest_cudastack.resolver import Resolver
+
+    def fail(self: Resolver, path: str) -> None:
+        raise AssertionError(f"resolved {path}: the closure cache was not used")
+
+    monkeypatch.setattr(Resolver, "tree_deps", fail)
+
+
+def _tree(capsys: pytest.CaptureFixture[str], *paths: object) -> tuple[int, str]:
+    rc = main(["tree", "--json", *(str(p) for p in paths)])
+    return rc, capsys.readouterr().out
+
+
+def test_closure_cache_warm_equals_cold(
+    scen: Scenarios, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, window: float
+) -> None:
+    roots = [
+        scen.rpath_inherit,
+        scen.runpath_not_inherited,
+        scen.prec_both,
+        scen.origin_link,
+        scen.origin_mid,
+        scen.wrong_class,
+        scen.missing_deep,
+        scen.not_elf_candidate,
+        scen.dir_candidate,
+        scen.needs_slash,
+        scen.dedupe,
+        scen.exe,
+        scen.refound,
+        scen.loop_candidate,
+        scen.base / "no-such-file.so",
+        scen.leaf,  # twice: printed twice
+        scen.leaf,
+    ]
+    settle(window)
+    cold = _tree(capsys, *roots)
+    assert json.loads(cold[1])  # the rows are JSON
+    cache = Path(os.environ["CUDASTACK_CACHE_DIR"]) / "treecache-v1.json"
+    assert cache.is_file()
+    with monkeypatch.context() as m:
+        _no_resolver(m)
+        assert _tree(capsys, *roots) == cold
+        assert _tree(capsys, *reversed(roots)) == (cold[0], json.dumps(json.loads(cold[1])[::-1]) + "\n")
+    # disabled: neither read nor written
+    monkeypatch.setenv("CUDASTACK_NO_CACHE", "1")
+    cache.unlink()
+    assert _tree(capsys, *roots) == cold
+    assert not cache.exists()
+
+
+def _two_dirs(tmp_path: Path) -> tuple[Path, Path, Path, bytes]:
+    """root.so (RPATH $ORIGIN/first:$ORIGIN/second) needing libcsdep.so.1, present in second/ only."""
+    from sitebuild import compile_so
+
+    app = tmp_path / "app"
+    (app / "first").mkdir(parents=True)
+    (app / "second").mkdir()
+    dep = compile_so("libcsdep.so.1")
+    (app / "second" / "libcsdep.so.1").write_bytes(dep)
+    root = app / "root.so"
+    root.write_bytes(compile_so(None, needed=["libcsdep.so.1"], rpath="$ORIGIN/first:$ORIGIN/second"))
+    return root, app / "first", app / "second", dep
+
+
+def _paths(out: str) -> dict[str, str | None]:
+    return {x["soname"]: x["path"] for x in json.loads(out)[0]["libraries"]}
+
+
+def test_closure_cache_new_library_in_earlier_directory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, window: float
+) -> None:
+    root, first, second, dep = _two_dirs(tmp_path)
+    settle(window)
+    assert _paths(_tree(capsys, root)[1])["libcsdep.so.1"] == str(second / "libcsdep.so.1")
+    with monkeypatch.context() as m:
+        _no_resolver(m)  # warm: from the cache
+        assert _paths(_tree(capsys, root)[1])["libcsdep.so.1"] == str(second / "libcsdep.so.1")
+    (first / "libcsdep.so.1").write_bytes(dep)  # the linker now stops at the first RPATH directory
+    settle(window)
+    assert _paths(_tree(capsys, root)[1])["libcsdep.so.1"] == str(first / "libcsdep.so.1")
+    # and an earlier directory that did not exist, created with the library in it
+    (first / "libcsdep.so.1").unlink()
+    settle(window)
+    assert _paths(_tree(capsys, root)[1])["libcsdep.so.1"] == str(second / "libcsdep.so.1")
+    first.rmdir()
+    settle(window)
+    assert _paths(_tree(capsys, root)[1])["libcsdep.so.1"] == str(second / "libcsdep.so.1")
+    first.mkdir()
+    (first / "libcsdep.so.1").write_bytes(dep)
+    settle(window)
+    assert _paths(_tree(capsys, root)[1])["libcsdep.so.1"] == str(first / "libcsdep.so.1")
+
+
+def test_closure_cache_replaced_library(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, window: float
+) -> None:
+    from sitebuild import compile_so
+
+    root, _first, second, _dep = _two_dirs(tmp_path)
+    settle(window)
+    rc, out = _tree(capsys, root)
+    assert rc == 0
+    assert "libcsextra.so.1" not in _paths(out)
+    new = second / "new.tmp"
+    new.write_bytes(compile_so("libcsdep.so.1", needed=["libcsextra.so.1"]))
+    os.replace(new, second / "libcsdep.so.1")  # a new inode, as an installer replaces a file
+    settle(window)
+    rc, out = _tree(capsys, root)
+    assert rc == 1
+    assert _paths(out)["libcsextra.so.1"] is None
+    # rewritten in place (same inode): its mtime and ctime change
+    (second / "libcsdep.so.1").write_bytes(compile_so("libcsdep.so.1", payload="x" * 64))
+    settle(window)
+    rc, out = _tree(capsys, root)
+    assert rc == 0
+    assert "libcsextra.so.1" not in _paths(out)
+
+
+def test_closure_cache_ld_library_path(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, window: float
+) -> None:
+    from sitebuild import compile_so
+
+    dep = compile_so("libcsllp.so.1")
+    for d in ("x", "y"):
+        (tmp_path / d).mkdir()
+        (tmp_path / d / "libcsllp.so.1").write_bytes(dep)
+    root = tmp_path / "root.so"
+    root.write_bytes(compile_so(None, needed=["libcsllp.so.1"]))
+    settle(window)
+    assert _paths(_tree(capsys, root)[1])["libcsllp.so.1"] is None
+    for d in ("x", "y", "x"):
+        monkeypatch.setenv("LD_LIBRARY_PATH", str(tmp_path / d))
+        assert _paths(_tree(capsys, root)[1])["libcsllp.so.1"] == str(tmp_path / d / "libcsllp.so.1")
+    # a relative element: the current directory is part of the answer (x/sub has the library, y/sub not)
+    monkeypatch.setenv("LD_LIBRARY_PATH", "sub")
+    for d in ("x", "y"):
+        (tmp_path / d / "sub").mkdir()
+    (tmp_path / "x" / "sub" / "libcsllp.so.1").write_bytes(dep)
+    settle(window)
+    for d, want in (("x", "sub/libcsllp.so.1"), ("y", None), ("x", "sub/libcsllp.so.1"), ("y", None)):
+        monkeypatch.chdir(tmp_path / d)
+        assert _paths(_tree(capsys, root)[1])["libcsllp.so.1"] == want
+
+
+def test_closure_cache_corrupt_file_ignored(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, window: float
+) -> None:
+    root, _first, second, _dep = _two_dirs(tmp_path)
+    settle(window)
+    cold = _tree(capsys, root)
+    cache = Path(os.environ["CUDASTACK_CACHE_DIR"]) / "treecache-v1.json"
+    good = cache.read_bytes()
+    crc, header, rows = good.split(b"\n", 2)
+    target = b'"path": "' + str(second / "libcsdep.so.1").encode()
+    assert target in rows
+    forged = b"\n".join([crc, header, rows.replace(target, target.replace(b"second", b"secxnd"))])
+    for bad in (
+        b"",
+        b"not json at all",
+        good[: len(good) // 2],  # truncated
+        forged,  # a changed row: the checksum no longer matches
+        b'00000000\n{"schema": "something-else"}\n',
+    ):
+        cache.write_bytes(bad)
+        assert _tree(capsys, root) == cold
+        assert cache.read_bytes() != bad  # rebuilt
+        with monkeypatch.context() as m:
+            _no_resolver(m)
+            assert _tree(capsys, root) == cold
+
+
+def test_closure_cache_racy_files_not_stored(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Files changed within the racy window (2 s) of a run are not trusted: the next run resolves again."""
+    root, _first, _second, _dep = _two_dirs(tmp_path)
+    cold = _tree(capsys, root)
+    cache = Path(os.environ["CUDASTACK_CACHE_DIR"]) / "treecache-v1.json"
+    assert str(root) not in (cache.read_text() if cache.exists() else "")
+    calls: list[str] = []
+    from pytest_cudastack.resolver import Resolver
+
+    orig = Resolver.tree_deps
+
+    def spy(self: Resolver, path: str) -> Any:
+        calls.append(path)
+        return orig(self, path)
+
+    monkeypatch.setattr(Resolver, "tree_deps", spy)
+    assert _tree(capsys, root) == cold
+    assert calls == [str(root)]
+
+
+def test_closure_cache_warm_path_imports(scen: Scenarios, tmp_path: Path) -> None:
+    """A warm `tree --json` imports neither the resolver nor the ELF reader, dataclasses or logging."""
+    import subprocess
+    import sys
+    import time
+
+    time.sleep(2.1)  # the default racy window: the fixture files may be younger
+    code = (
+        "import sys\nfrom pytest_cudastack.cli import main\n"
+        f"rc = main(['tree', '--json', {str(scen.rpath_inherit)!r}, {str(scen.missing_deep)!r}])\n"
+        "heavy = ('pytest_cudastack.resolver', 'pytest_cudastack.elf', 'dataclasses', 'logging', 'elftools')\n"
+        "print(rc, [m for m in heavy if m in sys.modules], file=sys.stderr)\n"
+    )
+    env = dict(os.environ, CUDASTACK_CACHE_DIR=str(tmp_path / "own-cache"))
+    runs = [
+        subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+        for _ in range(2)
+    ]
+    assert runs[0].stdout == runs[1].stdout
+    assert "pytest_cudastack.resolver" in runs[0].stderr  # cold
+    assert runs[1].stderr.strip() == "1 []"  # warm

@@ -1,0 +1,400 @@
+"""On-disk cache of resolved closures: ``cudastack tree --json``'s rows, valid while what they were read from is.
+
+One JSON file (``treecache-v1.json``) next to the ELF cache (same directory, same ``CUDASTACK_NO_CACHE=1``
+switch, same atomic write; a corrupt, foreign or malformed file is ignored and rebuilt, never trusted).
+
+It holds *buckets*, one per search environment (:func:`environment_key`: this package's version and the
+sources of the modules that compute an answer, LD_LIBRARY_PATH as given, ``/etc/ld.so.cache``'s status, the
+machine, the CPU vendor and flags that decide glibc-hwcaps and ``$PLATFORM``, whether the multiarch
+directory exists). A bucket holds a table of *dependencies* and, per root path as given, the row ``tree
+--json`` printed for it (compact JSON text), the dependencies it was read from, and the provider context it
+was printed under. A dependency is:
+
+* ``"s" + path``: the status (:func:`stat_value`: device, inode, size, mode, mtime, ctime; or the errno of a
+  failure) of every file the resolution read and every directory whose listing it searched, absent ones
+  included (a directory's mtime and ctime change whenever an entry is added, removed or renamed);
+* ``"r" + path``: ``os.path.realpath`` of a library path whose provider was looked up (owners are found by
+  realpath when the path itself is not in a RECORD);
+* ``"c"``: the current directory, when a relative path made the answer depend on it.
+
+A row is printed from the cache only when every one of its dependencies, taken now, equals what was recorded,
+so any change to a file or directory the answer was read from (a new library in an earlier search directory,
+a replaced library, a new ld.so.cache, another LD_LIBRARY_PATH) recomputes it. Providers depend on the site
+directories of the whole invocation: a row's providers are reused only under an equal context (site
+directories and the status of their RECORD/METADATA files, :meth:`OwnerIndex.stamp`), else filled again.
+
+Timestamps have a granularity (a kernel tick, or a second on some file systems): a change made in the same
+tick as an earlier one may leave a status unchanged. So nothing is stored whose recorded mtime or ctime is
+within :data:`RACY_NS` of the moment the resolution started (as git treats "racily clean" index entries): a
+later change to such a file gets a later ctime, which the next run sees. Limits: a file system whose clock is
+more than :data:`RACY_NS` behind this machine's (a skewed NFS server), and a content change that keeps inode,
+size, mtime and ctime (impossible without resetting the clock) go unnoticed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import zlib
+from typing import Any
+
+__all__ = ["CACHE_FILE", "RACY_NS", "TreeCache", "dep_value", "environment_key", "racy", "stat_value"]
+
+CACHE_FILE = "treecache-v1.json"
+_SCHEMA = "pytest-cudastack-treecache"
+_VERSION = 1
+RACY_NS = 2_000_000_000  # a recorded timestamp this close to the start of the run is not trusted
+_BUCKETS_KEPT = 4  # search environments remembered
+# the modules whose code decides a row: a changed source (an upgrade, an edit of an editable install)
+# makes every stored row foreign
+_SOURCES = ("elf.py", "elfcache.py", "ldcache.py", "resolver.py", "sitepaths.py", "treecache.py", "treeview.py")
+
+
+def stat_value(path: str) -> list[int] | int:
+    """``[st_dev, st_ino, st_size, st_mode, st_mtime_ns, st_ctime_ns]`` of *path* (symlinks followed), or the
+    negative errno when it cannot be stat'ed (absent, not searchable, ...)."""
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        return -(e.errno or 1)
+    except ValueError:  # an embedded NUL
+        return -1
+    return [st.st_dev, st.st_ino, st.st_size, st.st_mode, st.st_mtime_ns, st.st_ctime_ns]
+
+
+def _realpath(path: str, dirs: dict[str, str]) -> str:
+    """``os.path.realpath(path)``, resolving each directory once (*dirs* memoises them): the real path of
+    ``D/NAME`` is that of ``D`` plus ``/NAME`` when NAME is not a symbolic link."""
+    d, _, base = path.rpartition("/")
+    if not d or base in ("", ".", "..") or os.path.islink(path):
+        return os.path.realpath(path)
+    real = dirs.get(d)
+    if real is None:
+        real = dirs[d] = os.path.realpath(d)
+    return ("" if real == "/" else real) + "/" + base
+
+
+def dep_value(key: str, dirs: dict[str, str] | None = None) -> Any:
+    """The current value of a dependency key (see the module docstring); *dirs* memoises the real paths of
+    directories for ``"r"`` keys."""
+    kind = key[:1]
+    if kind == "s":
+        return stat_value(key[1:])
+    if kind == "r":
+        try:
+            return _realpath(key[1:], {} if dirs is None else dirs)
+        except (OSError, ValueError):
+            return None
+    if kind == "c":
+        try:
+            return os.getcwd()
+        except OSError:
+            return None
+    return None
+
+
+def racy(value: Any, since_ns: int) -> bool:
+    """Whether a recorded status (:func:`stat_value`) is too close to *since_ns* (the start of the run) to
+    prove that a later change would alter it."""
+    return isinstance(value, list) and max(value[4], value[5]) + RACY_NS > since_ns
+
+
+def _cpu_lines() -> list[str]:
+    """The first ``vendor_id`` and ``flags`` lines of /proc/cpuinfo (what SearchConfig.from_environment and
+    ldcache.cpu_hwcaps derive the platform and hwcaps from), reading no more of it than needed."""
+    want = {"vendor_id": "", "flags": ""}
+    try:
+        fd = os.open("/proc/cpuinfo", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return ["", ""]
+    buf = b""
+    try:
+        while True:
+            chunk = os.read(fd, 65536)
+            buf += chunk
+            lines = buf.split(b"\n")
+            complete = lines if not chunk else lines[:-1]
+            for raw in complete:
+                head = raw.split(b":", 1)[0].strip().decode("utf-8", "replace")
+                if head in want and not want[head]:
+                    want[head] = raw.decode("utf-8", "replace")
+            if not chunk or all(want.values()):
+                break
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+    return [want["vendor_id"], want["flags"]]
+
+
+def environment_key(environ: dict[str, str] | None = None) -> tuple[str, list[int] | int]:
+    """(key, ld.so.cache status): everything outside the files themselves that decides a closure for the
+    root ``/`` (the inputs of SearchConfig.from_environment and of the resolver's code)."""
+    from . import __version__
+
+    env = os.environ if environ is None else environ
+    here = os.path.dirname(os.path.abspath(__file__))
+    ldcache = stat_value("/etc/ld.so.cache")
+    key = [
+        _VERSION,
+        __version__,
+        sys.implementation.cache_tag,
+        [stat_value(os.path.join(here, name)) for name in _SOURCES],
+        env.get("LD_LIBRARY_PATH", ""),
+        ldcache,
+        os.uname().machine,
+        _cpu_lines(),
+        os.path.isdir("/lib/x86_64-linux-gnu"),
+    ]
+    return json.dumps(key, separators=(",", ":")), ldcache
+
+
+class TreeCache:
+    """The closure cache file of *directory* for one search environment (see the module docstring).
+
+    ``lookup(roots)`` validates the stored rows of *roots* (each dependency taken once); ``store`` records
+    new rows; ``flush`` writes the file when something changed. Disabled (``enabled=False``) it stores and
+    returns nothing. In memory a bucket is ``keys``/``vals`` (dependency table), ``ctxs`` (provider contexts)
+    and ``roots`` (root -> ``{"deps": [index, ...], "row": JSON text, "fail": bool, "ctx": index | None,
+    "paths": [library path, ...]}``); entries are checked when used, the file as a whole by its checksum."""
+
+    def __init__(self, directory: str, env_key: str, enabled: bool = True) -> None:
+        self.directory = directory
+        self.file = os.path.join(directory, CACHE_FILE)
+        self.env_key = env_key
+        self.enabled = enabled
+        self.writable = True  # False: rows are read, none stored (e.g. ld.so.cache itself is racy)
+        self._others: dict[str, Any] = {}  # the other environments' buckets, kept as read
+        self._dirty = False
+        self.keys: list[str] = []
+        self.vals: list[Any] = []
+        self.ctxs: list[str] = []
+        self.roots: dict[str, Any] = {}
+        self._index: dict[str, int] | None = None
+        self.now: dict[str, Any] = {}  # dependency values taken during this run
+        self._dirs: dict[str, str] = {}  # real paths of directories, taken during this run
+        self._blob = ""  # the rows' text, as read
+        if enabled:
+            self._load()
+
+    def _load(self) -> None:
+        try:
+            with open(self.file, "rb") as f:
+                data = f.read()
+            # "<crc32 of the rest>\n<JSON header>\n<rows>": a damaged file is not trusted even where it
+            # still parses; rows are kept out of the JSON (as [offset, length] into <rows>), so reading the
+            # file parses no row
+            head, _, body = data.partition(b"\n")
+            if head != b"%08x" % zlib.crc32(body):
+                raise ValueError("checksum mismatch")
+            header, _, blob = body.partition(b"\n")
+            raw = json.loads(header)
+            self._blob = blob.decode("ascii")
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError, UnicodeDecodeError, RecursionError):
+            self._dirty = True  # unreadable: rebuilt
+            return
+        if not (
+            isinstance(raw, dict)
+            and raw.get("schema") == _SCHEMA
+            and raw.get("version") == _VERSION
+            and isinstance(raw.get("buckets"), dict)
+        ):
+            self._dirty = True  # foreign or outdated: rebuilt
+            return
+        buckets: dict[str, Any] = raw["buckets"]
+        mine = buckets.pop(self.env_key, None)
+        self._others = buckets
+        if mine is None:
+            return
+        try:
+            keys, vals, ctxs, roots = mine["keys"], mine["vals"], mine["ctxs"], mine["roots"]
+            if not (
+                isinstance(keys, list)
+                and isinstance(vals, list)
+                and len(keys) == len(vals)
+                and all(isinstance(k, str) and k[:1] in ("s", "r", "c") for k in keys)
+                and isinstance(ctxs, list)
+                and all(isinstance(c, str) for c in ctxs)
+                and isinstance(roots, dict)
+            ):
+                raise TypeError("malformed bucket")
+        except (KeyError, TypeError):
+            self._dirty = True
+            return
+        self.keys, self.vals, self.ctxs, self.roots = keys, vals, ctxs, roots
+
+    def value(self, key: str) -> Any:
+        """The value of dependency *key* now (taken once per run)."""
+        if key in self.now:
+            return self.now[key]
+        v = self.now[key] = dep_value(key, self._dirs)
+        return v
+
+    def _entry(self, root: str) -> dict[str, Any] | None:
+        """The stored entry of *root* when well formed (its row as text)."""
+        e = self.roots.get(root)
+        if not isinstance(e, dict):
+            return None
+        ix, row, fail, ctx, paths = e.get("deps"), e.get("row"), e.get("fail"), e.get("ctx"), e.get("paths")
+        if isinstance(row, list):  # [offset, length] in the rows read
+            if not (len(row) == 2 and type(row[0]) is int and type(row[1]) is int and row[0] >= 0 <= row[1]):
+                return None
+            row = e["row"] = self._blob[row[0] : row[0] + row[1]]
+        if not (
+            isinstance(ix, list)
+            and isinstance(row, str)
+            and row.startswith('{"path": ' + json.dumps(root) + ', "libraries": [')
+            and row.endswith("]}")
+            and type(fail) is bool
+            and (ctx is None or (type(ctx) is int and 0 <= ctx < len(self.ctxs)))
+            and isinstance(paths, list)
+            and all(isinstance(p, str) for p in paths)
+        ):
+            return None
+        return e
+
+    def lookup(self, roots: list[str]) -> dict[str, dict[str, Any]]:
+        """The stored entries of *roots* whose every dependency holds now; each dependency is taken once."""
+        if not self.enabled:
+            return {}
+        entries: dict[str, dict[str, Any]] = {}
+        need: set[Any] = set()
+        for root in roots:
+            e = self._entry(root)
+            if e is None:
+                continue
+            try:
+                need.update(e["deps"])
+            except TypeError:  # an unhashable index
+                continue
+            entries[root] = e
+        keys, vals, n = self.keys, self.vals, len(self.keys)
+        bad = set()
+        for i in need:
+            if type(i) is not int or not 0 <= i < n or self.value(keys[i]) != vals[i]:
+                bad.add(i)
+        return {r: e for r, e in entries.items() if bad.isdisjoint(e["deps"])}
+
+    def ctx_of(self, entry: dict[str, Any]) -> str | None:
+        i = entry["ctx"]
+        return self.ctxs[i] if isinstance(i, int) and 0 <= i < len(self.ctxs) else None
+
+    def store(
+        self,
+        root: str,
+        row: str,
+        fail: bool,
+        paths: list[str],
+        deps: set[str] | frozenset[str],
+        ctx: str | None,
+        since_ns: int,
+    ) -> bool:
+        """Record *row* for *root*, read from *deps* (values taken now) under provider context *ctx* (None:
+        providers are filled again when it is read). Not stored (False) when a dependency is racy or changed
+        during this run."""
+        if not self.enabled or not self.writable:
+            return False
+        values: dict[str, Any] = {}
+        for k in deps:
+            # taken after the resolution: a change during it is racy, or differs from a value taken before
+            v = dep_value(k, self._dirs)
+            if racy(v, since_ns) or (k in self.now and self.now[k] != v):
+                return False
+            values[k] = v
+        if self._index is None:
+            self._index = {k: i for i, k in enumerate(self.keys)}
+        index = self._index
+        stale: set[int] = set()
+        ix: list[int] = []
+        for k, v in values.items():
+            i = index.get(k)
+            if i is None:
+                i = index[k] = len(self.keys)
+                self.keys.append(k)
+                self.vals.append(v)
+            elif self.vals[i] != v:  # rows that read the older value are stale
+                stale.add(i)
+                self.vals[i] = v
+            ix.append(i)
+        if stale:
+            self.roots = {
+                r: e
+                for r, e in self.roots.items()
+                if isinstance(e, dict) and isinstance(e.get("deps"), list) and stale.isdisjoint(e["deps"])
+            }
+        cix: int | None = None
+        if ctx is not None:
+            if ctx not in self.ctxs:
+                self.ctxs.append(ctx)
+            cix = self.ctxs.index(ctx)
+        self.roots[root] = {"deps": sorted(ix), "row": row, "fail": fail, "ctx": cix, "paths": paths}
+        self._dirty = True
+        return True
+
+    def flush(self) -> None:
+        """Write the file (atomically) when something changed, keeping only well-formed rows and the
+        dependencies and contexts they use."""
+        if not self.enabled or not self._dirty:
+            return
+        from .elfcache import write_atomic
+
+        roots = {r: e for r in self.roots if (e := self._entry(r)) is not None}
+        used: set[Any] = set()
+        for r, e in list(roots.items()):
+            try:
+                used.update(e["deps"])
+            except TypeError:
+                del roots[r]
+        n = len(self.keys)
+        if any(type(i) is not int or not 0 <= i < n for i in used):
+            roots = {r: e for r, e in roots.items() if all(type(i) is int and 0 <= i < n for i in e["deps"])}
+            used = {i for e in roots.values() for i in e["deps"]}
+        order = sorted(used)
+        renum = {old: new for new, old in enumerate(order)}
+        ctx_used = sorted({e["ctx"] for e in roots.values() if e["ctx"] is not None})
+        cnum = {old: new for new, old in enumerate(ctx_used)}
+        blob: list[str] = []
+        offset = 0
+
+        def put(text: str) -> list[int]:
+            nonlocal offset
+            blob.append(text)
+            offset += len(text)
+            return [offset - len(text), len(text)]
+
+        mine = {
+            "keys": [self.keys[i] for i in order],
+            "vals": [self.vals[i] for i in order],
+            "ctxs": [self.ctxs[i] for i in ctx_used],
+            "roots": {
+                r: {**e, "deps": [renum[i] for i in e["deps"]], "ctx": cnum.get(e["ctx"]), "row": put(e["row"])}
+                for r, e in roots.items()
+            },
+        }
+        buckets: dict[str, Any] = {}
+        for env, b in list(self._others.items())[-(_BUCKETS_KEPT - 1) :]:
+            moved = _move_rows(b, self._blob, put)
+            if moved is not None:
+                buckets[env] = moved
+        buckets[self.env_key] = mine
+        header = json.dumps({"schema": _SCHEMA, "version": _VERSION, "buckets": buckets}, separators=(",", ":"))
+        body = header + "\n" + "".join(blob)
+        text = f"{zlib.crc32(body.encode('ascii', 'backslashreplace')):08x}\n{body}"
+        if write_atomic(self.directory, self.file, text, "closure cache"):
+            self._dirty = False
+
+
+def _move_rows(bucket: Any, old: str, put: Any) -> dict[str, Any] | None:
+    """Another environment's bucket, as read, with its rows moved from *old* into the file being written
+    (None when malformed: dropped)."""
+    if not (isinstance(bucket, dict) and isinstance(bucket.get("roots"), dict)):
+        return None
+    roots: dict[str, Any] = {}
+    for r, e in bucket["roots"].items():
+        row = e.get("row") if isinstance(e, dict) else None
+        if isinstance(row, list) and len(row) == 2 and all(type(x) is int and x >= 0 for x in row):
+            roots[r] = {**e, "row": put(old[row[0] : row[0] + row[1]])}
+    return {**bucket, "roots": roots}
