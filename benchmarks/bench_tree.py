@@ -8,10 +8,11 @@ directories; ldd: three passes over all files); lddtree runs once. The start-up 
 Python command on this machine (the interpreter, and the standard-library modules every command imports).
 
 The command is measured as users run it: this checkout installed (not editable) with
-``pip install --no-deps --target TMP/site .`` and run by a fresh venv's interpreter
-(``python -m venv --without-pip``) as ``python -m pytest_cudastack.cli`` with ``PYTHONPATH=TMP/site`` plus
-this interpreter's site-packages for the dependencies (pyelftools, ...; put on the path, their ``.pth`` files
-are not run). An editable install's import hook costs ~20 ms per start; the "editable" line shows it.
+``pip install --no-deps --target TMP/site .``, its ``cudastack`` console script run by a fresh venv's
+interpreter (``python -m venv --without-pip``) with ``PYTHONPATH=TMP/site`` plus this interpreter's
+site-packages for the dependencies (pyelftools, ...; put on the path, their ``.pth`` files are not run).
+An editable install's import hook costs ~20 ms per start; the "editable" line shows the dev venv's
+``python -m pytest_cudastack.cli``.
 """
 
 from __future__ import annotations
@@ -25,9 +26,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-PYTHON = sys.executable  # replaced by the installed copy's interpreter in main()
+COMMAND = [sys.executable, "-m", "pytest_cudastack.cli"]  # replaced by the installed copy's in main()
+PYTHON = sys.executable
 PYTHONPATH: str | None = None
-CWD: str | None = None  # where the timed commands run
 
 
 def elf_files(venv: str) -> list[str]:
@@ -51,8 +52,8 @@ def _child_env(cache_dir: str) -> dict[str, str]:
     return env
 
 
-def install(tmp: str) -> tuple[str, str]:
-    """(interpreter, PYTHONPATH) of a non-editable install of this checkout under *tmp*."""
+def install(tmp: str) -> tuple[str, str, str]:
+    """(interpreter, its ``cudastack`` script, PYTHONPATH) of a non-editable install of this checkout."""
     target = os.path.join(tmp, "site")
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", target, str(REPO)],
@@ -62,18 +63,18 @@ def install(tmp: str) -> tuple[str, str]:
     venv = os.path.join(tmp, "venv")
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", venv], check=True)
     deps = [p for p in site.getsitepackages() if os.path.isdir(p)]
-    return os.path.join(venv, "bin", "python"), os.pathsep.join([target, *deps])
+    script = os.path.join(target, "bin", "cudastack")
+    return os.path.join(venv, "bin", "python"), script, os.pathsep.join([target, *deps])
 
 
 def compile_once(files: list[str]) -> None:
     """An untimed run so every module is byte-compiled, as in an installed package."""
     with tempfile.TemporaryDirectory(prefix="cudastack-bench-warmup-") as cache:
         subprocess.run(
-            [PYTHON, "-m", "pytest_cudastack.cli", "tree", "--json", files[0]],
+            [*COMMAND, "tree", "--json", files[0]],
             env=_child_env(cache),
             stdout=subprocess.DEVNULL,
             check=False,
-            cwd=CWD,
         )
 
 
@@ -81,11 +82,10 @@ def run_tree(files: list[str], cache_dir: str) -> float:
     env = _child_env(cache_dir)
     t = time.perf_counter()
     subprocess.run(
-        [PYTHON, "-m", "pytest_cudastack.cli", "tree", "--json", *files],
+        [*COMMAND, "tree", "--json", *files],
         env=env,
         stdout=subprocess.DEVNULL,
         check=False,
-        cwd=CWD,  # `-m` puts the current directory first on sys.path: not the checkout's
     )
     return time.perf_counter() - t
 
@@ -119,7 +119,7 @@ def run_floor(cache_dir: str) -> tuple[float, float]:
         best = float("inf")
         for _ in range(5):
             t = time.perf_counter()
-            subprocess.run([PYTHON, "-c", code], env=env, check=False, cwd=CWD)
+            subprocess.run([PYTHON, "-c", code], env=env, check=False)
             best = min(best, time.perf_counter() - t)
         out.append(best)
     return out[0], out[1]
@@ -152,7 +152,7 @@ def main(argv: list[str]) -> int:
     if not venv or not os.path.isdir(venv):
         print("usage: bench_tree.py VENV (or set CUDASTACK_TORCH_VENV)", file=sys.stderr)
         return 2
-    global PYTHON, PYTHONPATH, CWD
+    global COMMAND, PYTHON, PYTHONPATH
     files = elf_files(venv)
     print(f"{len(files)} ELF files under {venv}")
     # the editable dev install first, for comparison
@@ -161,9 +161,9 @@ def main(argv: list[str]) -> int:
         run_tree(files, cache)
         editable = min(run_tree(files, cache) for _ in range(3))
     tmp = tempfile.TemporaryDirectory(prefix="cudastack-bench-install-")
-    PYTHON, PYTHONPATH = install(tmp.name)
-    CWD = tmp.name
-    print(f"installed (not editable) under {tmp.name}; run as {PYTHON} -m pytest_cudastack.cli")
+    PYTHON, script, PYTHONPATH = install(tmp.name)
+    COMMAND = [PYTHON, script]
+    print(f"installed (not editable) under {tmp.name}; run as {PYTHON} {script}")
     compile_once(files)
     # best of three for every timed command (cold: three fresh cache directories), ldd included: on a
     # shared, noisy machine the minimum is the figure least disturbed by other load

@@ -14,12 +14,13 @@ from __future__ import annotations
 import atexit
 import json
 import os
-from typing import TYPE_CHECKING, Any
 
 from .errors import ElfError
 
+TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing (~5 ms) on tree's warm path
 if TYPE_CHECKING:
     import logging
+    from typing import Any
 
     from .elf import ElfInfo
 

@@ -15,12 +15,13 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, TextIO
 
+TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing (~5 ms) on tree's warm path
 if TYPE_CHECKING:
     import argparse
     import logging
+    from collections.abc import Callable, Sequence
+    from typing import Any, TextIO
 
     from .resolver import Library, Tree
 
