@@ -167,7 +167,8 @@ class TreeCache:
     new rows; ``flush`` writes the file when something changed. Disabled (``enabled=False``) it stores and
     returns nothing. In memory a bucket is ``keys``/``vals`` (dependency table), ``ctxs`` (provider contexts)
     and ``roots`` (root -> ``{"deps": [index, ...], "row": JSON text, "fail": bool, "ctx": index | None,
-    "paths": [library path, ...]}``); entries are checked when used, the file as a whole by its checksum."""
+    "paths": [index of the ``"r"`` key of each library path, in load order]}``); entries are checked when used,
+    the file as a whole by its checksum."""
 
     def __init__(self, directory: str, env_key: str, enabled: bool = True) -> None:
         self.directory = directory
@@ -263,10 +264,18 @@ class TreeCache:
             and type(fail) is bool
             and (ctx is None or (type(ctx) is int and 0 <= ctx < len(self.ctxs)))
             and isinstance(paths, list)
-            and all(isinstance(p, str) for p in paths)
         ):
             return None
+        keys, n = self.keys, len(self.keys)
+        for i in paths:
+            if type(i) is not int or not 0 <= i < n or keys[i][:1] != "r":
+                return None
         return e
+
+    def paths_of(self, entry: dict[str, Any]) -> list[str]:
+        """The library paths of an entry from :meth:`lookup`, in load order."""
+        keys = self.keys
+        return [keys[i][1:] for i in entry["paths"]]
 
     def lookup(self, roots: list[str]) -> dict[str, dict[str, Any]]:
         """The stored entries of *roots* whose every dependency holds now; each dependency is taken once."""
@@ -345,7 +354,10 @@ class TreeCache:
             if ctx not in self.ctxs:
                 self.ctxs.append(ctx)
             cix = self.ctxs.index(ctx)
-        self.roots[root] = {"deps": sorted(ix), "row": row, "fail": fail, "ctx": cix, "paths": paths}
+        pix = [index.get("r" + p) for p in paths]
+        if None in pix:  # callers list every library path among the dependencies
+            return False
+        self.roots[root] = {"deps": sorted(ix), "row": row, "fail": fail, "ctx": cix, "paths": pix}
         self._dirty = True
         return True
 
@@ -360,6 +372,8 @@ class TreeCache:
         used: set[Any] = set()
         for r, e in list(roots.items()):
             try:
+                if not set(e["deps"]).issuperset(e["paths"]):
+                    raise TypeError("a path outside the dependencies")
                 used.update(e["deps"])
             except TypeError:
                 del roots[r]
@@ -385,7 +399,13 @@ class TreeCache:
             "vals": [self.vals[i] for i in order],
             "ctxs": [self.ctxs[i] for i in ctx_used],
             "roots": {
-                r: {**e, "deps": [renum[i] for i in e["deps"]], "ctx": cnum.get(e["ctx"]), "row": put(e["row"])}
+                r: {
+                    **e,
+                    "deps": [renum[i] for i in e["deps"]],
+                    "paths": [renum[i] for i in e["paths"]],
+                    "ctx": cnum.get(e["ctx"]),
+                    "row": put(e["row"]),
+                }
                 for r, e in roots.items()
             },
         }

@@ -287,7 +287,7 @@ def _tree_json(paths: list[str], site: Sequence[str] | None) -> int:
         cacheable = resolver.config.ld_cache is not None and resolver.config.root in ("", "/")
         for p in todo:
             fresh[p] = resolver.tree_deps(p)
-    libpaths: dict[str, list[str]] = {p: e["paths"] for p, e in hits.items()}
+    libpaths: dict[str, list[str]] = {p: store.paths_of(e) for p, e in hits.items()}
     for p, (t, _deps) in fresh.items():
         libpaths[p] = list(dict.fromkeys(x.path for x in t.libraries if x.path is not None))
     if site is None:
@@ -321,8 +321,8 @@ def _tree_json(paths: list[str], site: Sequence[str] | None) -> int:
         rows.append(text)
         fail = fail or bad
         if store is not None and cacheable:
-            if index is not None:  # an owner is looked up by realpath when the path is not in a RECORD
-                deps.update("r" + x for x in libpaths[p])
+            # an owner is looked up by realpath when the path is not in a RECORD
+            deps.update("r" + x for x in libpaths[p])
             store.store(p, text, bad, libpaths[p], deps, ctx if ctx_storable else None, since)
     if prov is not None:
         prov.save()
