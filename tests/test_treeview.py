@@ -493,3 +493,34 @@ def test_closure_cache_warm_path_imports(scen: Scenarios, tmp_path: Path) -> Non
     assert runs[0].stdout == runs[1].stdout
     assert "pytest_cudastack.resolver" in runs[0].stderr  # cold
     assert runs[1].stderr.strip() == "1 []"  # warm
+
+
+@pytest.mark.real
+def test_closure_cache_torch_venv(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Over every ELF file of the real torch venv, the warm answer is the cold one, and comes from the cache."""
+    from pytest_cudastack.elf import looks_like_elf
+    from pytest_cudastack.resolver import Resolver
+
+    venv = os.environ.get("CUDASTACK_TORCH_VENV")
+    if not venv or not os.path.isdir(venv):
+        pytest.skip("CUDASTACK_TORCH_VENV unset or absent")
+    roots = sorted(
+        p
+        for d, _dirs, files in os.walk(venv)
+        for f in files
+        if not os.path.islink(p := os.path.join(d, f)) and (".so" in f or os.access(p, os.X_OK)) and looks_like_elf(p)
+    )
+    assert len(roots) >= 100
+    monkeypatch.chdir(venv)  # some RUNPATHs hold a relative element: the current directory is searched
+    settle(2.1)  # other real-tier tests write __pycache__ directories into the venv: outside the racy window
+    cold = _tree(capsys, *roots)
+    calls: list[str] = []
+    orig = Resolver.tree_deps
+
+    def spy(self: Resolver, path: str) -> Any:
+        calls.append(path)
+        return orig(self, path)
+
+    monkeypatch.setattr(Resolver, "tree_deps", spy)
+    assert _tree(capsys, *roots) == cold
+    assert len(calls) <= len(roots) // 10, calls  # all from the cache, unless a test running beside changed some
