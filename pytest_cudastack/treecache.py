@@ -13,8 +13,8 @@ was printed under. A dependency is:
 * ``"s" + path``: the status (:func:`stat_value`: device, inode, size, mode, mtime, ctime; or the errno of a
   failure) of every file the resolution read and every directory whose listing it searched, absent ones
   included (a directory's mtime and ctime change whenever an entry is added, removed or renamed);
-* ``"r" + path``: ``os.path.realpath`` of a library path whose provider was looked up (owners are found by
-  realpath when the path itself is not in a RECORD);
+* ``"r" + path``: the real path of a library path (normalised, absolute) whose provider was looked up
+  (owners are found by real path when the path itself is not in a RECORD);
 * ``"c"``: the current directory, when a relative path made the answer depend on it.
 
 A row is printed from the cache only when every one of its dependencies, taken now, equals what was recorded,
@@ -67,8 +67,10 @@ def stat_value(path: str) -> list[int] | int:
 
 
 def _realpath(path: str, dirs: dict[str, str]) -> str:
-    """``os.path.realpath(path)``, resolving each directory once (*dirs* memoises them): the real path of
-    ``D/NAME`` is that of ``D`` plus ``/NAME`` when NAME is not a symbolic link."""
+    """``os.path.realpath(os.path.abspath(path))`` (what the owner index falls back to), resolving each
+    directory once (*dirs* memoises them): the real path of ``D/NAME`` is that of ``D`` plus ``/NAME`` when
+    NAME is not a symbolic link."""
+    path = os.path.abspath(path)
     d, _, base = path.rpartition("/")
     if not d or base in ("", ".", "..") or os.path.islink(path):
         return os.path.realpath(path)

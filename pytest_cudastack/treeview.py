@@ -90,7 +90,8 @@ _OWNERS_KEPT = 8  # site-directory sets remembered in the cache
 class _Providers:
     """The owner of each library path (callable), from an owner index, with answers kept in the ELF cache
     file under the stamp of the RECORD/METADATA files they came from: a warm run reads no RECORD while none
-    changed."""
+    changed. Each answer is kept with the real path of the normalised absolute path it was given (the owner
+    index falls back to it when the path is in no RECORD) and reused only while that is unchanged."""
 
     def __init__(self, index: Any | None, cache: Any | None) -> None:
         self.index = index
@@ -98,8 +99,9 @@ class _Providers:
         self.stamp: Any = None
         self.saved: dict[str, Any] = {}
         self.answers: dict[str, Any] = {}
-        self.new: dict[str, str | None] = {}
+        self.new: dict[str, list[str | None]] = {}
         self.key = ""
+        self._dirs: dict[str, str] = {}
         if index is None:
             return
         try:
@@ -117,17 +119,24 @@ class _Providers:
     def __call__(self, path: str | None) -> str | None:
         if path is None or self.index is None:
             return None
-        hit = self.answers.get(path, False)
-        if hit is False:
-            hit = self.new.get(path, False)
-        if hit is False:
+        new = self.new.get(path)
+        if new is not None:
+            return new[0]
+        from .treecache import dep_value
+
+        real = dep_value("r" + path, self._dirs)
+        hit = self.answers.get(path)
+        if isinstance(hit, list) and len(hit) == 2 and hit[1] == real and (hit[0] is None or isinstance(hit[0], str)):
+            owner: str | None = hit[0]
+        else:
             try:
-                hit = self.index.owner(path)
+                got = self.index.owner(path)
             except Exception as e:  # an inventory bug must not break tree
                 _log().debug("owner(%s) failed: %s", path, e)
-                hit = None
-            self.new[path] = hit
-        return hit if isinstance(hit, str) else None
+                got = None
+            owner = got if isinstance(got, str) else None
+        self.new[path] = [owner, real]
+        return owner
 
     def save(self) -> None:
         """Put new answers into the cache (written by the next flush)."""
