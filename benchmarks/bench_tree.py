@@ -110,19 +110,24 @@ def run_core(files: list[str], cache_dir: str) -> tuple[float, float]:
     return times[0], times[1]
 
 
-def run_floor(cache_dir: str) -> tuple[float, float]:
-    """Interpreter start-up alone, and with the modules every ``cudastack`` command imports (the package,
-    json, argparse): the part of a warm run that no change to the tree command can remove."""
+def run_floor(cache_dir: str) -> tuple[float, float, float]:
+    """Interpreter start-up alone; with the modules every ``cudastack`` command imports (the package, json,
+    argparse); and with cli.py's parser built and a ``tree`` command line parsed: the part of a warm run
+    that no change to the tree command itself can remove."""
     env = _child_env(cache_dir)
     out = []
-    for code in ("pass", "import pytest_cudastack, json, argparse"):
+    for code in (
+        "pass",
+        "import pytest_cudastack, json, argparse",
+        "import json, pytest_cudastack.cli as c; c.build_parser(False).parse_args(['tree', '--json', 'x'])",
+    ):
         best = float("inf")
         for _ in range(5):
             t = time.perf_counter()
             subprocess.run([PYTHON, "-c", code], env=env, check=False)
             best = min(best, time.perf_counter() - t)
         out.append(best)
-    return out[0], out[1]
+    return out[0], out[1], out[2]
 
 
 def run_ldd(files: list[str]) -> float:
@@ -177,7 +182,7 @@ def main(argv: list[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="cudastack-bench-core-") as cache:
         core_cold, core_warm = run_core(files, cache)
     with tempfile.TemporaryDirectory(prefix="cudastack-bench-floor-") as cache:
-        start, floor = run_floor(cache)
+        start, floor, parse = run_floor(cache)
     ldd_t = min(run_ldd(files) for _ in range(3))
     lddtree_t = run_lddtree(files)
     tmp.cleanup()
@@ -188,6 +193,7 @@ def main(argv: list[str]) -> int:
     print(f"resolver core warm  : {core_warm:8.3f} s   ({core_warm / ldd_t:.3f} x ldd; in-process, no inventory)")
     print(f"python start-up     : {start:8.3f} s   ({start / ldd_t:.3f} x ldd; `python -c pass`)")
     print(f"start-up + imports  : {floor:8.3f} s   ({floor / ldd_t:.3f} x ldd; pytest_cudastack, json, argparse)")
+    print(f"+ cli parser        : {parse:8.3f} s   ({parse / ldd_t:.3f} x ldd; cli.build_parser + parse_args)")
     print(f"ldd                 : {ldd_t:8.3f} s   ({ldd_t / len(files) * 1000:.1f} ms per file)")
     if lddtree_t is not None:
         print(
