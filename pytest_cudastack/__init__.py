@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (a cost on every cudastack run)
+
+if TYPE_CHECKING:
+    from typing import Any
 
 __version__ = "0.1.0"
 

@@ -26,14 +26,30 @@ _COMMANDS: dict[str, str] = {
 }
 
 
+class _Formatter(argparse.HelpFormatter):
+    """argparse's formatter with the width worked out here: argparse's own asks shutil, an import (with
+    bz2 and lzma) that every run pays for because add_argument builds a formatter to validate arguments."""
+
+    def __init__(self, prog: str) -> None:
+        try:
+            columns = int(os.environ["COLUMNS"])
+        except (KeyError, ValueError):
+            try:
+                columns = os.get_terminal_size(sys.__stdout__.fileno()).columns if sys.__stdout__ else 80
+            except (OSError, ValueError):
+                columns = 80
+        super().__init__(prog, width=max(columns - 2, 20))
+
+
 def build_parser(check_options: bool = True) -> argparse.ArgumentParser:
     """The whole parser; ``check_options=False`` leaves out ``check``'s pytest options, whose import the
     other subcommands need not pay for."""
-    parser = argparse.ArgumentParser(prog="cudastack", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="cudastack", description=__doc__.splitlines()[0], formatter_class=_Formatter)
     parser.add_argument("--no-cache", action="store_true", help="do not read or write the on-disk ELF cache")
-    sub = parser.add_subparsers(dest="command")
+    # An explicit prog keeps argparse from building a help formatter (and importing shutil) on every run.
+    sub = parser.add_subparsers(dest="command", prog="cudastack")
     # Which Python environment's wheels to inspect: another venv can be checked without activating it.
-    site = argparse.ArgumentParser(add_help=False)
+    site = argparse.ArgumentParser(add_help=False, formatter_class=_Formatter)
     site.add_argument(
         "--site",
         action="append",
@@ -41,33 +57,51 @@ def build_parser(check_options: bool = True) -> argparse.ArgumentParser:
         help="a site-packages directory or venv prefix to inspect (repeatable; default: this interpreter's)",
     )
 
-    report = sub.add_parser("report", parents=[site], help="the stack on one screen, findings first (default)")
+    report = sub.add_parser(
+        "report", formatter_class=_Formatter, parents=[site], help="the stack on one screen, findings first (default)"
+    )
     report.add_argument("--json", action="store_true", help="print JSON instead of text")
     report.add_argument("-v", "--verbose", action="count", default=0, help="show more detail")
 
-    tree = sub.add_parser("tree", parents=[site], help="where the dynamic linker would load every needed library from")
+    tree = sub.add_parser(
+        "tree",
+        formatter_class=_Formatter,
+        parents=[site],
+        help="where the dynamic linker would load every needed library from",
+    )
     tree.add_argument("paths", nargs="+", metavar="PATH")
     tree.add_argument("--json", action="store_true", help="print JSON instead of text")
 
-    why = sub.add_parser("why", parents=[site], help="where SONAME would load from, and which distributions ship it")
+    why = sub.add_parser(
+        "why",
+        formatter_class=_Formatter,
+        parents=[site],
+        help="where SONAME would load from, and which distributions ship it",
+    )
     why.add_argument("soname")
     why.add_argument("--json", action="store_true", help="print JSON instead of text")
 
-    loaded = sub.add_parser("loaded", help="import MODULE in a child process and list the shared objects it maps")
+    loaded = sub.add_parser(
+        "loaded",
+        formatter_class=_Formatter,
+        help="import MODULE in a child process and list the shared objects it maps",
+    )
     loaded.add_argument("module")
     loaded.add_argument("--json", action="store_true", help="print JSON instead of text")
 
-    check = sub.add_parser("check", parents=[site], help="run the invariant checks; exit 1 on findings")
+    check = sub.add_parser(
+        "check", formatter_class=_Formatter, parents=[site], help="run the invariant checks; exit 1 on findings"
+    )
     check.add_argument("--json", action="store_true", help="print JSON instead of text")
     if check_options:
         from .settings import add_arguments
 
         add_arguments(check)
 
-    snapshot = sub.add_parser("snapshot", parents=[site], help="write the stack as JSON")
+    snapshot = sub.add_parser("snapshot", formatter_class=_Formatter, parents=[site], help="write the stack as JSON")
     snapshot.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of standard output")
 
-    diff = sub.add_parser("diff", help="compare two snapshots")
+    diff = sub.add_parser("diff", formatter_class=_Formatter, help="compare two snapshots")
     diff.add_argument("a", metavar="A")
     diff.add_argument("b", metavar="B")
     return parser
