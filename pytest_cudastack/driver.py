@@ -20,7 +20,6 @@ import json
 import logging
 import os
 import re
-import stat
 import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -249,32 +248,6 @@ def parse_proc_version(text: str) -> str | None:
     return m["version"] if m else None
 
 
-def _read_small_text(path: str, limit: int = 65536) -> str | None:
-    """Read a small regular file without blocking (never a FIFO or device); None when unreadable."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        st = os.fstat(fd)
-        # procfs files report S_ISREG with size 0; that is fine, read up to the limit
-        if not stat.S_ISREG(st.st_mode):
-            return None
-        chunks = []
-        remaining = limit
-        while remaining > 0:
-            chunk = os.read(fd, min(remaining, 8192))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            remaining -= len(chunk)
-        return b"".join(chunks).decode("utf-8", "replace")
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-
-
 def _default_finder() -> Callable[[str], tuple[str | None, str | None]] | None:
     """The core resolver's ``find``, or None when it is not importable (yet)."""
     try:
@@ -327,7 +300,9 @@ def driver_files(
             else:
                 shown = path if real in (None, path) else f"{path} -> {real}"
                 notes.append(f"{soname}: {shown}" + (f" (driver {version})" if version else ""))
-    proc_text = _read_small_text(proc_version_path)
+    from .sitepaths import read_text
+
+    proc_text = read_text(proc_version_path, limit=65536)
     kernel = parse_proc_version(proc_text) if proc_text else None
     if kernel:
         notes.append(f"kernel module {kernel} ({proc_version_path})")

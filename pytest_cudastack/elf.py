@@ -39,6 +39,7 @@ __all__ = [
     "exports",
     "looks_like_elf",
     "machine_name",
+    "open_regular",
     "read_elf",
 ]
 
@@ -152,8 +153,9 @@ def _opt_str(v: Any) -> str | None:
     return None if v is None else str(v)
 
 
-def _open_regular(path: str) -> tuple[int, os.stat_result]:
-    """Open without blocking and insist on a regular file; returns (fd, stat)."""
+def open_regular(path: str) -> tuple[int, os.stat_result]:
+    """Open without blocking (a FIFO named like a library must not hang us) and insist on a regular
+    file; returns (fd, stat). The caller closes fd. Raises ElfError naming the file."""
     try:
         fd = os.open(path, _OPEN_FLAGS)
     except OSError as e:
@@ -175,7 +177,7 @@ def _open_regular(path: str) -> tuple[int, os.stat_result]:
 def looks_like_elf(path: str | os.PathLike[str]) -> bool:
     """True when *path* is a regular file starting with ``\\x7fELF``; never blocks, never raises."""
     try:
-        fd, _st = _open_regular(os.fspath(path))
+        fd, _st = open_regular(os.fspath(path))
     except (ElfError, TypeError, ValueError):
         return False
     try:
@@ -190,7 +192,7 @@ def exports(path: str | os.PathLike[str], symbol: str) -> bool:
     """Whether the ELF file at *path* defines the dynamic symbol *symbol* (hash-table lookup, a few reads;
     False when it has no hash table). Raises :class:`ElfError` naming the file."""
     p = os.fspath(path)
-    fd, st = _open_regular(p)
+    fd, st = open_regular(p)
     try:
         try:
             head = os.pread(fd, 64, 0)
@@ -237,7 +239,7 @@ def _exports_pyelftools(p: str, fd: int, size: int, symbol: str) -> bool:
 def read_elf(path: str | os.PathLike[str]) -> ElfInfo:
     """Read the declared facts of the ELF file at *path*; raises :class:`ElfError` naming the file."""
     p = os.fspath(path)
-    fd, st = _open_regular(p)
+    fd, st = open_regular(p)
     try:
         info = _fast_read(p, fd, st.st_size)
         return info if info is not None else _pyelftools_read(p, fd, st.st_size)
@@ -248,7 +250,7 @@ def read_elf(path: str | os.PathLike[str]) -> ElfInfo:
 def _read_elf_fast(path: str | os.PathLike[str]) -> ElfInfo | None:
     """The fast reader alone: None where it declines (tests compare it with :func:`_read_elf_pyelftools`)."""
     p = os.fspath(path)
-    fd, st = _open_regular(p)
+    fd, st = open_regular(p)
     try:
         return _fast_read(p, fd, st.st_size)
     finally:
@@ -258,7 +260,7 @@ def _read_elf_fast(path: str | os.PathLike[str]) -> ElfInfo | None:
 def _read_elf_pyelftools(path: str | os.PathLike[str]) -> ElfInfo:
     """The pyelftools reader alone (the reference the fast reader must agree with)."""
     p = os.fspath(path)
-    fd, st = _open_regular(p)
+    fd, st = open_regular(p)
     try:
         return _pyelftools_read(p, fd, st.st_size)
     finally:

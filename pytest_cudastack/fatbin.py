@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import mmap
 import os
-import stat
 import struct
 from dataclasses import dataclass
 
+from .elf import open_regular
 from .errors import ElfError
 
 __all__ = ["Fatbin", "FatbinEntry", "read_fatbin", "runs_on"]
@@ -61,18 +61,6 @@ class Fatbin:
     @property
     def ptx(self) -> tuple[str, ...]:
         return tuple(sorted({e.name for e in self.entries if e.kind == "ptx"}))
-
-
-def _open_regular(path: str) -> int:
-    # O_NONBLOCK: a FIFO named like a library must not hang us.
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as e:
-        raise ElfError(f"{path}: cannot open: {e.strerror}") from e
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise ElfError(f"{path}: not a regular file")
-    return fd
 
 
 def _section_ranges(fd: int, path: str) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
@@ -188,7 +176,7 @@ def read_fatbin(path: str | os.PathLike[str]) -> Fatbin:
     file that cannot be read at all raises :class:`ElfError`.
     """
     name = os.fspath(path)
-    fd = _open_regular(name)
+    fd, _st = open_regular(name)
     try:
         problems: list[str] = []
         entries: list[FatbinEntry] = []

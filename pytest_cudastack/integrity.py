@@ -34,6 +34,8 @@ from dataclasses import dataclass
 from packaging.markers import InvalidMarker, UndefinedComparison, UndefinedEnvironmentName
 from packaging.requirements import InvalidRequirement, Requirement
 
+from pytest_cudastack.elf import open_regular
+from pytest_cudastack.errors import ElfError
 from pytest_cudastack.findings import Finding, Severity
 from pytest_cudastack.inventory import (
     Distribution,
@@ -48,7 +50,6 @@ __all__ = ["Requirer", "active_requirements", "check_integrity", "pip_command"]
 
 logger = logging.getLogger(__name__)
 
-_OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
 _PLACEHOLDER_VERSION = re.compile(r"^0\.0\.\d+\.dev\d+$")
 _PLACEHOLDER_SUMMARY = re.compile(r"placeholder|fake package|dummy package|not the package", re.IGNORECASE)
 # wheels whose -cu12 and -cu13 variants install into one directory (reference/cuda-facts.md §3a, LOCAL)
@@ -173,20 +174,16 @@ class _Disk:
         site_n = os.path.normpath(site).rstrip(os.sep) + os.sep
         if os.path.normpath(path).startswith(site_n) and algorithm in hashlib.algorithms_available:
             try:
-                fd = os.open(path, _OPEN_FLAGS)
-            except OSError:
+                fd, _st = open_regular(path)
+            except ElfError:
                 fd = -1
             if fd >= 0:
                 try:
-                    if stat.S_ISREG(os.fstat(fd).st_mode):
-                        h = hashlib.new(algorithm)
-                        while True:
-                            b = os.read(fd, 1 << 20)
-                            if not b:
-                                break
-                            h.update(b)
-                        result = algorithm + "=" + base64.urlsafe_b64encode(h.digest()).rstrip(b"=").decode()
-                        self.hashed.append(path)
+                    h = hashlib.new(algorithm)
+                    while chunk := os.read(fd, 1 << 20):
+                        h.update(chunk)
+                    result = algorithm + "=" + base64.urlsafe_b64encode(h.digest()).rstrip(b"=").decode()
+                    self.hashed.append(path)
                 except OSError:
                     result = None
                 finally:

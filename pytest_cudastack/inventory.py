@@ -35,9 +35,9 @@ from pytest_cudastack.sitepaths import (  # re-exported: they are part of this m
     _dist_info_dirs,
     _name_version_from_dirname,
     _nonplain,
-    _read_text,
     install_prefix,
     owner_index,
+    read_text,
     record_abspath,
     site_dirs,
 )
@@ -391,7 +391,7 @@ def read_distribution(location: str, dirname: str, reader: Reader) -> Distributi
     fallback_name, fallback_version = _name_version_from_dirname(dirname)
     name, version, summary = fallback_name, fallback_version, ""
     requires: list[str] = []
-    meta_text = _read_text(os.path.join(dist_info, "METADATA"))
+    meta_text = read_text(os.path.join(dist_info, "METADATA"))
     if meta_text is None:
         problems.append(f"no readable METADATA in {dirname}; name and version taken from the directory name")
     else:
@@ -406,7 +406,7 @@ def read_distribution(location: str, dirname: str, reader: Reader) -> Distributi
         if not msg.get("Name") or not msg.get("Version"):
             problems.append(f"METADATA of {dirname} lacks Name or Version")
     records: list[RecordEntry] = []
-    record_text = _read_text(os.path.join(dist_info, "RECORD"))
+    record_text = read_text(os.path.join(dist_info, "RECORD"))
     if record_text is None:
         problems.append(f"no readable RECORD in {dirname}; its files cannot be checked")
     else:

@@ -254,11 +254,11 @@ def parse_ld_cache(data: bytes, path: str = "<bytes>") -> LdCache:
 
 def read_ld_cache(path: str = "/etc/ld.so.cache") -> LdCache:
     """Read and parse an ld.so.cache file; raises :class:`LdCacheError` (also when it cannot be read)."""
-    from .elf import _open_regular  # non-blocking open + S_ISREG check
+    from .elf import open_regular  # non-blocking open + S_ISREG check
     from .errors import ElfError
 
     try:
-        fd, _st = _open_regular(path)
+        fd, _st = open_regular(path)
     except ElfError as e:
         raise LdCacheError(str(e)) from e
     try:

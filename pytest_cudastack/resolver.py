@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from .elf import ElfInfo, _open_regular, read_elf
+from .elf import ElfInfo, open_regular, read_elf
 from .errors import ElfError, LdCacheError
 from .ldcache import LdCache, cpu_hwcaps, read_ld_cache, read_ld_so_conf
 
@@ -474,7 +474,7 @@ class Resolver:
         if self._deps is not None:
             self._deps.add("s" + host)
         try:
-            fd, _st = _open_regular(host)
+            fd, _st = open_regular(host)
         except ElfError:
             return None
         try:

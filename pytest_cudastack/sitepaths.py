@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
     from typing import Any
 
-__all__ = ["OwnerIndex", "install_prefix", "owner_index", "record_abspath", "site_dirs"]
+__all__ = ["OwnerIndex", "install_prefix", "owner_index", "read_text", "record_abspath", "site_dirs"]
 
 
 @functools.lru_cache(maxsize=256)
@@ -74,7 +74,7 @@ def _pth_dirs(site_dir: str) -> list[str]:
     except OSError:
         return out
     for n in names:
-        text = _read_text(os.path.join(site_dir, n))
+        text = read_text(os.path.join(site_dir, n))
         if text is None:
             continue
         for line in text.splitlines():
@@ -147,7 +147,7 @@ def site_dirs(paths: Sequence[str] | None = None) -> tuple[str, ...]:
     return tuple(out)
 
 
-def _read_text(path: str, limit: int = 64 << 20) -> str | None:
+def read_text(path: str, limit: int = 64 << 20) -> str | None:
     """Text of a regular file, None when missing/unreadable/not regular (never blocks on a FIFO)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
@@ -291,10 +291,10 @@ class OwnerIndex:
             for dirname in _dist_info_dirs(loc):
                 order += 1
                 fallback_name, fallback_version = _name_version_from_dirname(dirname)
-                meta = _read_text(os.path.join(loc, dirname, "METADATA"))
+                meta = read_text(os.path.join(loc, dirname, "METADATA"))
                 name, version = _meta_name_version(meta) if meta is not None else ("", "")
                 label = f"{name or fallback_name} {version or fallback_version}"
-                text = _read_text(os.path.join(loc, dirname, "RECORD"))
+                text = read_text(os.path.join(loc, dirname, "RECORD"))
                 if text is None:
                     continue
                 paths, special = _record_paths(text)
