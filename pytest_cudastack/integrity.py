@@ -45,6 +45,7 @@ from pytest_cudastack.inventory import (
     install_prefix,
     is_shared_lib_path,
 )
+from pytest_cudastack.sitepaths import _nonplain, record_abspath
 
 __all__ = ["Requirer", "active_requirements", "check_integrity", "pip_command"]
 
@@ -241,6 +242,7 @@ class _PathState:
 
 
 _StateFn = Callable[[str], _PathState]
+_Required = Callable[[], "dict[str, list[Requirer]]"]  # who requires what, computed on the first call
 
 
 def _attribute(path: str, owners: Sequence[_Owned], disk: _Disk) -> tuple[tuple[Distribution, ...], bool]:
@@ -279,6 +281,55 @@ def _in_dist_info(dist: Distribution, path: str) -> bool:
 # findings
 
 
+class _Listed:
+    """Every path listed by some RECORD -> its owners (each distribution once, in inventory order, with its
+    first row for the path), merged across spellings of one site directory: the absolute path is
+    ``Distribution.abspath`` of the row, formed without normalisation for the plain rows (most of them)."""
+
+    def __init__(self, inv: Inventory) -> None:
+        self.dists = inv.distributions
+        self._own = [_own_paths(d) for d in self.dists]
+        self._memo: dict[str, list[_Owned]] = {}
+        seen: set[str] = set()
+        shared: set[str] = set()
+        for own in self._own:
+            if seen:
+                shared |= own.keys() & seen
+            seen.update(own)
+        self.shared = sorted(shared)  # listed by two or more distributions
+
+    def get(self, path: str) -> list[_Owned]:
+        got = self._memo.get(path)
+        if got is None:
+            got = [_Owned(d, own[path]) for d, own in zip(self.dists, self._own, strict=True) if path in own]
+            self._memo[path] = got
+        return got
+
+
+def _own_paths(d: Distribution) -> dict[str, RecordEntry]:
+    """``d.abspath(e) -> e`` for the first row ``e`` of each path ``d``'s RECORD lists (None ones left out)."""
+    records = d.records
+    if not records:
+        return {}
+    odd = set(_nonplain([e.path for e in records]))
+    loc = os.path.normpath(d.location)
+    prefix = "" if loc == "." else ("/" if loc == "/" else loc + "/")  # as record_abspath joins a plain path
+    if not odd:
+        return {prefix + e.path: e for e in reversed(records)}  # reversed: the first row of a path wins
+    own = {prefix + e.path: e for e in reversed(records) if e.path not in odd}
+    first_odd: dict[str, tuple[int, RecordEntry]] = {}
+    for i, e in enumerate(records):
+        if e.path in odd:
+            full = record_abspath(d.location, e.path)
+            if full is not None and full not in first_odd:
+                first_odd[full] = (i, e)
+    for full, (i, e) in first_odd.items():
+        plain = own.get(full)
+        if plain is None or next(j for j, x in enumerate(records) if x is plain) > i:
+            own[full] = e
+    return own
+
+
 def check_integrity(inv: Inventory, *, verify_hashes: bool = False) -> tuple[Finding, ...]:
     """Integrity findings for an inventory (overlaps, broken pins, missing/altered libraries, placeholders).
 
@@ -286,24 +337,20 @@ def check_integrity(inv: Inventory, *, verify_hashes: bool = False) -> tuple[Fin
     (slow on a CUDA venv: gigabytes); by default a matching size is taken as intact.
     """
     disk = _Disk(verify_hashes)
-    required_by = active_requirements(inv)
+    memo: list[dict[str, list[Requirer]]] = []
 
-    # every path listed by some RECORD, merged across spellings of one site directory
-    by_path: dict[str, list[_Owned]] = {}
-    for d in inv.distributions:
-        for e in d.records:
-            p = d.abspath(e)
-            if p is None:
-                continue
-            owners = by_path.setdefault(p, [])
-            if not any(o.dist is d for o in owners):
-                owners.append(_Owned(d, e))
+    def required_by() -> dict[str, list[Requirer]]:
+        """active_requirements(inv), computed when a finding first needs it (most runs find nothing)."""
+        if not memo:
+            memo.append(active_requirements(inv))
+        return memo[0]
 
+    by_path = _Listed(inv)
     states: dict[str, _PathState] = {}
 
     def state(path: str) -> _PathState:
         if path not in states:
-            owners = by_path[path]
+            owners = by_path.get(path)
             on_disk, undecided = _attribute(path, owners, disk)
             states[path] = _PathState(path, owners[0].entry.path, tuple(owners), disk.size(path), on_disk, undecided)
         return states[path]
@@ -388,15 +435,14 @@ def _common_dir(rels: Sequence[str]) -> str:
 
 def _overlaps(
     inv: Inventory,
-    by_path: dict[str, list[_Owned]],
+    by_path: _Listed,
     state: _StateFn,
-    required_by: dict[str, list[Requirer]],
+    required_by: _Required,
 ) -> list[Finding]:
     groups: dict[tuple[int, ...], list[_PathState]] = {}
     order: dict[int, int] = {id(d): i for i, d in enumerate(inv.distributions)}
-    for path, owners in by_path.items():
-        if len(owners) < 2:
-            continue
+    for path in by_path.shared:
+        owners = by_path.get(path)
         key = tuple(sorted(order[id(o.dist)] for o in owners))
         groups.setdefault(key, []).append(state(path))
     findings: list[Finding] = []
@@ -447,7 +493,7 @@ def _overlaps(
                     f"{pip_command(dists[0])} install --no-deps {dists[-1].name}=={dists[-1].version}"
                 )
             else:
-                reason, fix = _keep_one(dists, required_by)
+                reason, fix = _keep_one(dists, required_by())
             cause = (
                 "pip installs one distribution's files over the other's without a warning, and uninstalling "
                 f"either deletes files the other's RECORD still lists. {reason}"
@@ -482,8 +528,11 @@ def _lib_name(dist_name: str) -> str:
     return _LIB_NAMES.get(base, base)
 
 
-def _broken_pins(inv: Inventory, state: _StateFn, required_by: dict[str, list[Requirer]]) -> list[Finding]:
+def _broken_pins(inv: Inventory, state: _StateFn, required: _Required) -> list[Finding]:
     findings: list[Finding] = []
+    if not any(_foreign_on_disk(y, state) for y in inv.distributions):
+        return findings  # no requirement can be broken: who requires what is not needed
+    required_by = required()
     for key, requirers in required_by.items():
         y = inv.get(key)
         if y is None:
@@ -542,12 +591,23 @@ def _broken_pins(inv: Inventory, state: _StateFn, required_by: dict[str, list[Re
     return findings
 
 
+def _foreign_on_disk(y: Distribution, state: _StateFn) -> bool:
+    """Is some present library ``y``'s RECORD lists another distribution's bytes (and not ``y``'s)?"""
+    for lib in y.libraries:
+        if lib.record is None or not lib.exists:
+            continue
+        s = state(lib.path)
+        if s.on_disk and not any(d is y for d in s.on_disk):
+            return True
+    return False
+
+
 def _missing_or_altered(
     inv: Inventory,
-    by_path: dict[str, list[_Owned]],
+    by_path: _Listed,
     state: _StateFn,
     disk: _Disk,
-    required_by: dict[str, list[Requirer]],
+    required: _Required,
 ) -> list[Finding]:
     findings: list[Finding] = []
     for d in inv.distributions:
@@ -558,7 +618,7 @@ def _missing_or_altered(
         first = next(own_iter, None)
         if first is not None and not os.path.lexists(first) and not any(os.path.lexists(p) for p in own_iter):
             own = [p for p in (d.abspath(e) for e in d.records) if p is not None and not _in_dist_info(d, p)]
-            others = sorted({o.dist.label for p in own for o in by_path.get(p, []) if o.dist is not d})
+            others = sorted({o.dist.label for p in own for o in by_path.get(p) if o.dist is not d})
             if others:
                 cause = (
                     "its files were deleted, most likely by uninstalling another distribution that installs "
@@ -570,7 +630,7 @@ def _missing_or_altered(
                     f"the same paths{_variant_hint(d)}; no installed distribution lists them now, so which "
                     "one cannot be read from the files"
                 )
-            needed = _who_requires(d, required_by)
+            needed = _who_requires(d, required())
             fix = reinstall if needed else f"{reinstall} (or {pip} uninstall -y {d.name} if nothing needs it)"
             findings.append(
                 Finding(
@@ -605,12 +665,7 @@ def _missing_or_altered(
         if missing:
             missing.sort()
             others = sorted(
-                {
-                    o.dist.label
-                    for rel in missing
-                    for o in by_path.get(os.path.join(d.location, rel), [])
-                    if o.dist is not d
-                }
+                {o.dist.label for rel in missing for o in by_path.get(os.path.join(d.location, rel)) if o.dist is not d}
             )
             if len(missing) == 1:
                 message = f"{d.label} lists {missing[0]} but the file is gone"
@@ -665,7 +720,7 @@ def _variant_hint(d: Distribution) -> str:
     return f" (nvidia-{family}-cu{'12' if major == '13' else '13'} does)"
 
 
-def _placeholders(inv: Inventory, required_by: dict[str, list[Requirer]]) -> list[Finding]:
+def _placeholders(inv: Inventory, required: _Required) -> list[Finding]:
     findings: list[Finding] = []
     for d in inv.distributions:
         looks = bool(_PLACEHOLDER_VERSION.match(d.version)) or bool(_PLACEHOLDER_SUMMARY.search(d.summary))
@@ -677,7 +732,7 @@ def _placeholders(inv: Inventory, required_by: dict[str, list[Requirer]]) -> lis
         if payload:
             continue
         why = f"its summary says {d.summary!r}" if d.summary else f"version {d.version}"
-        needed = _who_requires(d, required_by)
+        needed = _who_requires(d, required())
         by = f"; required by {', '.join(r.dist.label for r in needed[:3])}" if needed else ""
         findings.append(
             Finding(
