@@ -45,7 +45,7 @@ from pytest_cudastack.inventory import (
     install_prefix,
     is_shared_lib_path,
 )
-from pytest_cudastack.sitepaths import _nonplain, record_abspath
+from pytest_cudastack.sitepaths import record_abspath
 
 __all__ = ["Requirer", "active_requirements", "check_integrity", "pip_command"]
 
@@ -311,7 +311,7 @@ def _own_paths(d: Distribution) -> dict[str, RecordEntry]:
     records = d.records
     if not records:
         return {}
-    odd = set(_nonplain([e.path for e in records]))
+    odd = set(d._nonplain_paths())
     loc = os.path.normpath(d.location)
     prefix = "" if loc == "." else ("/" if loc == "/" else loc + "/")  # as record_abspath joins a plain path
     if not odd:
