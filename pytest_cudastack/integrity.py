@@ -284,50 +284,78 @@ def _in_dist_info(dist: Distribution, path: str) -> bool:
 class _Listed:
     """Every path listed by some RECORD -> its owners (each distribution once, in inventory order, with its
     first row for the path), merged across spellings of one site directory: the absolute path is
-    ``Distribution.abspath`` of the row, formed without normalisation for the plain rows (most of them)."""
+    ``Distribution.abspath`` of the row. A plain row's absolute path is ``<site dir>/<path>`` unchanged, so
+    it is looked up by that relative path in ``Distribution._plain_rows`` (shared with the owner lookups);
+    only the few other rows (``..``, absolute, ``./``) are resolved."""
 
     def __init__(self, inv: Inventory) -> None:
         self.dists = inv.distributions
-        self._own = [_own_paths(d) for d in self.dists]
+        self._prefix: list[str] = []
+        self._odd: list[dict[str, tuple[int, RecordEntry]]] = []
+        for d in self.dists:
+            loc = os.path.normpath(d.location)
+            self._prefix.append("" if loc == "." else ("/" if loc == "/" else loc + "/"))  # as record_abspath
+            self._odd.append(_odd_rows(d))
         self._memo: dict[str, list[_Owned]] = {}
+        self.shared = self._shared()  # listed by two or more distributions
+
+    def _shared(self) -> list[str]:
+        prefixes = set(self._prefix)
+        if any(a != b and b.startswith(a) for a in prefixes for b in prefixes):
+            # a site directory inside another: one path can be plain in two spellings
+            return self._shared_by_abspath()
+        shared: set[str] = set()
+        groups: dict[str, list[Distribution]] = {}
+        for d, prefix in zip(self.dists, self._prefix, strict=True):
+            groups.setdefault(prefix, []).append(d)
+        for prefix, dists in groups.items():
+            seen: set[str] = set()
+            for d in dists:
+                rows = d._plain_rows()
+                if seen:
+                    shared.update(prefix + rel for rel in rows.keys() & seen)
+                seen.update(rows)
+        for odd in self._odd:
+            shared.update(full for full in odd if len(self.get(full)) > 1)
+        return sorted(shared)
+
+    def _shared_by_abspath(self) -> list[str]:
         seen: set[str] = set()
         shared: set[str] = set()
-        for own in self._own:
-            if seen:
-                shared |= own.keys() & seen
-            seen.update(own)
-        self.shared = sorted(shared)  # listed by two or more distributions
+        for d, prefix, odd in zip(self.dists, self._prefix, self._odd, strict=True):
+            own = {prefix + rel for rel in d._plain_rows()}
+            own.update(odd)
+            shared |= own & seen
+            seen |= own
+        return sorted(shared)
 
     def get(self, path: str) -> list[_Owned]:
         got = self._memo.get(path)
         if got is None:
-            got = [_Owned(d, own[path]) for d, own in zip(self.dists, self._own, strict=True) if path in own]
+            got = []
+            for d, prefix, odd in zip(self.dists, self._prefix, self._odd, strict=True):
+                e = d._plain_rows().get(path[len(prefix) :]) if path.startswith(prefix) else None
+                o = odd.get(path)
+                if o is not None and (e is None or next(j for j, x in enumerate(d.records) if x is e) > o[0]):
+                    e = o[1]  # a row that is not plain, listed before the plain one for the same path
+                if e is not None:
+                    got.append(_Owned(d, e))
             self._memo[path] = got
         return got
 
 
-def _own_paths(d: Distribution) -> dict[str, RecordEntry]:
-    """``d.abspath(e) -> e`` for the first row ``e`` of each path ``d``'s RECORD lists (None ones left out)."""
-    records = d.records
-    if not records:
-        return {}
+def _odd_rows(d: Distribution) -> dict[str, tuple[int, RecordEntry]]:
+    """``d.abspath(e) -> (index, e)`` for the first row ``e`` of each path that is not plain (None ones left
+    out)."""
     odd = set(d._nonplain_paths())
-    loc = os.path.normpath(d.location)
-    prefix = "" if loc == "." else ("/" if loc == "/" else loc + "/")  # as record_abspath joins a plain path
-    if not odd:
-        return {prefix + e.path: e for e in reversed(records)}  # reversed: the first row of a path wins
-    own = {prefix + e.path: e for e in reversed(records) if e.path not in odd}
-    first_odd: dict[str, tuple[int, RecordEntry]] = {}
-    for i, e in enumerate(records):
-        if e.path in odd:
-            full = record_abspath(d.location, e.path)
-            if full is not None and full not in first_odd:
-                first_odd[full] = (i, e)
-    for full, (i, e) in first_odd.items():
-        plain = own.get(full)
-        if plain is None or next(j for j, x in enumerate(records) if x is plain) > i:
-            own[full] = e
-    return own
+    out: dict[str, tuple[int, RecordEntry]] = {}
+    if odd:
+        for i, e in enumerate(d.records):
+            if e.path in odd:
+                full = record_abspath(d.location, e.path)
+                if full is not None and full not in out:
+                    out[full] = (i, e)
+    return out
 
 
 def check_integrity(inv: Inventory, *, verify_hashes: bool = False) -> tuple[Finding, ...]:

@@ -119,6 +119,7 @@ class Distribution:
     problems: tuple[str, ...]
     summary: str = field(default="", repr=False)
     _nonplain: tuple[str, ...] | None = field(default=None, init=False, repr=False, compare=False, hash=False)
+    _plain: dict[str, RecordEntry] | None = field(default=None, init=False, repr=False, compare=False, hash=False)
 
     def _nonplain_paths(self) -> tuple[str, ...]:
         """The RECORD paths that do not resolve to ``<location>/<path>`` unchanged (``..``, absolute, ``./``),
@@ -128,6 +129,17 @@ class Distribution:
             odd = tuple(_nonplain([e.path for e in self.records]))
             object.__setattr__(self, "_nonplain", odd)
         return odd
+
+    def _plain_rows(self) -> dict[str, RecordEntry]:
+        """Plain RECORD path (one that resolves to ``<location>/<path>`` unchanged) -> the first row listing it,
+        built once per distribution (the owner lookups and integrity.py share it)."""
+        rows = self._plain
+        if rows is None:
+            rows = {e.path: e for e in reversed(self.records)}  # reversed: the first row of a path wins
+            for x in self._nonplain_paths():
+                rows.pop(x, None)
+            object.__setattr__(self, "_plain", rows)
+        return rows
 
     @property
     def key(self) -> str:
@@ -184,59 +196,41 @@ class Inventory:
                 for n in names:
                     self._by_soname.setdefault(n, []).append((dist, lib.path))
 
-    def _owner_maps(
-        self,
-    ) -> tuple[list[tuple[tuple[str, ...], dict[str, int], dict[str, list[int]]]], dict[str, list[int]]]:
-        """Built on the first lookup: per site directory, RECORD paths as written -> the first distribution
-        index (and every index, for paths more than one RECORD lists); a plain path resolves to
-        ``<root>/<path>`` unchanged, so it needs no normalisation. Absolute paths for the few that are not
-        plain (``..``, absolute, ``./``)."""
+    def _owner_maps(self) -> tuple[list[tuple[str, ...]], dict[str, list[int]]]:
+        """Built on the first lookup: per distribution, the directory prefixes its plain RECORD paths are
+        looked up under (``<site dir>/``, normalised and realpath'ed; the paths themselves are in
+        :meth:`Distribution._plain_rows`: a plain path resolves to ``<root>/<path>`` unchanged, so it needs no
+        normalisation); absolute path -> distribution indexes for the few paths that are not plain (``..``,
+        absolute, ``./``)."""
         if "maps" not in self._owners:
-            by_loc: dict[str, tuple[tuple[str, ...], dict[str, list[int]]]] = {}
-            firsts: dict[str, dict[str, int]] = {}
+            by_loc: dict[str, tuple[str, ...]] = {}
+            prefixes: list[tuple[str, ...]] = []
             special: dict[str, list[int]] = {}
             for i, dist in enumerate(self.distributions):
                 loc = dist.location
                 if loc not in by_loc:
-                    roots = tuple(dict.fromkeys((os.path.normpath(loc), os.path.realpath(loc))))
-                    by_loc[loc] = (roots, {})
-                    firsts[loc] = {}
-                roots, multi = by_loc[loc]
-                first = firsts[loc]
-                paths = [e.path for e in dist.records]
-                odd = dist._nonplain_paths()
-                plain = dict.fromkeys(paths, i)
-                for x in odd:
-                    if plain.pop(x, None) is None:
-                        continue  # a marked line that is not one of this RECORD's paths
+                    by_loc[loc] = tuple(dict.fromkeys((os.path.normpath(loc), os.path.realpath(loc))))
+                roots = by_loc[loc]
+                prefixes.append(tuple(root if root.endswith("/") else root + "/" for root in roots))
+                for x in dict.fromkeys(dist._nonplain_paths()):
                     for root in roots:
                         full = record_abspath(root, x)
                         if full is not None:
                             hit = special.setdefault(full, [])
                             if not hit or hit[-1] != i:
                                 hit.append(i)
-                for x in plain.keys() & first.keys():  # listed by an earlier distribution too
-                    multi.setdefault(x, [first[x]]).append(i)
-                plain.update(first)  # the earlier distribution stays first
-                firsts[loc] = plain
-            self._owners["maps"] = ([(r, firsts[loc], m) for loc, (r, m) in by_loc.items()], special)
-        maps: tuple[list[tuple[tuple[str, ...], dict[str, int], dict[str, list[int]]]], dict[str, list[int]]] = (
-            self._owners["maps"]
-        )
+            self._owners["maps"] = (prefixes, special)
+        maps: tuple[list[tuple[str, ...]], dict[str, list[int]]] = self._owners["maps"]
         return maps
 
     def _owner_indexes(self, p: str) -> list[int]:
-        plain_maps, special = self._owner_maps()
+        prefixes, special = self._owner_maps()
         found = set(special.get(p, ()))
-        for roots, first, multi in plain_maps:
-            for root in roots:
-                prefix = root if root.endswith("/") else root + "/"
-                if p.startswith(prefix):
-                    rel = p[len(prefix) :]
-                    if rel in multi:
-                        found.update(multi[rel])
-                    elif rel in first:
-                        found.add(first[rel])
+        for i, (dist, pres) in enumerate(zip(self.distributions, prefixes, strict=True)):
+            for prefix in pres:
+                if p.startswith(prefix) and p[len(prefix) :] in dist._plain_rows():
+                    found.add(i)
+                    break
         return sorted(found)
 
     def owners(self, path: str) -> tuple[Distribution, ...]:
@@ -322,10 +316,11 @@ def _parse_record(text: str) -> tuple[list[RecordEntry], list[str]]:
     entries: list[RecordEntry] = []
     problems: list[str] = []
     lines = text.splitlines()
-    rows: list[list[str]]
+    rows: Iterable[list[str]]
     if '"' not in text and "\x00" not in text and max(map(len, lines), default=0) <= csv.field_size_limit():
-        # no quoting, no NUL, no field over the csv limit: the csv module's rows are the comma splits
-        rows = [line.split(",") for line in lines]
+        # no quoting, no NUL, no field over the csv limit: the csv module's rows are the comma splits (made
+        # one at a time: 22k lists alive at once cost the garbage collector more than the splitting)
+        rows = (line.split(",") for line in lines)
     else:
         try:
             rows = list(csv.reader(lines))
