@@ -23,6 +23,7 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import stat
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -82,7 +83,20 @@ def _rel(path: str, inv: Inventory) -> str:
     return p
 
 
-def _realpath(path: str) -> str:
+def _realpath(path: str, dirs: dict[str, str]) -> str:
+    """``os.path.realpath``; for a file that is not a symbolic link, its directory's realpath (memoised in
+    ``dirs`` for one run) joined with its name, which is what realpath computes component by component."""
+    head, tail = os.path.split(path)
+    if head.startswith("/") and tail not in ("", ".", ".."):
+        try:
+            link = stat.S_ISLNK(os.lstat(path).st_mode)
+        except OSError:
+            link = True  # let realpath decide
+        if not link:
+            real = dirs.get(head)
+            if real is None:
+                real = dirs[head] = os.path.realpath(head)
+            return os.path.join(real, tail)
     try:
         return os.path.realpath(path)
     except OSError:  # pragma: no cover
@@ -123,12 +137,13 @@ def extension_closures(
     is_driver = _driver_check()
     missing: dict[str, _Missing] = {}
     reached: set[str] = set()
+    dirs: dict[str, str] = {}
     findings: list[Finding] = []
     for mt in mts:
-        reached.add(_realpath(mt.module.path))
+        reached.add(_realpath(mt.module.path, dirs))
         for lib in mt.tree.libraries:
             if lib.path is not None:
-                reached.add(lib.realpath or _realpath(lib.path))
+                reached.add(lib.realpath or _realpath(lib.path, dirs))
         for lib in mt.tree.missing:
             m = missing.setdefault(lib.soname, _Missing(lib.soname, [], []))
             m.needers.append(mt)
@@ -166,7 +181,7 @@ def extension_closures(
             )
         )
     reported = set(missing)
-    findings.extend(_unreachable(inv, resolver, reached, lambda s: is_driver(s) or s in reported))
+    findings.extend(_unreachable(inv, resolver, reached, lambda s: is_driver(s) or s in reported, dirs))
     return tuple(findings)
 
 
@@ -228,12 +243,14 @@ def _shipped_note(inv: Inventory, soname: str) -> str:
     return f"{soname} (shipped by {d.label} at {_rel(p, inv)}, found only when already loaded)"
 
 
-def _unreachable(inv: Inventory, resolver: Resolver, reached: set[str], skip: Callable[[str], bool]) -> list[Finding]:
+def _unreachable(
+    inv: Inventory, resolver: Resolver, reached: set[str], skip: Callable[[str], bool], dirs: dict[str, str]
+) -> list[Finding]:
     findings: list[Finding] = []
     for d in inv.distributions:
         notes: list[str] = []
         for lib in d.libraries:
-            if not lib.exists or lib.pyinit or lib.problem or _realpath(lib.path) in reached:
+            if not lib.exists or lib.pyinit or lib.problem or _realpath(lib.path, dirs) in reached:
                 continue
             tree = resolver.tree(lib.path)
             absent = [x.soname for x in tree.missing if not skip(x.soname)]
