@@ -11,8 +11,10 @@ the ``../../../bin/torchrun`` script entries every venv has, or absolute paths) 
 ``stat``-ed when they stay inside the installation prefix (the directory holding ``lib/pythonX.Y/``), but they
 are never read or hashed. Paths outside the prefix are ignored and reported as an inventory warning.
 
-Cost: RECORD rows are the bulk (torch alone lists ~22k files). Well-formed rows skip the per-field checks,
-``Inventory.owner(s)`` builds its path map on the first lookup, keyed by the RECORD path as written (a plain
+Cost: RECORD rows are the bulk (torch alone lists ~22k files). A RECORD without quotes is split on commas
+(what the csv module would return), well-formed rows skip the per-field checks, METADATA headers are read with
+string operations (the email parser only for unusual header blocks). ``Inventory.owner(s)`` and integrity.py
+look paths up in one dict per distribution, built on first use, keyed by the RECORD path as written (a plain
 relative path needs no normalisation; only the few ``..``/absolute ones are resolved), and heavy modules
 (csv, email, glob, site, findings) are imported where used. :class:`OwnerIndex` answers the same owner
 question from RECORD and METADATA alone (no ELF reads, no flavour rules): it is what ``cudastack tree``
@@ -483,9 +485,12 @@ def read_distribution(location: str, dirname: str, reader: Reader) -> Distributi
     if outside:
         shown = ", ".join(outside[:3]) + (f" and {len(outside) - 3} more" if len(outside) > 3 else "")
         problems.append(f"RECORD lists {len(outside)} path(s) outside the install prefix, ignored: {shown}")
+    # ".so" in the path first: what is_shared_lib_path tests first, without a call per RECORD row
     libraries = tuple(
         lib
-        for lib in (_shipped_lib(location, e, reader) for e in records if is_shared_lib_path(e.path))
+        for lib in (
+            _shipped_lib(location, e, reader) for e in records if ".so" in e.path and is_shared_lib_path(e.path)
+        )
         if lib is not None
     )
     cuda_major, evidence = _flavour(name, version, requires, paths)
