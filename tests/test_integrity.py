@@ -288,3 +288,42 @@ def test_broken_pin_wording_is_only_as_strong_as_the_facts(tmp_path, requirer, r
     pin = next(f for f in check_integrity(inv_of(site)) if f.subject.startswith(f"{requirer} -> "))
     assert expect in pin.cause
     assert "version incompatibility" not in pin.cause  # only torch's cuDNN check is known to say that
+
+
+@pytest.mark.parametrize(
+    "locations",
+    [("/s/site", "/s/site"), ("/s/site", "/s/site/", "/s/./site"), ("/s/site", "/s/site/sub"), ("/", "/s/site")],
+)
+def test_record_path_owners_across_spellings_and_nested_sites(locations):
+    """Who lists each absolute path (integrity's overlap input) is Distribution.abspath of every row, whether
+    the row is plain, ``./``, ``..`` or absolute, and whether one site directory lies inside another."""
+    from pytest_cudastack.integrity import _Listed
+    from pytest_cudastack.inventory import Distribution, Inventory, RecordEntry
+
+    rows = ("sub/a.py", "./sub/a.py", "a.py", "sub/../a.py", "/s/site/sub/a.py", "x/.hidden", "a.py", "../b")
+    dists = tuple(
+        Distribution(
+            name=f"d{i}",
+            version="1",
+            location=loc,
+            dist_info=f"{loc}/d{i}-1.dist-info",
+            records=tuple(RecordEntry(r, f"sha256={i}{j}", j) for j, r in enumerate(rows[i % 3 :])),
+            libraries=(),
+            requires=(),
+            cuda_major=None,
+            cuda_evidence="",
+            problems=(),
+        )
+        for i, loc in enumerate(locations)
+    )
+    expected: dict[str, list[tuple[Distribution, RecordEntry]]] = {}
+    for d in dists:
+        for e in d.records:
+            p = d.abspath(e)
+            if p is not None and not any(o is d for o, _ in expected.setdefault(p, [])):
+                expected[p].append((d, e))
+    listed = _Listed(Inventory(dists, (), ()))
+    assert listed.shared == sorted(p for p, owners in expected.items() if len(owners) > 1)
+    assert listed.shared  # every case has one
+    for p, owners in expected.items():
+        assert [(o.dist, o.entry) for o in listed.get(p)] == owners
