@@ -48,6 +48,7 @@ def test_loaded_module_printing_to_stdout(tmp_path, monkeypatch):
 
 
 @pytest.mark.real
+@pytest.mark.xdist_group("torch-venv")  # importing torch may write __pycache__ into the venv
 def test_loaded_torch_maps_the_cuda_wheels_libraries():
     venv = os.environ.get("CUDASTACK_TORCH_VENV")
     if not venv or not os.path.isdir(venv):

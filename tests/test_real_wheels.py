@@ -18,7 +18,9 @@ import pytest
 from pytest_cudastack.findings import Severity
 from pytest_cudastack.report import WheelReport, wheel_report
 
-pytestmark = pytest.mark.real
+# cp -al and pip in the copies change the ctime of the venv's own inodes: keep these on one xdist worker,
+# apart from tests that rely on those inodes staying untouched (test_treeview's closure-cache test).
+pytestmark = [pytest.mark.real, pytest.mark.xdist_group("torch-venv")]
 
 CUDNN12 = "nvidia_cudnn_cu12-9.19.0.56-py3-none-manylinux_2_27_x86_64.whl"
 

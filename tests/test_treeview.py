@@ -496,6 +496,7 @@ def test_closure_cache_warm_path_imports(scen: Scenarios, tmp_path: Path) -> Non
 
 
 @pytest.mark.real
+@pytest.mark.xdist_group("torch-venv")  # test_real_wheels changes the venv inodes' ctime (cp -al, pip)
 def test_closure_cache_torch_venv(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     """Over every ELF file of the real torch venv, the warm answer is the cold one, and comes from the cache."""
     from pytest_cudastack.elf import looks_like_elf
