@@ -23,7 +23,8 @@ class Finding:
     "driver", "arch", "baseline", "inventory"); ``subject`` the file, soname or distribution it is about.
     ``message`` says what was required and what was found, ``cause`` why, ``fix`` what to do.
     ``where`` lists places looked at (directories tried, RECORD files), ``chain`` the load chain that
-    needs a missing library (root first).
+    needs a missing library (root first). ``distributions`` names (canonically) the installed distributions
+    the finding makes not intact, for checks such as ``requires_wheel``.
     """
 
     check: str
@@ -35,6 +36,7 @@ class Finding:
     where: tuple[str, ...] = ()
     chain: tuple[str, ...] = ()
     details: tuple[str, ...] = field(default=())
+    distributions: tuple[str, ...] = ()
 
     @property
     def failing(self) -> bool:
@@ -51,6 +53,7 @@ class Finding:
             "where": list(self.where),
             "chain": list(self.chain),
             "details": list(self.details),
+            "distributions": list(self.distributions),
         }
 
     @classmethod
@@ -65,6 +68,7 @@ class Finding:
             where=tuple(data.get("where", ())),
             chain=tuple(data.get("chain", ())),
             details=tuple(data.get("details", ())),
+            distributions=tuple(data.get("distributions", ())),
         )
 
     def render(self) -> str:

@@ -540,6 +540,7 @@ def _overlaps(
                 check="integrity",
                 severity=severity,
                 subject=" / ".join(d.name for d in dists),
+                distributions=tuple(d.key for d in dists),
                 message=message,
                 cause=cause,
                 fix=fix,
@@ -605,6 +606,7 @@ def _broken_pins(inv: Inventory, state: _StateFn, required: _Required) -> list[F
                         check="integrity",
                         severity=Severity.ERROR,
                         subject=f"{r.dist.name} -> {r.text}",
+                        distributions=(r.dist.key,),
                         message=(
                             f"{r.dist.label} requires {r.text}, but {rels[0]}{more} on disk "
                             f"{'are' if more else 'is'} {z.label}'s"
@@ -665,6 +667,7 @@ def _missing_or_altered(
                     check="integrity",
                     severity=Severity.ERROR,
                     subject=d.label,
+                    distributions=(d.key,),
                     message=(
                         f"{d.label} ships nothing it claims: all {len(own)} file(s) its RECORD lists are gone, "
                         "only its dist-info is left"
@@ -714,6 +717,7 @@ def _missing_or_altered(
                     check="integrity",
                     severity=Severity.ERROR,
                     subject=d.label,
+                    distributions=(d.key,),
                     message=message,
                     cause=cause,
                     fix=reinstall,
@@ -727,6 +731,7 @@ def _missing_or_altered(
                     check="integrity",
                     severity=Severity.ERROR,
                     subject=d.label,
+                    distributions=(d.key,),
                     message=f"{d.label}: {len(altered)} shared librar{'y has' if len(altered) == 1 else 'ies have'} "
                     "other bytes than its RECORD lists, and no installed RECORD claims them",
                     cause="modified after install (patchelf, strip, a copy over it) or overwritten by a "
@@ -767,6 +772,7 @@ def _placeholders(inv: Inventory, required: _Required) -> list[Finding]:
                 check="integrity",
                 severity=Severity.WARNING,
                 subject=d.label,
+                distributions=(d.key,),
                 message=f"{d.label} is a placeholder: it ships no modules or libraries ({why}){by}",
                 cause="a stub wheel published under the real name, installed instead of the real distribution",
                 fix=f"{pip_command(d)} uninstall -y {d.name}, then install the real distribution "

@@ -19,7 +19,6 @@ from packaging.version import InvalidVersion, Version
 
 from .errors import RuleError
 from .findings import Finding
-from .inventory import canonical_name
 
 if TYPE_CHECKING:
     from .driver import DriverInfo
@@ -137,11 +136,7 @@ def _soname_unmet(soname: str, facts: Facts) -> str | None:
 
 def _broken(dist: Distribution, integrity: Sequence[Finding]) -> list[str]:
     problems = [f"{lib.path} (listed in RECORD) is missing" for lib in dist.libraries if not lib.exists]
-    for finding in integrity:
-        # subjects name distributions as "name version", "a / b" (shared files) or "name -> requirement"
-        names = {canonical_name(part.split()[0]) for part in finding.subject.split(" / ") if part.strip()}
-        if finding.failing and dist.key in names:
-            problems.append(finding.message)
+    problems += [f.message for f in integrity if f.failing and dist.key in f.distributions]
     return problems
 
 

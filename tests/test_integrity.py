@@ -66,6 +66,7 @@ def test_overlap_and_broken_pin(tmp_path):
     overlap = next(f for f in errs if "install the same" in f.message)
     assert "nvidia-cudnn-cu12 9.19.0.56 and nvidia-cudnn-cu13 9.24.0.43" in overlap.message
     assert "3 file(s) under nvidia/cudnn/" in overlap.message
+    assert set(overlap.distributions) == {"nvidia-cudnn-cu12", "nvidia-cudnn-cu13"}
     assert "the bytes on disk are nvidia-cudnn-cu12 9.19.0.56's" in overlap.message
     assert "torch 2.14.1 requires nvidia-cudnn-cu13==9.24.0.43" in overlap.cause
     assert "nothing installed requires nvidia-cudnn-cu12" in overlap.cause
@@ -76,6 +77,7 @@ def test_overlap_and_broken_pin(tmp_path):
     assert "bytes on disk = nvidia-cudnn-cu12 9.19.0.56's" in overlap.details[0]
     pin = next(f for f in errs if f is not overlap)
     assert pin.subject == "torch -> nvidia-cudnn-cu13==9.24.0.43"
+    assert pin.distributions == ("torch",)
     assert "nvidia/cudnn/lib/libcudnn.so.9 (and 1 more) on disk are nvidia-cudnn-cu12 9.19.0.56's" in pin.message
     assert (
         "cuDNN version incompatibility at first use: torch was built against 9.24.0.43, the files on disk "

@@ -105,9 +105,17 @@ def test_wheel_integrity_error_makes_it_not_intact(tmp_path):
 
     write_dist(tmp_path, "nvidia-nccl-cu12", "2.20.5", {"nvidia/nccl/include/nccl.h": "x"})
     inv = installed_wheels([str(tmp_path)])
-    bad = Finding("integrity", Severity.ERROR, "nvidia-nccl-cu12 2.20.5", "libnccl.so.2 has other bytes")
+    bad = Finding(
+        "integrity",
+        Severity.ERROR,
+        "nvidia-nccl-cu12 2.20.5",
+        "libnccl.so.2 has other bytes",
+        distributions=("nvidia-nccl-cu12",),
+    )
+    other = Finding("integrity", Severity.ERROR, "nvidia-nccl-cu12 2.20.5", "unrelated", distributions=("torch",))
     call = MarkerCall("requires_wheel", ("nvidia-nccl-cu12>=2",))
     assert evaluate(call, Facts(inventory=inv)) is None
+    assert evaluate(call, Facts(inventory=inv, integrity=(other,))) is None  # the subject text decides nothing
     unmet = evaluate(call, Facts(inventory=inv, integrity=(bad,)))
     assert unmet is not None
     assert "not intact: libnccl.so.2 has other bytes" in unmet.reason
@@ -171,7 +179,13 @@ def test_shared_file_finding_names_both_distributions(tmp_path):
 
     write_dist(tmp_path, "nvidia-cudnn-cu12", "9.19.0.56", {"nvidia/cudnn/include/cudnn.h": "x"})
     inv = installed_wheels([str(tmp_path)])
-    shared = Finding("integrity", Severity.ERROR, "nvidia-cudnn-cu13 / nvidia-cudnn-cu12", "same files")
+    shared = Finding(
+        "integrity",
+        Severity.ERROR,
+        "nvidia-cudnn-cu13 / nvidia-cudnn-cu12",
+        "same files",
+        distributions=("nvidia-cudnn-cu13", "nvidia-cudnn-cu12"),
+    )
     unmet = evaluate(MarkerCall("requires_wheel", ("nvidia-cudnn-cu12",)), Facts(inventory=inv, integrity=(shared,)))
     assert unmet is not None
     assert "not intact: same files" in unmet.reason
