@@ -300,6 +300,21 @@ def _table(raw: Mapping[str, Any], key: str, source: str) -> list[Any]:
     return value
 
 
+def _major_regexes(
+    wheels: Mapping[str, Any], key: str, source: str, sources: Mapping[str, Any]
+) -> list[tuple[_Row, re.Pattern[str], str]]:
+    """Rows ``{"regex": ..., "evidence": ...}`` of ``wheels[key]`` whose regex has a ``major`` group."""
+    rows = []
+    for i, row in enumerate(_table(wheels, key, f"{source}: wheels")):
+        r = _Row(source, f"wheels.{key}", i, row, sources)
+        r.keys({"regex", "evidence"})
+        rx = r.regex("regex")
+        if "major" not in rx.groupindex:
+            raise DataError(f"{r.where}: regex needs a (?P<major>...) group")
+        rows.append((r, rx, str(r.get("evidence", str))))
+    return rows
+
+
 _TOP_KEYS = {
     "schema",
     "description",
@@ -433,14 +448,9 @@ def validate_compat(raw: Any, source: str = DATA_FILE) -> CompatData:
     }
     if extra:
         raise DataError(f"{source}: wheels: unknown key(s) {', '.join(sorted(extra))}")
-    name_rules = []
-    for i, row in enumerate(_table(wheels, "name_rules", f"{source}: wheels")):
-        r = _Row(source, "wheels.name_rules", i, row, sources)
-        r.keys({"regex", "evidence"})
-        rx = r.regex("regex")
-        if "major" not in rx.groupindex:
-            raise DataError(f"{r.where}: regex needs a (?P<major>...) group")
-        name_rules.append((rx, str(r.get("evidence", str)), r.unconfirmed))
+    name_rules = [
+        (rx, evidence, r.unconfirmed) for r, rx, evidence in _major_regexes(wheels, "name_rules", source, sources)
+    ]
     tracks = wheels.get("tracks_cuda_suffixed", [])
     if not isinstance(tracks, list) or not all(isinstance(t, str) for t in tracks):
         raise DataError(f"{source}: wheels.tracks_cuda_suffixed must be a list of names")
@@ -473,14 +483,7 @@ def validate_compat(raw: Any, source: str = DATA_FILE) -> CompatData:
                 r.source,
             )
         )
-    install_dirs = []
-    for i, row in enumerate(_table(wheels, "install_dirs", f"{source}: wheels")):
-        r = _Row(source, "wheels.install_dirs", i, row, sources)
-        r.keys({"regex", "evidence"})
-        rx = r.regex("regex")
-        if "major" not in rx.groupindex:
-            raise DataError(f"{r.where}: regex needs a (?P<major>...) group")
-        install_dirs.append((rx, str(r.get("evidence", str))))
+    install_dirs = [(rx, evidence) for _r, rx, evidence in _major_regexes(wheels, "install_dirs", source, sources)]
 
     archs: list[ArchRow] = []
     for r in rows("archs", {"cc", "first_cuda", "last_major"}):

@@ -18,6 +18,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from elfbuild import _link_args
+
 __all__ = [
     "HAVE_CC",
     "DistSpec",
@@ -85,15 +87,8 @@ def compile_so(
         code.append(f'const char cudastack_payload[] = "{esc}";')
     src.write_text("\n".join(code) + "\n")
     out = d / "out.so"
-    args = ["-shared", "-fPIC", "-o", str(out), str(src), "-Wl,--no-as-needed"]
-    if soname:
-        args.append(f"-Wl,-soname,{soname}")
-    if rpath is not None:
-        args += ["-Wl,--disable-new-dtags", f"-Wl,-rpath,{rpath}"]
-    if runpath is not None:
-        args += ["-Wl,--enable-new-dtags", f"-Wl,-rpath,{runpath}"]
-    args += [str(_stub(n)) for n in needed]
-    _cc(args)
+    stubs = [_stub(n) for n in needed]
+    _cc(["-shared", "-fPIC", "-o", str(out), str(src), *_link_args(soname, stubs, rpath, runpath, ())])
     data = out.read_bytes()
     _cache[key] = data
     return data
