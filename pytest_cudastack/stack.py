@@ -151,9 +151,10 @@ class Stack:
 
     @cached_property
     def integrity(self) -> tuple[Finding, ...]:
+        """Inventory problems (malformed dist-infos, one name installed twice) and integrity findings."""
         from .integrity import check_integrity
 
-        return check_integrity(self.inventory)
+        return (*self.inventory.findings, *check_integrity(self.inventory))
 
     @cached_property
     def resolver(self) -> Resolver:

@@ -94,3 +94,14 @@ def test_run_checks_names_items_like_the_plugin(tmp_path):
     results = s.run_checks()
     assert list(results) == ["integrity", "closure", "cuda-max", "driver", "arch", "scan[gone]"]
     assert results["scan[gone]"][0].message == "no such file"
+
+
+def test_integrity_item_carries_inventory_problems(tmp_path):
+    from sitebuild import write_dist
+
+    write_dist(tmp_path, "nvidia-x-cu12", "1.0", {"nvidia/x/include/x.h": "x"})
+    (tmp_path / "nvidia_x_cu12-1.0.dist-info" / "METADATA").unlink()
+    stack = Stack(Settings(cudastack=True), site_paths=(str(tmp_path),), driver_info=DriverInfo("absent", None, None))
+    found = stack.findings("integrity")
+    assert [f.check for f in found] == ["inventory"]
+    assert "METADATA" in found[0].message
