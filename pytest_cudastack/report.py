@@ -25,7 +25,6 @@ from pytest_cudastack.resolver import Resolver, SearchConfig
 
 __all__ = [
     "WheelReport",
-    "cmd_check",
     "cmd_report",
     "compact",
     "render_report",
@@ -188,21 +187,4 @@ def cmd_report(args: argparse.Namespace, out: TextIO | None = None) -> int:
         _emit(json.dumps(rep.to_json(), indent=2), out)
     else:
         _emit(render_report(rep, verbose=bool(getattr(args, "verbose", False))), out)
-    return 1 if rep.failing else 0
-
-
-def cmd_check(args: argparse.Namespace, out: TextIO | None = None) -> int:
-    """``cudastack check`` (wheels part): failing findings and warnings; exit 0 clean, 1 findings."""
-    rep = wheel_report(site_dirs_from(args))
-    if getattr(args, "json", False):
-        payload = {"ok": not rep.failing, "findings": [f.to_json() for f in rep.findings]}
-        _emit(json.dumps(payload, indent=2), out)
-    else:
-        shown = [f for f in rep.findings if f.severity is not Severity.INFO]
-        text = "\n\n".join(f"{f.severity.value.upper()} [{f.check}] {f.render()}" for f in shown)
-        summary = (
-            f"cudastack check: {len(rep.failing)} failing, {len(shown) - len(rep.failing)} warning(s) "
-            f"({len(rep.inventory.distributions)} distributions, {rep.modules} extension modules)"
-        )
-        _emit((text + "\n\n" if text else "") + summary, out)
     return 1 if rep.failing else 0

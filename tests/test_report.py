@@ -8,10 +8,11 @@ from pathlib import Path
 import pytest
 from sitebuild import HAVE_CC, compile_so, site_packages, write_dist
 
+from pytest_cudastack.cli import main
 from pytest_cudastack.elf import read_elf
 from pytest_cudastack.findings import Severity
 from pytest_cudastack.inventory import installed_wheels
-from pytest_cudastack.report import cmd_check, cmd_report, site_dirs_from, wheel_findings, wheel_report
+from pytest_cudastack.report import cmd_report, site_dirs_from, wheel_findings, wheel_report
 from pytest_cudastack.resolver import Resolver, SearchConfig
 
 pytestmark = pytest.mark.skipif(not HAVE_CC, reason="needs a C compiler")
@@ -67,19 +68,21 @@ def test_report_clean(tmp_path):
     assert text.rstrip().endswith("wheels: no findings")
 
 
-def test_report_and_check_broken(tmp_path):
+def test_report_and_check_broken(tmp_path, capsys):
     site = broken_site(tmp_path)
     out = io.StringIO()
     assert cmd_report(ns(site), out) == 1
     text = out.getvalue()
     assert text.startswith("ERROR [integrity] ")  # findings first
     assert "nvidia-dep-cu12 0.9 and nvidia-dep-cu13 1.0 install the same" in text
-    out = io.StringIO()
-    assert cmd_check(ns(site), out) == 1
-    assert "cudastack check: 2 failing" in out.getvalue()
+    capsys.readouterr()
+    assert main(["check", "--site", str(site)]) == 1
+    text = capsys.readouterr().out
+    assert "FAIL cudastack::integrity" in text
+    assert "nvidia-dep-cu12 0.9 and nvidia-dep-cu13 1.0 install the same" in text
 
 
-def test_json(tmp_path, monkeypatch):
+def test_json(tmp_path, monkeypatch, capsys):
     site = broken_site(tmp_path)
     monkeypatch.setenv("CUDASTACK_SITE", str(site))
     out = io.StringIO()
@@ -89,12 +92,12 @@ def test_json(tmp_path, monkeypatch):
     assert data["site_dirs"] == [str(site)]
     assert {d["name"] for d in data["distributions"]} == {"pkg", "nvidia-dep-cu12", "nvidia-dep-cu13"}
     assert data["findings"][0]["severity"] == "error"
-    out = io.StringIO()
-    assert cmd_check(argparse.Namespace(json=True), out) == 1
-    assert json.loads(out.getvalue())["ok"] is False
-    out = io.StringIO()
-    assert cmd_check(argparse.Namespace(json=True, site=[str(clean_site(tmp_path / "c"))]), out) == 0
-    assert json.loads(out.getvalue()) == {"ok": True, "findings": []}
+    capsys.readouterr()
+    assert main(["check", "--json", "--cuda-driver=580.65.06"]) == 1  # the site from $CUDASTACK_SITE
+    assert json.loads(capsys.readouterr().out)["ok"] is False
+    assert main(["check", "--json", "--cuda-driver=580.65.06", "--site", str(clean_site(tmp_path / "c"))]) == 0
+    items = json.loads(capsys.readouterr().out)["items"]
+    assert not any(f["severity"] == "error" for found in items.values() for f in found)
 
 
 def test_wheel_findings_errors_first(tmp_path):
