@@ -32,7 +32,7 @@ PYTHONPATH: str | None = None
 
 
 def elf_files(venv: str) -> list[str]:
-    from pytest_cudastack.elf import looks_like_elf
+    from pytest_cudastack.linker.elf import looks_like_elf
 
     out = []
     for dirpath, _dirs, files in os.walk(venv):
@@ -94,8 +94,8 @@ def run_core(files: list[str], cache_dir: str) -> tuple[float, float]:
     """In-process Resolver over all files (no interpreter start-up, no wheel inventory): cold, warm."""
     os.environ["CUDASTACK_CACHE_DIR"] = cache_dir
     os.environ.pop("CUDASTACK_NO_CACHE", None)
-    from pytest_cudastack.elfcache import ElfCache
-    from pytest_cudastack.resolver import Resolver, SearchConfig
+    from pytest_cudastack.linker.elfcache import ElfCache
+    from pytest_cudastack.linker.resolver import Resolver, SearchConfig
 
     env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
     times = []

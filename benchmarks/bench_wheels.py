@@ -29,10 +29,10 @@ from typing import Any
 CHILD = r"""
 import json, sys, time
 t0 = time.perf_counter()
-from pytest_cudastack.inventory import default_reader, installed_wheels, memo_reader
-from pytest_cudastack.integrity import check_integrity
-from pytest_cudastack.closure import extension_closures, module_trees
-from pytest_cudastack.resolver import Resolver, SearchConfig
+from pytest_cudastack.wheels.inventory import default_reader, installed_wheels, memo_reader
+from pytest_cudastack.wheels.integrity import check_integrity
+from pytest_cudastack.checks.closure import extension_closures, module_trees
+from pytest_cudastack.linker.resolver import Resolver, SearchConfig
 t1 = time.perf_counter()
 reader = memo_reader(default_reader())
 inv = installed_wheels([sys.argv[1]], reader=reader)
@@ -44,7 +44,7 @@ trees = module_trees(inv, resolver)
 clos = extension_closures(inv, resolver, trees=trees)
 t4 = time.perf_counter()
 try:
-    from pytest_cudastack.elfcache import default_cache
+    from pytest_cudastack.linker.elfcache import default_cache
     default_cache().flush()
 except ImportError:
     pass

@@ -12,12 +12,12 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from .findings import Finding, Severity
+from pytest_cudastack.findings import Finding, Severity
 
 if TYPE_CHECKING:
     from _pytest._code.code import TerminalRepr
 
-    from .stack import Stack
+    from pytest_cudastack.stack import Stack
 
 __all__ = ["FINDING_PROPERTY", "CudaStackCollector", "InvariantFailed", "InvariantItem", "render_findings"]
 
@@ -79,7 +79,7 @@ class InvariantItem(pytest.Item):
     ) -> str | TerminalRepr:
         if isinstance(excinfo.value, InvariantFailed):
             return render_findings(excinfo.value.findings)
-        from .errors import CudaStackError
+        from pytest_cudastack.errors import CudaStackError
 
         if isinstance(excinfo.value, CudaStackError):
             return f"cudastack: {excinfo.value}"

@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
-    from .driver import DriverInfo
-    from .rules import Unmet
-    from .settings import Settings
-    from .stack import CudaLibs, CudaWheels, Stack
+    from pytest_cudastack.cuda.driver import DriverInfo
+    from pytest_cudastack.markers import Unmet
+    from pytest_cudastack.settings import Settings
+    from pytest_cudastack.stack import CudaLibs, CudaWheels, Stack
 
 __all__ = ["MARKERS", "settings_key", "stack_key"]
 
@@ -52,7 +52,7 @@ class HookSpecs:
 
     @pytest.hookspec(firstresult=True)
     def pytest_cudastack_driver(self, config: pytest.Config) -> DriverInfo | None:
-        """Return the ``pytest_cudastack.driver.DriverInfo`` to use instead of probing NVML.
+        """Return the ``pytest_cudastack.cuda.driver.DriverInfo`` to use instead of probing NVML.
 
         The first non-None result wins; ``--cuda-driver`` / ``--cuda-arch`` still apply on top of it.
         """
@@ -63,7 +63,7 @@ def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    from .settings import HELP, INI_TYPES, option_specs
+    from pytest_cudastack.settings import HELP, INI_TYPES, option_specs
 
     group = parser.getgroup("cudastack", "pytest-cudastack")
     for flags, kwargs in option_specs():
@@ -75,8 +75,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     for line in MARKERS.values():
         config.addinivalue_line("markers", line)
-    from .errors import OptionError
-    from .settings import HELP, INI_TYPES, resolve
+    from pytest_cudastack.errors import OptionError
+    from pytest_cudastack.settings import HELP, INI_TYPES, resolve
 
     cli = {key: config.getoption(key) for key in HELP}
     ini = {key: config.getini(key) for key in INI_TYPES}
@@ -115,12 +115,12 @@ def _stack(config: pytest.Config) -> Stack:
     """The session's facts, built on first use (on an xdist worker, with the controller's driver)."""
     stack = config.stash.get(stack_key, None)
     if stack is None:
-        from .stack import Stack
+        from pytest_cudastack.stack import Stack
 
         driver_info = None
         workerinput = getattr(config, "workerinput", None)
         if workerinput is not None and WORKER_DRIVER in workerinput:
-            from .driver import DriverInfo
+            from pytest_cudastack.cuda.driver import DriverInfo
 
             driver_info = DriverInfo.from_json(json.loads(workerinput[WORKER_DRIVER]))
 
@@ -128,7 +128,7 @@ def _stack(config: pytest.Config) -> Stack:
             hooked: DriverInfo | None = config.hook.pytest_cudastack_driver(config=config)
             if hooked is not None:
                 return hooked
-            from .driver import probe_driver
+            from pytest_cudastack.cuda.driver import probe_driver
 
             return probe_driver()
 
@@ -156,8 +156,8 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     marks = [m for m in item.iter_markers() if m.name in MARKERS]
     if not marks:
         return
-    from .errors import CudaStackError
-    from .rules import check_marker, evaluate_all
+    from pytest_cudastack.errors import CudaStackError
+    from pytest_cudastack.markers import check_marker, evaluate_all
 
     try:
         calls = [check_marker(m.name, m.args, m.kwargs) for m in reversed(marks)]
@@ -232,7 +232,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     settings = config.stash[settings_key]
     if not settings.items and not settings.cudastack_scan:
         return
-    from .items import CudaStackCollector
+    from pytest_cudastack.items import CudaStackCollector
 
     collector = CudaStackCollector.for_session(session, lambda: _stack(config))
     generated = list(collector.collect())
@@ -251,7 +251,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     settings = config.stash.get(settings_key, None)
     if settings is None or (not settings.active and config.option.verbose < 2) or hasattr(config, "workerinput"):
         return []
-    from .stack import header_lines
+    from pytest_cudastack.stack import header_lines
 
     return header_lines(_stack(config), config.option.verbose)
 
@@ -271,7 +271,7 @@ class Reporter:
     def findings(self) -> list[tuple[pytest.TestReport, list[str]]]:
         if not self.reports:
             return []
-        from .items import FINDING_PROPERTY
+        from pytest_cudastack.items import FINDING_PROPERTY
 
         out = []
         for report in self.reports:
@@ -301,7 +301,7 @@ class Reporter:
         _junit_properties(config, stack)
         snapshot = config.stash[settings_key].cudastack_snapshot
         if snapshot:
-            from .stack import write_snapshot
+            from pytest_cudastack.stack import write_snapshot
 
             write_snapshot(stack, snapshot)
         summary = os.environ.get("GITHUB_STEP_SUMMARY")

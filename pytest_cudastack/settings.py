@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .errors import OptionError
+from pytest_cudastack.errors import OptionError
 
 __all__ = [
     "ENV",

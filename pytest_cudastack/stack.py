@@ -17,15 +17,15 @@ from dataclasses import replace
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-from .findings import Finding, Severity
-from .settings import Settings
+from pytest_cudastack.findings import Finding, Severity
+from pytest_cudastack.settings import Settings
 
 if TYPE_CHECKING:
-    from .cudainfer import Inference
-    from .driver import DriverInfo
-    from .elfcache import ElfCache
-    from .inventory import Distribution, Inventory
-    from .resolver import Library, Resolver, Tree
+    from pytest_cudastack.checks.bounds import Inference
+    from pytest_cudastack.cuda.driver import DriverInfo
+    from pytest_cudastack.linker.elfcache import ElfCache
+    from pytest_cudastack.wheels.inventory import Distribution, Inventory
+    from pytest_cudastack.linker.resolver import Library, Resolver, Tree
 
 __all__ = [
     "SNAPSHOT_FORMAT",
@@ -116,24 +116,24 @@ class Stack:
             return self._driver_info
         s = self.settings
         if s.cuda_driver is not None and s.cuda_arch:
-            from .driver import declared_driver
+            from pytest_cudastack.cuda.driver import declared_driver
 
             return declared_driver(s.cuda_driver, s.cuda_arch)
         if self._probe is not None:
             probed = self._probe()
         else:
-            from .driver import probe_driver
+            from pytest_cudastack.cuda.driver import probe_driver
 
             probed = probe_driver()
         if s.cuda_driver is None and not s.cuda_arch:
             return probed
-        from .driver import declared_driver
+        from pytest_cudastack.cuda.driver import declared_driver
 
         return declared_driver(s.cuda_driver, s.cuda_arch, probed=probed)
 
     @cached_property
     def cache(self) -> ElfCache:
-        from .elfcache import ElfCache
+        from pytest_cudastack.linker.elfcache import ElfCache
 
         return self._cache or ElfCache(enabled=False if self.settings.cudastack_no_cache else None)
 
@@ -144,7 +144,7 @@ class Stack:
 
     @cached_property
     def inventory(self) -> Inventory:
-        from .inventory import installed_wheels
+        from pytest_cudastack.wheels.inventory import installed_wheels
 
         # the session's own cache (flushed by the controller only), not the process-wide default one
         return installed_wheels(self._site_paths, reader=self.cache.read)
@@ -152,13 +152,13 @@ class Stack:
     @cached_property
     def integrity(self) -> tuple[Finding, ...]:
         """Inventory problems (malformed dist-infos, one name installed twice) and integrity findings."""
-        from .integrity import check_integrity
+        from pytest_cudastack.wheels.integrity import check_integrity
 
         return (*self.inventory.findings, *check_integrity(self.inventory))
 
     @cached_property
     def resolver(self) -> Resolver:
-        from .resolver import Resolver, SearchConfig
+        from pytest_cudastack.linker.resolver import Resolver, SearchConfig
 
         return Resolver(SearchConfig.from_environment(), reader=self.cache.read, owner=self._owner)
 
@@ -184,13 +184,13 @@ class Stack:
 
     @cached_property
     def scan_targets(self) -> tuple[tuple[str, str], ...]:
-        from .checks import scan_targets
+        from pytest_cudastack.checks import scan_targets
 
         return scan_targets(self.settings.cudastack_scan, self.rootdir)
 
     @cached_property
     def binary_inferences(self) -> tuple[Inference, ...]:
-        from .cudainfer import infer_binary
+        from pytest_cudastack.checks.bounds import infer_binary
 
         return tuple(
             infer_binary(self.tree(path), name, self.inventory)
@@ -200,7 +200,7 @@ class Stack:
 
     @cached_property
     def wheel_inferences(self) -> tuple[Inference, ...]:
-        from .cudainfer import infer_shipped, infer_wheel
+        from pytest_cudastack.checks.bounds import infer_shipped, infer_wheel
 
         out = []
         for dist in self.inventory.distributions:
@@ -218,13 +218,14 @@ class Stack:
     # findings per invariant item ---------------------------------------------------------------------
     def findings(self, check: str) -> tuple[Finding, ...]:
         """Findings of one invariant item ("integrity", "closure", "cuda-max", ...)."""
-        from . import checks, cudainfer
+        from pytest_cudastack import checks
+        from pytest_cudastack.checks import bounds as cudainfer
 
         s = self.settings
         if check == "integrity":
             return self.integrity
         if check == "closure":
-            from .closure import extension_closures
+            from pytest_cudastack.checks.closure import extension_closures
 
             return extension_closures(self.inventory, self.resolver)
         if check == "cuda-max" and s.cuda_max is not None:
@@ -243,7 +244,7 @@ class Stack:
         raise ValueError(f"unknown cudastack check {check!r}")
 
     def scan_findings(self, path: str, name: str) -> tuple[Finding, ...]:
-        from .checks import binary_findings
+        from pytest_cudastack.checks import binary_findings
 
         if not os.path.lexists(path):
             return (Finding("scan", Severity.ERROR, name, "no such file", fix="fix the --cudastack-scan path"),)
@@ -260,7 +261,7 @@ class Stack:
     # JSON -------------------------------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
         """The stack as JSON: driver, CUDA wheels (with missing files), scanned binaries' resolution."""
-        from . import __version__
+        from pytest_cudastack import __version__
 
         wheels = []
         for dist in self.wheels:
@@ -331,7 +332,7 @@ def header_lines(stack: Stack, verbose: int = 0) -> list[str]:
 
 def load_snapshot(path: str) -> dict[str, Any]:
     """Read a snapshot file; ``DataError`` naming the file when it is not one."""
-    from .errors import DataError
+    from pytest_cudastack.errors import DataError
 
     try:
         with open(path, encoding="utf-8") as f:
@@ -355,7 +356,7 @@ def write_snapshot(stack: Stack, path: str | None) -> None:
 
 
 def _site_paths(args: argparse.Namespace) -> tuple[str, ...] | None:
-    from .report import site_dirs_from
+    from pytest_cudastack.cli.report import site_dirs_from
 
     return site_dirs_from(args)
 
@@ -370,7 +371,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     """``cudastack check [pytest's cudastack options]``: the invariant items the options turn on, as the
     plugin runs them; with none of --cudastack/--cuda-max/--cuda-min/--cudastack-scan/--cudastack-baseline,
     all the built-in ones (as --cudastack). Exit 0 clean, 1 findings, 2 bad options."""
-    from .errors import CudaStackError
+    from pytest_cudastack.errors import CudaStackError
 
     try:
         settings = Settings.from_namespace(args)
@@ -408,8 +409,8 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def cmd_diff(args: argparse.Namespace) -> int:
     """``cudastack diff A B``: exit 0 when equal, 1 when they differ, 2 when a file is not a snapshot."""
-    from .checks import diff_snapshots
-    from .errors import DataError
+    from pytest_cudastack.checks import diff_snapshots
+    from pytest_cudastack.errors import DataError
 
     try:
         old, new = load_snapshot(args.a), load_snapshot(args.b)

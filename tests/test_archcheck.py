@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_cudastack.archcheck import arch_findings, parse_arch
+from pytest_cudastack.checks.arch import arch_findings, parse_arch
 from pytest_cudastack.errors import OptionError
 from pytest_cudastack.findings import Severity
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 import copy
 
 import pytest
-from elfbuild import build_exe, build_lib, needs_cc
+from tests.helpers.elfbuild import build_exe, build_lib, needs_cc
 
 from pytest_cudastack.checks import (
     arch_coverage,
@@ -13,10 +13,10 @@ from pytest_cudastack.checks import (
     driver_findings,
     scan_targets,
 )
-from pytest_cudastack.cudainfer import CudaNeed, Inference
-from pytest_cudastack.driver import DriverInfo
+from pytest_cudastack.checks.bounds import CudaNeed, Inference
+from pytest_cudastack.cuda.driver import DriverInfo
 from pytest_cudastack.findings import Severity
-from pytest_cudastack.resolver import Library, Route, Tree
+from pytest_cudastack.linker.resolver import Library, Route, Tree
 
 ROOT = "/app/bin/train"
 

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from elfbuild import build_exe, build_lib, needs_cc
+from tests.helpers.elfbuild import build_exe, build_lib, needs_cc
 
 from pytest_cudastack.cli import main
 

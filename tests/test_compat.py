@@ -15,8 +15,8 @@ import pytest
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from pytest_cudastack import compat
-from pytest_cudastack.compat import (
+from pytest_cudastack.cuda import compat
+from pytest_cudastack.cuda.compat import (
     arch_cuda_range,
     cuda_for_driver,
     cuda_major_for_soname_in_wheel,
@@ -32,7 +32,7 @@ from pytest_cudastack.compat import (
     wheel_cuda_flavour,
     wheel_cuda_requirement,
 )
-from pytest_cudastack.driver import DriverInfo, Gpu, declared_driver
+from pytest_cudastack.cuda.driver import DriverInfo, Gpu, declared_driver
 from pytest_cudastack.errors import DataError, RuleError
 
 
@@ -44,7 +44,7 @@ def _clear_caches():
 
 
 def _raw() -> dict[str, Any]:
-    text = resources.files("pytest_cudastack").joinpath("data/cuda_compat.json").read_text(encoding="utf-8")
+    text = resources.files("pytest_cudastack.cuda").joinpath("data/cuda_compat.json").read_text(encoding="utf-8")
     data: dict[str, Any] = json.loads(text)
     return data
 
@@ -202,7 +202,7 @@ def test_load_compat_names_the_file_on_bad_json(monkeypatch: pytest.MonkeyPatch)
         def read_text(self, encoding: str) -> str:
             return "{not json"
 
-    monkeypatch.setattr("pytest_cudastack.compat.resources.files", lambda package: Broken())
+    monkeypatch.setattr("pytest_cudastack.cuda.compat.resources.files", lambda package: Broken())
     with pytest.raises(DataError, match=r"data/cuda_compat.json: cannot read"):
         load_compat()
 
@@ -693,7 +693,7 @@ def test_real_torch_venv_flavours():
 @pytest.mark.real
 def test_real_torch_venv_sonames():
     """Every versioned CUDA toolkit soname the venv ships (read from the ELF files) maps to CUDA 13."""
-    from pytest_cudastack.elf import read_elf
+    from pytest_cudastack.linker.elf import read_elf
 
     site = _torch_site()
     checked = 0

@@ -2,9 +2,9 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_cudastack.cudainfer import CudaNeed, Inference, bound_findings, infer_binary, parse_cuda
+from pytest_cudastack.checks.bounds import CudaNeed, Inference, bound_findings, infer_binary, parse_cuda
 from pytest_cudastack.findings import Severity
-from pytest_cudastack.resolver import Library, Route, Tree
+from pytest_cudastack.linker.resolver import Library, Route, Tree
 
 ROOT = "/app/bin/train"
 

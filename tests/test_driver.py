@@ -14,9 +14,9 @@ from typing import Any
 import pynvml
 import pytest
 
-from pytest_cudastack import driver as drv
-from pytest_cudastack.compat import load_compat
-from pytest_cudastack.driver import (
+from pytest_cudastack.cuda import driver as drv
+from pytest_cudastack.cuda.compat import load_compat
+from pytest_cudastack.cuda.driver import (
     NVML_LIBRARY_ENV,
     NVML_REASONS,
     DriverInfo,
@@ -33,7 +33,7 @@ from pytest_cudastack.driver import (
 )
 from pytest_cudastack.errors import OptionError, RuleError
 
-FAKENVML_C = Path(__file__).parent / "fakenvml" / "fakenvml.c"
+FAKENVML_C = Path(__file__).parent / "helpers" / "fakenvml" / "fakenvml.c"
 needs_cc = pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
 GiB = 2**30
 
@@ -63,7 +63,7 @@ def fake_nvml(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-_PROBE = "import json; from pytest_cudastack.driver import probe_driver; print(json.dumps(probe_driver().to_json()))"
+_PROBE = "import json; from pytest_cudastack.cuda.driver import probe_driver; print(json.dumps(probe_driver().to_json()))"
 
 
 def run_probe(library: Path | str, **env: str) -> DriverInfo:
@@ -271,7 +271,7 @@ def test_nvml_absent_library(tmp_path: Path):
 
 def test_probe_keeps_nvml_out_of_this_process(fake_nvml: Path):
     code = (
-        "from pytest_cudastack.driver import probe_driver; info = probe_driver(); "
+        "from pytest_cudastack.cuda.driver import probe_driver; info = probe_driver(); "
         "maps = open('/proc/self/maps').read(); "
         "print(info.version, 'libnvidia-ml' in maps or 'libcuda.so' in maps)"
     )
@@ -779,6 +779,6 @@ def test_forward_compat_without_proc(monkeypatch: pytest.MonkeyPatch):
 
 
 def test_import_is_lazy():
-    code = "import sys, pytest_cudastack.driver, pytest_cudastack.compat; print('pynvml' in sys.modules)"
+    code = "import sys, pytest_cudastack.cuda.driver, pytest_cudastack.cuda.compat; print('pynvml' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "False"

@@ -8,11 +8,11 @@ import shutil
 from pathlib import Path
 
 import pytest
-from elfbuild import Scenarios, get_scenarios, needs_cc
+from tests.helpers.elfbuild import Scenarios, get_scenarios, needs_cc
 
-from pytest_cudastack import elf
-from pytest_cudastack.elf import read_elf
-from pytest_cudastack.elfcache import CACHE_FILE, ElfCache, default_cache, default_cache_dir
+from pytest_cudastack.linker import elf
+from pytest_cudastack.linker.elf import read_elf
+from pytest_cudastack.linker.elfcache import CACHE_FILE, ElfCache, default_cache, default_cache_dir
 from pytest_cudastack.errors import ElfError
 
 pytestmark = needs_cc
@@ -180,7 +180,7 @@ def test_default_cache_follows_environment(monkeypatch: pytest.MonkeyPatch, tmp_
 def test_resolver_default_reader_uses_the_cache(
     scen: Scenarios, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from pytest_cudastack.resolver import Resolver, SearchConfig
+    from pytest_cudastack.linker.resolver import Resolver, SearchConfig
 
     monkeypatch.setenv("CUDASTACK_CACHE_DIR", str(tmp_path / "rc"))
     monkeypatch.delenv("CUDASTACK_NO_CACHE", raising=False)
@@ -196,7 +196,7 @@ def test_light_import() -> None:
     import subprocess
     import sys
 
-    code = "import sys, pytest_cudastack.elfcache, pytest_cudastack.treecache; print(sorted(sys.modules))"
+    code = "import sys, pytest_cudastack.linker.elfcache, pytest_cudastack.linker.treecache; print(sorted(sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    for heavy in ("'pytest_cudastack.elf'", "'dataclasses'", "'logging'", "'elftools'"):
+    for heavy in ("'pytest_cudastack.linker.elf'", "'dataclasses'", "'logging'", "'elftools'"):
         assert heavy not in out

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from pytest_cudastack.errors import ElfError
-from pytest_cudastack.fatbin import CONTAINER_MAGIC, FatbinEntry, read_fatbin, runs_on
+from pytest_cudastack.linker.fatbin import CONTAINER_MAGIC, FatbinEntry, read_fatbin, runs_on
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
 

@@ -4,12 +4,12 @@ import shutil
 from pathlib import Path
 
 import pytest
-from sitebuild import HAVE_CC, compile_so, site_packages, write_dist
+from tests.helpers.sitebuild import HAVE_CC, compile_so, site_packages, write_dist
 
-from pytest_cudastack.elf import read_elf
+from pytest_cudastack.linker.elf import read_elf
 from pytest_cudastack.findings import Severity
-from pytest_cudastack.integrity import active_requirements, check_integrity, pip_command
-from pytest_cudastack.inventory import installed_wheels
+from pytest_cudastack.wheels.integrity import active_requirements, check_integrity, pip_command
+from pytest_cudastack.wheels.inventory import installed_wheels
 
 needs_cc = pytest.mark.skipif(not HAVE_CC, reason="needs a C compiler")
 
@@ -299,8 +299,8 @@ def test_broken_pin_wording_is_only_as_strong_as_the_facts(tmp_path, requirer, r
 def test_record_path_owners_across_spellings_and_nested_sites(locations):
     """Who lists each absolute path (integrity's overlap input) is Distribution.abspath of every row, whether
     the row is plain, ``./``, ``..`` or absolute, and whether one site directory lies inside another."""
-    from pytest_cudastack.integrity import _Listed
-    from pytest_cudastack.inventory import Distribution, Inventory, RecordEntry
+    from pytest_cudastack.wheels.integrity import _Listed
+    from pytest_cudastack.wheels.inventory import Distribution, Inventory, RecordEntry
 
     rows = ("sub/a.py", "./sub/a.py", "a.py", "sub/../a.py", "/s/site/sub/a.py", "x/.hidden", "a.py", "../b")
     dists = tuple(

@@ -5,11 +5,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from sitebuild import HAVE_CC, compile_so, site_packages, write_dist
+from tests.helpers.sitebuild import HAVE_CC, compile_so, site_packages, write_dist
 
-from pytest_cudastack.elf import read_elf
+from pytest_cudastack.linker.elf import read_elf
 from pytest_cudastack.findings import Severity
-from pytest_cudastack.inventory import (
+from pytest_cudastack.wheels.inventory import (
     canonical_name,
     install_prefix,
     installed_wheels,
@@ -239,7 +239,7 @@ def test_default_paths_are_this_interpreters(monkeypatch, tmp_path):
 
 def test_memo_reader_reads_once_and_remembers_errors():
     from pytest_cudastack.errors import ElfError
-    from pytest_cudastack.inventory import memo_reader
+    from pytest_cudastack.wheels.inventory import memo_reader
 
     calls: list[str] = []
 
@@ -290,7 +290,7 @@ def _weird_site(tmp_path):
 def test_owners_of_unusual_record_paths(tmp_path):
     """RECORD paths with ``..``, ``./``, ``//``, trailing slashes, quotes, CRLF, blank fields: every owner,
     first in search order, and the RECORD-only OwnerIndex agrees with the full inventory."""
-    from pytest_cudastack.inventory import owner_index
+    from pytest_cudastack.wheels.inventory import owner_index
 
     site = _weird_site(tmp_path)
     venv = tmp_path / "venv"
@@ -342,7 +342,7 @@ def test_owners_of_unusual_record_paths(tmp_path):
     ],
 )
 def test_metadata_headers_as_the_email_parser_reads_them(text, plain):
-    from pytest_cudastack.inventory import _email_headers, _simple_headers
+    from pytest_cudastack.wheels.inventory import _email_headers, _simple_headers
 
     fast = _simple_headers(text)
     assert (fast is not None) == plain
@@ -359,7 +359,7 @@ def test_metadata_headers_as_the_email_parser_reads_them(text, plain):
     ],
 )
 def test_record_rows_as_the_csv_module_reads_them(text):
-    from pytest_cudastack.inventory import RecordEntry, _parse_record
+    from pytest_cudastack.wheels.inventory import RecordEntry, _parse_record
 
     entries, problems = _parse_record(text)
     # a quoted blank last row makes _parse_record hand the text to the csv module, and adds nothing

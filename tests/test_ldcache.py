@@ -10,10 +10,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from elfbuild import build_lib, needs_cc
+from tests.helpers.elfbuild import build_lib, needs_cc
 
 from pytest_cudastack.errors import LdCacheError
-from pytest_cudastack.ldcache import (
+from pytest_cudastack.linker.ldcache import (
     LdCache,
     LdCacheEntry,
     cpu_hwcaps,

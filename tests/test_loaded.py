@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from pytest_cudastack.loaded import cmd_loaded, loaded_libraries
+from pytest_cudastack.cli.loaded import cmd_loaded, loaded_libraries
 
 
 def test_loaded_lists_new_shared_objects_with_sonames():

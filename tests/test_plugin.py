@@ -9,8 +9,8 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-from elfbuild import build_exe, build_lib, needs_cc
-from sitebuild import HAVE_CC, compile_so, write_dist
+from tests.helpers.elfbuild import build_exe, build_lib, needs_cc
+from tests.helpers.sitebuild import HAVE_CC, compile_so, write_dist
 
 from pytest_cudastack.settings import ENV
 
@@ -243,7 +243,7 @@ def test_driver_markers_from_ini(pt):
 def test_driver_hook_fakes_the_probe(pt):
     pt.makeconftest(
         """
-        from pytest_cudastack.driver import DriverInfo, Gpu
+        from pytest_cudastack.cuda.driver import DriverInfo, Gpu
 
         def pytest_cudastack_driver(config):
             gpus = tuple(Gpu(i, "NVIDIA H100", None, "9.0", 80 * 2**30, None) for i in range(2))
@@ -562,7 +562,7 @@ def test_xdist_workers_get_controller_driver(pt):
     pt.makeconftest(
         """
         import os
-        from pytest_cudastack.driver import DriverInfo
+        from pytest_cudastack.cuda.driver import DriverInfo
 
         def pytest_cudastack_driver(config):
             # only the controller may probe; workers must use what it sent

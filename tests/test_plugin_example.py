@@ -7,7 +7,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from elfbuild import needs_cc
+from tests.helpers.elfbuild import needs_cc
 
 from pytest_cudastack.settings import ENV
 

@@ -14,7 +14,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from elfbuild import build_exe, needs_cc
+from tests.helpers.elfbuild import build_exe, needs_cc
 
 from pytest_cudastack.settings import ENV
 

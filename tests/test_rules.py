@@ -4,12 +4,12 @@ import os
 
 import pytest
 
-from pytest_cudastack.driver import DriverInfo, Gpu
+from pytest_cudastack.cuda.driver import DriverInfo, Gpu
 from pytest_cudastack.errors import RuleError
 from pytest_cudastack.findings import Finding, Severity
-from pytest_cudastack.inventory import Inventory
-from pytest_cudastack.resolver import Library, Route
-from pytest_cudastack.rules import MarkerCall, Unmet, check_marker, evaluate, evaluate_all
+from pytest_cudastack.wheels.inventory import Inventory
+from pytest_cudastack.linker.resolver import Library, Route
+from pytest_cudastack.markers import MarkerCall, Unmet, check_marker, evaluate, evaluate_all
 
 
 class Facts:
@@ -82,11 +82,11 @@ def test_soname_missing_lists_every_place_and_all_missing_at_once():
 
 
 def test_soname_shipped_by_wheel(tmp_path):
-    from sitebuild import HAVE_CC, compile_so, write_dist
+    from tests.helpers.sitebuild import HAVE_CC, compile_so, write_dist
 
     if not HAVE_CC:
         pytest.skip("needs a C compiler")
-    from pytest_cudastack.inventory import installed_wheels
+    from pytest_cudastack.wheels.inventory import installed_wheels
 
     write_dist(tmp_path, "nvidia-x-cu12", "12.1", {"nvidia/x/lib/libx.so.12": compile_so("libx.so.12")})
     write_dist(tmp_path, "nvidia-y-cu12", "9.0", {"nvidia/y/lib/liby.so.9": compile_so("liby.so.9")}, write_files=False)
@@ -99,9 +99,9 @@ def test_soname_shipped_by_wheel(tmp_path):
 
 
 def test_wheel_integrity_error_makes_it_not_intact(tmp_path):
-    from sitebuild import write_dist
+    from tests.helpers.sitebuild import write_dist
 
-    from pytest_cudastack.inventory import installed_wheels
+    from pytest_cudastack.wheels.inventory import installed_wheels
 
     write_dist(tmp_path, "nvidia-nccl-cu12", "2.20.5", {"nvidia/nccl/include/nccl.h": "x"})
     inv = installed_wheels([str(tmp_path)])
@@ -155,7 +155,7 @@ def test_evaluate_all_reports_every_unmet_marker():
 
 
 def test_marker_evaluation_through_pytester_getitem(pytester):
-    from pytest_cudastack.rules import check_marker as check
+    from pytest_cudastack.markers import check_marker as check
 
     item = pytester.getitem(
         """
@@ -173,9 +173,9 @@ def test_marker_evaluation_through_pytester_getitem(pytester):
 
 
 def test_shared_file_finding_names_both_distributions(tmp_path):
-    from sitebuild import write_dist
+    from tests.helpers.sitebuild import write_dist
 
-    from pytest_cudastack.inventory import installed_wheels
+    from pytest_cudastack.wheels.inventory import installed_wheels
 
     write_dist(tmp_path, "nvidia-cudnn-cu12", "9.19.0.56", {"nvidia/cudnn/include/cudnn.h": "x"})
     inv = installed_wheels([str(tmp_path)])

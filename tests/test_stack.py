@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from pytest_cudastack.driver import DriverInfo
+from pytest_cudastack.cuda.driver import DriverInfo
 from pytest_cudastack.errors import DataError
 from pytest_cudastack.settings import Settings
 from pytest_cudastack.stack import Stack, cmd_diff, cmd_snapshot, header_lines, load_snapshot, write_snapshot
@@ -97,7 +97,7 @@ def test_run_checks_names_items_like_the_plugin(tmp_path):
 
 
 def test_integrity_item_carries_inventory_problems(tmp_path):
-    from sitebuild import write_dist
+    from tests.helpers.sitebuild import write_dist
 
     write_dist(tmp_path, "nvidia-x-cu12", "1.0", {"nvidia/x/include/x.h": "x"})
     (tmp_path / "nvidia_x_cu12-1.0.dist-info" / "METADATA").unlink()

@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from elfbuild import Scenarios, get_scenarios, needs_cc
-from sitebuild import compile_so, site_packages, write_dist
+from tests.helpers.elfbuild import Scenarios, get_scenarios, needs_cc
+from tests.helpers.sitebuild import compile_so, site_packages, write_dist
 
-from pytest_cudastack import treeview
+from pytest_cudastack.cli import tree as treeview
 from pytest_cudastack.cli import main
 
 pytestmark = needs_cc
@@ -237,7 +237,8 @@ def test_tree_providers_from_records_and_cache(
     cache = json.loads((tmp_path / "cache" / "elfcache-v1.json").read_text())
     assert cache["extra"]["treeview-owners"]
     # warm: answers come from the cache file, no RECORD is parsed
-    from pytest_cudastack import elfcache, inventory
+    from pytest_cudastack.linker import elfcache
+    from pytest_cudastack.wheels import inventory
 
     monkeypatch.setattr(elfcache, "_DEFAULT", None)
     monkeypatch.setattr(inventory.OwnerIndex, "_build", lambda self: pytest.fail("RECORD parsed"))
@@ -264,7 +265,7 @@ def test_tree_providers_from_records_and_cache(
 @pytest.fixture
 def window(monkeypatch: pytest.MonkeyPatch) -> float:
     """A short racy window for these tests (the default is 2 s): wait settle() after changing files."""
-    from pytest_cudastack import treecache
+    from pytest_cudastack.linker import treecache
 
     monkeypatch.setattr(treecache, "RACY_NS", 50_000_000)
     return 0.06
@@ -277,7 +278,7 @@ def settle(seconds: float) -> None:
 
 
 def _no_resolver(monkeypatch: pytest.MonkeyPatch) -> None:
-    from pytest_cudastack.resolver import Resolver
+    from pytest_cudastack.linker.resolver import Resolver
 
     def fail(self: Resolver, path: str) -> None:
         raise AssertionError(f"resolved {path}: the closure cache was not used")
@@ -330,7 +331,7 @@ def test_closure_cache_warm_equals_cold(
 
 def _two_dirs(tmp_path: Path) -> tuple[Path, Path, Path, bytes]:
     """root.so (RPATH $ORIGIN/first:$ORIGIN/second) needing libcsdep.so.1, present in second/ only."""
-    from sitebuild import compile_so
+    from tests.helpers.sitebuild import compile_so
 
     app = tmp_path / "app"
     (app / "first").mkdir(parents=True)
@@ -374,7 +375,7 @@ def test_closure_cache_new_library_in_earlier_directory(
 def test_closure_cache_replaced_library(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, window: float
 ) -> None:
-    from sitebuild import compile_so
+    from tests.helpers.sitebuild import compile_so
 
     root, _first, second, _dep = _two_dirs(tmp_path)
     settle(window)
@@ -399,7 +400,7 @@ def test_closure_cache_replaced_library(
 def test_closure_cache_ld_library_path(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, window: float
 ) -> None:
-    from sitebuild import compile_so
+    from tests.helpers.sitebuild import compile_so
 
     dep = compile_so("libcsllp.so.1")
     for d in ("x", "y"):
@@ -459,7 +460,7 @@ def test_closure_cache_racy_files_not_stored(
     cache = Path(os.environ["CUDASTACK_CACHE_DIR"]) / "treecache-v1.json"
     assert str(root) not in (cache.read_text() if cache.exists() else "")
     calls: list[str] = []
-    from pytest_cudastack.resolver import Resolver
+    from pytest_cudastack.linker.resolver import Resolver
 
     orig = Resolver.tree_deps
 
@@ -482,7 +483,7 @@ def test_closure_cache_warm_path_imports(scen: Scenarios, tmp_path: Path) -> Non
     code = (
         "import sys\nfrom pytest_cudastack.cli import main\n"
         f"rc = main(['tree', '--json', {str(scen.rpath_inherit)!r}, {str(scen.missing_deep)!r}])\n"
-        "heavy = ('pytest_cudastack.resolver', 'pytest_cudastack.elf', 'dataclasses', 'logging', 'elftools')\n"
+        "heavy = ('pytest_cudastack.linker.resolver', 'pytest_cudastack.linker.elf', 'dataclasses', 'logging', 'elftools')\n"
         "print(rc, [m for m in heavy if m in sys.modules], file=sys.stderr)\n"
     )
     env = dict(os.environ, CUDASTACK_CACHE_DIR=str(tmp_path / "own-cache"))
@@ -491,7 +492,7 @@ def test_closure_cache_warm_path_imports(scen: Scenarios, tmp_path: Path) -> Non
         for _ in range(2)
     ]
     assert runs[0].stdout == runs[1].stdout
-    assert "pytest_cudastack.resolver" in runs[0].stderr  # cold
+    assert "pytest_cudastack.linker.resolver" in runs[0].stderr  # cold
     assert runs[1].stderr.strip() == "1 []"  # warm
 
 
@@ -499,8 +500,8 @@ def test_closure_cache_warm_path_imports(scen: Scenarios, tmp_path: Path) -> Non
 @pytest.mark.xdist_group("torch-venv")  # test_real_wheels changes the venv inodes' ctime (cp -al, pip)
 def test_closure_cache_torch_venv(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     """Over every ELF file of the real torch venv, the warm answer is the cold one, and comes from the cache."""
-    from pytest_cudastack.elf import looks_like_elf
-    from pytest_cudastack.resolver import Resolver
+    from pytest_cudastack.linker.elf import looks_like_elf
+    from pytest_cudastack.linker.resolver import Resolver
 
     venv = os.environ.get("CUDASTACK_TORCH_VENV")
     if not venv or not os.path.isdir(venv):

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pytest_cudastack.errors import CudaStackError
-from pytest_cudastack.sitepaths import (  # re-exported: they are part of this module's API
+from pytest_cudastack.wheels.sitepaths import (  # re-exported: they are part of this module's API
     OwnerIndex,
     _dist_info_dirs,
     _name_version_from_dirname,
@@ -45,7 +45,7 @@ from pytest_cudastack.sitepaths import (  # re-exported: they are part of this m
 )
 
 if TYPE_CHECKING:
-    from pytest_cudastack.elf import ElfInfo
+    from pytest_cudastack.linker.elf import ElfInfo
     from pytest_cudastack.findings import Finding
 
 __all__ = [
@@ -283,9 +283,9 @@ class Inventory:
 def default_reader() -> Reader:
     """The core's cached ELF reader (``elfcache.default_cache().read``), else ``elf.read_elf``."""
     try:
-        elfcache = importlib.import_module("pytest_cudastack.elfcache")
+        elfcache = importlib.import_module("pytest_cudastack.linker.elfcache")
     except ImportError:  # pragma: no cover - depends on the core's progress
-        from pytest_cudastack.elf import read_elf
+        from pytest_cudastack.linker.elf import read_elf
 
         return read_elf
     reader: Reader = elfcache.default_cache().read
@@ -376,7 +376,7 @@ def _parse_record(text: str) -> tuple[list[RecordEntry], list[str]]:
 
 def _flavour(name: str, version: str, requires: Sequence[str], paths: Sequence[str]) -> tuple[int | None, str]:
     try:
-        compat = importlib.import_module("pytest_cudastack.compat")
+        compat = importlib.import_module("pytest_cudastack.cuda.compat")
     except ImportError:  # pragma: no cover - depends on the driver engineer's progress
         return None, "compat rules unavailable"
     try:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 
-from .errors import ElfError, OptionError
-from .fatbin import Fatbin, read_fatbin, runs_on
-from .findings import Finding, Severity
+from pytest_cudastack.errors import ElfError, OptionError
+from pytest_cudastack.linker.fatbin import Fatbin, read_fatbin, runs_on
+from pytest_cudastack.findings import Finding, Severity
 
 __all__ = ["arch_findings", "parse_arch"]
 

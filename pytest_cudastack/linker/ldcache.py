@@ -17,7 +17,7 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from .errors import LdCacheError
+from pytest_cudastack.errors import LdCacheError
 
 __all__ = [
     "LdCache",
@@ -254,8 +254,8 @@ def parse_ld_cache(data: bytes, path: str = "<bytes>") -> LdCache:
 
 def read_ld_cache(path: str = "/etc/ld.so.cache") -> LdCache:
     """Read and parse an ld.so.cache file; raises :class:`LdCacheError` (also when it cannot be read)."""
-    from .elf import open_regular  # non-blocking open + S_ISREG check
-    from .errors import ElfError
+    from pytest_cudastack.linker.elf import open_regular  # non-blocking open + S_ISREG check
+    from pytest_cudastack.errors import ElfError
 
     try:
         fd, _st = open_regular(path)

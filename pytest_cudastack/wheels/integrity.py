@@ -34,10 +34,10 @@ from dataclasses import dataclass
 from packaging.markers import InvalidMarker, UndefinedComparison, UndefinedEnvironmentName
 from packaging.requirements import InvalidRequirement, Requirement
 
-from pytest_cudastack.elf import open_regular
+from pytest_cudastack.linker.elf import open_regular
 from pytest_cudastack.errors import ElfError
 from pytest_cudastack.findings import Finding, Severity
-from pytest_cudastack.inventory import (
+from pytest_cudastack.wheels.inventory import (
     Distribution,
     Inventory,
     RecordEntry,
@@ -45,7 +45,7 @@ from pytest_cudastack.inventory import (
     install_prefix,
     is_shared_lib_path,
 )
-from pytest_cudastack.sitepaths import record_abspath
+from pytest_cudastack.wheels.sitepaths import record_abspath
 
 __all__ = ["Requirer", "active_requirements", "check_integrity", "pip_command"]
 

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from elfbuild import _link_args
+from tests.helpers.elfbuild import link_args
 
 __all__ = [
     "HAVE_CC",
@@ -88,7 +88,7 @@ def compile_so(
     src.write_text("\n".join(code) + "\n")
     out = d / "out.so"
     stubs = [_stub(n) for n in needed]
-    _cc(["-shared", "-fPIC", "-o", str(out), str(src), *_link_args(soname, stubs, rpath, runpath, ())])
+    _cc(["-shared", "-fPIC", "-o", str(out), str(src), *link_args(soname, stubs, rpath, runpath, ())])
     data = out.read_bytes()
     _cache[key] = data
     return data

@@ -51,7 +51,16 @@ RACY_NS = 2_000_000_000  # a recorded timestamp this close to the start of the r
 _BUCKETS_KEPT = 4  # search environments remembered
 # the modules whose code decides a row: a changed source (an upgrade, an edit of an editable install)
 # makes every stored row foreign
-_SOURCES = ("elf.py", "elfcache.py", "ldcache.py", "resolver.py", "sitepaths.py", "treecache.py", "treeview.py")
+# The modules an answer depends on, relative to the package root: a changed one invalidates the cache.
+_SOURCES = (
+    "linker/elf.py",
+    "linker/elfcache.py",
+    "linker/ldcache.py",
+    "linker/resolver.py",
+    "wheels/sitepaths.py",
+    "linker/treecache.py",
+    "cli/tree.py",
+)
 
 
 def stat_value(path: str) -> list[int] | int:
@@ -143,10 +152,10 @@ def _cpu_lines() -> list[str]:
 def environment_key(environ: dict[str, str] | None = None) -> tuple[str, list[int] | int]:
     """(key, ld.so.cache status): everything outside the files themselves that decides a closure for the
     root ``/`` (the inputs of SearchConfig.from_environment and of the resolver's code)."""
-    from . import __version__
+    from pytest_cudastack import __version__
 
     env = os.environ if environ is None else environ
-    here = os.path.dirname(os.path.abspath(__file__))
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     ldcache = stat_value("/etc/ld.so.cache")
     key = [
         _VERSION,
@@ -368,7 +377,7 @@ class TreeCache:
         dependencies and contexts they use."""
         if not self.enabled or not self._dirty:
             return
-        from .elfcache import write_atomic
+        from pytest_cudastack.linker.elfcache import write_atomic
 
         roots = {r: e for r in self.roots if (e := self._entry(r)) is not None}
         used: set[Any] = set()

@@ -17,11 +17,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from pytest_cudastack.closure import extension_closures, module_trees
+from pytest_cudastack.checks.closure import extension_closures, module_trees
 from pytest_cudastack.findings import Finding, Severity
-from pytest_cudastack.integrity import check_integrity
-from pytest_cudastack.inventory import Inventory, default_reader, installed_wheels, memo_reader
-from pytest_cudastack.resolver import Resolver, SearchConfig
+from pytest_cudastack.wheels.integrity import check_integrity
+from pytest_cudastack.wheels.inventory import Inventory, default_reader, installed_wheels, memo_reader
+from pytest_cudastack.linker.resolver import Resolver, SearchConfig
 
 __all__ = [
     "WheelReport",
@@ -111,7 +111,7 @@ def wheel_report(paths: Sequence[str] | None = None) -> WheelReport:
 
 def _flush_cache() -> None:
     try:
-        elfcache = importlib.import_module("pytest_cudastack.elfcache")
+        elfcache = importlib.import_module("pytest_cudastack.linker.elfcache")
         elfcache.default_cache().flush()
     except (ImportError, OSError) as e:  # pragma: no cover - a cache that cannot be written is no failure
         logger.debug("ELF cache not flushed: %s", e)

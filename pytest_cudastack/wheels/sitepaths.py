@@ -2,7 +2,7 @@
 
 Site directories (``site_dirs``), RECORD path resolution (``record_abspath``, ``install_prefix``) and the
 RECORD-only owner index (:class:`OwnerIndex`) that ``cudastack tree`` uses for its provider column. Split out
-of :mod:`pytest_cudastack.inventory` (which re-exports every name) so that the tree command's warm path
+of :mod:`pytest_cudastack.wheels.inventory` (which re-exports every name) so that the tree command's warm path
 imports none of the inventory's dataclasses: this module defines none. Nothing here reads an ELF file or a
 flavour rule.
 """
@@ -237,7 +237,7 @@ def _is_plain_record_path(path: str) -> bool:
 def _record_paths(text: str) -> tuple[list[str], list[str]]:
     """(every path of a RECORD text, the subset that is not plain), as _parse_record reads them."""
     if '"' in text:  # quoted fields: the csv module decides, exactly as the full inventory reads them
-        from pytest_cudastack.inventory import _parse_record  # csv, rare
+        from pytest_cudastack.wheels.inventory import _parse_record  # csv, rare
 
         entries, _problems = _parse_record(text)
         paths = [e.path for e in entries]

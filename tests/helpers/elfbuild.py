@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 __all__ = [
+    "link_args",
     "CC",
     "Scenarios",
     "build_exe",
@@ -46,7 +47,7 @@ def _cc(args: Sequence[str], cwd: Path) -> None:
         raise RuntimeError(f"cc {' '.join(args)} failed:\n{proc.stderr}")
 
 
-def _link_args(
+def link_args(
     soname: str | None, needed: Sequence[Path], rpath: str | None, runpath: str | None, extra: Sequence[str]
 ) -> list[str]:
     args: list[str] = []
@@ -83,11 +84,11 @@ def build_lib(
         # GNU ld writes either tag, never both: write the RUNPATH string as DT_SONAME, then retag it
         if soname:
             raise ValueError("an object with both RPATH and RUNPATH gets no soname here")
-        args += _link_args(runpath, needed, rpath, None, extra)
+        args += link_args(runpath, needed, rpath, None, extra)
         _cc(args, out.parent)
         retag(out, 14, 29)  # DT_SONAME -> DT_RUNPATH
     else:
-        args += _link_args(soname, needed, rpath, runpath, extra)
+        args += link_args(soname, needed, rpath, runpath, extra)
         _cc(args, out.parent)
     src.unlink()
     return out
@@ -123,7 +124,7 @@ def build_exe(
     out.parent.mkdir(parents=True, exist_ok=True)
     src = out.parent / (out.name + "_main.c")
     src.write_text("int main(void) { return 0; }\n")
-    args = ["-o", str(out), str(src), *_link_args(None, needed, rpath, runpath, extra)]
+    args = ["-o", str(out), str(src), *link_args(None, needed, rpath, runpath, extra)]
     args += [f"-Wl,-rpath-link,{p.parent}" for p in needed]
     args += ["-Wl,--allow-shlib-undefined"]
     _cc(args, out.parent)

@@ -17,13 +17,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.version import InvalidVersion, Version
 
-from .errors import RuleError
-from .findings import Finding
+from pytest_cudastack.errors import RuleError
+from pytest_cudastack.findings import Finding
 
 if TYPE_CHECKING:
-    from .driver import DriverInfo
-    from .inventory import Distribution, Inventory
-    from .resolver import Library
+    from pytest_cudastack.cuda.driver import DriverInfo
+    from pytest_cudastack.wheels.inventory import Distribution, Inventory
+    from pytest_cudastack.linker.resolver import Library
 
 __all__ = ["Facts", "MarkerCall", "Unmet", "check_marker", "evaluate", "evaluate_all"]
 
@@ -104,7 +104,7 @@ def check_marker(name: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> M
         call = MarkerCall(name, (bound.get("count", 1), bound.get("arch"), bound.get("memory")))
     else:
         raise RuleError(f"unknown cudastack marker {name!r}")
-    from .driver import DriverInfo
+    from pytest_cudastack.cuda.driver import DriverInfo
 
     # a dry run against an absent driver validates the arguments (RuleError on misuse)
     _driver_unmet(call, DriverInfo("absent", None, None, reason="argument check"))
@@ -160,7 +160,7 @@ def _wheel_unmet(text: str, facts: Facts) -> str | None:
 
 
 def _driver_unmet(call: MarkerCall, driver: DriverInfo) -> str | None:
-    from .driver import cuda_satisfies, driver_satisfies, gpus_satisfy
+    from pytest_cudastack.cuda.driver import cuda_satisfies, driver_satisfies, gpus_satisfy
 
     if call.name == "requires_driver":
         ok, found = driver_satisfies(call.args[0], driver)

@@ -19,12 +19,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .findings import Finding, Severity
+from pytest_cudastack.findings import Finding, Severity
 
 if TYPE_CHECKING:
-    from .elf import ElfInfo
-    from .inventory import Distribution, Inventory
-    from .resolver import Tree
+    from pytest_cudastack.linker.elf import ElfInfo
+    from pytest_cudastack.wheels.inventory import Distribution, Inventory
+    from pytest_cudastack.linker.resolver import Tree
 
 __all__ = [
     "CudaNeed",
@@ -77,7 +77,7 @@ def parse_cuda(text: str) -> tuple[int, int | None]:
 
 
 def _single_major(soname: str) -> tuple[int, int | None] | None:
-    from .compat import soname_cuda_majors
+    from pytest_cudastack.cuda.compat import soname_cuda_majors
 
     majors = soname_cuda_majors(soname)
     if not majors or len(majors) != 1:
@@ -88,7 +88,7 @@ def _single_major(soname: str) -> tuple[int, int | None] | None:
 
 def infer_wheel(dist: Distribution) -> Inference:
     """A wheel's CUDA requirement from its flavour and version; no needs when it is not a CUDA wheel."""
-    from .compat import wheel_cuda_requirement
+    from pytest_cudastack.cuda.compat import wheel_cuda_requirement
 
     cuda, evidence = wheel_cuda_requirement(
         dist.name, dist.version, dist.requires, tuple(lib.path for lib in dist.libraries)
@@ -103,7 +103,7 @@ def infer_wheel(dist: Distribution) -> Inference:
 def infer_shipped(dist: Distribution, reader: Callable[[str], ElfInfo]) -> Inference:
     """A wheel without a CUDA flavour whose shared libraries (extension modules) link CUDA sonames that
     decide a major directly (``libcudart.so.13``): each such DT_NEEDED is evidence."""
-    from .errors import ElfError
+    from pytest_cudastack.errors import ElfError
 
     needs: list[CudaNeed] = []
     for lib in dist.libraries:
@@ -131,7 +131,7 @@ def infer_binary(tree: Tree, subject: str, inventory: Inventory | None = None) -
     for lib in tree.libraries:
         for parent in lib.needed_by:
             by_path.setdefault(parent, []).append(lib.soname)
-    from .compat import soname_cuda_majors
+    from pytest_cudastack.cuda.compat import soname_cuda_majors
 
     for lib in tree.libraries:
         majors = soname_cuda_majors(lib.soname)
@@ -184,7 +184,7 @@ def _decide(
 
 def _last_minor(major: int) -> int | None:
     """Last minor of a closed CUDA series (a newer major exists in the toolkit table): 12 -> 9; else None."""
-    from .compat import load_compat
+    from pytest_cudastack.cuda.compat import load_compat
 
     releases = [row.toolkit.release for row in load_compat().toolkits]
     if not any(r[0] > major for r in releases):

@@ -29,7 +29,7 @@ from typing import Any
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from pytest_cudastack import compat
+from pytest_cudastack.cuda import compat
 from pytest_cudastack.errors import OptionError, RuleError
 
 __all__ = [
@@ -251,7 +251,7 @@ def parse_proc_version(text: str) -> str | None:
 def _default_finder() -> Callable[[str], tuple[str | None, str | None]] | None:
     """The core resolver's ``find``, or None when it is not importable (yet)."""
     try:
-        module = importlib.import_module("pytest_cudastack.resolver")  # lazy: written in parallel, optional
+        module = importlib.import_module("pytest_cudastack.linker.resolver")  # lazy: written in parallel, optional
         resolver = module.Resolver()
     except Exception as e:  # only while the resolver is missing or broken
         logger.debug("resolver unavailable: %s", e)
@@ -300,7 +300,7 @@ def driver_files(
             else:
                 shown = path if real in (None, path) else f"{path} -> {real}"
                 notes.append(f"{soname}: {shown}" + (f" (driver {version})" if version else ""))
-    from .sitepaths import read_text
+    from pytest_cudastack.wheels.sitepaths import read_text
 
     proc_text = read_text(proc_version_path, limit=65536)
     kernel = parse_proc_version(proc_text) if proc_text else None
@@ -424,7 +424,7 @@ def probe_driver(nvml: Any | None = None) -> DriverInfo:
 
 _CHILD_CODE = (
     "import sys; sys.path[:] = [p for p in sys.path if p not in ('', '.')]; "
-    "from pytest_cudastack.driver import _nvml_child_main; _nvml_child_main()"
+    "from pytest_cudastack.cuda.driver import _nvml_child_main; _nvml_child_main()"
 )
 PROBE_TIMEOUT_S = 60.0
 

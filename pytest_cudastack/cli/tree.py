@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
     from typing import Any, TextIO
 
-    from .resolver import Library, Tree
+    from pytest_cudastack.linker.resolver import Library, Tree
 
 __all__ = ["cmd_tree", "cmd_why", "render_tree", "render_why"]
 
@@ -59,7 +59,7 @@ def _inventory(site: Sequence[str] | None = None) -> Any | None:
     """The wheels inventory of *site* (site directories or venv prefixes; None: this interpreter's);
     lazily imported and guarded: None when unavailable or broken."""
     try:
-        from . import inventory
+        from pytest_cudastack.wheels import inventory
     except ImportError:
         return None
     try:
@@ -73,7 +73,7 @@ def _owner_index(site: Sequence[str]) -> Any | None:
     """A path -> owner index over *site* (RECORD files only: no ELF reads, no flavour rules); None when
     unavailable."""
     try:
-        from .sitepaths import owner_index
+        from pytest_cudastack.wheels.sitepaths import owner_index
     except ImportError:
         return None
     try:
@@ -122,7 +122,7 @@ class _Providers:
         new = self.new.get(path)
         if new is not None:
             return new[0]
-        from .treecache import dep_value
+        from pytest_cudastack.linker.treecache import dep_value
 
         real = dep_value("r" + path, self._dirs)
         hit = self.answers.get(path)
@@ -177,7 +177,7 @@ def _owner(inv: Any | None) -> Callable[[str], str | None] | None:
 
 
 def _tag(lib: Library) -> str:
-    from .resolver import Route
+    from pytest_cudastack.linker.resolver import Route
 
     if lib.route in (Route.RPATH, Route.RUNPATH) and lib.route_detail:
         return lib.route_detail
@@ -188,7 +188,7 @@ def _tag(lib: Library) -> str:
 
 def render_tree(tree: Tree, out: TextIO) -> None:
     """The human view: an indented tree, one line per library, missing ones marked, with tried paths."""
-    from .resolver import Route
+    from pytest_cudastack.linker.resolver import Route
 
     out.write(f"{tree.path}\n")
     for p in tree.problems:
@@ -235,7 +235,7 @@ def cmd_tree(args: argparse.Namespace) -> int:
     site: Sequence[str] | None = getattr(args, "site", None)
     if getattr(args, "json", False):
         return _tree_json(paths, site)
-    from .resolver import Resolver, SearchConfig
+    from pytest_cudastack.linker.resolver import Resolver, SearchConfig
 
     resolver = Resolver(SearchConfig.from_environment())
     trees = [resolver.tree(p) for p in paths]
@@ -260,7 +260,7 @@ def _provider_context(index: Any | None, since_ns: int) -> tuple[str, bool]:
     except Exception as e:  # an inventory bug must not break tree
         _log().debug("owner stamp failed: %s", e)
         return "?", False
-    from . import treecache
+    from pytest_cudastack.linker import treecache
 
     fresh = True
     for row in stamp if isinstance(stamp, list) else ():
@@ -272,14 +272,14 @@ def _provider_context(index: Any | None, since_ns: int) -> tuple[str, bool]:
 
 def _tree_json(paths: list[str], site: Sequence[str] | None) -> int:
     """``tree --json``: rows from the closure cache where every file and directory they were read from is
-    unchanged (see :mod:`pytest_cudastack.treecache`), the resolver for the rest."""
+    unchanged (see :mod:`pytest_cudastack.linker.treecache`), the resolver for the rest."""
     import time
 
     since = time.time_ns()  # before anything is read: the racy window is measured from here
     store: Any = None
     if os.environ.get("CUDASTACK_NO_CACHE", "") != "1":
-        from .elfcache import default_cache_dir
-        from .treecache import TreeCache, environment_key, racy
+        from pytest_cudastack.linker.elfcache import default_cache_dir
+        from pytest_cudastack.linker.treecache import TreeCache, environment_key, racy
 
         key, ldcache = environment_key()
         # no ld.so.cache: the answers come from ld.so.conf and its includes, which are not tracked
@@ -290,7 +290,7 @@ def _tree_json(paths: list[str], site: Sequence[str] | None) -> int:
     fresh: dict[str, tuple[Tree, frozenset[str]]] = {}
     cacheable = True
     if todo:
-        from .resolver import Resolver, SearchConfig
+        from pytest_cudastack.linker.resolver import Resolver, SearchConfig
 
         resolver = Resolver(SearchConfig.from_environment())
         cacheable = resolver.config.ld_cache is not None and resolver.config.root in ("", "/")
@@ -387,7 +387,7 @@ def render_why(data: dict[str, Any], out: TextIO) -> None:
 
 def cmd_why(args: argparse.Namespace) -> int:
     """``cudastack why SONAME [--json]``: exit 1 when the dynamic linker would not find it."""
-    from .resolver import Resolver, SearchConfig
+    from pytest_cudastack.linker.resolver import Resolver, SearchConfig
 
     inv = _inventory(getattr(args, "site", None))
     resolver = Resolver(SearchConfig.from_environment(), owner=_owner(inv))
@@ -405,7 +405,7 @@ def cmd_why(args: argparse.Namespace) -> int:
 def _cache() -> Any | None:
     """The process-wide ELF cache (None when the core lacks it)."""
     try:
-        from .elfcache import default_cache
+        from pytest_cudastack.linker.elfcache import default_cache
     except ImportError:  # pragma: no cover
         return None
     return default_cache()

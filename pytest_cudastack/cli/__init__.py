@@ -16,10 +16,10 @@ __all__ = ["build_parser", "main"]
 
 # subcommand -> "module:function"; each function takes the parsed namespace and returns the exit status.
 _COMMANDS: dict[str, str] = {
-    "report": "pytest_cudastack.report:cmd_report",
-    "tree": "pytest_cudastack.treeview:cmd_tree",
-    "why": "pytest_cudastack.treeview:cmd_why",
-    "loaded": "pytest_cudastack.loaded:cmd_loaded",
+    "report": "pytest_cudastack.cli.report:cmd_report",
+    "tree": "pytest_cudastack.cli.tree:cmd_tree",
+    "why": "pytest_cudastack.cli.tree:cmd_why",
+    "loaded": "pytest_cudastack.cli.loaded:cmd_loaded",
     "check": "pytest_cudastack.stack:cmd_check",
     "snapshot": "pytest_cudastack.stack:cmd_snapshot",
     "diff": "pytest_cudastack.stack:cmd_diff",
@@ -94,7 +94,7 @@ def build_parser(check_options: bool = True) -> argparse.ArgumentParser:
     )
     check.add_argument("--json", action="store_true", help="print JSON instead of text")
     if check_options:
-        from .settings import add_arguments
+        from pytest_cudastack.settings import add_arguments
 
         add_arguments(check)
 

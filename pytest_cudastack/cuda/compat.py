@@ -24,7 +24,7 @@ from packaging.version import InvalidVersion, Version
 from pytest_cudastack.errors import DataError, RuleError
 
 if TYPE_CHECKING:
-    from pytest_cudastack.driver import DriverInfo
+    from pytest_cudastack.cuda.driver import DriverInfo
 
 __all__ = [
     "DATA_FILE",
@@ -538,7 +538,7 @@ def validate_compat(raw: Any, source: str = DATA_FILE) -> CompatData:
 @functools.lru_cache(maxsize=1)
 def load_compat() -> CompatData:
     """Load and validate the shipped data file (cached)."""
-    ref = resources.files("pytest_cudastack").joinpath(DATA_FILE)
+    ref = resources.files("pytest_cudastack.cuda").joinpath(DATA_FILE)
     try:
         raw = json.loads(ref.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:

@@ -28,9 +28,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from pytest_cudastack.findings import Finding, Severity
-from pytest_cudastack.integrity import pip_command
-from pytest_cudastack.inventory import Distribution, Inventory, ShippedLib, default_reader
-from pytest_cudastack.resolver import Library, Resolver, SearchConfig, Tree
+from pytest_cudastack.wheels.integrity import pip_command
+from pytest_cudastack.wheels.inventory import Distribution, Inventory, ShippedLib, default_reader
+from pytest_cudastack.linker.resolver import Library, Resolver, SearchConfig, Tree
 
 __all__ = ["ModuleTree", "default_resolver", "extension_closures", "extension_modules", "module_trees"]
 
@@ -67,7 +67,7 @@ def module_trees(inv: Inventory, resolver: Resolver) -> tuple[ModuleTree, ...]:
 
 def _driver_check() -> Callable[[str], bool]:
     try:
-        compat = importlib.import_module("pytest_cudastack.compat")
+        compat = importlib.import_module("pytest_cudastack.cuda.compat")
     except ImportError:  # pragma: no cover - the driver engineer's module
         return lambda s: s.startswith(("libcuda.so", "libnvidia-ml.so"))
     fn: Callable[[str], bool] = compat.is_driver_soname

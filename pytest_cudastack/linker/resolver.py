@@ -44,9 +44,9 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from .elf import ElfInfo, open_regular, read_elf
-from .errors import ElfError, LdCacheError
-from .ldcache import LdCache, cpu_hwcaps, read_ld_cache, read_ld_so_conf
+from pytest_cudastack.linker.elf import ElfInfo, open_regular, read_elf
+from pytest_cudastack.errors import ElfError, LdCacheError
+from pytest_cudastack.linker.ldcache import LdCache, cpu_hwcaps, read_ld_cache, read_ld_so_conf
 
 __all__ = ["Library", "Resolver", "Route", "SearchConfig", "Tree", "legacy_hwcap_subdirs"]
 
@@ -878,7 +878,7 @@ class Resolver:
 
 def _default_reader() -> Callable[[str], ElfInfo]:
     try:
-        from .elfcache import default_cache
+        from pytest_cudastack.linker.elfcache import default_cache
     except ImportError:
         return read_elf
     reader: Callable[[str], ElfInfo] = default_cache().read

@@ -10,13 +10,13 @@ import os
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .cudainfer import CudaNeed, Inference
-from .findings import Finding, Severity
+from pytest_cudastack.checks.bounds import CudaNeed, Inference
+from pytest_cudastack.findings import Finding, Severity
 
 if TYPE_CHECKING:
-    from .driver import DriverInfo
-    from .inventory import Inventory
-    from .resolver import Tree
+    from pytest_cudastack.cuda.driver import DriverInfo
+    from pytest_cudastack.wheels.inventory import Inventory
+    from pytest_cudastack.linker.resolver import Tree
 
 __all__ = [
     "arch_coverage",
@@ -36,7 +36,7 @@ def scan_targets(paths: Sequence[str], base: str) -> tuple[tuple[str, str], ...]
     Relative paths are taken from ``base`` (the rootdir); display names are relative to it where possible.
     A path that does not exist stays in the list, so its item can fail and say so.
     """
-    from .elf import looks_like_elf
+    from pytest_cudastack.linker.elf import looks_like_elf
 
     found: dict[str, str] = {}
 
@@ -66,7 +66,7 @@ def binary_findings(
     A missing driver soname (``libcuda.so.1``) is INFO unless a driver was probed on this machine: the
     driver comes with the deployment host, not with the image.
     """
-    from .compat import is_driver_soname
+    from pytest_cudastack.cuda.compat import is_driver_soname
 
     out: list[Finding] = []
     out.extend(
@@ -119,7 +119,7 @@ def driver_findings(inferences: Iterable[Inference], driver: DriverInfo) -> tupl
 
     compatible: nothing; minor-version compatibility: WARNING; incompatible: ERROR; unknown: INFO.
     """
-    from .compat import driver_verdict
+    from pytest_cudastack.cuda.compat import driver_verdict
 
     groups: dict[str, list[CudaNeed]] = {}
     for inf in inferences:
@@ -153,7 +153,7 @@ def driver_findings(inferences: Iterable[Inference], driver: DriverInfo) -> tupl
 
 def arch_coverage(paths: Sequence[str], driver: DriverInfo) -> tuple[Finding, ...]:
     """GPU code of ``paths`` against the probed or declared archs (``archcheck.arch_findings``)."""
-    from .archcheck import arch_findings
+    from pytest_cudastack.checks.arch import arch_findings
 
     if not paths:
         return ()

@@ -15,14 +15,14 @@ import atexit
 import json
 import os
 
-from .errors import ElfError
+from pytest_cudastack.errors import ElfError
 
 TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing (~5 ms) on tree's warm path
 if TYPE_CHECKING:
     import logging
     from typing import Any
 
-    from .elf import ElfInfo
+    from pytest_cudastack.linker.elf import ElfInfo
 
 __all__ = ["CACHE_FILE", "ElfCache", "default_cache", "default_cache_dir", "write_atomic"]
 
@@ -54,7 +54,7 @@ def default_cache_dir(environ: dict[str, str] | None = None) -> str:
 
 
 class ElfCache:
-    """Cached :func:`~pytest_cudastack.elf.read_elf`; see the module docstring."""
+    """Cached :func:`~pytest_cudastack.linker.elf.read_elf`; see the module docstring."""
 
     def __init__(self, directory: str | None = None, enabled: bool | None = None) -> None:
         self.directory = directory if directory is not None else default_cache_dir()
@@ -97,7 +97,7 @@ class ElfCache:
 
     def read(self, path: str) -> ElfInfo:
         """Cached read_elf; raises ElfError (errors are cached too)."""
-        from .elf import ElfInfo, read_elf
+        from pytest_cudastack.linker.elf import ElfInfo, read_elf
 
         if not self.enabled:
             return read_elf(path)

@@ -29,7 +29,7 @@ import struct
 from dataclasses import dataclass
 from typing import IO, Any, NamedTuple
 
-from .errors import ElfError
+from pytest_cudastack.errors import ElfError
 
 __all__ = [
     "CUDA_SECTIONS",
@@ -650,7 +650,7 @@ class _Fast:
 
 # ------------------------------------------------------------------------------------------ pyelftools reader
 def _parse(p: str, stream: IO[bytes], size: int) -> ElfInfo:
-    from elftools.elf.elffile import ELFFile  # lazy: keeps `import pytest_cudastack.elf` cheap
+    from elftools.elf.elffile import ELFFile  # lazy: keeps `import pytest_cudastack.linker.elf` cheap
 
     ident = stream.read(16)
     elf_class, little = _check_ident(p, ident, size)

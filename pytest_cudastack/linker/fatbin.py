@@ -13,8 +13,8 @@ import os
 import struct
 from dataclasses import dataclass
 
-from .elf import open_regular
-from .errors import ElfError
+from pytest_cudastack.linker.elf import open_regular
+from pytest_cudastack.errors import ElfError
 
 __all__ = ["Fatbin", "FatbinEntry", "read_fatbin", "runs_on"]
 
