@@ -22,8 +22,8 @@ from pytest_cudastack.findings import Finding
 
 if TYPE_CHECKING:
     from pytest_cudastack.cuda.driver import DriverInfo
-    from pytest_cudastack.wheels.inventory import Distribution, Inventory
     from pytest_cudastack.linker.resolver import Library
+    from pytest_cudastack.wheels.inventory import Distribution, Inventory
 
 __all__ = ["Facts", "MarkerCall", "Unmet", "check_marker", "evaluate", "evaluate_all"]
 

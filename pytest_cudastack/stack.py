@@ -24,8 +24,8 @@ if TYPE_CHECKING:
     from pytest_cudastack.checks.bounds import Inference
     from pytest_cudastack.cuda.driver import DriverInfo
     from pytest_cudastack.linker.elfcache import ElfCache
-    from pytest_cudastack.wheels.inventory import Distribution, Inventory
     from pytest_cudastack.linker.resolver import Library, Resolver, Tree
+    from pytest_cudastack.wheels.inventory import Distribution, Inventory
 
 __all__ = [
     "SNAPSHOT_FORMAT",

@@ -3,7 +3,6 @@ from __future__ import annotations
 import copy
 
 import pytest
-from tests.helpers.elfbuild import build_exe, build_lib, needs_cc
 
 from pytest_cudastack.checks import (
     arch_coverage,
@@ -17,6 +16,7 @@ from pytest_cudastack.checks.bounds import CudaNeed, Inference
 from pytest_cudastack.cuda.driver import DriverInfo
 from pytest_cudastack.findings import Severity
 from pytest_cudastack.linker.resolver import Library, Route, Tree
+from tests.helpers.elfbuild import build_exe, build_lib, needs_cc
 
 ROOT = "/app/bin/train"
 

@@ -7,9 +7,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from tests.helpers.elfbuild import build_exe, build_lib, needs_cc
 
 from pytest_cudastack.cli import main
+from tests.helpers.elfbuild import build_exe, build_lib, needs_cc
 
 
 @pytest.fixture

@@ -63,7 +63,9 @@ def fake_nvml(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-_PROBE = "import json; from pytest_cudastack.cuda.driver import probe_driver; print(json.dumps(probe_driver().to_json()))"
+_PROBE = (
+    "import json; from pytest_cudastack.cuda.driver import probe_driver; print(json.dumps(probe_driver().to_json()))"
+)
 
 
 def run_probe(library: Path | str, **env: str) -> DriverInfo:

@@ -14,8 +14,8 @@ import threading
 from pathlib import Path
 
 import pytest
-from tests.helpers.elfbuild import Scenarios, build_exe, build_lib, get_scenarios, needs_cc, patch, synth_elf
 
+from pytest_cudastack.errors import ElfError
 from pytest_cudastack.linker.elf import (
     CUDA_SECTIONS,
     ElfInfo,
@@ -27,7 +27,7 @@ from pytest_cudastack.linker.elf import (
     machine_name,
     read_elf,
 )
-from pytest_cudastack.errors import ElfError
+from tests.helpers.elfbuild import Scenarios, build_exe, build_lib, get_scenarios, needs_cc, patch, synth_elf
 
 pytestmark = needs_cc
 
@@ -458,7 +458,8 @@ def test_fast_reader_declines_to_pyelftools_for_the_error(scen: Scenarios, tmp_p
 
 def test_fast_path_never_imports_pyelftools(scen: Scenarios, tmp_path: Path) -> None:
     code = (
-        "import sys\nfrom pytest_cudastack.linker.elf import exports\nfrom pytest_cudastack.linker.elfcache import ElfCache\n"
+        "import sys\nfrom pytest_cudastack.linker.elf import exports\n"
+        "from pytest_cudastack.linker.elfcache import ElfCache\n"
         f"c = ElfCache({str(tmp_path / 'c')!r}, enabled=True)\n"
         f"info = c.read({str(scen.leaf)!r}); c.flush()\n"
         f"assert exports({str(scen.leaf)!r}, 'PyInit_libleaf')\n"

@@ -8,12 +8,12 @@ import shutil
 from pathlib import Path
 
 import pytest
-from tests.helpers.elfbuild import Scenarios, get_scenarios, needs_cc
 
+from pytest_cudastack.errors import ElfError
 from pytest_cudastack.linker import elf
 from pytest_cudastack.linker.elf import read_elf
 from pytest_cudastack.linker.elfcache import CACHE_FILE, ElfCache, default_cache, default_cache_dir
-from pytest_cudastack.errors import ElfError
+from tests.helpers.elfbuild import Scenarios, get_scenarios, needs_cc
 
 pytestmark = needs_cc
 

@@ -4,12 +4,12 @@ import shutil
 from pathlib import Path
 
 import pytest
-from tests.helpers.sitebuild import HAVE_CC, compile_so, site_packages, write_dist
 
-from pytest_cudastack.linker.elf import read_elf
 from pytest_cudastack.findings import Severity
+from pytest_cudastack.linker.elf import read_elf
 from pytest_cudastack.wheels.integrity import active_requirements, check_integrity, pip_command
 from pytest_cudastack.wheels.inventory import installed_wheels
+from tests.helpers.sitebuild import HAVE_CC, compile_so, site_packages, write_dist
 
 needs_cc = pytest.mark.skipif(not HAVE_CC, reason="needs a C compiler")
 

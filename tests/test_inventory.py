@@ -5,10 +5,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from tests.helpers.sitebuild import HAVE_CC, compile_so, site_packages, write_dist
 
-from pytest_cudastack.linker.elf import read_elf
 from pytest_cudastack.findings import Severity
+from pytest_cudastack.linker.elf import read_elf
 from pytest_cudastack.wheels.inventory import (
     canonical_name,
     install_prefix,
@@ -17,6 +16,7 @@ from pytest_cudastack.wheels.inventory import (
     record_abspath,
     site_dirs,
 )
+from tests.helpers.sitebuild import HAVE_CC, compile_so, site_packages, write_dist
 
 needs_cc = pytest.mark.skipif(not HAVE_CC, reason="needs a C compiler")
 

@@ -10,7 +10,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from tests.helpers.elfbuild import build_lib, needs_cc
 
 from pytest_cudastack.errors import LdCacheError
 from pytest_cudastack.linker.ldcache import (
@@ -23,6 +22,7 @@ from pytest_cudastack.linker.ldcache import (
     read_ld_so_conf,
     required_flags,
 )
+from tests.helpers.elfbuild import build_lib, needs_cc
 
 LDCONFIG = shutil.which("ldconfig") or ("/sbin/ldconfig" if os.path.exists("/sbin/ldconfig") else None)
 needs_ldconfig = pytest.mark.skipif(LDCONFIG is None, reason="needs ldconfig")

@@ -13,11 +13,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from tests.helpers.elfbuild import Scenarios, get_scenarios, needs_cc, needs_ldd
 
-from pytest_cudastack.linker.elf import looks_like_elf, read_elf
 from pytest_cudastack.errors import ElfError
+from pytest_cudastack.linker.elf import looks_like_elf, read_elf
 from pytest_cudastack.linker.resolver import Resolver, SearchConfig, Tree
+from tests.helpers.elfbuild import Scenarios, get_scenarios, needs_cc, needs_ldd
 
 pytestmark = [pytest.mark.ldd, needs_ldd]
 

@@ -9,10 +9,10 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-from tests.helpers.elfbuild import build_exe, build_lib, needs_cc
-from tests.helpers.sitebuild import HAVE_CC, compile_so, write_dist
 
 from pytest_cudastack.settings import ENV
+from tests.helpers.elfbuild import build_exe, build_lib, needs_cc
+from tests.helpers.sitebuild import HAVE_CC, compile_so, write_dist
 
 
 @pytest.fixture

@@ -7,9 +7,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from tests.helpers.elfbuild import needs_cc
 
 from pytest_cudastack.settings import ENV
+from tests.helpers.elfbuild import needs_cc
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "example_project"
 

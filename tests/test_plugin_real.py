@@ -14,9 +14,9 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from tests.helpers.elfbuild import build_exe, needs_cc
 
 from pytest_cudastack.settings import ENV
+from tests.helpers.elfbuild import build_exe, needs_cc
 
 pytestmark = [pytest.mark.real, needs_cc]
 

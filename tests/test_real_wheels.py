@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_cudastack.findings import Severity
 from pytest_cudastack.cli.report import WheelReport, wheel_report
+from pytest_cudastack.findings import Severity
 
 # cp -al and pip in the copies change the ctime of the venv's own inodes: keep these on one xdist worker,
 # apart from tests that rely on those inodes staying untouched (test_treeview's closure-cache test).

@@ -6,14 +6,14 @@ import json
 from pathlib import Path
 
 import pytest
-from tests.helpers.sitebuild import HAVE_CC, compile_so, site_packages, write_dist
 
 from pytest_cudastack.cli import main
-from pytest_cudastack.linker.elf import read_elf
-from pytest_cudastack.findings import Severity
-from pytest_cudastack.wheels.inventory import installed_wheels
 from pytest_cudastack.cli.report import cmd_report, site_dirs_from, wheel_findings, wheel_report
+from pytest_cudastack.findings import Severity
+from pytest_cudastack.linker.elf import read_elf
 from pytest_cudastack.linker.resolver import Resolver, SearchConfig
+from pytest_cudastack.wheels.inventory import installed_wheels
+from tests.helpers.sitebuild import HAVE_CC, compile_so, site_packages, write_dist
 
 pytestmark = pytest.mark.skipif(not HAVE_CC, reason="needs a C compiler")
 

@@ -10,11 +10,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from tests.helpers.elfbuild import Scenarios, build_lib, get_scenarios, needs_cc
 
 from pytest_cudastack.linker.elf import read_elf
 from pytest_cudastack.linker.ldcache import LdCache, LdCacheEntry
 from pytest_cudastack.linker.resolver import Library, Resolver, Route, SearchConfig, Tree, legacy_hwcap_subdirs
+from tests.helpers.elfbuild import Scenarios, build_lib, get_scenarios, needs_cc
 
 pytestmark = needs_cc
 LDSO = "/lib64/ld-linux-x86-64.so.2"

@@ -7,9 +7,9 @@ import pytest
 from pytest_cudastack.cuda.driver import DriverInfo, Gpu
 from pytest_cudastack.errors import RuleError
 from pytest_cudastack.findings import Finding, Severity
-from pytest_cudastack.wheels.inventory import Inventory
 from pytest_cudastack.linker.resolver import Library, Route
 from pytest_cudastack.markers import MarkerCall, Unmet, check_marker, evaluate, evaluate_all
+from pytest_cudastack.wheels.inventory import Inventory
 
 
 class Facts:
@@ -99,9 +99,8 @@ def test_soname_shipped_by_wheel(tmp_path):
 
 
 def test_wheel_integrity_error_makes_it_not_intact(tmp_path):
-    from tests.helpers.sitebuild import write_dist
-
     from pytest_cudastack.wheels.inventory import installed_wheels
+    from tests.helpers.sitebuild import write_dist
 
     write_dist(tmp_path, "nvidia-nccl-cu12", "2.20.5", {"nvidia/nccl/include/nccl.h": "x"})
     inv = installed_wheels([str(tmp_path)])
@@ -173,9 +172,8 @@ def test_marker_evaluation_through_pytester_getitem(pytester):
 
 
 def test_shared_file_finding_names_both_distributions(tmp_path):
-    from tests.helpers.sitebuild import write_dist
-
     from pytest_cudastack.wheels.inventory import installed_wheels
+    from tests.helpers.sitebuild import write_dist
 
     write_dist(tmp_path, "nvidia-cudnn-cu12", "9.19.0.56", {"nvidia/cudnn/include/cudnn.h": "x"})
     inv = installed_wheels([str(tmp_path)])

@@ -10,11 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from pytest_cudastack.cli import main
+from pytest_cudastack.cli import tree as treeview
 from tests.helpers.elfbuild import Scenarios, get_scenarios, needs_cc
 from tests.helpers.sitebuild import compile_so, site_packages, write_dist
-
-from pytest_cudastack.cli import tree as treeview
-from pytest_cudastack.cli import main
 
 pytestmark = needs_cc
 
@@ -483,7 +483,8 @@ def test_closure_cache_warm_path_imports(scen: Scenarios, tmp_path: Path) -> Non
     code = (
         "import sys\nfrom pytest_cudastack.cli import main\n"
         f"rc = main(['tree', '--json', {str(scen.rpath_inherit)!r}, {str(scen.missing_deep)!r}])\n"
-        "heavy = ('pytest_cudastack.linker.resolver', 'pytest_cudastack.linker.elf', 'dataclasses', 'logging', 'elftools')\n"
+        "heavy = ('pytest_cudastack.linker.resolver', 'pytest_cudastack.linker.elf', 'dataclasses', 'logging',"
+        " 'elftools')\n"
         "print(rc, [m for m in heavy if m in sys.modules], file=sys.stderr)\n"
     )
     env = dict(os.environ, CUDASTACK_CACHE_DIR=str(tmp_path / "own-cache"))

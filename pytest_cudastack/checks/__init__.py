@@ -15,8 +15,8 @@ from pytest_cudastack.findings import Finding, Severity
 
 if TYPE_CHECKING:
     from pytest_cudastack.cuda.driver import DriverInfo
-    from pytest_cudastack.wheels.inventory import Inventory
     from pytest_cudastack.linker.resolver import Tree
+    from pytest_cudastack.wheels.inventory import Inventory
 
 __all__ = [
     "arch_coverage",

@@ -6,8 +6,8 @@ import re
 from collections.abc import Iterable, Sequence
 
 from pytest_cudastack.errors import ElfError, OptionError
-from pytest_cudastack.linker.fatbin import Fatbin, read_fatbin, runs_on
 from pytest_cudastack.findings import Finding, Severity
+from pytest_cudastack.linker.fatbin import Fatbin, read_fatbin, runs_on
 
 __all__ = ["arch_findings", "parse_arch"]
 

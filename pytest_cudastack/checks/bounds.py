@@ -23,8 +23,8 @@ from pytest_cudastack.findings import Finding, Severity
 
 if TYPE_CHECKING:
     from pytest_cudastack.linker.elf import ElfInfo
-    from pytest_cudastack.wheels.inventory import Distribution, Inventory
     from pytest_cudastack.linker.resolver import Tree
+    from pytest_cudastack.wheels.inventory import Distribution, Inventory
 
 __all__ = [
     "CudaNeed",

@@ -23,14 +23,14 @@ from __future__ import annotations
 import importlib
 import logging
 import os
-import stat
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from pytest_cudastack._sysio import real_path
 from pytest_cudastack.findings import Finding, Severity
+from pytest_cudastack.linker.resolver import Library, Resolver, SearchConfig, Tree
 from pytest_cudastack.wheels.integrity import pip_command
 from pytest_cudastack.wheels.inventory import Distribution, Inventory, ShippedLib, default_reader
-from pytest_cudastack.linker.resolver import Library, Resolver, SearchConfig, Tree
 
 __all__ = ["ModuleTree", "default_resolver", "extension_closures", "extension_modules", "module_trees"]
 
@@ -83,26 +83,6 @@ def _rel(path: str, inv: Inventory) -> str:
     return p
 
 
-def _realpath(path: str, dirs: dict[str, str]) -> str:
-    """``os.path.realpath``; for a file that is not a symbolic link, its directory's realpath (memoised in
-    ``dirs`` for one run) joined with its name, which is what realpath computes component by component."""
-    head, tail = os.path.split(path)
-    if head.startswith("/") and tail not in ("", ".", ".."):
-        try:
-            link = stat.S_ISLNK(os.lstat(path).st_mode)
-        except OSError:
-            link = True  # let realpath decide
-        if not link:
-            real = dirs.get(head)
-            if real is None:
-                real = dirs[head] = os.path.realpath(head)
-            return os.path.join(real, tail)
-    try:
-        return os.path.realpath(path)
-    except OSError:  # pragma: no cover
-        return path
-
-
 @dataclass
 class _Missing:
     soname: str
@@ -140,10 +120,10 @@ def extension_closures(
     dirs: dict[str, str] = {}
     findings: list[Finding] = []
     for mt in mts:
-        reached.add(_realpath(mt.module.path, dirs))
+        reached.add(real_path(mt.module.path, dirs))
         for lib in mt.tree.libraries:
             if lib.path is not None:
-                reached.add(lib.realpath or _realpath(lib.path, dirs))
+                reached.add(lib.realpath or real_path(lib.path, dirs))
         for lib in mt.tree.missing:
             m = missing.setdefault(lib.soname, _Missing(lib.soname, [], []))
             m.needers.append(mt)
@@ -250,7 +230,7 @@ def _unreachable(
     for d in inv.distributions:
         notes: list[str] = []
         for lib in d.libraries:
-            if not lib.exists or lib.pyinit or lib.problem or _realpath(lib.path, dirs) in reached:
+            if not lib.exists or lib.pyinit or lib.problem or real_path(lib.path, dirs) in reached:
                 continue
             tree = resolver.tree(lib.path)
             absent = [x.soname for x in tree.missing if not skip(x.soname)]

@@ -87,8 +87,8 @@ def loaded_libraries(
 ) -> tuple[tuple[LoadedLibrary, ...], str | None]:
     """Shared objects mapped by importing ``module`` in a child ``python`` (default: this one), and the
     import error if any. Providers come from the distributions in ``site_paths`` (default: ``sys.path``)."""
-    from pytest_cudastack.linker.elf import looks_like_elf, read_elf
     from pytest_cudastack.errors import ElfError
+    from pytest_cudastack.linker.elf import looks_like_elf, read_elf
     from pytest_cudastack.wheels.inventory import installed_wheels
 
     paths, error = _child_mapped(module, python or sys.executable, timeout)

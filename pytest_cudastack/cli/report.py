@@ -19,9 +19,9 @@ from typing import Any, TextIO
 
 from pytest_cudastack.checks.closure import extension_closures, module_trees
 from pytest_cudastack.findings import Finding, Severity
+from pytest_cudastack.linker.resolver import Resolver, SearchConfig
 from pytest_cudastack.wheels.integrity import check_integrity
 from pytest_cudastack.wheels.inventory import Inventory, default_reader, installed_wheels, memo_reader
-from pytest_cudastack.linker.resolver import Resolver, SearchConfig
 
 __all__ = [
     "WheelReport",

@@ -337,8 +337,8 @@ def _tree_json(paths: list[str], site: Sequence[str] | None) -> int:
         prov.save()
     if prov is not None or todo:
         _flush_cache()
-    if store is not None:
-        store.flush()
+    if store is not None and (error := store.flush()) is not None:
+        _log().warning("cannot write closure cache %s: %s", store.file, error)
     if sys.stdout.isatty():  # a human is watching: indented (the compact form needs no re-encoding)
         sys.stdout.write(json.dumps(json.loads("[" + ", ".join(rows) + "]"), indent=1))
     else:

@@ -300,7 +300,7 @@ def driver_files(
             else:
                 shown = path if real in (None, path) else f"{path} -> {real}"
                 notes.append(f"{soname}: {shown}" + (f" (driver {version})" if version else ""))
-    from pytest_cudastack.wheels.sitepaths import read_text
+    from pytest_cudastack._sysio import read_text
 
     proc_text = read_text(proc_version_path, limit=65536)
     kernel = parse_proc_version(proc_text) if proc_text else None

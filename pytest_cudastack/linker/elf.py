@@ -24,11 +24,11 @@ from __future__ import annotations
 
 import logging
 import os
-import stat
 import struct
 from dataclasses import dataclass
 from typing import IO, Any, NamedTuple
 
+from pytest_cudastack._sysio import open_regular
 from pytest_cudastack.errors import ElfError
 
 __all__ = [
@@ -39,7 +39,6 @@ __all__ = [
     "exports",
     "looks_like_elf",
     "machine_name",
-    "open_regular",
     "read_elf",
 ]
 
@@ -66,7 +65,6 @@ EM_NAMES: dict[int, str] = {
 
 _ET_NAMES = {0: "ET_NONE", 1: "ET_REL", 2: "ET_EXEC", 3: "ET_DYN", 4: "ET_CORE"}
 _DF_1_NODEFLIB = 0x800
-_OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
 _SHN_UNDEF = 0
 
 
@@ -151,27 +149,6 @@ class ElfInfo:
 
 def _opt_str(v: Any) -> str | None:
     return None if v is None else str(v)
-
-
-def open_regular(path: str) -> tuple[int, os.stat_result]:
-    """Open without blocking (a FIFO named like a library must not hang us) and insist on a regular
-    file; returns (fd, stat). The caller closes fd. Raises ElfError naming the file."""
-    try:
-        fd = os.open(path, _OPEN_FLAGS)
-    except OSError as e:
-        raise ElfError(f"{path}: cannot open: {e.strerror or e}") from e
-    except ValueError as e:  # an embedded NUL byte
-        raise ElfError(f"{path!r}: cannot open: {e}") from e
-    try:
-        st = os.fstat(fd)
-    except OSError as e:
-        os.close(fd)
-        raise ElfError(f"{path}: cannot stat: {e.strerror or e}") from e
-    if not stat.S_ISREG(st.st_mode):
-        os.close(fd)
-        kind = "is a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file"
-        raise ElfError(f"{path}: {kind}")
-    return fd, st
 
 
 def looks_like_elf(path: str | os.PathLike[str]) -> bool:

@@ -15,6 +15,7 @@ import atexit
 import json
 import os
 
+from pytest_cudastack._sysio import write_atomic
 from pytest_cudastack.errors import ElfError
 
 TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing (~5 ms) on tree's warm path
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
 
     from pytest_cudastack.linker.elf import ElfInfo
 
-__all__ = ["CACHE_FILE", "ElfCache", "default_cache", "default_cache_dir", "write_atomic"]
+__all__ = ["CACHE_FILE", "ElfCache", "default_cache", "default_cache_dir"]
 
 
 def _log() -> logging.Logger:
@@ -155,44 +156,11 @@ class ElfCache:
             return
         payload = {"schema": _SCHEMA, "version": _VERSION, "entries": self._entries, "extra": self._extra}
         # one C-encoder call, one write
-        if write_atomic(self.directory, self.file, json.dumps(payload, separators=(",", ":")), "ELF cache"):
+        error = write_atomic(self.directory, self.file, json.dumps(payload, separators=(",", ":")))
+        if error is not None:
+            _log().warning("cannot write ELF cache %s: %s", self.file, error)
+        else:
             self._dirty = False
-
-
-def write_atomic(directory: str, file: str, text: str, what: str) -> bool:
-    """Write *text* to *file* in *directory* (created when missing) atomically: a private temporary file,
-    then ``os.replace``. False (and a warning naming *what*) on an I/O error; never raises one."""
-    try:
-        os.makedirs(directory, exist_ok=True)
-        fd, tmp = _mkstemp(directory)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(text)
-            os.replace(tmp, file)
-        except BaseException:
-            try:  # noqa: SIM105 - contextlib is not imported on the warm path
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
-    except OSError as e:
-        _log().warning("cannot write %s %s: %s", what, file, e)
-        return False
-    return True
-
-
-def _mkstemp(directory: str) -> tuple[int, str]:
-    """A new private file in *directory* (``O_EXCL``, mode 0600), as tempfile.mkstemp makes it, without
-    importing tempfile (random, shutil, ...) on every run that writes the cache."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0)
-    for attempt in range(100):
-        name = os.path.join(directory, f".elfcache-{os.getpid()}-{os.urandom(6).hex()}.tmp")
-        try:
-            return os.open(name, flags, 0o600), name
-        except FileExistsError:
-            if attempt == 99:
-                raise
-    raise FileExistsError(directory)  # pragma: no cover
 
 
 _DEFAULT: ElfCache | None = None

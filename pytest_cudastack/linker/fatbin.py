@@ -13,7 +13,7 @@ import os
 import struct
 from dataclasses import dataclass
 
-from pytest_cudastack.linker.elf import open_regular
+from pytest_cudastack._sysio import open_regular
 from pytest_cudastack.errors import ElfError
 
 __all__ = ["Fatbin", "FatbinEntry", "read_fatbin", "runs_on"]

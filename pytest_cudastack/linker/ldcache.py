@@ -254,7 +254,7 @@ def parse_ld_cache(data: bytes, path: str = "<bytes>") -> LdCache:
 
 def read_ld_cache(path: str = "/etc/ld.so.cache") -> LdCache:
     """Read and parse an ld.so.cache file; raises :class:`LdCacheError` (also when it cannot be read)."""
-    from pytest_cudastack.linker.elf import open_regular  # non-blocking open + S_ISREG check
+    from pytest_cudastack._sysio import open_regular  # non-blocking open + S_ISREG check
     from pytest_cudastack.errors import ElfError
 
     try:

@@ -44,8 +44,9 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from pytest_cudastack.linker.elf import ElfInfo, open_regular, read_elf
+from pytest_cudastack._sysio import open_regular
 from pytest_cudastack.errors import ElfError, LdCacheError
+from pytest_cudastack.linker.elf import ElfInfo, read_elf
 from pytest_cudastack.linker.ldcache import LdCache, cpu_hwcaps, read_ld_cache, read_ld_so_conf
 
 __all__ = ["Library", "Resolver", "Route", "SearchConfig", "Tree", "legacy_hwcap_subdirs"]

@@ -38,6 +38,8 @@ import os
 import sys
 import zlib
 
+from pytest_cudastack._sysio import real_path, write_atomic
+
 TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing (~5 ms) on tree's warm path
 if TYPE_CHECKING:
     from typing import Any
@@ -50,9 +52,9 @@ _VERSION = 1
 RACY_NS = 2_000_000_000  # a recorded timestamp this close to the start of the run is not trusted
 _BUCKETS_KEPT = 4  # search environments remembered
 # the modules whose code decides a row: a changed source (an upgrade, an edit of an editable install)
-# makes every stored row foreign
-# The modules an answer depends on, relative to the package root: a changed one invalidates the cache.
+# makes every stored row foreign (paths relative to the package root)
 _SOURCES = (
+    "_sysio.py",
     "linker/elf.py",
     "linker/elfcache.py",
     "linker/ldcache.py",
@@ -75,20 +77,6 @@ def stat_value(path: str) -> list[int] | int:
     return [st.st_dev, st.st_ino, st.st_size, st.st_mode, st.st_mtime_ns, st.st_ctime_ns]
 
 
-def _realpath(path: str, dirs: dict[str, str]) -> str:
-    """``os.path.realpath(os.path.abspath(path))`` (what the owner index falls back to), resolving each
-    directory once (*dirs* memoises them): the real path of ``D/NAME`` is that of ``D`` plus ``/NAME`` when
-    NAME is not a symbolic link."""
-    path = os.path.abspath(path)
-    d, _, base = path.rpartition("/")
-    if not d or base in ("", ".", "..") or os.path.islink(path):
-        return os.path.realpath(path)
-    real = dirs.get(d)
-    if real is None:
-        real = dirs[d] = os.path.realpath(d)
-    return ("" if real == "/" else real) + "/" + base
-
-
 def dep_value(key: str, dirs: dict[str, str] | None = None) -> Any:
     """The current value of a dependency key (see the module docstring); *dirs* memoises the real paths of
     directories for ``"r"`` keys."""
@@ -97,7 +85,7 @@ def dep_value(key: str, dirs: dict[str, str] | None = None) -> Any:
         return stat_value(key[1:])
     if kind == "r":
         try:
-            return _realpath(key[1:], {} if dirs is None else dirs)
+            return real_path(key[1:], {} if dirs is None else dirs)
         except (OSError, ValueError):
             return None
     if kind == "c":
@@ -372,12 +360,12 @@ class TreeCache:
         self._dirty = True
         return True
 
-    def flush(self) -> None:
+    def flush(self) -> OSError | None:
         """Write the file (atomically) when something changed, keeping only well-formed rows and the
-        dependencies and contexts they use."""
+        dependencies and contexts they use. Returns the write error for the caller to report (logging is
+        not imported on the warm path)."""
         if not self.enabled or not self._dirty:
-            return
-        from pytest_cudastack.linker.elfcache import write_atomic
+            return None
 
         roots = {r: e for r in self.roots if (e := self._entry(r)) is not None}
         used: set[Any] = set()
@@ -429,8 +417,10 @@ class TreeCache:
         header = json.dumps({"schema": _SCHEMA, "version": _VERSION, "buckets": buckets}, separators=(",", ":"))
         body = header + "\n" + "".join(blob)
         text = f"{zlib.crc32(body.encode('ascii', 'backslashreplace')):08x}\n{body}"
-        if write_atomic(self.directory, self.file, text, "closure cache"):
+        error = write_atomic(self.directory, self.file, text)
+        if error is None:
             self._dirty = False
+        return error
 
 
 def _move_rows(bucket: Any, old: str, put: Any) -> dict[str, Any] | None:

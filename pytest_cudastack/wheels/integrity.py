@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from packaging.markers import InvalidMarker, UndefinedComparison, UndefinedEnvironmentName
 from packaging.requirements import InvalidRequirement, Requirement
 
-from pytest_cudastack.linker.elf import open_regular
+from pytest_cudastack._sysio import open_regular
 from pytest_cudastack.errors import ElfError
 from pytest_cudastack.findings import Finding, Severity
 from pytest_cudastack.wheels.inventory import (

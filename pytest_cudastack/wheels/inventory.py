@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from pytest_cudastack._sysio import read_text
 from pytest_cudastack.errors import CudaStackError
 from pytest_cudastack.wheels.sitepaths import (  # re-exported: they are part of this module's API
     OwnerIndex,
@@ -39,14 +40,13 @@ from pytest_cudastack.wheels.sitepaths import (  # re-exported: they are part of
     _nonplain,
     install_prefix,
     owner_index,
-    read_text,
     record_abspath,
     site_dirs,
 )
 
 if TYPE_CHECKING:
-    from pytest_cudastack.linker.elf import ElfInfo
     from pytest_cudastack.findings import Finding
+    from pytest_cudastack.linker.elf import ElfInfo
 
 __all__ = [
     "Distribution",

@@ -13,12 +13,14 @@ import functools
 import os
 import sys
 
+from pytest_cudastack._sysio import read_text
+
 TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing (~5 ms) on tree's warm path
 if TYPE_CHECKING:
     from collections.abc import Sequence
     from typing import Any
 
-__all__ = ["OwnerIndex", "install_prefix", "owner_index", "read_text", "record_abspath", "site_dirs"]
+__all__ = ["OwnerIndex", "install_prefix", "owner_index", "record_abspath", "site_dirs"]
 
 
 @functools.lru_cache(maxsize=256)
@@ -145,32 +147,6 @@ def site_dirs(paths: Sequence[str] | None = None) -> tuple[str, ...]:
         seen.add(r)
         out.append(a)
     return tuple(out)
-
-
-def read_text(path: str, limit: int = 64 << 20) -> str | None:
-    """Text of a regular file, None when missing/unreadable/not regular (never blocks on a FIFO)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    except OSError:
-        return None
-    try:
-        import stat
-
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        chunks: list[bytes] = []
-        total = 0
-        while total < limit:
-            b = os.read(fd, 1 << 20)
-            if not b:
-                break
-            chunks.append(b)
-            total += len(b)
-        return b"".join(chunks).decode("utf-8", errors="replace")
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
 
 
 def _name_version_from_dirname(dirname: str) -> tuple[str, str]:

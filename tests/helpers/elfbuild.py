@@ -17,13 +17,13 @@ from pathlib import Path
 import pytest
 
 __all__ = [
-    "link_args",
     "CC",
     "Scenarios",
     "build_exe",
     "build_lib",
     "build_scenarios",
     "get_scenarios",
+    "link_args",
     "needs_cc",
     "needs_ldd",
     "patch",

@@ -1,0 +1,114 @@
+"""The ground floor's file-system primitives: every layer reads and writes files through these.
+
+Inspected files are hostile until proven otherwise: a FIFO named like a library must not hang a run, a
+device must not be read forever, and a cache must never be half written. So every read opens with
+``O_NONBLOCK`` and insists on a regular file, reads are size-capped, and writes go to a private temporary
+file that replaces the target in one ``os.replace``. This module imports nothing but ``os`` and ``stat``
+(``cudastack tree``'s warm path imports it), and it never logs: callers decide what a failure means.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+
+from pytest_cudastack.errors import ElfError
+
+__all__ = ["open_regular", "read_text", "real_path", "write_atomic"]
+
+_OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+
+
+def open_regular(path: str) -> tuple[int, os.stat_result]:
+    """Open without blocking (a FIFO named like a library must not hang us) and insist on a regular
+    file; returns (fd, stat). The caller closes fd. Raises ElfError naming the file: every caller inspects
+    a file it was pointed at, and says so in its own terms."""
+    try:
+        fd = os.open(path, _OPEN_FLAGS)
+    except OSError as e:
+        raise ElfError(f"{path}: cannot open: {e.strerror or e}") from e
+    except ValueError as e:  # an embedded NUL byte
+        raise ElfError(f"{path!r}: cannot open: {e}") from e
+    try:
+        st = os.fstat(fd)
+    except OSError as e:
+        os.close(fd)
+        raise ElfError(f"{path}: cannot stat: {e.strerror or e}") from e
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        kind = "is a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file"
+        raise ElfError(f"{path}: {kind}")
+    return fd, st
+
+
+def read_text(path: str, limit: int = 64 << 20) -> str | None:
+    """Text of a regular file (at most *limit* bytes), None when missing, unreadable or not a regular
+    file. Never blocks on a FIFO, never raises."""
+    try:
+        fd, _st = open_regular(path)
+    except ElfError:
+        return None
+    try:
+        chunks: list[bytes] = []
+        total = 0
+        while total < limit:
+            b = os.read(fd, min(1 << 20, limit - total))
+            if not b:
+                break
+            chunks.append(b)
+            total += len(b)
+        return b"".join(chunks).decode("utf-8", errors="replace")
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def write_atomic(directory: str, file: str, text: str) -> OSError | None:
+    """Write *text* to *file* in *directory* (created when missing) atomically: a private temporary file
+    (``O_EXCL | O_NOFOLLOW``, mode 0600), then ``os.replace``. Returns the I/O error instead of raising it,
+    so that each caller words the warning for what it was writing."""
+    try:
+        os.makedirs(directory, exist_ok=True)
+        fd, tmp = _mkstemp(directory)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(text)
+            os.replace(tmp, file)
+        except BaseException:
+            try:  # noqa: SIM105 - contextlib is not imported on the warm path
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+    except OSError as e:
+        return e
+    return None
+
+
+def _mkstemp(directory: str) -> tuple[int, str]:
+    """A new private file in *directory*, as tempfile.mkstemp makes it, without importing tempfile
+    (random, shutil, ...) on every run that writes a cache."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0)
+    for attempt in range(100):
+        name = os.path.join(directory, f".cudastack-{os.getpid()}-{os.urandom(6).hex()}.tmp")
+        try:
+            return os.open(name, flags, 0o600), name
+        except FileExistsError:
+            if attempt == 99:
+                raise
+    raise FileExistsError(directory)  # pragma: no cover
+
+
+def real_path(path: str, dirs: dict[str, str]) -> str:
+    """``os.path.realpath(os.path.abspath(path))``, resolving each directory once: the real path of
+    ``D/NAME`` is that of ``D`` plus ``/NAME`` when NAME is not a symbolic link, which is what realpath
+    computes component by component. *dirs* memoises directories for one run (the caller owns it)."""
+    path = os.path.abspath(path)
+    d, _, base = path.rpartition("/")
+    if not d or base in ("", ".", "..") or os.path.islink(path):
+        return os.path.realpath(path)
+    real = dirs.get(d)
+    if real is None:
+        real = dirs[d] = os.path.realpath(d)
+    return ("" if real == "/" else real) + "/" + base
