@@ -3,16 +3,29 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Finding", "Severity"]
+__all__ = ["SEVERITY_ORDER", "Finding", "Severity", "most_severe_first"]
+
+_COMPACT_ITEMS = 3  # places looked in and details the compact form lists before saying how many more
 
 
 class Severity(str, enum.Enum):
+    """How much a finding matters; declared most severe first, the order findings are shown in."""
+
     ERROR = "error"  # fails the invariant item / `cudastack check` exits 1
     WARNING = "warning"  # shown, never fails
     INFO = "info"  # a fact worth reporting (optional plugin with an absent dep, no driver here)
+
+    @property
+    def rank(self) -> int:
+        """0 for ERROR, 1 for WARNING, 2 for INFO: the sort key that puts the most severe first."""
+        return SEVERITY_ORDER.index(self)
+
+
+SEVERITY_ORDER: tuple[Severity, ...] = tuple(Severity)
 
 
 @dataclass(frozen=True)
@@ -71,16 +84,32 @@ class Finding:
             distributions=tuple(data.get("distributions", ())),
         )
 
-    def render(self) -> str:
-        """Multi-line human text: message, then cause, fix, chain and places looked."""
+    def render(self, *, compact: bool = False) -> str:
+        """Multi-line human text: message, then the chain, cause, places looked in, details and fix.
+
+        The full form (failed items, ``cudastack check``, ``cudastack report -v``) lists everything; the
+        compact form (``cudastack report``) lists at most three places and three details and says how many
+        more ``-v`` or ``--json`` would show.
+        """
         lines = [f"{self.subject}: {self.message}"]
         if self.chain:
             lines.append("  needed by: " + " -> ".join(self.chain))
         if self.cause:
             lines.append(f"  cause: {self.cause}")
-        if self.where:
+        if self.where and (not compact or len(self.where) <= _COMPACT_ITEMS):
             lines.append("  looked in: " + ", ".join(self.where))
-        lines.extend(f"  {d}" for d in self.details)
+        elif self.where:
+            shown = ", ".join(self.where[:_COMPACT_ITEMS])
+            lines.append(f"  looked in {len(self.where)} places: {shown}, ... (-v or --json for all)")
+        details = self.details[:_COMPACT_ITEMS] if compact else self.details
+        lines.extend(f"  {d}" for d in details)
+        if len(self.details) > len(details):
+            lines.append(f"  ... {len(self.details) - len(details)} more (-v or --json)")
         if self.fix:
             lines.append(f"  fix: {self.fix}")
         return "\n".join(lines)
+
+
+def most_severe_first(findings: Iterable[Finding]) -> tuple[Finding, ...]:
+    """*findings* errors first, then warnings, then infos; stable within a severity."""
+    return tuple(sorted(findings, key=lambda f: f.severity.rank))

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_cudastack.findings import Finding, Severity
+from pytest_cudastack.findings import Finding, most_severe_first
 
 if TYPE_CHECKING:
     from _pytest._code.code import TerminalRepr
@@ -22,8 +22,6 @@ if TYPE_CHECKING:
 __all__ = ["FINDING_PROPERTY", "CudaStackCollector", "InvariantFailed", "InvariantItem", "render_findings"]
 
 FINDING_PROPERTY = "cudastack.finding"
-
-_ORDER = {Severity.ERROR: 0, Severity.WARNING: 1, Severity.INFO: 2}
 
 
 class InvariantFailed(Exception):
@@ -36,8 +34,7 @@ class InvariantFailed(Exception):
 
 def render_findings(findings: Iterable[Finding]) -> str:
     """Findings as text, errors first, each with its cause, chain, places looked and fix."""
-    ordered = sorted(findings, key=lambda f: _ORDER[f.severity])
-    return "\n".join(f"[{f.severity.value}] {f.render()}" for f in ordered)
+    return "\n".join(f"[{f.severity.value}] {f.render()}" for f in most_severe_first(findings))
 
 
 class InvariantItem(pytest.Item):

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from pytest_cudastack.checks.closure import extension_closures, module_trees
-from pytest_cudastack.findings import Finding, Severity
+from pytest_cudastack.findings import Finding, Severity, most_severe_first
 from pytest_cudastack.linker.resolver import Resolver, SearchConfig
 from pytest_cudastack.wheels.integrity import check_integrity
 from pytest_cudastack.wheels.inventory import Inventory, default_reader, installed_wheels, memo_reader
@@ -26,7 +26,6 @@ from pytest_cudastack.wheels.inventory import Inventory, default_reader, install
 __all__ = [
     "WheelReport",
     "cmd_report",
-    "compact",
     "render_report",
     "site_dirs_from",
     "wheel_findings",
@@ -35,13 +34,11 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-_ORDER = {Severity.ERROR: 0, Severity.WARNING: 1, Severity.INFO: 2}
-
 
 def wheel_findings(inv: Inventory, resolver: Resolver) -> tuple[Finding, ...]:
     """Inventory, integrity and closure findings for ``inv``, errors first (stable within a severity)."""
     found = (*inv.findings, *check_integrity(inv), *extension_closures(inv, resolver))
-    return tuple(sorted(found, key=lambda f: _ORDER[f.severity]))
+    return most_severe_first(found)
 
 
 @dataclass(frozen=True)
@@ -104,7 +101,7 @@ def wheel_report(paths: Sequence[str] | None = None) -> WheelReport:
     resolver = Resolver(SearchConfig.from_environment(), reader=reader, owner=inv.owner)
     trees = module_trees(inv, resolver)
     found = (*inv.findings, *check_integrity(inv), *extension_closures(inv, resolver, trees=trees))
-    findings = tuple(sorted(found, key=lambda f: _ORDER[f.severity]))
+    findings = most_severe_first(found)
     _flush_cache()
     return WheelReport(inv, findings, len(trees), time.perf_counter() - t0)
 
@@ -117,29 +114,6 @@ def _flush_cache() -> None:
         logger.debug("ELF cache not flushed: %s", e)
 
 
-def _indent(text: str) -> str:
-    return "\n".join("  " + line for line in text.splitlines())
-
-
-def compact(f: Finding, details: int = 3) -> str:
-    """A finding in a few lines: message, chain, cause, at most ``details`` details, fix."""
-    lines = [f"{f.subject}: {f.message}"]
-    if f.chain:
-        lines.append("  needed by: " + " -> ".join(f.chain))
-    if f.cause:
-        lines.append(f"  cause: {f.cause}")
-    if f.where and len(f.where) <= 3:
-        lines.append("  looked in: " + ", ".join(f.where))
-    elif f.where:
-        lines.append(f"  looked in {len(f.where)} places: {', '.join(f.where[:3])}, ... (-v or --json for all)")
-    lines.extend(f"  {d}" for d in f.details[:details])
-    if len(f.details) > details:
-        lines.append(f"  ... {len(f.details) - details} more (-v or --json)")
-    if f.fix:
-        lines.append(f"  fix: {f.fix}")
-    return "\n".join(lines)
-
-
 def render_report(rep: WheelReport, *, verbose: bool = False) -> str:
     """Findings first (errors and warnings in full, INFO one line each), then CUDA wheels by flavour."""
     lines: list[str] = []
@@ -148,7 +122,7 @@ def render_report(rep: WheelReport, *, verbose: bool = False) -> str:
     infos = [f for f in rep.findings if f.severity is Severity.INFO]
     for title, group in (("ERROR", errors), ("WARNING", warnings)):
         for f in group:
-            lines.append(f"{title} [{f.check}] " + (f.render() if verbose else compact(f)))
+            lines.append(f"{title} [{f.check}] " + f.render(compact=not verbose))
             lines.append("")
     for f in infos:
         lines.append(f"info [{f.check}] {f.subject}: {f.message}")
