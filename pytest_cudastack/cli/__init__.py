@@ -18,7 +18,7 @@ __all__ = ["build_parser", "main"]
 _COMMANDS: dict[str, str] = {
     "report": "pytest_cudastack.cli.report:cmd_report",
     "tree": "pytest_cudastack.cli.tree:cmd_tree",
-    "why": "pytest_cudastack.cli.tree:cmd_why",
+    "why": "pytest_cudastack.cli.why:cmd_why",
     "loaded": "pytest_cudastack.cli.loaded:cmd_loaded",
     "check": "pytest_cudastack.stack:cmd_check",
     "snapshot": "pytest_cudastack.stack:cmd_snapshot",

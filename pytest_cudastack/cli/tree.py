@@ -1,12 +1,10 @@
-"""``cudastack tree`` and ``cudastack why``: the resolver's answers for humans and scripts.
+"""``cudastack tree``: the resolver's load closures for humans and scripts.
 
 ``tree PATH...`` prints, for each file, the whole closure the dynamic linker would load (not the file itself,
 not the vDSO; the program interpreter is listed when something needs it, as ``ldd`` lists it), with each
 library's route, owning distribution, and every place tried for a missing one. ``--json`` prints design.md's
-list ``[{"path", "libraries": [{"soname", "path", "needed_by", "provider"}]}]``. ``why SONAME`` says where a
-program started from this interpreter would find SONAME and which installed distributions ship it (those of
-``--site DIR...`` when given, else this interpreter's). ``tree --site DIR...`` takes owners from those
-directories instead of the site directories the closures touch.
+list ``[{"path", "libraries": [{"soname", "path", "needed_by", "provider"}]}]``. ``tree --site DIR...`` takes
+owners from those directories instead of the site directories the closures touch.
 Exit status: 0 when everything resolves, 1 when something is missing or unreadable.
 """
 
@@ -16,6 +14,8 @@ import json
 import os
 import sys
 
+# Everything else is imported in the function that needs it: a warm `tree --json` (answered from the closure
+# cache) must import no resolver, ELF reader, dataclasses, typing or logging (tests/test_treeview.py).
 TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing (~5 ms) on tree's warm path
 if TYPE_CHECKING:
     import argparse
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
     from pytest_cudastack.linker.resolver import Library, Tree
 
-__all__ = ["cmd_tree", "cmd_why", "render_tree", "render_why"]
+__all__ = ["cmd_tree", "render_tree"]
 
 
 def _log() -> logging.Logger:
@@ -53,20 +53,6 @@ def _site_dirs_for(paths: Sequence[str]) -> list[str]:
                     out.append(d)
                 break
     return out
-
-
-def _inventory(site: Sequence[str] | None = None) -> Any | None:
-    """The wheels inventory of *site* (site directories or venv prefixes; None: this interpreter's);
-    lazily imported and guarded: None when unavailable or broken."""
-    try:
-        from pytest_cudastack.wheels import inventory
-    except ImportError:
-        return None
-    try:
-        return inventory.installed_wheels(list(site) if site is not None else None)
-    except Exception as e:  # the inventory must never break tree/why
-        _log().warning("cannot read installed distributions: %s", e)
-        return None
 
 
 def _owner_index(site: Sequence[str]) -> Any | None:
@@ -167,13 +153,6 @@ def _with_providers(trees: list[Tree], prov: Callable[[str | None], str | None])
         dataclasses.replace(t, libraries=tuple(dataclasses.replace(x, provider=prov(x.path)) for x in t.libraries))
         for t in trees
     ]
-
-
-def _owner(inv: Any | None) -> Callable[[str], str | None] | None:
-    if inv is None:
-        return None
-    owner: Callable[[str], str | None] = inv.owner
-    return owner
 
 
 def _tag(lib: Library) -> str:
@@ -345,61 +324,6 @@ def _tree_json(paths: list[str], site: Sequence[str] | None) -> int:
         sys.stdout.write("[" + ", ".join(rows) + "]")
     sys.stdout.write("\n")
     return 1 if fail else 0
-
-
-def _why_data(soname: str, lib: Library, inv: Any | None) -> dict[str, Any]:
-    shipped: list[dict[str, Any]] = []
-    if inv is not None:
-        try:
-            for dist, path in inv.shipping(soname):
-                shipped.append({"distribution": str(dist.label), "path": path, "exists": os.path.exists(path)})
-        except Exception as e:  # pragma: no cover - inventory bug
-            _log().warning("inventory.shipping(%s) failed: %s", soname, e)
-    data = lib.to_json()
-    data["shipped_by"] = shipped
-    return data
-
-
-def render_why(data: dict[str, Any], out: TextIO) -> None:
-    soname = data["soname"]
-    if data["path"]:
-        owner = f" ({data['provider']})" if data["provider"] else ""
-        detail = data["route_detail"] or data["route"]
-        out.write(f"{soname} => {data['path']} [{detail}]{owner}\n")
-        if data["realpath"] and data["realpath"] != data["path"]:
-            out.write(f"  realpath: {data['realpath']}\n")
-    else:
-        out.write(f"{soname} => NOT FOUND by the dynamic linker (loader: {data['needed_by'][0]})\n")
-    if data["problem"]:
-        out.write(f"  problem: {data['problem']}\n")
-    if data["tried"]:
-        out.write("  tried:\n")
-        for t in data["tried"]:
-            out.write(f"    {t}\n")
-    if data["shipped_by"]:
-        out.write("shipped by:\n")
-        for s in data["shipped_by"]:
-            state = "" if s["exists"] else "  (listed in RECORD but MISSING on disk)"
-            out.write(f"  {s['distribution']}: {s['path']}{state}\n")
-    else:
-        out.write("shipped by: no installed distribution\n")
-
-
-def cmd_why(args: argparse.Namespace) -> int:
-    """``cudastack why SONAME [--json]``: exit 1 when the dynamic linker would not find it."""
-    from pytest_cudastack.linker.resolver import Resolver, SearchConfig
-
-    inv = _inventory(getattr(args, "site", None))
-    resolver = Resolver(SearchConfig.from_environment(), owner=_owner(inv))
-    lib = resolver.find(args.soname)
-    _flush_cache()
-    data = _why_data(args.soname, lib, inv)
-    if getattr(args, "json", False):
-        json.dump(data, sys.stdout, indent=1)
-        sys.stdout.write("\n")
-    else:
-        render_why(data, sys.stdout)
-    return 0 if lib.path is not None else 1
 
 
 def _cache() -> Any | None:
