@@ -18,6 +18,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pytest_cudastack.errors import ElfError
+from pytest_cudastack.linker.elf import looks_like_elf, read_elf
+from pytest_cudastack.wheels.inventory import installed_wheels
+
 __all__ = ["LoadedLibrary", "cmd_loaded", "loaded_libraries"]
 
 logger = logging.getLogger(__name__)
@@ -87,10 +91,6 @@ def loaded_libraries(
 ) -> tuple[tuple[LoadedLibrary, ...], str | None]:
     """Shared objects mapped by importing ``module`` in a child ``python`` (default: this one), and the
     import error if any. Providers come from the distributions in ``site_paths`` (default: ``sys.path``)."""
-    from pytest_cudastack.errors import ElfError
-    from pytest_cudastack.linker.elf import looks_like_elf, read_elf
-    from pytest_cudastack.wheels.inventory import installed_wheels
-
     paths, error = _child_mapped(module, python or sys.executable, timeout)
     inventory = installed_wheels(site_paths)
     out: list[LoadedLibrary] = []
