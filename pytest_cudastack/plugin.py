@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from pytest_cudastack.settings import Settings
     from pytest_cudastack.stack import CudaLibs, CudaWheels, Stack
 
-__all__ = ["MARKERS", "settings_key", "stack_key"]
+__all__ = ["MARKERS", "header_lines", "settings_key", "stack_key"]
 
 # name -> registration line for `pytest --markers`: signature, what it does, an example.
 MARKERS: dict[str, str] = {
@@ -251,9 +251,46 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     settings = config.stash.get(settings_key, None)
     if settings is None or (not settings.active and config.option.verbose < 2) or hasattr(config, "workerinput"):
         return []
-    from pytest_cudastack.stack import header_lines
-
     return header_lines(_stack(config), config.option.verbose)
+
+
+def header_lines(stack: Stack, verbose: int = 0) -> list[str]:
+    """``pytest_report_header``'s lines: one line (driver | CUDA | GPUs | CUDA wheels | options), details with -v."""
+    d = stack.driver
+    driver = f"driver {d.version} ({d.source})" if d.version else f"driver: none ({d.reason or 'not found'})"
+    parts = [driver, f"CUDA <= {d.cuda_version}" if d.cuda_version else "CUDA: unknown"]
+    if d.gpus:
+        names = sorted({g.name for g in d.gpus})
+        parts.append(f"GPUs: {len(d.gpus)} x {', '.join(names)}")
+    elif d.archs:
+        parts.append(f"GPUs: archs {','.join(d.archs)} ({d.arch_source})")
+    else:
+        parts.append(f"GPUs: none ({d.reason or 'none found'})" if not d.present else "GPUs: none")
+    wheels = stack.wheels
+    majors: dict[int, int] = {}
+    for dist in wheels:
+        if dist.cuda_major is not None:
+            majors[dist.cuda_major] = majors.get(dist.cuda_major, 0) + 1
+    flavours = ", ".join(f"cu{m}: {n}" for m, n in sorted(majors.items()))
+    parts.append(f"{len(wheels)} CUDA wheels" + (f" ({flavours})" if flavours else ""))
+    s = stack.settings
+    for key in ("cuda_max", "cuda_min"):
+        if getattr(s, key) is not None:
+            parts.append(s.describe(key))
+    if s.cudastack_scan:
+        count = len(stack.scan_targets)
+        parts.append(f"scan: {count} file{'' if count == 1 else 's'}")
+    lines = ["cudastack: " + " | ".join(parts)]
+    if verbose > 0:
+        lines.extend(
+            f"  GPU {g.index}: {g.name} (sm {g.compute_capability or '?'}"
+            + (f", {g.memory_total / 2**30:.1f} GiB" if g.memory_total else "")
+            + ")"
+            for g in d.gpus
+        )
+        lines.extend(f"  driver note: {n}" for n in d.notes)
+        lines.extend(f"  wheel: {dist.label} (CUDA {dist.cuda_major}: {dist.cuda_evidence})" for dist in wheels)
+    return lines
 
 
 class Reporter:

@@ -1,13 +1,14 @@
-"""The CUDA stack of this machine as one lazily computed object, and its JSON snapshots.
+"""The CUDA stack of this machine as one lazily computed object, and its JSON snapshot files.
 
-``Stack`` backs the ``cuda_*`` fixtures, the markers and the invariant items: every fact (driver,
-installed wheels, resolver, scanned binaries) is computed on first use and then reused. ``to_json`` is the
-snapshot format (``--cudastack-snapshot``, ``cudastack snapshot``); ``cmd_diff`` compares two of them.
+``Stack`` backs the ``cuda_*`` fixtures (``CudaLibs``, ``CudaWheels``), the markers, the invariant items and
+``cudastack check``: every fact (driver, installed wheels, resolver, scanned binaries) is computed on first
+use and then reused. ``Stack.to_json`` is the snapshot (format ``SNAPSHOT_FORMAT``); ``write_snapshot`` and
+``load_snapshot`` are its file I/O, shared by ``--cudastack-snapshot``/``--cudastack-baseline`` and the
+``cudastack snapshot``/``check``/``diff`` subcommands (``pytest_cudastack.cli``), which do their own printing.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
@@ -17,6 +18,7 @@ from dataclasses import replace
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
+from pytest_cudastack.errors import DataError
 from pytest_cudastack.findings import Finding, Severity
 from pytest_cudastack.settings import Settings
 
@@ -32,10 +34,6 @@ __all__ = [
     "CudaLibs",
     "CudaWheels",
     "Stack",
-    "cmd_check",
-    "cmd_diff",
-    "cmd_snapshot",
-    "header_lines",
     "load_snapshot",
     "write_snapshot",
 ]
@@ -291,49 +289,8 @@ class Stack:
         }
 
 
-def header_lines(stack: Stack, verbose: int = 0) -> list[str]:
-    """The report header: one line (driver | CUDA | GPUs | CUDA wheels | options), details with -v."""
-    d = stack.driver
-    driver = f"driver {d.version} ({d.source})" if d.version else f"driver: none ({d.reason or 'not found'})"
-    parts = [driver, f"CUDA <= {d.cuda_version}" if d.cuda_version else "CUDA: unknown"]
-    if d.gpus:
-        names = sorted({g.name for g in d.gpus})
-        parts.append(f"GPUs: {len(d.gpus)} x {', '.join(names)}")
-    elif d.archs:
-        parts.append(f"GPUs: archs {','.join(d.archs)} ({d.arch_source})")
-    else:
-        parts.append(f"GPUs: none ({d.reason or 'none found'})" if not d.present else "GPUs: none")
-    wheels = stack.wheels
-    majors: dict[int, int] = {}
-    for dist in wheels:
-        if dist.cuda_major is not None:
-            majors[dist.cuda_major] = majors.get(dist.cuda_major, 0) + 1
-    flavours = ", ".join(f"cu{m}: {n}" for m, n in sorted(majors.items()))
-    parts.append(f"{len(wheels)} CUDA wheels" + (f" ({flavours})" if flavours else ""))
-    s = stack.settings
-    for key in ("cuda_max", "cuda_min"):
-        if getattr(s, key) is not None:
-            parts.append(s.describe(key))
-    if s.cudastack_scan:
-        count = len(stack.scan_targets)
-        parts.append(f"scan: {count} file{'' if count == 1 else 's'}")
-    lines = ["cudastack: " + " | ".join(parts)]
-    if verbose > 0:
-        lines.extend(
-            f"  GPU {g.index}: {g.name} (sm {g.compute_capability or '?'}"
-            + (f", {g.memory_total / 2**30:.1f} GiB" if g.memory_total else "")
-            + ")"
-            for g in d.gpus
-        )
-        lines.extend(f"  driver note: {n}" for n in d.notes)
-        lines.extend(f"  wheel: {dist.label} (CUDA {dist.cuda_major}: {dist.cuda_evidence})" for dist in wheels)
-    return lines
-
-
 def load_snapshot(path: str) -> dict[str, Any]:
     """Read a snapshot file; ``DataError`` naming the file when it is not one."""
-    from pytest_cudastack.errors import DataError
-
     try:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
@@ -345,6 +302,7 @@ def load_snapshot(path: str) -> dict[str, Any]:
 
 
 def write_snapshot(stack: Stack, path: str | None) -> None:
+    """``stack.to_json()`` to ``path`` (replaced atomically), or to standard output when None or ``-``."""
     text = json.dumps(stack.to_json(), indent=2, sort_keys=True) + "\n"
     if path is None or path == "-":
         sys.stdout.write(text)
@@ -353,71 +311,3 @@ def write_snapshot(stack: Stack, path: str | None) -> None:
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(text)
     os.replace(tmp, path)
-
-
-def _site_paths(args: argparse.Namespace) -> tuple[str, ...] | None:
-    from pytest_cudastack.cli.report import site_dirs_from
-
-    return site_dirs_from(args)
-
-
-def cmd_snapshot(args: argparse.Namespace) -> int:
-    """``cudastack snapshot [-o FILE]``."""
-    write_snapshot(Stack(site_paths=_site_paths(args)), getattr(args, "output", None))
-    return 0
-
-
-def cmd_check(args: argparse.Namespace) -> int:
-    """``cudastack check [pytest's cudastack options]``: the invariant items the options turn on, as the
-    plugin runs them; with none of --cudastack/--cuda-max/--cuda-min/--cudastack-scan/--cudastack-baseline,
-    all the built-in ones (as --cudastack). Exit 0 clean, 1 findings, 2 bad options."""
-    from pytest_cudastack.errors import CudaStackError
-
-    try:
-        settings = Settings.from_namespace(args)
-    except CudaStackError as e:
-        print(f"cudastack check: error: {e}", file=sys.stderr)
-        return 2
-    if not settings.items and not settings.cudastack_scan:
-        settings = settings.with_values(cudastack=True)
-    stack = Stack(settings, rootdir=os.getcwd(), site_paths=_site_paths(args))
-    try:
-        results = stack.run_checks()
-        if settings.cudastack_snapshot:
-            write_snapshot(stack, settings.cudastack_snapshot)
-    except CudaStackError as e:
-        print(f"cudastack check: error: {e}", file=sys.stderr)
-        return 2
-    finally:
-        stack.flush_cache()
-    failing = any(f.failing for found in results.values() for f in found)
-    if getattr(args, "json", False):
-        payload = {
-            "ok": not failing,
-            "items": {name: [f.to_json() for f in found] for name, found in results.items()},
-        }
-        print(json.dumps(payload, indent=2))
-        return 1 if failing else 0
-    for name, found in results.items():
-        verdict = "FAIL" if any(f.failing for f in found) else "ok"
-        print(f"{verdict:4} cudastack::{name}")
-        for finding in found:
-            text = finding.render().replace("\n", "\n       ")
-            print(f"     {finding.severity.value}: {text}")
-    return 1 if failing else 0
-
-
-def cmd_diff(args: argparse.Namespace) -> int:
-    """``cudastack diff A B``: exit 0 when equal, 1 when they differ, 2 when a file is not a snapshot."""
-    from pytest_cudastack.checks import diff_snapshots
-    from pytest_cudastack.errors import DataError
-
-    try:
-        old, new = load_snapshot(args.a), load_snapshot(args.b)
-    except DataError as e:
-        print(f"cudastack diff: {e}", file=sys.stderr)
-        return 2
-    lines = diff_snapshots(old, new)
-    for line in lines:
-        print(line)
-    return 1 if lines else 0

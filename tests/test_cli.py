@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -9,6 +10,8 @@ from pathlib import Path
 import pytest
 
 from pytest_cudastack.cli import main
+from pytest_cudastack.cli.diff import cmd_diff
+from pytest_cudastack.cli.snapshot import cmd_snapshot
 from tests.helpers.elfbuild import build_exe, build_lib, needs_cc
 
 
@@ -88,3 +91,71 @@ def test_tree_does_not_pay_for_the_check_options(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
     assert json.loads(done.stdout)[0]["path"] == "/bin/sh"
     assert done.stderr == "False"
+
+
+SUBCOMMANDS = ("report", "tree", "why", "loaded", "check", "snapshot", "diff")
+
+
+@pytest.mark.parametrize("sub", SUBCOMMANDS)
+def test_each_subcommand_module_imports_alone(sub: str) -> None:
+    """cli/<sub>.py holds cmd_<sub> and imports in a fresh interpreter without any other subcommand's module."""
+    others = [f"pytest_cudastack.cli.{o}" for o in SUBCOMMANDS if o != sub]
+    code = (
+        "import importlib, sys\n"
+        f"m = importlib.import_module('pytest_cudastack.cli.{sub}')\n"
+        f"assert callable(m.cmd_{sub})\n"
+        f"print([o for o in {others!r} if o in sys.modules])\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("sub", SUBCOMMANDS)
+def test_each_subcommand_has_help(sub: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main([sub, "--help"])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out.startswith(f"usage: cudastack {sub} ")
+
+
+def test_check_help_lists_the_pytest_options(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["check", "--help"])
+    assert "--cuda-max" in capsys.readouterr().out
+
+
+def test_help_imports_no_subcommand() -> None:
+    code = (
+        "import sys\nfrom pytest_cudastack.cli import main\n"
+        "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+        f"print([s for s in {SUBCOMMANDS!r} if 'pytest_cudastack.cli.' + s in sys.modules], file=sys.stderr)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert "usage: cudastack" in done.stdout
+    assert done.stderr.strip() == "[]"
+
+
+def test_python_dash_m_runs_the_command() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest_cudastack.cli", "why", "--help"], capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("usage: cudastack why ")
+
+
+def test_cmd_snapshot_and_diff(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("CUDASTACK_CUDA_DRIVER", "550.54.15")  # ignored by the command: it probes
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    assert cmd_snapshot(argparse.Namespace(output=str(a))) == 0
+    b.write_text(a.read_text())
+    assert cmd_diff(argparse.Namespace(a=str(a), b=str(b))) == 0
+    data = json.loads(b.read_text())
+    data["driver"]["version"] = "999.1"
+    b.write_text(json.dumps(data))
+    capsys.readouterr()
+    assert cmd_diff(argparse.Namespace(a=str(a), b=str(b))) == 1
+    assert "driver version:" in capsys.readouterr().out
+    (tmp_path / "c.json").write_text("nope")
+    assert cmd_diff(argparse.Namespace(a=str(a), b=str(tmp_path / "c.json"))) == 2

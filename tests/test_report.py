@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from pytest_cudastack.cli import main
-from pytest_cudastack.cli.report import cmd_report, site_dirs_from, wheel_findings, wheel_report
+from pytest_cudastack.cli.report import cmd_report, wheel_findings, wheel_report
+from pytest_cudastack.cli.sites import site_dirs_from
 from pytest_cudastack.findings import Severity
 from pytest_cudastack.linker.elf import read_elf
 from pytest_cudastack.linker.resolver import Resolver, SearchConfig

@@ -1,14 +1,14 @@
 from __future__ import annotations
 
-import argparse
 import json
 
 import pytest
 
 from pytest_cudastack.cuda.driver import DriverInfo
 from pytest_cudastack.errors import DataError
+from pytest_cudastack.plugin import header_lines
 from pytest_cudastack.settings import Settings
-from pytest_cudastack.stack import Stack, cmd_diff, cmd_snapshot, header_lines, load_snapshot, write_snapshot
+from pytest_cudastack.stack import Stack, load_snapshot, write_snapshot
 
 
 @pytest.fixture
@@ -59,22 +59,6 @@ def test_load_snapshot_rejects_other_json(tmp_path):
         load_snapshot(str(bad))
     with pytest.raises(DataError, match="cannot read"):
         load_snapshot(str(tmp_path / "absent.json"))
-
-
-def test_cmd_snapshot_and_diff(tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv("CUDASTACK_CUDA_DRIVER", "550.54.15")  # ignored by the command: it probes
-    a, b = tmp_path / "a.json", tmp_path / "b.json"
-    assert cmd_snapshot(argparse.Namespace(output=str(a))) == 0
-    b.write_text(a.read_text())
-    assert cmd_diff(argparse.Namespace(a=str(a), b=str(b))) == 0
-    data = json.loads(b.read_text())
-    data["driver"]["version"] = "999.1"
-    b.write_text(json.dumps(data))
-    capsys.readouterr()
-    assert cmd_diff(argparse.Namespace(a=str(a), b=str(b))) == 1
-    assert "driver version:" in capsys.readouterr().out
-    (tmp_path / "c.json").write_text("nope")
-    assert cmd_diff(argparse.Namespace(a=str(a), b=str(tmp_path / "c.json"))) == 2
 
 
 def test_unknown_check_is_an_error(stack):

@@ -1,7 +1,7 @@
 """The ``cudastack`` command: the plugin's checks for humans and scripts.
 
-Exit status: 0 clean, 1 findings, 2 usage. Each subcommand's work lives in the layer that owns it; this
-module only parses arguments and dispatches, importing the layer lazily so ``cudastack --help`` stays cheap.
+Exit status: 0 clean, 1 findings, 2 usage. This module only parses arguments and dispatches: subcommand
+NAME is ``cmd_NAME`` in ``pytest_cudastack/cli/NAME.py``, which holds its work or calls the layer that does.
 """
 
 from __future__ import annotations
@@ -11,19 +11,15 @@ import importlib
 import os
 import sys
 from collections.abc import Callable, Sequence
+from types import ModuleType
 
 __all__ = ["build_parser", "main"]
 
-# subcommand -> "module:function"; each function takes the parsed namespace and returns the exit status.
-_COMMANDS: dict[str, str] = {
-    "report": "pytest_cudastack.cli.report:cmd_report",
-    "tree": "pytest_cudastack.cli.tree:cmd_tree",
-    "why": "pytest_cudastack.cli.why:cmd_why",
-    "loaded": "pytest_cudastack.cli.loaded:cmd_loaded",
-    "check": "pytest_cudastack.stack:cmd_check",
-    "snapshot": "pytest_cudastack.stack:cmd_snapshot",
-    "diff": "pytest_cudastack.stack:cmd_diff",
-}
+
+def _subcommand(name: str) -> ModuleType:
+    # Imported when its subcommand runs, not here: `cudastack --help` and tree's warm path (tests/test_cli.py,
+    # tests/test_treeview.py) must not pay for every subcommand's imports.
+    return importlib.import_module(f"{__name__}.{name}")
 
 
 class _Formatter(argparse.HelpFormatter):
@@ -94,9 +90,7 @@ def build_parser(check_options: bool = True) -> argparse.ArgumentParser:
     )
     check.add_argument("--json", action="store_true", help="print JSON instead of text")
     if check_options:
-        from pytest_cudastack.settings import add_arguments
-
-        add_arguments(check)
+        _subcommand("check").add_options(check)
 
     snapshot = sub.add_parser("snapshot", formatter_class=_Formatter, parents=[site], help="write the stack as JSON")
     snapshot.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of standard output")
@@ -105,12 +99,6 @@ def build_parser(check_options: bool = True) -> argparse.ArgumentParser:
     diff.add_argument("a", metavar="A")
     diff.add_argument("b", metavar="B")
     return parser
-
-
-def _load(target: str) -> Callable[[argparse.Namespace], int]:
-    module, _, func = target.partition(":")
-    handler: Callable[[argparse.Namespace], int] = getattr(importlib.import_module(module), func)
-    return handler
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -122,12 +110,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         args = parser.parse_args([*words, "report"])
     try:
-        return _load(_COMMANDS[args.command])(args)
+        handler: Callable[[argparse.Namespace], int] = getattr(_subcommand(args.command), f"cmd_{args.command}")
+        return handler(args)
     except BrokenPipeError:
         # `cudastack tree ... | head` closed our stdout: not an error of ours.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

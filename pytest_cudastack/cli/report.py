@@ -1,7 +1,6 @@
-"""``cudastack report`` and ``cudastack check``: the wheels part (inventory + integrity + closure).
+"""``cudastack report``: the installed wheels (inventory + integrity + closure) on one screen, findings first.
 
-Site directories: ``args.site`` (a list; the CLI's repeatable ``--site DIR``), else ``$CUDASTACK_SITE``
-(``os.pathsep``-separated), else this interpreter's ``sys.path``.
+The site directories are :func:`pytest_cudastack.cli.sites.site_dirs_from`'s.
 """
 
 from __future__ import annotations
@@ -10,7 +9,6 @@ import argparse
 import importlib
 import json
 import logging
-import os
 import sys
 import time
 from collections.abc import Sequence
@@ -18,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from pytest_cudastack.checks.closure import extension_closures, module_trees
+from pytest_cudastack.cli.sites import site_dirs_from
 from pytest_cudastack.findings import Finding, Severity, most_severe_first
 from pytest_cudastack.linker.resolver import Resolver, SearchConfig
 from pytest_cudastack.wheels.integrity import check_integrity
@@ -27,7 +26,6 @@ __all__ = [
     "WheelReport",
     "cmd_report",
     "render_report",
-    "site_dirs_from",
     "wheel_findings",
     "wheel_report",
 ]
@@ -81,16 +79,6 @@ class WheelReport:
             "extension_modules": self.modules,
             "seconds": round(self.seconds, 3),
         }
-
-
-def site_dirs_from(args: argparse.Namespace | None) -> tuple[str, ...] | None:
-    """``args.site``, else ``$CUDASTACK_SITE``, else None (this interpreter)."""
-    site = getattr(args, "site", None) if args is not None else None
-    if site:
-        return tuple(str(s) for s in site)
-    env = os.environ.get("CUDASTACK_SITE", "")
-    dirs = tuple(p for p in env.split(os.pathsep) if p)
-    return dirs or None
 
 
 def wheel_report(paths: Sequence[str] | None = None) -> WheelReport:
