@@ -12,11 +12,13 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from pytest_cudastack.checks import enabled_checks
 from pytest_cudastack.findings import Finding, most_severe_first
 
 if TYPE_CHECKING:
     from _pytest._code.code import TerminalRepr
 
+    from pytest_cudastack.checks.facts import Target
     from pytest_cudastack.stack import Stack
 
 __all__ = ["FINDING_PROPERTY", "CudaStackCollector", "InvariantFailed", "InvariantItem", "render_findings"]
@@ -38,32 +40,27 @@ def render_findings(findings: Iterable[Finding]) -> str:
 
 
 class InvariantItem(pytest.Item):
-    """One invariant check of the CUDA stack; ``check`` names it, ``target`` is a scanned binary's path."""
+    """One invariant check of the CUDA stack; ``check`` names it (``checks.CHECKS``), ``target`` is the
+    ``(display name, path)`` of a per-target check's item (a scanned binary)."""
 
     def __init__(
         self,
         *,
         check: str,
         stack: Callable[[], Stack],
-        target: str | None = None,
-        subject: str = "",
+        target: Target | None = None,
         description: str = "",
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.check = check
         self.target = target
-        self.subject = subject
         self.description = description
         self._stack = stack
         self.findings: tuple[Finding, ...] = ()
 
     def runtest(self) -> None:
-        stack = self._stack()
-        if self.target is not None:
-            self.findings = stack.scan_findings(self.target, self.subject)
-        else:
-            self.findings = stack.findings(self.check)
+        self.findings = self._stack().findings(self.check, self.target)
         for finding in self.findings:
             self.user_properties.append((FINDING_PROPERTY, _property(finding)))
         if any(f.failing for f in self.findings):
@@ -104,26 +101,9 @@ class CudaStackCollector(pytest.Collector):
 
     def collect(self) -> Iterator[pytest.Item]:
         stack = self._stack()
-        descriptions = {
-            "integrity": "every RECORD-listed shared library is present, intact and owned by one distribution",
-            "closure": "every Python extension module resolves all its DT_NEEDED",
-            "cuda-max": f"nothing requires a CUDA newer than {stack.settings.cuda_max}",
-            "cuda-min": f"nothing is built for a CUDA older than {stack.settings.cuda_min}",
-            "driver": "the driver supports the CUDA the stack requires",
-            "arch": "GPU code runs on the target architectures",
-            "baseline": f"the stack matches the snapshot {stack.settings.cudastack_baseline}",
-        }
-        for check in stack.settings.items:
-            yield InvariantItem.from_parent(
-                self, name=check, check=check, stack=self._stack, description=descriptions.get(check, "")
-            )
-        for name, path in stack.scan_targets:
-            yield InvariantItem.from_parent(
-                self,
-                name=f"scan[{name}]",
-                check="scan",
-                target=path,
-                subject=name,
-                stack=self._stack,
-                description="every DT_NEEDED resolves here",
-            )
+        for check in enabled_checks(stack.settings):
+            description = check.describe(stack.settings)
+            for name, target in check.expand(stack):
+                yield InvariantItem.from_parent(
+                    self, name=name, check=check.name, target=target, stack=self._stack, description=description
+                )

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from pytest_cudastack.checks import enabled_checks
 from pytest_cudastack.errors import OptionError
 
 __all__ = [
@@ -242,24 +243,14 @@ class Settings:
     # which generated items run --------------------------------------------------------------------
     @property
     def items(self) -> tuple[str, ...]:
-        """Names of the invariant items turned on, in run order."""
-        names: list[str] = []
-        if self.cudastack:
-            names += ["integrity", "closure"]
-        if self.cuda_max is not None:
-            names.append("cuda-max")
-        if self.cuda_min is not None:
-            names.append("cuda-min")
-        if self.cudastack:
-            names += ["driver", "arch"]
-        if self.cudastack_baseline is not None:
-            names.append("baseline")
-        return tuple(names)
+        """Names of the invariant items turned on, in run order (``checks.CHECKS``). A per-target check
+        (scan) is not among them: its items are named after its targets (``scan[bin/train]``)."""
+        return tuple(check.name for check in enabled_checks(self) if check.targets is None)
 
     @property
     def active(self) -> bool:
-        """True when any option asks for work (items, snapshot, declared facts)."""
-        return bool(self.items or self.cudastack_scan or self.cudastack_snapshot or self.cuda_driver or self.cuda_arch)
+        """True when any option asks for work (checks, snapshot, declared facts)."""
+        return bool(enabled_checks(self) or self.cudastack_snapshot or self.cuda_driver or self.cuda_arch)
 
     def source(self, key: str) -> str:
         return dict(self.sources).get(key, "default")

@@ -14,16 +14,17 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Iterator
-from dataclasses import replace
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
+from pytest_cudastack.checks import enabled_checks, lookup
 from pytest_cudastack.errors import DataError
-from pytest_cudastack.findings import Finding, Severity
+from pytest_cudastack.findings import Finding
 from pytest_cudastack.settings import Settings
 
 if TYPE_CHECKING:
     from pytest_cudastack.checks.bounds import Inference
+    from pytest_cudastack.checks.facts import Target
     from pytest_cudastack.cuda.driver import DriverInfo
     from pytest_cudastack.linker.elfcache import ElfCache
     from pytest_cudastack.linker.resolver import Library, Resolver, Tree
@@ -150,9 +151,9 @@ class Stack:
     @cached_property
     def integrity(self) -> tuple[Finding, ...]:
         """Inventory problems (malformed dist-infos, one name installed twice) and integrity findings."""
-        from pytest_cudastack.wheels.integrity import check_integrity
+        from pytest_cudastack.checks.integrity import integrity_findings
 
-        return (*self.inventory.findings, *check_integrity(self.inventory))
+        return integrity_findings(self.inventory)
 
     @cached_property
     def resolver(self) -> Resolver:
@@ -181,8 +182,8 @@ class Stack:
         return self._trees[path]
 
     @cached_property
-    def scan_targets(self) -> tuple[tuple[str, str], ...]:
-        from pytest_cudastack.checks import scan_targets
+    def scan_targets(self) -> tuple[Target, ...]:
+        from pytest_cudastack.checks.scan import scan_targets
 
         return scan_targets(self.settings.cudastack_scan, self.rootdir)
 
@@ -214,47 +215,23 @@ class Stack:
         return self.binary_inferences + self.wheel_inferences
 
     # findings per invariant item ---------------------------------------------------------------------
-    def findings(self, check: str) -> tuple[Finding, ...]:
-        """Findings of one invariant item ("integrity", "closure", "cuda-max", ...)."""
-        from pytest_cudastack import checks
-        from pytest_cudastack.checks import bounds as cudainfer
-
-        s = self.settings
-        if check == "integrity":
-            return self.integrity
-        if check == "closure":
-            from pytest_cudastack.checks.closure import extension_closures
-
-            return extension_closures(self.inventory, self.resolver)
-        if check == "cuda-max" and s.cuda_max is not None:
-            return cudainfer.bound_findings("max", s.cuda_max, self.inferences, s.describe("cuda_max"))
-        if check == "cuda-min" and s.cuda_min is not None:
-            return cudainfer.bound_findings("min", s.cuda_min, self.inferences, s.describe("cuda_min"))
-        if check == "driver":
-            return checks.driver_findings(self.inferences, self.driver)
-        if check == "arch":
-            names = {path: name for name, path in self.scan_targets if os.path.isfile(path)}
-            found = checks.arch_coverage(tuple(names), self.driver)
-            return tuple(replace(f, subject=names.get(f.subject, f.subject)) for f in found)
-        if check == "baseline" and s.cudastack_baseline is not None:
-            path = os.path.join(self.rootdir, s.cudastack_baseline)
-            return checks.baseline_findings(s.cudastack_baseline, load_snapshot(path), self.to_json())
-        raise ValueError(f"unknown cudastack check {check!r}")
-
-    def scan_findings(self, path: str, name: str) -> tuple[Finding, ...]:
-        from pytest_cudastack.checks import binary_findings
-
-        if not os.path.lexists(path):
-            return (Finding("scan", Severity.ERROR, name, "no such file", fix="fix the --cudastack-scan path"),)
-        return binary_findings(self.tree(path), name, self.inventory, self.driver)
+    def findings(self, check: str, target: Target | None = None) -> tuple[Finding, ...]:
+        """Findings of one invariant item ("integrity", "closure", "cuda-max", ...; ``checks.CHECKS``);
+        ``target`` is the ``(display name, path)`` of a per-target check's item (scan)."""
+        return lookup(check).run(self, target)
 
     def run_checks(self) -> dict[str, tuple[Finding, ...]]:
         """Every invariant item the settings turn on, as the plugin names them ("integrity",
         "scan[bin/train]") -> its findings; what ``cudastack check`` reports."""
-        out = {check: self.findings(check) for check in self.settings.items}
-        for name, path in self.scan_targets:
-            out[f"scan[{name}]"] = self.scan_findings(path, name)
+        out: dict[str, tuple[Finding, ...]] = {}
+        for check in enabled_checks(self.settings):
+            for name, target in check.expand(self):
+                out[name] = check.run(self, target)
         return out
+
+    def recorded_snapshot(self, path: str) -> dict[str, Any]:
+        """The snapshot recorded in ``path`` (from the rootdir): the baseline check's old side."""
+        return load_snapshot(os.path.join(self.rootdir, path))
 
     # JSON -------------------------------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:

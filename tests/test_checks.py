@@ -4,15 +4,11 @@ import copy
 
 import pytest
 
-from pytest_cudastack.checks import (
-    arch_coverage,
-    baseline_findings,
-    binary_findings,
-    diff_snapshots,
-    driver_findings,
-    scan_targets,
-)
+from pytest_cudastack.checks.arch import arch_coverage
+from pytest_cudastack.checks.baseline import baseline_findings, diff_snapshots
 from pytest_cudastack.checks.bounds import CudaNeed, Inference
+from pytest_cudastack.checks.driver import driver_findings
+from pytest_cudastack.checks.scan import binary_findings, scan_targets
 from pytest_cudastack.cuda.driver import DriverInfo
 from pytest_cudastack.findings import Severity
 from pytest_cudastack.linker.resolver import Library, Route, Tree

@@ -1,231 +1,145 @@
-"""Invariant checks of the pytest layer: facts + options -> findings. Pure functions; no pytest.
+"""The registry of invariant checks: ``CHECKS``, the one list of them, in run order.
 
-Each function returns ``tuple[Finding, ...]``; an invariant item fails iff one of them is an ERROR.
+Each entry is the pytest item ``cudastack::NAME`` (a per-target check: one ``cudastack::NAME[TARGET]`` per
+target), one key of ``Stack.run_checks`` and ``Stack.findings``, and one verdict line of ``cudastack check``;
+its ``enabled`` says when the options turn it on (``Settings.items``). Nothing else lists the checks.
+
+Adding a check = one module + one registry line:
+
+1. ``checks/<name>.py`` with ``run(stack: StackView, target: Target | None) -> tuple[Finding, ...]`` that
+   reads only what ``facts.StackView`` offers (a fact it lacks goes on that Protocol and on ``Stack``);
+2. ``Check("<name>", "<what it states>", _Lazy("<name>"), lambda o: <when the options turn it on>)`` in
+   ``CHECKS`` below, at its place in the run order (``targets=`` for one item per target, as scan has).
+
+tests/test_registry.py registers a dummy check that way and finds it in every place that lists items.
+
+An entry imports its module on first run (``_Lazy``): every pytest session with the plugin installed reads
+the registry (``Settings.items``), and the checks' modules import the ELF, resolver and wheel readers.
 """
 
 from __future__ import annotations
 
-import logging
-import os
-from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
 
-from pytest_cudastack.checks.bounds import CudaNeed, Inference
-from pytest_cudastack.findings import Finding, Severity
+from pytest_cudastack.checks.facts import Options, StackView, Target
+from pytest_cudastack.findings import Finding
 
-if TYPE_CHECKING:
-    from pytest_cudastack.cuda.driver import DriverInfo
-    from pytest_cudastack.linker.resolver import Tree
-    from pytest_cudastack.wheels.inventory import Inventory
+__all__ = ["CHECKS", "Check", "Run", "enabled_checks", "lookup", "registry"]
 
-__all__ = [
-    "arch_coverage",
-    "baseline_findings",
-    "binary_findings",
-    "diff_snapshots",
-    "driver_findings",
-    "scan_targets",
-]
-
-logger = logging.getLogger(__name__)
+Run = Callable[[StackView, "Target | None"], tuple[Finding, ...]]
+"""A check's findings from the stack's facts, for one target of a per-target check (else None)."""
 
 
-def scan_targets(paths: Sequence[str], base: str) -> tuple[tuple[str, str], ...]:
-    """``(display name, absolute path)`` for every ELF file named by ``paths`` (directories walked).
+@dataclass(frozen=True)
+class Check:
+    """One invariant check.
 
-    Relative paths are taken from ``base`` (the rootdir); display names are relative to it where possible.
-    A path that does not exist stays in the list, so its item can fail and say so.
+    ``name`` names its item (``cudastack::NAME``); ``description`` is what the item states (shown with it),
+    where ``{field}`` stands for an option's value (``describe`` fills it in); ``run`` gives its findings,
+    of which an ERROR fails the item; ``enabled`` says whether the options turn it on. ``targets``, set for
+    a per-target check, lists its ``(display name, path)`` targets: one item ``NAME[display name]`` each.
     """
-    from pytest_cudastack.linker.elf import looks_like_elf
 
-    found: dict[str, str] = {}
+    name: str
+    description: str
+    run: Run
+    enabled: Callable[[Options], bool]
+    targets: Callable[[StackView], tuple[Target, ...]] | None = None
 
-    def display(path: str) -> str:
-        rel = os.path.relpath(path, base)
-        return path if rel.startswith("..") else rel
+    def describe(self, options: Options) -> str:
+        """The description with the options' values: ``nothing requires a CUDA newer than 12.9``."""
+        return self.description.format_map(_OptionValues(options))
 
-    for given in paths:
-        path = os.path.normpath(os.path.join(base, os.path.expanduser(given)))
-        if os.path.isdir(path):
-            for dirpath, dirnames, filenames in os.walk(path):
-                dirnames.sort()
-                for name in sorted(filenames):
-                    full = os.path.join(dirpath, name)
-                    if os.path.isfile(full) and looks_like_elf(full):
-                        found.setdefault(full, display(full))
-        else:
-            found.setdefault(path, display(path))
-    return tuple((name, path) for path, name in found.items())
+    def expand(self, stack: StackView) -> tuple[tuple[str, Target | None], ...]:
+        """``(item name, target)`` of each item this check becomes: itself, or one per target."""
+        if self.targets is None:
+            return ((self.name, None),)
+        return tuple((f"{self.name}[{target[0]}]", target) for target in self.targets(stack))
 
 
-def binary_findings(
-    tree: Tree, subject: str, inventory: Inventory | None = None, driver: DriverInfo | None = None
-) -> tuple[Finding, ...]:
-    """Every DT_NEEDED in ``tree``'s closure must resolve: one ERROR per missing soname, all at once.
+@dataclass(frozen=True)
+class _OptionValues:
+    """``str.format_map``'s mapping over the options' attributes."""
 
-    A missing driver soname (``libcuda.so.1``) is INFO unless a driver was probed on this machine: the
-    driver comes with the deployment host, not with the image.
-    """
-    from pytest_cudastack.cuda.compat import is_driver_soname
+    options: Options
 
-    out: list[Finding] = []
-    out.extend(
-        Finding("scan", Severity.ERROR, subject, problem, fix="scan only ELF binaries") for problem in tree.problems
-    )
-    for lib in tree.missing:
-        chain = tree.chain(lib.soname)
-        if is_driver_soname(lib.soname) and (driver is None or driver.source != "probed"):
-            out.append(
-                Finding(
-                    "scan",
-                    Severity.INFO,
-                    subject,
-                    f"{lib.soname} (NVIDIA driver library) is not on this machine; the deployment host's "
-                    "driver provides it",
-                    chain=chain,
-                )
-            )
-            continue
-        shipped = [
-            (dist, path, os.path.isfile(path)) for dist, path in (inventory.shipping(lib.soname) if inventory else ())
-        ]
-        claims = tuple(f"{d.label} ships it at {p} ({'present' if ok else 'missing'})" for d, p, ok in shipped)
-        present = [p for _, p, ok in shipped if ok]
-        if present:
-            fix = f"add {os.path.dirname(present[0])} to the binary's RUNPATH (-Wl,-rpath) or to LD_LIBRARY_PATH"
-        elif shipped:
-            name = shipped[0][0].name
-            fix = f"reinstall {name} (pip install --force-reinstall --no-deps {name})"
-        else:
-            fix = f"install the package that provides {lib.soname}, or rebuild against the CUDA this image has"
-        out.append(
-            Finding(
-                "scan",
-                Severity.ERROR,
-                subject,
-                f"needs {lib.soname}, which the dynamic linker does not find",
-                cause=lib.problem or ("; ".join(claims) if claims else "no directory searched holds it"),
-                fix=fix,
-                where=lib.tried,
-                chain=chain,
-                details=claims,
-            )
-        )
-    return tuple(out)
+    def __getitem__(self, key: str) -> object:
+        return getattr(self.options, key)
 
 
-def driver_findings(inferences: Iterable[Inference], driver: DriverInfo) -> tuple[Finding, ...]:
-    """Each distinct CUDA requirement of the stack against the driver (``compat.driver_verdict``).
+@dataclass(frozen=True)
+class _Lazy:
+    """``checks/<module>.py``'s ``function``, imported when first called."""
 
-    compatible: nothing; minor-version compatibility: WARNING; incompatible: ERROR; unknown: INFO.
-    """
-    from pytest_cudastack.cuda.compat import driver_verdict
+    module: str
+    function: str = "run"
 
-    groups: dict[str, list[CudaNeed]] = {}
-    for inf in inferences:
-        if not inf.needs:
-            continue
-        need = max(inf.needs, key=lambda n: n.key)
-        required = f"{need.major}.{need.minor}" if need.minor is not None else str(need.major)
-        groups.setdefault(required, []).append(need)
-    out: list[Finding] = []
-    severity = {"compatible": None, "mvc": Severity.WARNING, "incompatible": Severity.ERROR}
-    for required, needs in sorted(groups.items()):
-        subject = needs[0].subject if len(needs) == 1 else f"{len(needs)} components"
-        verdict = driver_verdict(required, driver)  # the finding's subject names who needs it
-        sev = severity.get(verdict.status, Severity.INFO)
-        if sev is None:
-            continue
-        out.append(
-            Finding(
-                "driver",
-                sev,
-                subject,
-                verdict.message,
-                fix=f"use a driver that supports CUDA {required}, or rebuild for the driver's CUDA"
-                if sev is Severity.ERROR
-                else "",
-                details=tuple(f"{n.subject}: {n.evidence}" for n in needs),
-            )
-        )
-    return tuple(out)
+    def __call__(self, stack: StackView, target: Target | None) -> tuple[Finding, ...]:
+        run: Run = getattr(importlib.import_module(f"{__name__}.{self.module}"), self.function)
+        return run(stack, target)
 
 
-def arch_coverage(paths: Sequence[str], driver: DriverInfo) -> tuple[Finding, ...]:
-    """GPU code of ``paths`` against the probed or declared archs (``archcheck.arch_findings``)."""
-    from pytest_cudastack.checks.arch import arch_findings
-
-    if not paths:
-        return ()
-    if not driver.archs:
-        why = driver.reason or "no GPU found"
-        return (
-            Finding(
-                "arch",
-                Severity.INFO,
-                "archs",
-                f"no target GPU architecture known ({why}); pass --cuda-arch=sm_XX to check coverage",
-            ),
-        )
-    return arch_findings(paths, driver.archs, driver.arch_source or driver.source)
+def registry(*checks: Check) -> Mapping[str, Check]:
+    """A read-only registry of ``checks`` in the order given; ``ValueError`` on a name given twice."""
+    out: dict[str, Check] = {}
+    for check in checks:
+        if check.name in out:
+            raise ValueError(f"cudastack check {check.name!r} registered twice")
+        out[check.name] = check
+    return MappingProxyType(out)
 
 
-# snapshots ------------------------------------------------------------------------------------------
+CHECKS: Mapping[str, Check] = registry(
+    Check(
+        "integrity",
+        "every RECORD-listed shared library is present, intact and owned by one distribution",
+        _Lazy("integrity"),
+        lambda o: o.cudastack,
+    ),
+    Check(
+        "closure", "every Python extension module resolves all its DT_NEEDED", _Lazy("closure"), lambda o: o.cudastack
+    ),
+    Check(
+        "cuda-max",
+        "nothing requires a CUDA newer than {cuda_max}",
+        _Lazy("bounds", "run_max"),
+        lambda o: o.cuda_max is not None,
+    ),
+    Check(
+        "cuda-min",
+        "nothing is built for a CUDA older than {cuda_min}",
+        _Lazy("bounds", "run_min"),
+        lambda o: o.cuda_min is not None,
+    ),
+    Check("driver", "the driver supports the CUDA the stack requires", _Lazy("driver"), lambda o: o.cudastack),
+    Check("arch", "GPU code runs on the target architectures", _Lazy("arch"), lambda o: o.cudastack),
+    Check(
+        "baseline",
+        "the stack matches the snapshot {cudastack_baseline}",
+        _Lazy("baseline"),
+        lambda o: o.cudastack_baseline is not None,
+    ),
+    Check(
+        "scan",
+        "every DT_NEEDED resolves here",
+        _Lazy("scan"),
+        lambda o: bool(o.cudastack_scan),
+        targets=lambda stack: stack.scan_targets,
+    ),
+)
 
 
-def _index(items: Iterable[Mapping[str, Any]], key: str) -> dict[str, Mapping[str, Any]]:
-    return {str(item[key]): item for item in items}
+def enabled_checks(options: Options) -> tuple[Check, ...]:
+    """The checks ``options`` turn on, in run order (read from ``CHECKS`` at each call)."""
+    return tuple(check for check in CHECKS.values() if check.enabled(options))
 
 
-def diff_snapshots(old: Mapping[str, Any], new: Mapping[str, Any]) -> tuple[str, ...]:
-    """Human-readable differences between two stack snapshots (``Stack.to_json``); empty when equal."""
-    out: list[str] = []
-    od, nd = old.get("driver") or {}, new.get("driver") or {}
-    for key in ("version", "cuda_version", "archs"):
-        if od.get(key) != nd.get(key):
-            out.append(f"driver {key}: {od.get(key)} -> {nd.get(key)}")
-    ogpus = [(g.get("name"), g.get("compute_capability")) for g in od.get("gpus", ())]
-    ngpus = [(g.get("name"), g.get("compute_capability")) for g in nd.get("gpus", ())]
-    if ogpus != ngpus:
-        out.append(f"GPUs: {ogpus or 'none'} -> {ngpus or 'none'}")
-    ow, nw = _index(old.get("wheels", ()), "name"), _index(new.get("wheels", ()), "name")
-    for name in sorted(ow.keys() | nw.keys()):
-        a, b = ow.get(name), nw.get(name)
-        if a is None and b is not None:
-            out.append(f"wheel {name} {b.get('version')}: added")
-        elif b is None and a is not None:
-            out.append(f"wheel {name} {a.get('version')}: removed")
-        elif a is not None and b is not None:
-            if a.get("version") != b.get("version"):
-                out.append(f"wheel {name}: {a.get('version')} -> {b.get('version')}")
-            am, bm = set(a.get("missing", ())), set(b.get("missing", ()))
-            out.extend(f"wheel {name}: {p} went missing" for p in sorted(bm - am))
-            out.extend(f"wheel {name}: {p} is back" for p in sorted(am - bm))
-    ob, nb = _index(old.get("binaries", ()), "path"), _index(new.get("binaries", ()), "path")
-    for path in sorted(ob.keys() | nb.keys()):
-        a, b = ob.get(path), nb.get(path)
-        if a is None or b is None:
-            out.append(f"binary {path}: {'added' if a is None else 'removed'}")
-            continue
-        al = {lib["soname"]: lib.get("path") for lib in a.get("libraries", ())}
-        bl = {lib["soname"]: lib.get("path") for lib in b.get("libraries", ())}
-        for soname in sorted(al.keys() | bl.keys()):
-            if al.get(soname, "absent") != bl.get(soname, "absent"):
-                before = al.get(soname, "not needed") or "not found"
-                after = bl.get(soname, "not needed") or "not found"
-                out.append(f"binary {path}: {soname}: {before} -> {after}")
-    return tuple(out)
-
-
-def baseline_findings(baseline: str, old: Mapping[str, Any], new: Mapping[str, Any]) -> tuple[Finding, ...]:
-    """One ERROR per difference between the recorded baseline and the stack now."""
-    return tuple(
-        Finding(
-            "baseline",
-            Severity.ERROR,
-            baseline,
-            f"drift from baseline: {line}",
-            fix=f"restore the recorded stack, or re-record it (pytest --cudastack-snapshot={baseline})",
-        )
-        for line in diff_snapshots(old, new)
-    )
+def lookup(name: str) -> Check:
+    """The check named ``name`` (read from ``CHECKS`` at each call); ``ValueError`` for an unknown name."""
+    try:
+        return CHECKS[name]
+    except KeyError:
+        raise ValueError(f"unknown cudastack check {name!r}") from None

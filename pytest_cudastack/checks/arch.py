@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from pytest_cudastack.errors import ElfError, OptionError
 from pytest_cudastack.findings import Finding, Severity
 from pytest_cudastack.linker.fatbin import Fatbin, read_fatbin, runs_on
 
-__all__ = ["arch_findings", "parse_arch"]
+if TYPE_CHECKING:
+    from pytest_cudastack.checks.facts import StackView, Target
+    from pytest_cudastack.cuda.driver import DriverInfo
+
+__all__ = ["arch_coverage", "arch_findings", "parse_arch", "run"]
 
 _ARCH = re.compile(r"^(?:sm_|compute_)?(?:(\d{1,2})\.(\d)|(\d{2,3}))[af]?$")
 
@@ -87,3 +94,27 @@ def arch_findings(paths: Iterable[str], archs: Sequence[str], source: str = "dec
                 )
             )
     return tuple(findings)
+
+
+def arch_coverage(paths: Sequence[str], driver: DriverInfo) -> tuple[Finding, ...]:
+    """GPU code of ``paths`` against the probed or declared archs (``arch_findings``)."""
+    if not paths:
+        return ()
+    if not driver.archs:
+        why = driver.reason or "no GPU found"
+        return (
+            Finding(
+                "arch",
+                Severity.INFO,
+                "archs",
+                f"no target GPU architecture known ({why}); pass --cuda-arch=sm_XX to check coverage",
+            ),
+        )
+    return arch_findings(paths, driver.archs, driver.arch_source or driver.source)
+
+
+def run(stack: StackView, target: Target | None = None) -> tuple[Finding, ...]:
+    """The ``arch`` item: the scanned files that exist against the driver's archs, named as in the scan."""
+    names = {path: name for name, path in stack.scan_targets if os.path.isfile(path)}
+    found = arch_coverage(tuple(names), stack.driver)
+    return tuple(replace(f, subject=names.get(f.subject, f.subject)) for f in found)

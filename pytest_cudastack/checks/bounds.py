@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 from pytest_cudastack.findings import Finding, Severity
 
 if TYPE_CHECKING:
+    from pytest_cudastack.checks.facts import StackView, Target
     from pytest_cudastack.linker.elf import ElfInfo
     from pytest_cudastack.linker.resolver import Tree
     from pytest_cudastack.wheels.inventory import Distribution, Inventory
@@ -34,6 +35,8 @@ __all__ = [
     "infer_shipped",
     "infer_wheel",
     "parse_cuda",
+    "run_max",
+    "run_min",
 ]
 
 logger = logging.getLogger(__name__)
@@ -266,3 +269,19 @@ def bound_findings(
 
 def _key(need: CudaNeed) -> tuple[int, int]:
     return need.key
+
+
+def run_max(stack: StackView, target: Target | None = None) -> tuple[Finding, ...]:
+    """The ``cuda-max`` item: ``--cuda-max`` against every inference of the stack."""
+    bound = stack.settings.cuda_max
+    if bound is None:
+        raise ValueError("cudastack check 'cuda-max' needs --cuda-max")
+    return bound_findings("max", bound, stack.inferences, stack.settings.describe("cuda_max"))
+
+
+def run_min(stack: StackView, target: Target | None = None) -> tuple[Finding, ...]:
+    """The ``cuda-min`` item: ``--cuda-min`` against every inference of the stack."""
+    bound = stack.settings.cuda_min
+    if bound is None:
+        raise ValueError("cudastack check 'cuda-min' needs --cuda-min")
+    return bound_findings("min", bound, stack.inferences, stack.settings.describe("cuda_min"))

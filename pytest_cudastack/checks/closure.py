@@ -25,6 +25,7 @@ import logging
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from pytest_cudastack._sysio import real_path
 from pytest_cudastack.findings import Finding, Severity
@@ -32,7 +33,10 @@ from pytest_cudastack.linker.resolver import Library, Resolver, SearchConfig, Tr
 from pytest_cudastack.wheels.integrity import pip_command
 from pytest_cudastack.wheels.inventory import Distribution, Inventory, ShippedLib, default_reader
 
-__all__ = ["ModuleTree", "default_resolver", "extension_closures", "extension_modules", "module_trees"]
+if TYPE_CHECKING:
+    from pytest_cudastack.checks.facts import StackView, Target
+
+__all__ = ["ModuleTree", "default_resolver", "extension_closures", "extension_modules", "module_trees", "run"]
 
 logger = logging.getLogger(__name__)
 
@@ -163,6 +167,11 @@ def extension_closures(
     reported = set(missing)
     findings.extend(_unreachable(inv, resolver, reached, lambda s: is_driver(s) or s in reported, dirs))
     return tuple(findings)
+
+
+def run(stack: StackView, target: Target | None = None) -> tuple[Finding, ...]:
+    """The ``closure`` item: every extension module of the stack's inventory through its resolver."""
+    return extension_closures(stack.inventory, stack.resolver)
 
 
 def _best_chain(m: _Missing) -> tuple[str, ...]:

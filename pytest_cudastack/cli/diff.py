@@ -1,4 +1,4 @@
-"""``cudastack diff A B``: what changed between two snapshots (:func:`pytest_cudastack.checks.diff_snapshots`).
+"""``cudastack diff A B``: what changed between two snapshots (:func:`pytest_cudastack.checks.baseline.diff_snapshots`).
 
 Exit status: 0 when equal, 1 when they differ, 2 when a file is not a snapshot.
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from pytest_cudastack.checks import diff_snapshots
+from pytest_cudastack.checks.baseline import diff_snapshots
 from pytest_cudastack.errors import DataError
 from pytest_cudastack.stack import load_snapshot
 

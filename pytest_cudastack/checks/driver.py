@@ -1,0 +1,56 @@
+"""The driver check: does the NVIDIA driver run the CUDA every component of the stack requires?"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from pytest_cudastack.checks.bounds import CudaNeed, Inference
+from pytest_cudastack.cuda.compat import driver_verdict
+from pytest_cudastack.findings import Finding, Severity
+
+if TYPE_CHECKING:
+    from pytest_cudastack.checks.facts import StackView, Target
+    from pytest_cudastack.cuda.driver import DriverInfo
+
+__all__ = ["driver_findings", "run"]
+
+
+def driver_findings(inferences: Iterable[Inference], driver: DriverInfo) -> tuple[Finding, ...]:
+    """Each distinct CUDA requirement of the stack against the driver (``compat.driver_verdict``).
+
+    compatible: nothing; minor-version compatibility: WARNING; incompatible: ERROR; unknown: INFO.
+    """
+    groups: dict[str, list[CudaNeed]] = {}
+    for inf in inferences:
+        if not inf.needs:
+            continue
+        need = max(inf.needs, key=lambda n: n.key)
+        required = f"{need.major}.{need.minor}" if need.minor is not None else str(need.major)
+        groups.setdefault(required, []).append(need)
+    out: list[Finding] = []
+    severity = {"compatible": None, "mvc": Severity.WARNING, "incompatible": Severity.ERROR}
+    for required, needs in sorted(groups.items()):
+        subject = needs[0].subject if len(needs) == 1 else f"{len(needs)} components"
+        verdict = driver_verdict(required, driver)  # the finding's subject names who needs it
+        sev = severity.get(verdict.status, Severity.INFO)
+        if sev is None:
+            continue
+        out.append(
+            Finding(
+                "driver",
+                sev,
+                subject,
+                verdict.message,
+                fix=f"use a driver that supports CUDA {required}, or rebuild for the driver's CUDA"
+                if sev is Severity.ERROR
+                else "",
+                details=tuple(f"{n.subject}: {n.evidence}" for n in needs),
+            )
+        )
+    return tuple(out)
+
+
+def run(stack: StackView, target: Target | None = None) -> tuple[Finding, ...]:
+    """The ``driver`` item: every inference of the stack against its driver."""
+    return driver_findings(stack.inferences, stack.driver)

@@ -1,0 +1,78 @@
+"""What the checks read: option values (``Options``) and the stack's facts (``StackView``), as Protocols.
+
+``settings.Settings`` and ``stack.Stack`` satisfy them structurally; this floor sits below both and never
+imports them (PEP 544 structural subtyping). Importing this module costs nothing beyond ``typing``: every
+pytest session reads the registry built on it (``Settings.items``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from pytest_cudastack.checks.bounds import Inference
+    from pytest_cudastack.cuda.driver import DriverInfo
+    from pytest_cudastack.findings import Finding
+    from pytest_cudastack.linker.resolver import Resolver, Tree
+    from pytest_cudastack.wheels.inventory import Inventory
+
+__all__ = ["Options", "StackView", "Target"]
+
+Target = tuple[str, str]
+"""One target of a per-target check: ``(display name, absolute path)``, as ``scan.scan_targets`` lists them."""
+
+
+class Options(Protocol):
+    """The options a check's ``enabled``, ``description`` and ``run`` read (``settings.Settings``)."""
+
+    @property
+    def cudastack(self) -> bool: ...
+
+    @property
+    def cuda_max(self) -> str | None: ...
+
+    @property
+    def cuda_min(self) -> str | None: ...
+
+    @property
+    def cudastack_scan(self) -> tuple[str, ...]: ...
+
+    @property
+    def cudastack_baseline(self) -> str | None: ...
+
+    def describe(self, key: str) -> str:
+        """``"--cuda-max=12.9 (from ini)"``: the option, its value and where it came from."""
+        ...
+
+
+class StackView(Protocol):
+    """The facts a check's ``run`` reads (``stack.Stack``, each computed once on first use)."""
+
+    @property
+    def settings(self) -> Options: ...
+
+    @property
+    def driver(self) -> DriverInfo: ...
+
+    @property
+    def inventory(self) -> Inventory: ...
+
+    @property
+    def integrity(self) -> tuple[Finding, ...]: ...
+
+    @property
+    def resolver(self) -> Resolver: ...
+
+    @property
+    def scan_targets(self) -> tuple[Target, ...]: ...
+
+    @property
+    def inferences(self) -> tuple[Inference, ...]: ...
+
+    def tree(self, path: str) -> Tree: ...
+
+    def to_json(self) -> dict[str, Any]: ...
+
+    def recorded_snapshot(self, path: str) -> dict[str, Any]:
+        """The snapshot recorded in ``path`` (relative to the rootdir); ``DataError`` when it is not one."""
+        ...
