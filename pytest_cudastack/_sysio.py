@@ -65,10 +65,11 @@ def read_text(path: str, limit: int = 64 << 20) -> str | None:
 
 
 def read_cpuinfo_block(path: str = "/proc/cpuinfo", limit: int = 1 << 16) -> str | None:
-    """The first block of *path* (text up to its first blank line: /proc/cpuinfo's first processor), read
-    no further. The whole file grows with the CPU count and the kernel generates every block it is asked
-    for (on some kernels sampling each CPU's frequency), while the facts ld.so derives are the first
-    processor's. At most *limit* bytes; None when it cannot be read. Never blocks, never raises."""
+    """The first block of *path* (its text up to the first blank line: /proc/cpuinfo's first processor),
+    read no further. The whole file grows with the CPU count and the kernel generates every block it is
+    asked for (on some kernels sampling each CPU's frequency), while the first processor's vendor and
+    flags are all the search needs. At most *limit* bytes; None when it cannot be read. Never blocks,
+    never raises."""
     try:
         fd, _st = open_regular(path)
     except ElfError:

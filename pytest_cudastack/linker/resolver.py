@@ -16,10 +16,11 @@ order) and ``elf/dl-object.c`` (``l_origin``), checked against ``ldd`` in tests/
 5. ld.so.cache (entries under a default directory dropped when the requester has DF_1_NODEFLIB);
 6. the default directories, unless the requester has DF_1_NODEFLIB.
 
-Every directory is tried with its ``glibc-hwcaps/<level>/`` and legacy hwcap subdirectories first. A
-candidate of the wrong ELF class or machine is skipped and the search goes on; a candidate that cannot be
-opened (missing, dangling link) is skipped; a candidate that is not a valid ELF object (a directory, a
-truncated or non-ELF file) makes ld.so stop with an error, recorded as ``problem``. ``$ORIGIN`` is the
+Every directory is tried with its ``glibc-hwcaps/<level>/`` and legacy hwcap subdirectories first, in the
+order :mod:`pytest_cudastack.linker.hwcaps` derives from the CPU. A candidate of the wrong ELF class or
+machine is skipped and the search goes on; a candidate that cannot be opened (missing, dangling link) is
+skipped; a candidate that is not a valid ELF object (a directory, a truncated or non-ELF file) makes ld.so
+stop with an error, recorded as ``problem``. ``$ORIGIN`` is the
 directory of the path an object was opened as (symlinks are NOT resolved, dl-object.c), for the root the
 path as given (as ``ldd``/``ld.so FILE`` does).
 
