@@ -14,7 +14,7 @@ import stat
 
 from pytest_cudastack.errors import ElfError
 
-__all__ = ["open_regular", "read_text", "real_path", "write_atomic"]
+__all__ = ["open_regular", "read_cpuinfo_block", "read_text", "real_path", "write_atomic"]
 
 _OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
 
@@ -58,6 +58,35 @@ def read_text(path: str, limit: int = 64 << 20) -> str | None:
             chunks.append(b)
             total += len(b)
         return b"".join(chunks).decode("utf-8", errors="replace")
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def read_cpuinfo_block(path: str = "/proc/cpuinfo", limit: int = 1 << 16) -> str | None:
+    """The first block of *path* (its text up to the first blank line: /proc/cpuinfo's first processor),
+    read no further. The whole file grows with the CPU count and the kernel generates every block it is
+    asked for (on some kernels sampling each CPU's frequency), while the first processor's vendor and
+    flags are all the search needs. At most *limit* bytes; None when it cannot be read. Never blocks,
+    never raises."""
+    try:
+        fd, _st = open_regular(path)
+    except ElfError:
+        return None
+    try:
+        buf = b""
+        while len(buf) < limit:
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                break
+            start = max(0, len(buf) - 1)  # a blank line may straddle two reads
+            buf += chunk
+            end = buf.find(b"\n\n", start)
+            if end >= 0:
+                buf = buf[: end + 1]
+                break
+        return buf[:limit].decode("utf-8", errors="replace")
     except OSError:
         return None
     finally:

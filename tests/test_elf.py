@@ -327,6 +327,24 @@ def test_hash_lookup_agrees_with_pyelftools() -> None:
     assert checked > 50
 
 
+def test_pyelftools_pin_covers_the_private_accessors() -> None:
+    """elf.py reads bare headers through pyelftools' private accessors (its public get_section/get_segment
+    build Section objects, parsing whole hash tables): pyproject.toml closes the range above, and the
+    installed release is in it and has them."""
+    tomllib = pytest.importorskip("tomllib")
+    from importlib.metadata import version
+
+    from elftools.elf.elffile import ELFFile
+    from packaging.requirements import Requirement
+
+    project = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())["project"]
+    (pin,) = [r for r in map(Requirement, project["dependencies"]) if r.name == "pyelftools"]
+    assert any(s.operator == "<" for s in pin.specifier), pin
+    assert pin.specifier.contains(version("pyelftools")), (pin, version("pyelftools"))
+    for name in ("_get_section_header", "_get_segment_header", "_get_section_name"):
+        assert callable(getattr(ELFFile, name, None)), name
+
+
 def test_exports_errors(tmp_path: Path) -> None:
     (tmp_path / "x.so").write_text("nope")
     with pytest.raises(ElfError, match="not an ELF"):

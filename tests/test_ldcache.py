@@ -15,8 +15,6 @@ from pytest_cudastack.errors import LdCacheError
 from pytest_cudastack.linker.ldcache import (
     LdCache,
     LdCacheEntry,
-    cpu_hwcaps,
-    hwcaps_from_cpuinfo,
     parse_ld_cache,
     read_ld_cache,
     read_ld_so_conf,
@@ -277,26 +275,3 @@ def test_ld_so_conf_missing_and_include_loop(tmp_path: Path) -> None:
     (tmp_path / "etc").mkdir()
     (tmp_path / "etc" / "ld.so.conf").write_text("include /etc/ld.so.conf\n/opt/x\n")
     assert read_ld_so_conf("/etc/ld.so.conf", root=str(tmp_path)) == ("/opt/x",)
-
-
-# ---------------------------------------------------------------- CPU levels
-def test_hwcaps_from_cpuinfo() -> None:
-    v2 = "cx16 lahf_lm popcnt pni sse4_1 sse4_2 ssse3"
-    v3 = v2 + " avx avx2 bmi1 bmi2 f16c fma abm movbe xsave"
-    assert hwcaps_from_cpuinfo(f"flags\t: {v2}\n") == ("x86-64-v2",)
-    assert hwcaps_from_cpuinfo(f"flags\t: {v3}\n") == ("x86-64-v3", "x86-64-v2")
-    assert hwcaps_from_cpuinfo("flags\t: sse2\n") == ()
-    assert hwcaps_from_cpuinfo(f"flags\t: {v2.replace('popcnt', '')} avx avx2\n") == ()
-
-
-def test_cpu_hwcaps_match_ld_so_help() -> None:
-    """ld.so --help lists the glibc-hwcaps subdirectories this CPU supports: the oracle."""
-    ldso = "/lib64/ld-linux-x86-64.so.2"
-    if not os.path.exists(ldso):
-        pytest.skip("no x86-64 ld.so")
-    out = subprocess.run([ldso, "--help"], capture_output=True, text=True, check=False).stdout
-    block = out.split("Subdirectories of glibc-hwcaps directories, in priority order:", 1)
-    if len(block) < 2:
-        pytest.skip("this ld.so prints no glibc-hwcaps list")
-    supported = tuple(re.findall(r"^\s+(x86-64-v\d) \(supported, searched\)", block[1], re.M))
-    assert cpu_hwcaps() == supported

@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 
 from pytest_cudastack.linker.elf import read_elf
+from pytest_cudastack.linker.hwcaps import host_search, legacy_hwcap_subdirs
 from pytest_cudastack.linker.ldcache import LdCache, LdCacheEntry
-from pytest_cudastack.linker.resolver import Library, Resolver, Route, SearchConfig, Tree, legacy_hwcap_subdirs
-from tests.helpers.elfbuild import Scenarios, build_lib, get_scenarios, needs_cc
+from pytest_cudastack.linker.resolver import Library, Resolver, Route, SearchConfig, Tree
+from tests.helpers.elfbuild import Scenarios, build_lib, get_scenarios, needs_cc, patch
 
 pytestmark = needs_cc
 LDSO = "/lib64/ld-linux-x86-64.so.2"
@@ -311,18 +312,50 @@ def test_default_dirs_match_ld_so_help() -> None:
     assert SearchConfig.from_environment({}).default_dirs == dirs
 
 
+# every legacy subdirectory some x86-64 CPU has ld.so search (tls, a platform, avx512_1, x86_64), so that
+# the oracle shows any that ld.so searches here and we do not
+_ANY_LEGACY = sorted(
+    {
+        sub
+        for platform in ("haswell", "xeon_phi", "x86_64")
+        for sub in legacy_hwcap_subdirs(("tls", platform, "avx512_1", "x86_64"))
+    }
+)
+
+
 @needs_ldso
-def test_hwcap_subdirectory_order_matches_ld_debug(scen: Scenarios, tmp_path: Path) -> None:
-    env = {"LD_LIBRARY_PATH": str(tmp_path), "LD_DEBUG": "libs", "PATH": os.environ.get("PATH", "")}
-    proc = subprocess.run(
-        [LDSO, "--list", str(scen.prec_runpath)], capture_output=True, text=True, env=env, check=False
-    )
-    m = re.search(r"search path=(\S+)\s+\(LD_LIBRARY_PATH\)", proc.stdout + proc.stderr)
-    assert m, proc.stderr[-500:]
-    theirs = [p[len(str(tmp_path)) + 1 :] for p in m.group(1).split(":")]
-    cfg = SearchConfig.from_environment({})
-    ours = [f"glibc-hwcaps/{h}" for h in cfg.hwcaps] + list(cfg.legacy_subdirs) + [""]
-    assert [t.rstrip("/") for t in theirs] == ours
+def test_hwcap_subdirectory_order_matches_ld_debug(tmp_path: Path) -> None:
+    """Differential against this host's ld.so: a directory holding every glibc-hwcaps and legacy hwcap
+    subdirectory any x86-64 CPU uses, each with a copy of the library for another machine (skipped, the
+    search goes on), the real one in the directory itself. ``LD_DEBUG=libs`` lists every candidate ld.so
+    tries, duplicates included; the resolver, configured from this host's CPU alone (no ld.so.cache),
+    must try the same ones in the same order and find the same file."""
+    d = tmp_path / "d"
+    real = build_lib(tmp_path / "src" / "libhwq.so.1", soname="libhwq.so.1")
+    root = build_lib(tmp_path / "r" / "libhwqroot.so", needed=[real])
+    subdirs = [*(f"glibc-hwcaps/x86-64-v{n}" for n in (2, 3, 4)), *_ANY_LEGACY]
+    for sub in subdirs:
+        (d / sub).mkdir(parents=True)
+        patch(real, d / sub / "libhwq.so.1", 18, (183).to_bytes(2, "little"))  # e_machine AArch64
+    shutil.copyfile(real, d / "libhwq.so.1")
+
+    env = {"LD_LIBRARY_PATH": str(d), "LD_DEBUG": "libs", "PATH": os.environ.get("PATH", "")}
+    proc = subprocess.run([LDSO, "--list", str(root)], capture_output=True, text=True, env=env, check=False)
+    out = proc.stdout + proc.stderr
+    search = out.split("find library=libhwq.so.1", 1)[-1].split("find library=", 1)[0]
+    theirs = re.findall(r"trying file=(\S+)", search)
+    assert theirs, out[-2000:]
+    m = re.search(r"search path=(\S+)\s+\(LD_LIBRARY_PATH\)", search)
+    assert m, out[-2000:]
+    assert f"libhwq.so.1 => {d}/libhwq.so.1 " in out
+
+    platform, levels, legacy = host_search()
+    cfg = SearchConfig(ld_library_path=(str(d),), hwcaps=levels, platform=platform, legacy_subdirs=legacy)
+    got = lib(Resolver(cfg, reader=read_elf).tree(str(root)), "libhwq.so.1")
+    assert got.path == f"{d}/libhwq.so.1"
+    assert list(got.tried) == theirs
+    ours = [f"{d}/glibc-hwcaps/{h}" for h in levels] + [f"{d}/{sub}" for sub in legacy] + [str(d)]
+    assert m.group(1).split(":") == ours
 
 
 def test_legacy_subdirs_enumeration() -> None:

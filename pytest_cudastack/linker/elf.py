@@ -659,7 +659,8 @@ def _parse(p: str, stream: IO[bytes], size: int) -> ElfInfo:
             dyn_seg_idx = i
 
     # Walk section *headers* only: building every Section object would make pyelftools parse whole
-    # hash tables (hundreds of thousands of entries in a large library).
+    # hash tables (hundreds of thousands of entries in a large library). pyelftools has no public
+    # accessor for a bare header, hence the private ones and the upper pin in pyproject.toml.
     section_names: list[str] = []
     headers: list[Any] = []
     dyn_idx = verneed_idx = gnu_hash_idx = sysv_hash_idx = -1

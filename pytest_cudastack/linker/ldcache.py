@@ -10,7 +10,6 @@ supported level winning; the first plain entry with the default flags ends the s
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import struct
@@ -18,11 +17,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from pytest_cudastack.errors import LdCacheError
+from pytest_cudastack.linker.hwcaps import host_search
 
 __all__ = [
     "LdCache",
     "LdCacheEntry",
-    "cpu_hwcaps",
     "read_ld_cache",
     "read_ld_so_conf",
     "required_flags",
@@ -47,45 +46,10 @@ _REQUIRED_FLAGS: dict[tuple[int, int], tuple[int, ...]] = {
     (64, 43): (0x0103,),  # sparc64
 }
 
-# glibc-hwcaps x86-64 ISA levels and the /proc/cpuinfo flags each needs (x86-64 psABI, glibc
-# sysdeps/x86/get-isa-level.h); each level also needs the previous ones.
-_X86_LEVELS: tuple[tuple[str, frozenset[str]], ...] = (
-    ("x86-64-v2", frozenset({"cx16", "lahf_lm", "popcnt", "pni", "sse4_1", "sse4_2", "ssse3"})),
-    ("x86-64-v3", frozenset({"avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "abm", "movbe", "xsave"})),
-    ("x86-64-v4", frozenset({"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"})),
-)
-
 
 def required_flags(elf_class: int = 64, machine: int = 62) -> tuple[int, ...]:
     """Entry flags the dynamic linker for (class, machine) accepts; empty when unknown (accept libc6 type)."""
     return _REQUIRED_FLAGS.get((elf_class, machine), ())
-
-
-def hwcaps_from_cpuinfo(text: str) -> tuple[str, ...]:
-    """Supported x86-64 glibc-hwcaps subdirectories, best first, from /proc/cpuinfo text."""
-    flags: set[str] = set()
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            flags = set(line.partition(":")[2].split())
-            break
-    levels: list[str] = []
-    for name, need in _X86_LEVELS:
-        if not need <= flags:
-            break
-        levels.append(name)
-    return tuple(reversed(levels))
-
-
-@functools.lru_cache(maxsize=1)
-def cpu_hwcaps() -> tuple[str, ...]:
-    """glibc-hwcaps subdirectories this CPU supports, best first (x86-64 only; () elsewhere)."""
-    if os.uname().machine != "x86_64":
-        return ()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            return hwcaps_from_cpuinfo(f.read())
-    except OSError:
-        return ()
 
 
 @dataclass(frozen=True)
@@ -130,9 +94,10 @@ class LdCache:
     ) -> str | None:
         """The path ld.so would take from the cache for *soname*, or None (glibc ``search_cache``).
 
-        *hwcaps*: the supported glibc-hwcaps subdirectories, best first (default: this CPU's).
+        *hwcaps*: the supported glibc-hwcaps subdirectories, best first (default: this CPU's,
+        :func:`pytest_cudastack.linker.hwcaps.glibc_hwcaps`).
         """
-        supported = tuple(cpu_hwcaps() if hwcaps is None else hwcaps)
+        supported = tuple(host_search()[1] if hwcaps is None else hwcaps)
         accept = required_flags(elf_class, machine)
         default_id = accept[-1] if accept else None
         best: str | None = None

@@ -16,10 +16,11 @@ order) and ``elf/dl-object.c`` (``l_origin``), checked against ``ldd`` in tests/
 5. ld.so.cache (entries under a default directory dropped when the requester has DF_1_NODEFLIB);
 6. the default directories, unless the requester has DF_1_NODEFLIB.
 
-Every directory is tried with its ``glibc-hwcaps/<level>/`` and legacy hwcap subdirectories first. A
-candidate of the wrong ELF class or machine is skipped and the search goes on; a candidate that cannot be
-opened (missing, dangling link) is skipped; a candidate that is not a valid ELF object (a directory, a
-truncated or non-ELF file) makes ld.so stop with an error, recorded as ``problem``. ``$ORIGIN`` is the
+Every directory is tried with its ``glibc-hwcaps/<level>/`` and legacy hwcap subdirectories first, in the
+order :mod:`pytest_cudastack.linker.hwcaps` derives from the CPU. A candidate of the wrong ELF class or
+machine is skipped and the search goes on; a candidate that cannot be opened (missing, dangling link) is
+skipped; a candidate that is not a valid ELF object (a directory, a truncated or non-ELF file) makes ld.so
+stop with an error, recorded as ``problem``. ``$ORIGIN`` is the
 directory of the path an object was opened as (symlinks are NOT resolved, dl-object.c), for the root the
 path as given (as ``ldd``/``ld.so FILE`` does).
 
@@ -47,9 +48,10 @@ from typing import Any
 from pytest_cudastack._sysio import open_regular
 from pytest_cudastack.errors import ElfError, LdCacheError
 from pytest_cudastack.linker.elf import ElfInfo, read_elf
-from pytest_cudastack.linker.ldcache import LdCache, cpu_hwcaps, read_ld_cache, read_ld_so_conf
+from pytest_cudastack.linker.hwcaps import host_search
+from pytest_cudastack.linker.ldcache import LdCache, read_ld_cache, read_ld_so_conf
 
-__all__ = ["Library", "Resolver", "Route", "SearchConfig", "Tree", "legacy_hwcap_subdirs"]
+__all__ = ["Library", "Resolver", "Route", "SearchConfig", "Tree"]
 
 log = logging.getLogger(__name__)
 
@@ -70,61 +72,6 @@ class Route(str, Enum):
     NOT_FOUND = "not found"
 
 
-def legacy_hwcap_subdirs(components: Sequence[str]) -> tuple[str, ...]:
-    """Legacy hwcap subdirectories in glibc's order (dl-hwcaps.c ``_dl_important_hwcaps``), "" excluded.
-
-    *components* in glibc's order, e.g. ("tls", "haswell", "avx512_1", "x86_64").
-    Entry k uses the components of mask ``2**n - 1 - k`` (leftmost bit = first component).
-    """
-    n = len(components)
-    out: list[str] = []
-    for k in range((1 << n) - 1):
-        mask = (1 << n) - 1 - k
-        parts = [c for i, c in enumerate(components) if mask & (1 << (n - 1 - i))]
-        out.append("/".join(parts))
-    return tuple(out)
-
-
-def _cpu_info() -> tuple[str, set[str]]:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            text = f.read()
-    except OSError:
-        return "", set()
-    vendor = ""
-    flags: set[str] = set()
-    for line in text.splitlines():
-        if line.startswith("vendor_id") and not vendor:
-            vendor = line.partition(":")[2].strip()
-        elif line.startswith("flags") and not flags:
-            flags = set(line.partition(":")[2].split())
-        if vendor and flags:
-            break
-    return vendor, flags
-
-
-def _x86_platform_and_legacy(vendor: str, flags: set[str]) -> tuple[str, tuple[str, ...]]:
-    """glibc 2.36 sysdeps/x86/cpu-features.c: AT_PLATFORM override and legacy hwcap components."""
-    platform = "x86_64"
-    comps = ["x86_64"]
-    if vendor == "GenuineIntel":
-        plat: str | None = None
-        if "avx512cd" in flags:
-            if "avx512er" in flags:
-                if "avx512pf" in flags:
-                    plat = "xeon_phi"
-            elif {"avx512bw", "avx512dq", "avx512vl"} <= flags:
-                comps.append("avx512_1")
-        if plat is None and {"avx2", "fma", "bmi1", "bmi2", "abm", "movbe", "popcnt"} <= flags:
-            plat = "haswell"
-        if plat is not None:
-            platform = plat
-    # glibc orders them tls, platform, then hwcap bits from the highest (LD_DEBUG=libs shows
-    # "tls/haswell/avx512_1/x86_64:tls/haswell/avx512_1:...")
-    ordered = ("tls", platform, *reversed(comps)) if platform != "x86_64" else ("tls", *reversed(comps))
-    return platform, ordered
-
-
 @dataclass(frozen=True)
 class SearchConfig:
     """Everything outside the objects themselves that decides a search."""
@@ -133,11 +80,11 @@ class SearchConfig:
     ld_library_path: tuple[str, ...] = ()
     ld_cache: LdCache | None = None
     default_dirs: tuple[str, ...] = DEBIAN_DEFAULT_DIRS
-    hwcaps: tuple[str, ...] = ()
-    platform: str = "x86_64"
+    hwcaps: tuple[str, ...] = ()  # glibc-hwcaps levels, best first (linker/hwcaps.py)
+    platform: str = "x86_64"  # $PLATFORM: GLRO(dl_platform)
     lib: str = "lib64"
     cwd: str = "."
-    legacy_subdirs: tuple[str, ...] = ()  # legacy hwcap subdirectories, best first ("" excluded)
+    legacy_subdirs: tuple[str, ...] = ()  # legacy hwcap subdirectories, best first ("" excluded, duplicates kept)
     conf_dirs: tuple[str, ...] = ()  # ld.so.conf directories, searched only when there is no ld.so.cache
     interpreter: str = DEFAULT_INTERPRETER  # the dynamic linker used when the root has no PT_INTERP
 
@@ -155,14 +102,8 @@ class SearchConfig:
         except LdCacheError as e:
             log.info("no usable ld.so.cache (%s); using ld.so.conf", e)
             conf = read_ld_so_conf("/etc/ld.so.conf", root=root)
-        machine = os.uname().machine
-        if machine == "x86_64":
-            vendor, flags = _cpu_info()
-            platform, comps = _x86_platform_and_legacy(vendor, flags)
-            hwcaps = cpu_hwcaps() if root in ("", "/") else ()
-            legacy = legacy_hwcap_subdirs(comps)
-        else:
-            platform, hwcaps, legacy = machine, (), ()
+        platform, levels, legacy = host_search()
+        hwcaps = levels if root in ("", "/") else ()
         multiarch = os.path.isdir(os.path.join(root, "lib/x86_64-linux-gnu"))
         return cls(
             root=root,

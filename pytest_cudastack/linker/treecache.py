@@ -5,10 +5,10 @@ switch, same atomic write; a corrupt, foreign or malformed file is ignored and r
 
 It holds *buckets*, one per search environment (:func:`environment_key`: this package's version and the
 sources of the modules that compute an answer, LD_LIBRARY_PATH as given, ``/etc/ld.so.cache``'s status, the
-machine, the CPU vendor and flags that decide glibc-hwcaps and ``$PLATFORM``, whether the multiarch
-directory exists). A bucket holds a table of *dependencies* and, per root path as given, the row ``tree
---json`` printed for it (compact JSON text), the dependencies it was read from, and the provider context it
-was printed under. A dependency is:
+machine, what the CPU decides (``$PLATFORM``, the glibc-hwcaps levels and the legacy hwcap subdirectories,
+:func:`pytest_cudastack.linker.hwcaps.host_search`), whether the multiarch directory exists). A bucket holds
+a table of *dependencies* and, per root path as given, the row ``tree --json`` printed for it (compact JSON
+text), the dependencies it was read from, and the provider context it was printed under. A dependency is:
 
 * ``"s" + path``: the status (:func:`stat_value`: device, inode, size, mode, mtime, ctime; or the errno of a
   failure) of every file the resolution read and every directory whose listing it searched, absent ones
@@ -39,6 +39,7 @@ import sys
 import zlib
 
 from pytest_cudastack._sysio import real_path, write_atomic
+from pytest_cudastack.linker.hwcaps import host_search
 
 TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing (~5 ms) on tree's warm path
 if TYPE_CHECKING:
@@ -57,6 +58,7 @@ _SOURCES = (
     "_sysio.py",
     "linker/elf.py",
     "linker/elfcache.py",
+    "linker/hwcaps.py",
     "linker/ldcache.py",
     "linker/resolver.py",
     "wheels/sitepaths.py",
@@ -102,41 +104,6 @@ def racy(value: Any, since_ns: int) -> bool:
     return isinstance(value, list) and max(value[4], value[5]) + RACY_NS > since_ns
 
 
-def _cpu_lines() -> list[str]:
-    """The /proc/cpuinfo lines the search configuration is derived from, read no further than needed:
-    the first ``vendor_id`` line with a value and the first ``flags`` line with a value
-    (resolver._cpu_info: platform and legacy hwcaps), and the first ``flags`` line (ldcache.cpu_hwcaps)."""
-    found: list[str | None] = [None, None, None]
-    try:
-        fd = os.open("/proc/cpuinfo", os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return []
-    buf = b""
-    try:
-        while None in found:
-            chunk = os.read(fd, 4096)  # the first processor's block holds them all
-            buf += chunk
-            lines = buf.split(b"\n")
-            buf = lines.pop() if chunk else b""
-            for raw in lines:
-                line = raw.decode("utf-8", "replace")
-                value = line.partition(":")[2].strip()
-                if found[0] is None and line.startswith("vendor_id") and value:
-                    found[0] = line
-                elif line.startswith("flags"):
-                    if found[2] is None:
-                        found[2] = line
-                    if found[1] is None and value:
-                        found[1] = line
-            if not chunk:
-                break
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-    return [x or "" for x in found]
-
-
 def environment_key(environ: dict[str, str] | None = None) -> tuple[str, list[int] | int]:
     """(key, ld.so.cache status): everything outside the files themselves that decides a closure for the
     root ``/`` (the inputs of SearchConfig.from_environment and of the resolver's code)."""
@@ -153,7 +120,7 @@ def environment_key(environ: dict[str, str] | None = None) -> tuple[str, list[in
         env.get("LD_LIBRARY_PATH", ""),
         ldcache,
         os.uname().machine,
-        _cpu_lines(),
+        host_search(),  # $PLATFORM, glibc-hwcaps levels, legacy subdirectories: what the CPU decides
         os.path.isdir("/lib/x86_64-linux-gnu"),
     ]
     return json.dumps(key, separators=(",", ":")), ldcache
