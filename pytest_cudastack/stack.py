@@ -363,7 +363,11 @@ def _site_paths(args: argparse.Namespace) -> tuple[str, ...] | None:
 
 def cmd_snapshot(args: argparse.Namespace) -> int:
     """``cudastack snapshot [-o FILE]``."""
-    write_snapshot(Stack(site_paths=_site_paths(args)), getattr(args, "output", None))
+    stack = Stack(site_paths=_site_paths(args))
+    try:
+        write_snapshot(stack, getattr(args, "output", None))
+    finally:
+        stack.flush_cache()
     return 0
 
 

@@ -126,7 +126,7 @@ def test_site_dirs_for() -> None:
 
 
 def test_why_found(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(treeview, "_inventory", lambda site=None: None)
+    monkeypatch.setattr(treeview, "_inventory", lambda site, reader: None)
     assert main(["why", "libc.so.6"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("libc.so.6 => /")
@@ -141,7 +141,7 @@ def test_why_missing_but_shipped(
     inv = FakeInventory(
         {}, {"libfake.so.9": [("nvidia-fake-cu12 9.0", str(present)), ("nvidia-fake-cu13 9.1", "/gone/libfake.so.9")]}
     )
-    monkeypatch.setattr(treeview, "_inventory", lambda site=None: inv)
+    monkeypatch.setattr(treeview, "_inventory", lambda site, reader: inv)
     assert main(["why", "libfake.so.9"]) == 1
     out = capsys.readouterr().out
     assert "NOT FOUND by the dynamic linker" in out
@@ -160,7 +160,7 @@ def test_why_missing_but_shipped(
 def test_why_uses_ld_library_path(
     scen: Scenarios, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(treeview, "_inventory", lambda site=None: None)
+    monkeypatch.setattr(treeview, "_inventory", lambda site, reader: None)
     monkeypatch.setenv("LD_LIBRARY_PATH", str(scen.d_llp))
     assert main(["why", "--json", "libprec.so.1"]) == 0
     data = json.loads(capsys.readouterr().out)

@@ -89,10 +89,13 @@ def loaded_libraries(
     import error if any. Providers come from the distributions in ``site_paths`` (default: ``sys.path``)."""
     from pytest_cudastack.errors import ElfError
     from pytest_cudastack.linker.elf import looks_like_elf, read_elf
+    from pytest_cudastack.linker.elfcache import ElfCache
     from pytest_cudastack.wheels.inventory import installed_wheels
 
     paths, error = _child_mapped(module, python or sys.executable, timeout)
-    inventory = installed_wheels(site_paths)
+    cache = ElfCache()
+    inventory = installed_wheels(site_paths, reader=cache.read)
+    cache.flush()
     out: list[LoadedLibrary] = []
     for path in paths:
         if not looks_like_elf(path):

@@ -16,6 +16,8 @@ import json
 import os
 import sys
 
+from pytest_cudastack.linker.elfcache import ElfCache
+
 TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing (~5 ms) on tree's warm path
 if TYPE_CHECKING:
     import argparse
@@ -23,6 +25,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
     from typing import Any, TextIO
 
+    from pytest_cudastack.linker.elf import ElfInfo
     from pytest_cudastack.linker.resolver import Library, Tree
 
 __all__ = ["cmd_tree", "cmd_why", "render_tree", "render_why"]
@@ -55,15 +58,15 @@ def _site_dirs_for(paths: Sequence[str]) -> list[str]:
     return out
 
 
-def _inventory(site: Sequence[str] | None = None) -> Any | None:
-    """The wheels inventory of *site* (site directories or venv prefixes; None: this interpreter's);
-    lazily imported and guarded: None when unavailable or broken."""
+def _inventory(site: Sequence[str] | None, reader: Callable[[str], ElfInfo]) -> Any | None:
+    """The wheels inventory of *site* (site directories or venv prefixes; None: this interpreter's), its ELF
+    files parsed with *reader*; lazily imported and guarded: None when unavailable or broken."""
     try:
         from pytest_cudastack.wheels import inventory
     except ImportError:
         return None
     try:
-        return inventory.installed_wheels(list(site) if site is not None else None)
+        return inventory.installed_wheels(list(site) if site is not None else None, reader=reader)
     except Exception as e:  # the inventory must never break tree/why
         _log().warning("cannot read installed distributions: %s", e)
         return None
@@ -93,7 +96,7 @@ class _Providers:
     changed. Each answer is kept with the real path of the normalised absolute path it was given (the owner
     index falls back to it when the path is in no RECORD) and reused only while that is unchanged."""
 
-    def __init__(self, index: Any | None, cache: Any | None) -> None:
+    def __init__(self, index: Any | None, cache: ElfCache | None) -> None:
         self.index = index
         self.cache = cache
         self.stamp: Any = None
@@ -149,14 +152,14 @@ class _Providers:
         self.cache.put_extra(_OWNERS_KEY, kept)
 
 
-def _providers(trees: list[Tree], site: Sequence[str] | None) -> _Providers:
+def _providers(trees: list[Tree], site: Sequence[str] | None, cache: ElfCache) -> _Providers:
     """Owners from the RECORDs of *site*, else of the site directories the closures touch (a file outside
     every site directory has no wheel owner, so system-only closures read no RECORD)."""
     if site is None:
         touched = [t.path for t in trees] + [x.path for t in trees for x in t.libraries if x.path]
         site = _site_dirs_for(touched)
     index = _owner_index(site) if site else None
-    return _Providers(index, _cache() if index is not None else None)
+    return _Providers(index, cache if index is not None else None)
 
 
 def _with_providers(trees: list[Tree], prov: Callable[[str | None], str | None]) -> list[Tree]:
@@ -237,12 +240,13 @@ def cmd_tree(args: argparse.Namespace) -> int:
         return _tree_json(paths, site)
     from pytest_cudastack.linker.resolver import Resolver, SearchConfig
 
-    resolver = Resolver(SearchConfig.from_environment())
+    cache = ElfCache()
+    resolver = Resolver(SearchConfig.from_environment(), reader=cache.read)
     trees = [resolver.tree(p) for p in paths]
-    prov = _providers(trees, site)
+    prov = _providers(trees, site, cache)
     trees = _with_providers(trees, prov)
     prov.save()
-    _flush_cache()
+    cache.flush()
     for t in trees:
         render_tree(t, sys.stdout)
     return 1 if any(t.missing or t.problems for t in trees) else 0
@@ -276,14 +280,14 @@ def _tree_json(paths: list[str], site: Sequence[str] | None) -> int:
     import time
 
     since = time.time_ns()  # before anything is read: the racy window is measured from here
+    cache = ElfCache()  # parses nothing until asked: the warm path never loads it
     store: Any = None
-    if os.environ.get("CUDASTACK_NO_CACHE", "") != "1":
-        from pytest_cudastack.linker.elfcache import default_cache_dir
+    if cache.enabled:
         from pytest_cudastack.linker.treecache import TreeCache, environment_key, racy
 
         key, ldcache = environment_key()
         # no ld.so.cache: the answers come from ld.so.conf and its includes, which are not tracked
-        store = TreeCache(default_cache_dir(), key, enabled=isinstance(ldcache, list))
+        store = TreeCache(cache.directory, key, enabled=isinstance(ldcache, list))
         store.writable = not racy(ldcache, since)
     hits: dict[str, dict[str, Any]] = store.lookup(paths) if store is not None else {}
     todo = [p for p in dict.fromkeys(paths) if p not in hits]
@@ -292,7 +296,7 @@ def _tree_json(paths: list[str], site: Sequence[str] | None) -> int:
     if todo:
         from pytest_cudastack.linker.resolver import Resolver, SearchConfig
 
-        resolver = Resolver(SearchConfig.from_environment())
+        resolver = Resolver(SearchConfig.from_environment(), reader=cache.read)
         cacheable = resolver.config.ld_cache is not None and resolver.config.root in ("", "/")
         for p in todo:
             fresh[p] = resolver.tree_deps(p)
@@ -323,7 +327,7 @@ def _tree_json(paths: list[str], site: Sequence[str] | None) -> int:
             bad = bool(tree.missing or tree.problems)
             deps = set(got)
         if prov is None:
-            prov = _Providers(index, _cache() if index is not None else None)
+            prov = _Providers(index, cache if index is not None else None)
         for lib in d["libraries"]:
             lib["provider"] = prov(lib["path"])
         text = json.dumps(d)
@@ -335,8 +339,7 @@ def _tree_json(paths: list[str], site: Sequence[str] | None) -> int:
             store.store(p, text, bad, libpaths[p], deps, ctx if ctx_storable else None, since)
     if prov is not None:
         prov.save()
-    if prov is not None or todo:
-        _flush_cache()
+    cache.flush()  # a no-op when nothing was parsed or stored
     if store is not None and (error := store.flush()) is not None:
         _log().warning("cannot write closure cache %s: %s", store.file, error)
     if sys.stdout.isatty():  # a human is watching: indented (the compact form needs no re-encoding)
@@ -389,10 +392,11 @@ def cmd_why(args: argparse.Namespace) -> int:
     """``cudastack why SONAME [--json]``: exit 1 when the dynamic linker would not find it."""
     from pytest_cudastack.linker.resolver import Resolver, SearchConfig
 
-    inv = _inventory(getattr(args, "site", None))
-    resolver = Resolver(SearchConfig.from_environment(), owner=_owner(inv))
+    cache = ElfCache()
+    inv = _inventory(getattr(args, "site", None), cache.read)
+    resolver = Resolver(SearchConfig.from_environment(), reader=cache.read, owner=_owner(inv))
     lib = resolver.find(args.soname)
-    _flush_cache()
+    cache.flush()
     data = _why_data(args.soname, lib, inv)
     if getattr(args, "json", False):
         json.dump(data, sys.stdout, indent=1)
@@ -400,18 +404,3 @@ def cmd_why(args: argparse.Namespace) -> int:
     else:
         render_why(data, sys.stdout)
     return 0 if lib.path is not None else 1
-
-
-def _cache() -> Any | None:
-    """The process-wide ELF cache (None when the core lacks it)."""
-    try:
-        from pytest_cudastack.linker.elfcache import default_cache
-    except ImportError:  # pragma: no cover
-        return None
-    return default_cache()
-
-
-def _flush_cache() -> None:
-    cache = _cache()
-    if cache is not None:
-        cache.flush()
