@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -188,6 +189,26 @@ def test_resolver_default_reader_uses_the_cache(
     default_cache().flush()
     entries = json.loads((tmp_path / "rc" / CACHE_FILE).read_text())["entries"]
     assert str(scen.rpath_inherit) in entries
+
+
+def test_stack_probe_reads_through_the_stack_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The driver's files are found by the stack's own linker search: its parses land in the stack's cache,
+    which the stack's owner flushes once."""
+    from pytest_cudastack.cuda import driver as drv
+    from pytest_cudastack.settings import Settings
+    from pytest_cudastack.stack import Stack
+
+    monkeypatch.setattr(drv, "_nvml_facts_in_child", lambda: drv.DriverInfo("absent", None, None, reason="test"))
+    drv.probe_driver.cache_clear()
+    try:
+        stack = Stack(Settings(), cache=ElfCache(str(tmp_path / "c"), enabled=True), probe=lambda: None)
+        assert any(n.startswith("libcuda.so.1: ") for n in stack.driver.notes)
+    finally:
+        drv.probe_driver.cache_clear()
+    assert not (tmp_path / "c").exists()  # written only by the flush
+    stack.flush_cache()
+    entries = json.loads((tmp_path / "c" / CACHE_FILE).read_text())["entries"]
+    assert os.path.realpath(sys.executable) in entries  # the search starts from the interpreter's DT_NEEDED
 
 
 def test_light_import() -> None:
