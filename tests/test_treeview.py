@@ -237,10 +237,8 @@ def test_tree_providers_from_records_and_cache(
     cache = json.loads((tmp_path / "cache" / "elfcache-v1.json").read_text())
     assert cache["extra"]["treeview-owners"]
     # warm: answers come from the cache file, no RECORD is parsed
-    from pytest_cudastack.linker import elfcache
     from pytest_cudastack.wheels import inventory
 
-    monkeypatch.setattr(elfcache, "_DEFAULT", None)
     monkeypatch.setattr(inventory.OwnerIndex, "_build", lambda self: pytest.fail("RECORD parsed"))
     assert providers() == got
     monkeypatch.undo()
