@@ -29,12 +29,14 @@ from typing import Any
 CHILD = r"""
 import json, sys, time
 t0 = time.perf_counter()
-from pytest_cudastack.wheels.inventory import default_reader, installed_wheels, memo_reader
+from pytest_cudastack.linker.elfcache import ElfCache
+from pytest_cudastack.wheels.inventory import installed_wheels, memo_reader
 from pytest_cudastack.wheels.integrity import check_integrity
 from pytest_cudastack.checks.closure import extension_closures, module_trees
 from pytest_cudastack.linker.resolver import Resolver, SearchConfig
 t1 = time.perf_counter()
-reader = memo_reader(default_reader())
+cache = ElfCache()
+reader = memo_reader(cache.read)
 inv = installed_wheels([sys.argv[1]], reader=reader)
 t2 = time.perf_counter()
 integ = check_integrity(inv)
@@ -43,11 +45,7 @@ resolver = Resolver(SearchConfig.from_environment(), reader=reader, owner=inv.ow
 trees = module_trees(inv, resolver)
 clos = extension_closures(inv, resolver, trees=trees)
 t4 = time.perf_counter()
-try:
-    from pytest_cudastack.linker.elfcache import default_cache
-    default_cache().flush()
-except ImportError:
-    pass
+cache.flush()
 t5 = time.perf_counter()
 print(json.dumps({
     "import": t1 - t0, "inventory": t2 - t1, "integrity": t3 - t2, "closure": t4 - t3, "flush": t5 - t4,

@@ -124,13 +124,10 @@ def _stack(config: pytest.Config) -> Stack:
 
             driver_info = DriverInfo.from_json(json.loads(workerinput[WORKER_DRIVER]))
 
-        def probe() -> DriverInfo:
+        def probe() -> DriverInfo | None:
+            # None: the stack probes NVML itself, finding the driver's files through its own ELF cache
             hooked: DriverInfo | None = config.hook.pytest_cudastack_driver(config=config)
-            if hooked is not None:
-                return hooked
-            from pytest_cudastack.cuda.driver import probe_driver
-
-            return probe_driver()
+            return hooked
 
         stack = Stack(config.stash[settings_key], driver_info=driver_info, probe=probe, rootdir=str(config.rootpath))
         config.stash[stack_key] = stack

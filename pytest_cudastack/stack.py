@@ -92,7 +92,7 @@ class Stack:
         settings: Settings | None = None,
         *,
         driver_info: DriverInfo | None = None,
-        probe: Callable[[], DriverInfo] | None = None,
+        probe: Callable[[], DriverInfo | None] | None = None,
         cache: ElfCache | None = None,
         rootdir: str = ".",
         site_paths: tuple[str, ...] | None = None,
@@ -109,8 +109,9 @@ class Stack:
     @cached_property
     def driver(self) -> DriverInfo:
         """The driver to evaluate against: ``driver_info`` when given (an xdist worker gets the controller's),
-        else the probe (``probe``, default NVML) with declared facts (``--cuda-driver`` / ``--cuda-arch``)
-        on top; a declared version with declared archs needs no probe at all."""
+        else the probe (``probe``; when it gives None, NVML plus the driver's files found by this stack's
+        linker search and ELF cache) with declared facts (``--cuda-driver`` / ``--cuda-arch``) on top; a
+        declared version with declared archs needs no probe at all."""
         if self._driver_info is not None:
             return self._driver_info
         s = self.settings
@@ -118,12 +119,14 @@ class Stack:
             from pytest_cudastack.cuda.driver import declared_driver
 
             return declared_driver(s.cuda_driver, s.cuda_arch)
-        if self._probe is not None:
-            probed = self._probe()
-        else:
-            from pytest_cudastack.cuda.driver import probe_driver
+        probed = self._probe() if self._probe is not None else None
+        if probed is None:
+            from pytest_cudastack.cuda.driver import linker_finder, probe_driver
+            from pytest_cudastack.linker.resolver import Resolver, SearchConfig
 
-            probed = probe_driver()
+            # no owner: naming libcuda's distribution would build the inventory just to probe the driver
+            linker = Resolver(SearchConfig.from_environment(), reader=self.cache.read)
+            probed = probe_driver(find=linker_finder(linker))
         if s.cuda_driver is None and not s.cuda_arch:
             return probed
         from pytest_cudastack.cuda.driver import declared_driver
@@ -132,6 +135,8 @@ class Stack:
 
     @cached_property
     def cache(self) -> ElfCache:
+        """The one ELF cache of this stack's run: every layer that parses ELF files reads through it, and
+        :meth:`flush_cache` writes it once."""
         from pytest_cudastack.linker.elfcache import ElfCache
 
         return self._cache or ElfCache(enabled=False if self.settings.cudastack_no_cache else None)
@@ -145,7 +150,6 @@ class Stack:
     def inventory(self) -> Inventory:
         from pytest_cudastack.wheels.inventory import installed_wheels
 
-        # the session's own cache (flushed by the controller only), not the process-wide default one
         return installed_wheels(self._site_paths, reader=self.cache.read)
 
     @cached_property

@@ -13,6 +13,7 @@ from pytest_cudastack.cli import main
 from pytest_cudastack.cli.diff import cmd_diff
 from pytest_cudastack.cli.snapshot import cmd_snapshot
 from tests.helpers.elfbuild import build_exe, build_lib, needs_cc
+from tests.helpers.sitebuild import compile_so, write_dist
 
 
 @pytest.fixture
@@ -78,6 +79,27 @@ def test_check_no_cache_writes_no_cache(seed: Path, flag: str, capsys: pytest.Ca
     assert not (seed / "cache").exists()
     assert main(["check", "--site", "site", "--cudastack-scan=bin"]) == 0
     assert (seed / "cache").exists()
+
+
+@needs_cc
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["report", "--site", "site"],
+        ["check", "--site", "site", "--cuda-driver=580.65.06"],
+        ["snapshot", "--site", "site", "-o", "snap.json"],
+        ["why", "--site", "site", "libcudastackcli.so.1"],
+        ["tree", "site/cli/lib/libcudastackcli.so.1"],
+        ["tree", "--json", "site/cli/lib/libcudastackcli.so.1"],
+    ],
+    ids=lambda argv: " ".join(argv[:2]),
+)
+def test_each_subcommand_flushes_its_one_cache(seed: Path, argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    write_dist(seed / "site", "cli-wheel", "1.0", {"cli/lib/libcudastackcli.so.1": compile_so("libcudastackcli.so.1")})
+    main(argv)
+    capsys.readouterr()
+    entries = json.loads((seed / "cache" / "elfcache-v1.json").read_text())["entries"]
+    assert str(seed / "site" / "cli" / "lib" / "libcudastackcli.so.1") in {os.path.abspath(p) for p in entries}
 
 
 def test_tree_does_not_pay_for_the_check_options(tmp_path: Path) -> None:

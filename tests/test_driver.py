@@ -297,7 +297,7 @@ def test_probe_keeps_nvml_out_of_this_process(fake_nvml: Path):
 def test_probe_child_failures_are_reasons(monkeypatch: pytest.MonkeyPatch, code: str, timeout: float, text: str):
     monkeypatch.setattr(drv, "_CHILD_CODE", code)
     monkeypatch.setattr(drv, "PROBE_TIMEOUT_S", timeout)
-    monkeypatch.setattr(drv, "driver_files", lambda: drv.DriverFiles())
+    monkeypatch.setattr(drv, "driver_files", lambda find=None: drv.DriverFiles())
     info = drv._nvml_facts_in_child(timeout)
     assert info.source == "absent"
     assert info.reason is not None
@@ -433,7 +433,9 @@ def test_broken_module_never_raises():
 
 
 def test_nvml_failure_falls_back_to_kernel_module(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setattr(drv, "driver_files", lambda: drv.DriverFiles(kernel_module="570.124.06", notes=("k",)))
+    monkeypatch.setattr(
+        drv, "driver_files", lambda find=None: drv.DriverFiles(kernel_module="570.124.06", notes=("k",))
+    )
     info = probe_driver(FakeNvml(fail={"nvmlInit": 4}))
     assert (info.source, info.version, info.cuda_version) == ("probed", "570.124.06", "12.8")
     assert info.reason is not None
@@ -774,7 +776,7 @@ def test_forward_compat_without_proc(monkeypatch: pytest.MonkeyPatch):
     files = drv.DriverFiles(
         libcuda="/usr/local/cuda-13.0/compat/libcuda.so.1", libcuda_version="580.65.06", notes=("libcuda",)
     )
-    monkeypatch.setattr(drv, "driver_files", lambda: files)
+    monkeypatch.setattr(drv, "driver_files", lambda find=None: files)
     info = probe_driver(FakeNvml(driver="550.54.15", cuda=13000))
     assert info.forward_compat == "580.65.06"
     assert any("forward-compatibility libcuda 580.65.06" in n for n in info.notes)

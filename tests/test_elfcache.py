@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,7 +14,7 @@ import pytest
 from pytest_cudastack.errors import ElfError
 from pytest_cudastack.linker import elf
 from pytest_cudastack.linker.elf import read_elf
-from pytest_cudastack.linker.elfcache import CACHE_FILE, ElfCache, default_cache, default_cache_dir
+from pytest_cudastack.linker.elfcache import CACHE_FILE, ElfCache, default_cache_dir
 from tests.helpers.elfbuild import Scenarios, get_scenarios, needs_cc
 
 pytestmark = needs_cc
@@ -167,35 +169,59 @@ def test_default_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     assert default_cache_dir({}) == str(tmp_path / ".cache" / "pytest-cudastack")
 
 
-def test_default_cache_follows_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setenv("CUDASTACK_CACHE_DIR", str(tmp_path / "one"))
-    monkeypatch.delenv("CUDASTACK_NO_CACHE", raising=False)
-    a = default_cache()
-    assert a is default_cache()
-    assert a.directory == str(tmp_path / "one")
-    monkeypatch.setenv("CUDASTACK_CACHE_DIR", str(tmp_path / "two"))
-    assert default_cache().directory == str(tmp_path / "two")
+def _run_child(code: str, cache_dir: Path) -> str:
+    """Run *code* in a fresh interpreter whose default cache directory is *cache_dir* (exit handlers run)."""
+    env = {k: v for k, v in os.environ.items() if k != "CUDASTACK_NO_CACHE"}
+    env["CUDASTACK_CACHE_DIR"] = str(cache_dir)
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    return done.stdout
 
 
-def test_resolver_default_reader_uses_the_cache(
-    scen: Scenarios, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from pytest_cudastack.linker.resolver import Resolver, SearchConfig
+def test_no_process_wide_cache(scen: Scenarios, tmp_path: Path) -> None:
+    """A library caller's resolver and inventory read uncached: nothing is written behind its back (the
+    process-wide cache flushed at exit overwrote the file a pytest session had just written)."""
+    code = (
+        "from pytest_cudastack.linker.resolver import Resolver, SearchConfig\n"
+        "from pytest_cudastack.wheels.inventory import installed_wheels\n"
+        f"Resolver(SearchConfig.from_environment({{}})).tree({str(scen.rpath_inherit)!r})\n"
+        "installed_wheels()\n"
+    )
+    _run_child(code, tmp_path / "c")
+    assert not (tmp_path / "c").exists()
 
-    monkeypatch.setenv("CUDASTACK_CACHE_DIR", str(tmp_path / "rc"))
-    monkeypatch.delenv("CUDASTACK_NO_CACHE", raising=False)
-    Resolver(SearchConfig.from_environment({})).tree(str(scen.rpath_inherit))
-    default_cache().flush()
-    entries = json.loads((tmp_path / "rc" / CACHE_FILE).read_text())["entries"]
-    assert str(scen.rpath_inherit) in entries
+
+def test_driver_probe_writes_no_cache(tmp_path: Path) -> None:
+    code = (
+        "from pytest_cudastack.cuda.driver import driver_files\n"
+        "print(any(n.startswith('libcuda.so.1: ') for n in driver_files().notes))\n"
+    )
+    assert _run_child(code, tmp_path / "c").strip() == "True"  # the linker search ran
+    assert not (tmp_path / "c").exists()
+
+
+def test_stack_probe_reads_through_the_stack_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The driver's files are found by the stack's own linker search: its parses land in the stack's cache,
+    which the stack's owner flushes once."""
+    from pytest_cudastack.cuda import driver as drv
+    from pytest_cudastack.settings import Settings
+    from pytest_cudastack.stack import Stack
+
+    monkeypatch.setattr(drv, "_nvml_facts_in_child", lambda: drv.DriverInfo("absent", None, None, reason="test"))
+    drv.probe_driver.cache_clear()
+    try:
+        stack = Stack(Settings(), cache=ElfCache(str(tmp_path / "c"), enabled=True), probe=lambda: None)
+        assert any(n.startswith("libcuda.so.1: ") for n in stack.driver.notes)
+    finally:
+        drv.probe_driver.cache_clear()
+    assert not (tmp_path / "c").exists()  # written only by the flush
+    stack.flush_cache()
+    entries = json.loads((tmp_path / "c" / CACHE_FILE).read_text())["entries"]
+    assert os.path.realpath(sys.executable) in entries  # the search starts from the interpreter's DT_NEEDED
 
 
 def test_light_import() -> None:
     """`cudastack tree --json`'s warm path imports this module for its directory and atomic write: it must
     not pull in the ELF reader (dataclasses, struct, pyelftools) or logging."""
-    import subprocess
-    import sys
-
     code = "import sys, pytest_cudastack.linker.elfcache, pytest_cudastack.linker.treecache; print(sorted(sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     for heavy in ("'pytest_cudastack.linker.elf'", "'dataclasses'", "'logging'", "'elftools'"):

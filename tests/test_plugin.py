@@ -694,6 +694,50 @@ def test_elf_cache_writes(seed, monkeypatch, args, written):
     assert (str(seed.path / "bin" / "train_tft") in entries) is written
 
 
+PARSE_SPY = """
+import os
+
+from pytest_cudastack.linker import elf, resolver
+from pytest_cudastack.wheels import inventory
+
+_read_elf = elf.read_elf
+
+
+def _spy(path):
+    with open(os.environ["CUDASTACK_TEST_PARSED"], "a", encoding="utf-8") as f:
+        f.write(path + "\\n")
+    return _read_elf(path)
+
+
+# every parse, cached or not: elfcache looks read_elf up on each miss, the others hold their own name
+elf.read_elf = resolver.read_elf = inventory.read_elf = _spy
+"""
+
+
+@pytest.mark.skipif(not HAVE_CC, reason="needs a C compiler")
+def test_cold_session_caches_every_file_it_parsed(pt, monkeypatch):
+    """With the driver probe (no --cuda-driver) the probe's linker search reads through the session's cache:
+    the file holds every ELF file the run parsed (the probe's own process-wide cache, flushed at exit, used to
+    overwrite it with its one entry)."""
+    site = pt.mkdir("site")
+    lib = compile_so("libcudastackspy.so.1")
+    ext = compile_so(None, needed=["libcudastackspy.so.1"], runpath="$ORIGIN/lib", pyinit="_spy")
+    write_dist(site, "spy-wheel", "1.0", {"spy/lib/libcudastackspy.so.1": lib, "spy/_spy.so": ext})
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    cache = pt.path / "cache"
+    monkeypatch.setenv("CUDASTACK_CACHE_DIR", str(cache))
+    parsed_log = pt.path / "parsed.txt"
+    monkeypatch.setenv("CUDASTACK_TEST_PARSED", str(parsed_log))
+    pt.makeconftest(PARSE_SPY)
+    pt.makepyfile("def test_x(): pass")
+    result = pt.runpytest_subprocess("-p", "pytest_cudastack.plugin", "-p", "no:cacheprovider", "--cudastack")
+    assert result.ret == 0, result.stdout.str()
+    parsed = set(parsed_log.read_text().splitlines())
+    assert {os.path.realpath(sys.executable), str(site / "spy" / "_spy.so")} <= parsed  # probe and closure
+    entries = json.loads((cache / "elfcache-v1.json").read_text())["entries"]
+    assert set(entries) == parsed
+
+
 def test_python_executable_is_elf():
     # the requires_soname search runs as the Python executable's DT_NEEDED
     assert Path(os.path.realpath(sys.executable)).read_bytes()[:4] == b"\x7fELF"

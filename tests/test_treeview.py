@@ -127,7 +127,7 @@ def test_site_dirs_for() -> None:
 
 
 def test_why_found(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(whyview, "_inventory", lambda site=None: None)
+    monkeypatch.setattr(whyview, "_inventory", lambda site, reader: None)
     assert main(["why", "libc.so.6"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("libc.so.6 => /")
@@ -142,7 +142,7 @@ def test_why_missing_but_shipped(
     inv = FakeInventory(
         {}, {"libfake.so.9": [("nvidia-fake-cu12 9.0", str(present)), ("nvidia-fake-cu13 9.1", "/gone/libfake.so.9")]}
     )
-    monkeypatch.setattr(whyview, "_inventory", lambda site=None: inv)
+    monkeypatch.setattr(whyview, "_inventory", lambda site, reader: inv)
     assert main(["why", "libfake.so.9"]) == 1
     out = capsys.readouterr().out
     assert "NOT FOUND by the dynamic linker" in out
@@ -161,7 +161,7 @@ def test_why_missing_but_shipped(
 def test_why_uses_ld_library_path(
     scen: Scenarios, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(whyview, "_inventory", lambda site=None: None)
+    monkeypatch.setattr(whyview, "_inventory", lambda site, reader: None)
     monkeypatch.setenv("LD_LIBRARY_PATH", str(scen.d_llp))
     assert main(["why", "--json", "libprec.so.1"]) == 0
     data = json.loads(capsys.readouterr().out)
@@ -238,10 +238,8 @@ def test_tree_providers_from_records_and_cache(
     cache = json.loads((tmp_path / "cache" / "elfcache-v1.json").read_text())
     assert cache["extra"]["treeview-owners"]
     # warm: answers come from the cache file, no RECORD is parsed
-    from pytest_cudastack.linker import elfcache
     from pytest_cudastack.wheels import inventory
 
-    monkeypatch.setattr(elfcache, "_DEFAULT", None)
     monkeypatch.setattr(inventory.OwnerIndex, "_build", lambda self: pytest.fail("RECORD parsed"))
     assert providers() == got
     monkeypatch.undo()

@@ -31,7 +31,7 @@ from pytest_cudastack._sysio import real_path
 from pytest_cudastack.findings import Finding, Severity
 from pytest_cudastack.linker.resolver import Library, Resolver, SearchConfig, Tree
 from pytest_cudastack.wheels.integrity import pip_command
-from pytest_cudastack.wheels.inventory import Distribution, Inventory, ShippedLib, default_reader
+from pytest_cudastack.wheels.inventory import Distribution, Inventory, Reader, ShippedLib
 
 if TYPE_CHECKING:
     from pytest_cudastack.checks.facts import StackView, Target
@@ -50,11 +50,12 @@ class ModuleTree:
     tree: Tree
 
 
-def default_resolver(inv: Inventory, config: SearchConfig | None = None) -> Resolver:
-    """A Resolver for this process's search configuration that names owners from ``inv``."""
+def default_resolver(inv: Inventory, config: SearchConfig | None = None, reader: Reader | None = None) -> Resolver:
+    """A Resolver for this process's search configuration that names owners from ``inv`` (``reader``: the
+    run's ``ElfCache.read``; default: uncached)."""
     return Resolver(
         config if config is not None else SearchConfig.from_environment(),
-        reader=default_reader(),
+        reader=reader,
         owner=inv.owner,
     )
 

@@ -20,6 +20,7 @@ from typing import Any
 
 from pytest_cudastack.errors import ElfError
 from pytest_cudastack.linker.elf import looks_like_elf, read_elf
+from pytest_cudastack.linker.elfcache import ElfCache
 from pytest_cudastack.wheels.inventory import installed_wheels
 
 __all__ = ["LoadedLibrary", "cmd_loaded", "loaded_libraries"]
@@ -92,7 +93,9 @@ def loaded_libraries(
     """Shared objects mapped by importing ``module`` in a child ``python`` (default: this one), and the
     import error if any. Providers come from the distributions in ``site_paths`` (default: ``sys.path``)."""
     paths, error = _child_mapped(module, python or sys.executable, timeout)
-    inventory = installed_wheels(site_paths)
+    cache = ElfCache()
+    inventory = installed_wheels(site_paths, reader=cache.read)
+    cache.flush()
     out: list[LoadedLibrary] = []
     for path in paths:
         if not looks_like_elf(path):

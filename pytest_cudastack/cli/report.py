@@ -6,7 +6,6 @@ The site directories are :func:`pytest_cudastack.cli.sites.site_dirs_from`'s.
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import logging
 import sys
@@ -18,9 +17,10 @@ from typing import Any, TextIO
 from pytest_cudastack.checks.closure import extension_closures, module_trees
 from pytest_cudastack.cli.sites import site_dirs_from
 from pytest_cudastack.findings import Finding, Severity, most_severe_first
+from pytest_cudastack.linker.elfcache import ElfCache
 from pytest_cudastack.linker.resolver import Resolver, SearchConfig
 from pytest_cudastack.wheels.integrity import check_integrity
-from pytest_cudastack.wheels.inventory import Inventory, default_reader, installed_wheels, memo_reader
+from pytest_cudastack.wheels.inventory import Inventory, installed_wheels, memo_reader
 
 __all__ = [
     "WheelReport",
@@ -81,25 +81,22 @@ class WheelReport:
         }
 
 
-def wheel_report(paths: Sequence[str] | None = None) -> WheelReport:
-    """Inventory + integrity + closure of ``paths`` (default: this interpreter's site directories)."""
+def wheel_report(paths: Sequence[str] | None = None, cache: ElfCache | None = None) -> WheelReport:
+    """Inventory + integrity + closure of ``paths`` (default: this interpreter's site directories).
+
+    ``cache``: the run's ELF cache, flushed by its owner; default: one for this environment, flushed here.
+    """
     t0 = time.perf_counter()
-    reader = memo_reader(default_reader())
+    elf_cache = cache if cache is not None else ElfCache()
+    reader = memo_reader(elf_cache.read)
     inv = installed_wheels(paths, reader=reader)
     resolver = Resolver(SearchConfig.from_environment(), reader=reader, owner=inv.owner)
     trees = module_trees(inv, resolver)
     found = (*inv.findings, *check_integrity(inv), *extension_closures(inv, resolver, trees=trees))
     findings = most_severe_first(found)
-    _flush_cache()
+    if cache is None:
+        elf_cache.flush()
     return WheelReport(inv, findings, len(trees), time.perf_counter() - t0)
-
-
-def _flush_cache() -> None:
-    try:
-        elfcache = importlib.import_module("pytest_cudastack.linker.elfcache")
-        elfcache.default_cache().flush()
-    except (ImportError, OSError) as e:  # pragma: no cover - a cache that cannot be written is no failure
-        logger.debug("ELF cache not flushed: %s", e)
 
 
 def render_report(rep: WheelReport, *, verbose: bool = False) -> str:

@@ -13,5 +13,9 @@ __all__ = ["cmd_snapshot"]
 
 def cmd_snapshot(args: argparse.Namespace) -> int:
     """Write the snapshot to ``args.output`` (standard output when absent or ``-``); exit 0."""
-    write_snapshot(Stack(site_paths=site_dirs_from(args)), getattr(args, "output", None))
+    stack = Stack(site_paths=site_dirs_from(args))
+    try:
+        write_snapshot(stack, getattr(args, "output", None))
+    finally:
+        stack.flush_cache()
     return 0

@@ -16,6 +16,8 @@ import sys
 
 # Everything else is imported in the function that needs it: a warm `tree --json` (answered from the closure
 # cache) must import no resolver, ELF reader, dataclasses, typing or logging (tests/test_treeview.py).
+from pytest_cudastack.linker.elfcache import ElfCache
+
 TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing (~5 ms) on tree's warm path
 if TYPE_CHECKING:
     import argparse
@@ -79,7 +81,7 @@ class _Providers:
     changed. Each answer is kept with the real path of the normalised absolute path it was given (the owner
     index falls back to it when the path is in no RECORD) and reused only while that is unchanged."""
 
-    def __init__(self, index: Any | None, cache: Any | None) -> None:
+    def __init__(self, index: Any | None, cache: ElfCache | None) -> None:
         self.index = index
         self.cache = cache
         self.stamp: Any = None
@@ -135,14 +137,14 @@ class _Providers:
         self.cache.put_extra(_OWNERS_KEY, kept)
 
 
-def _providers(trees: list[Tree], site: Sequence[str] | None) -> _Providers:
+def _providers(trees: list[Tree], site: Sequence[str] | None, cache: ElfCache) -> _Providers:
     """Owners from the RECORDs of *site*, else of the site directories the closures touch (a file outside
     every site directory has no wheel owner, so system-only closures read no RECORD)."""
     if site is None:
         touched = [t.path for t in trees] + [x.path for t in trees for x in t.libraries if x.path]
         site = _site_dirs_for(touched)
     index = _owner_index(site) if site else None
-    return _Providers(index, _cache() if index is not None else None)
+    return _Providers(index, cache if index is not None else None)
 
 
 def _with_providers(trees: list[Tree], prov: Callable[[str | None], str | None]) -> list[Tree]:
@@ -216,12 +218,13 @@ def cmd_tree(args: argparse.Namespace) -> int:
         return _tree_json(paths, site)
     from pytest_cudastack.linker.resolver import Resolver, SearchConfig
 
-    resolver = Resolver(SearchConfig.from_environment())
+    cache = ElfCache()
+    resolver = Resolver(SearchConfig.from_environment(), reader=cache.read)
     trees = [resolver.tree(p) for p in paths]
-    prov = _providers(trees, site)
+    prov = _providers(trees, site, cache)
     trees = _with_providers(trees, prov)
     prov.save()
-    _flush_cache()
+    cache.flush()
     for t in trees:
         render_tree(t, sys.stdout)
     return 1 if any(t.missing or t.problems for t in trees) else 0
@@ -255,14 +258,14 @@ def _tree_json(paths: list[str], site: Sequence[str] | None) -> int:
     import time
 
     since = time.time_ns()  # before anything is read: the racy window is measured from here
+    cache = ElfCache()  # parses nothing until asked: the warm path never loads it
     store: Any = None
-    if os.environ.get("CUDASTACK_NO_CACHE", "") != "1":
-        from pytest_cudastack.linker.elfcache import default_cache_dir
+    if cache.enabled:
         from pytest_cudastack.linker.treecache import TreeCache, environment_key, racy
 
         key, ldcache = environment_key()
         # no ld.so.cache: the answers come from ld.so.conf and its includes, which are not tracked
-        store = TreeCache(default_cache_dir(), key, enabled=isinstance(ldcache, list))
+        store = TreeCache(cache.directory, key, enabled=isinstance(ldcache, list))
         store.writable = not racy(ldcache, since)
     hits: dict[str, dict[str, Any]] = store.lookup(paths) if store is not None else {}
     todo = [p for p in dict.fromkeys(paths) if p not in hits]
@@ -271,7 +274,7 @@ def _tree_json(paths: list[str], site: Sequence[str] | None) -> int:
     if todo:
         from pytest_cudastack.linker.resolver import Resolver, SearchConfig
 
-        resolver = Resolver(SearchConfig.from_environment())
+        resolver = Resolver(SearchConfig.from_environment(), reader=cache.read)
         cacheable = resolver.config.ld_cache is not None and resolver.config.root in ("", "/")
         for p in todo:
             fresh[p] = resolver.tree_deps(p)
@@ -302,7 +305,7 @@ def _tree_json(paths: list[str], site: Sequence[str] | None) -> int:
             bad = bool(tree.missing or tree.problems)
             deps = set(got)
         if prov is None:
-            prov = _Providers(index, _cache() if index is not None else None)
+            prov = _Providers(index, cache if index is not None else None)
         for lib in d["libraries"]:
             lib["provider"] = prov(lib["path"])
         text = json.dumps(d)
@@ -314,8 +317,7 @@ def _tree_json(paths: list[str], site: Sequence[str] | None) -> int:
             store.store(p, text, bad, libpaths[p], deps, ctx if ctx_storable else None, since)
     if prov is not None:
         prov.save()
-    if prov is not None or todo:
-        _flush_cache()
+    cache.flush()  # a no-op when nothing was parsed or stored
     if store is not None and (error := store.flush()) is not None:
         _log().warning("cannot write closure cache %s: %s", store.file, error)
     if sys.stdout.isatty():  # a human is watching: indented (the compact form needs no re-encoding)
@@ -324,18 +326,3 @@ def _tree_json(paths: list[str], site: Sequence[str] | None) -> int:
         sys.stdout.write("[" + ", ".join(rows) + "]")
     sys.stdout.write("\n")
     return 1 if fail else 0
-
-
-def _cache() -> Any | None:
-    """The process-wide ELF cache (None when the core lacks it)."""
-    try:
-        from pytest_cudastack.linker.elfcache import default_cache
-    except ImportError:  # pragma: no cover
-        return None
-    return default_cache()
-
-
-def _flush_cache() -> None:
-    cache = _cache()
-    if cache is not None:
-        cache.flush()

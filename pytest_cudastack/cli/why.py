@@ -11,10 +11,11 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
-from pytest_cudastack.linker.elfcache import default_cache
+from pytest_cudastack.linker.elf import ElfInfo
+from pytest_cudastack.linker.elfcache import ElfCache
 from pytest_cudastack.linker.resolver import Library, Resolver, SearchConfig
 from pytest_cudastack.wheels.inventory import Inventory, installed_wheels
 
@@ -23,11 +24,11 @@ __all__ = ["cmd_why", "render_why"]
 logger = logging.getLogger(__name__)
 
 
-def _inventory(site: Sequence[str] | None = None) -> Inventory | None:
-    """The wheels inventory of *site* (site directories or venv prefixes; None: this interpreter's);
-    None when it cannot be read."""
+def _inventory(site: Sequence[str] | None, reader: Callable[[str], ElfInfo]) -> Inventory | None:
+    """The wheels inventory of *site* (site directories or venv prefixes; None: this interpreter's), its ELF
+    files parsed with *reader*; None when it cannot be read."""
     try:
-        return installed_wheels(list(site) if site is not None else None)
+        return installed_wheels(list(site) if site is not None else None, reader=reader)
     except Exception as e:  # the inventory must never break why
         logger.warning("cannot read installed distributions: %s", e)
         return None
@@ -73,10 +74,13 @@ def render_why(data: dict[str, Any], out: TextIO) -> None:
 
 def cmd_why(args: argparse.Namespace) -> int:
     """``cudastack why SONAME [--json] [--site DIR]``: exit 1 when the dynamic linker would not find it."""
-    inv = _inventory(getattr(args, "site", None))
-    resolver = Resolver(SearchConfig.from_environment(), owner=inv.owner if inv is not None else None)
+    cache = ElfCache()
+    inv = _inventory(getattr(args, "site", None), cache.read)
+    resolver = Resolver(
+        SearchConfig.from_environment(), reader=cache.read, owner=inv.owner if inv is not None else None
+    )
     lib = resolver.find(args.soname)
-    default_cache().flush()
+    cache.flush()
     data = _why_data(args.soname, lib, inv)
     if getattr(args, "json", False):
         json.dump(data, sys.stdout, indent=1)

@@ -29,8 +29,10 @@ from typing import Any
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
+from pytest_cudastack._sysio import read_text
 from pytest_cudastack.cuda import compat
 from pytest_cudastack.errors import OptionError, RuleError
+from pytest_cudastack.linker.resolver import Resolver
 
 __all__ = [
     "NVML_LIBRARY_ENV",
@@ -45,6 +47,7 @@ __all__ = [
     "driver_files",
     "driver_satisfies",
     "gpus_satisfy",
+    "linker_finder",
     "nvml_facts",
     "nvml_reason",
     "parse_memory",
@@ -54,6 +57,8 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+Finder = Callable[[str], tuple[str | None, str | None]]  # soname -> (path, realpath), as driver_files takes it
 
 NVML_LIBRARY_ENV = "CUDASTACK_NVML_LIBRARY"
 PROC_VERSION_PATH = "/proc/driver/nvidia/version"
@@ -248,14 +253,9 @@ def parse_proc_version(text: str) -> str | None:
     return m["version"] if m else None
 
 
-def _default_finder() -> Callable[[str], tuple[str | None, str | None]] | None:
-    """The core resolver's ``find``, or None when it is not importable (yet)."""
-    try:
-        module = importlib.import_module("pytest_cudastack.linker.resolver")  # lazy: written in parallel, optional
-        resolver = module.Resolver()
-    except Exception as e:  # only while the resolver is missing or broken
-        logger.debug("resolver unavailable: %s", e)
-        return None
+def linker_finder(resolver: Resolver) -> Finder:
+    """*resolver*'s :meth:`~pytest_cudastack.linker.resolver.Resolver.find` as a :func:`driver_files`
+    finder: soname -> (path, realpath), searched as a DT_NEEDED of the Python executable."""
 
     def find(soname: str) -> tuple[str | None, str | None]:
         lib = resolver.find(soname)
@@ -264,12 +264,23 @@ def _default_finder() -> Callable[[str], tuple[str | None, str | None]] | None:
     return find
 
 
+def _default_finder() -> Finder | None:
+    """A fresh resolver of this process's configuration, reading ELF files uncached (a Stack hands down a
+    finder over its own resolver and cache instead); None when it cannot start."""
+    try:
+        resolver = Resolver()
+    except Exception as e:  # never raise out of a probe
+        logger.debug("resolver unavailable: %s", e)
+        return None
+    return linker_finder(resolver)
+
+
 def driver_files(
-    find: Callable[[str], tuple[str | None, str | None]] | None = None,
+    find: Finder | None = None,
     proc_version_path: str = PROC_VERSION_PATH,
 ) -> DriverFiles:
     """Static driver facts: where libcuda.so.1 / libnvidia-ml.so.1 would load from (``find`` maps a soname to
-    (path, realpath); default: the core resolver), their versions, the kernel module's version, and a
+    (path, realpath); default: a fresh resolver, reading uncached), their versions, the kernel module's version, and a
     forward-compatibility libcuda.  Never raises."""
     notes: list[str] = []
     finder = find if find is not None else _default_finder()
@@ -285,7 +296,7 @@ def driver_files(
             notes.append(f"{soname}: could not resolve ({e})")
             found[soname] = (None, None)
     if finder is None:
-        notes.append("library resolution unavailable (resolver not importable)")
+        notes.append("library resolution unavailable (the resolver could not start)")
     libcuda, libcuda_real = found["libcuda.so.1"]
     nvml, nvml_real = found["libnvidia-ml.so.1"]
     libcuda_version = _version_in_name(libcuda_real) or _version_in_name(libcuda)
@@ -300,8 +311,6 @@ def driver_files(
             else:
                 shown = path if real in (None, path) else f"{path} -> {real}"
                 notes.append(f"{soname}: {shown}" + (f" (driver {version})" if version else ""))
-    from pytest_cudastack._sysio import read_text
-
     proc_text = read_text(proc_version_path, limit=65536)
     kernel = parse_proc_version(proc_text) if proc_text else None
     if kernel:
@@ -392,17 +401,17 @@ def _import_pynvml() -> Any:
 
 
 @functools.lru_cache(maxsize=8)
-def probe_driver(nvml: Any | None = None) -> DriverInfo:
-    """Probe the driver: NVML facts plus static file facts (:func:`driver_files`).
+def probe_driver(nvml: Any | None = None, find: Finder | None = None) -> DriverInfo:
+    """Probe the driver: NVML facts plus static file facts (:func:`driver_files` with ``find``).
 
     By default NVML is asked in a short-lived child process (``sys.executable``), so neither libnvidia-ml nor
     the libcuda that ``nvmlSystemGetCudaDriverVersion_v2`` loads ever enters the test process; a crash or hang
     in the driver stack becomes a reason.  An injected ``nvml`` (a pynvml-like module, for tests) is asked
-    in-process.  Never raises; cached: call it as ``probe_driver()`` and ``probe_driver.cache_clear()`` to
-    re-probe.
+    in-process.  Never raises; cached per (``nvml``, ``find``): call it as ``probe_driver()`` and
+    ``probe_driver.cache_clear()`` to re-probe.
     """
     try:
-        files = driver_files()
+        files = driver_files(find)
     except Exception as e:  # pragma: no cover - driver_files never raises, belt and braces
         files = DriverFiles(notes=(f"static driver facts unavailable: {e}",))
     try:

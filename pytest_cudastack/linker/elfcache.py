@@ -7,11 +7,14 @@ malformed entries is ignored (entry by entry) and rebuilt, never trusted. Read e
 broken file is not re-parsed on every run while it is unchanged. Besides ELF facts the file holds ``extra``
 values other layers store and validate themselves (the owners ``cudastack tree`` looked up), so a warm run
 reads one file.
+
+There is no process-wide cache: the owner of a run (the pytest session's ``Stack``, a ``cudastack``
+subcommand) creates one :class:`ElfCache`, hands its :meth:`ElfCache.read` down to every layer that parses
+ELF files, and flushes it once. Two caches flushing one file would each overwrite the other's entries.
 """
 
 from __future__ import annotations
 
-import atexit
 import json
 import os
 
@@ -25,7 +28,7 @@ if TYPE_CHECKING:
 
     from pytest_cudastack.linker.elf import ElfInfo
 
-__all__ = ["CACHE_FILE", "ElfCache", "default_cache", "default_cache_dir"]
+__all__ = ["CACHE_FILE", "ElfCache", "default_cache_dir"]
 
 
 def _log() -> logging.Logger:
@@ -55,7 +58,9 @@ def default_cache_dir(environ: dict[str, str] | None = None) -> str:
 
 
 class ElfCache:
-    """Cached :func:`~pytest_cudastack.linker.elf.read_elf`; see the module docstring."""
+    """Cached :func:`~pytest_cudastack.linker.elf.read_elf`; see the module docstring. ``directory`` defaults
+    to :func:`default_cache_dir`, ``enabled`` to ``CUDASTACK_NO_CACHE != "1"``, both as the environment is
+    when the cache is created."""
 
     def __init__(self, directory: str | None = None, enabled: bool | None = None) -> None:
         self.directory = directory if directory is not None else default_cache_dir()
@@ -161,25 +166,3 @@ class ElfCache:
             _log().warning("cannot write ELF cache %s: %s", self.file, error)
         else:
             self._dirty = False
-
-
-_DEFAULT: ElfCache | None = None
-
-
-def default_cache() -> ElfCache:
-    """The process-wide cache for the current environment (flushed at exit)."""
-    global _DEFAULT
-    want_dir = default_cache_dir()
-    want_enabled = os.environ.get("CUDASTACK_NO_CACHE", "") != "1"
-    if _DEFAULT is None or _DEFAULT.directory != want_dir or _DEFAULT.enabled != want_enabled:
-        if _DEFAULT is not None:
-            _DEFAULT.flush()
-        else:
-            atexit.register(_flush_default)
-        _DEFAULT = ElfCache(want_dir, want_enabled)
-    return _DEFAULT
-
-
-def _flush_default() -> None:
-    if _DEFAULT is not None:
-        _DEFAULT.flush()

@@ -238,7 +238,8 @@ _Verdict = tuple[str, Any]  # ("ok", ElfInfo) | ("absent", reason) | ("skip", re
 
 class Resolver:
     """Resolves closures; reuse one instance across many files (directory listings and ELF facts are
-    memoised). Not thread-safe."""
+    memoised). Not thread-safe. ``reader`` parses an ELF file: default :func:`read_elf`, uncached; a run
+    hands down its :class:`~pytest_cudastack.linker.elfcache.ElfCache`'s ``read``, which its owner flushes."""
 
     def __init__(
         self,
@@ -248,9 +249,7 @@ class Resolver:
         owner: Callable[[str], str | None] | None = None,
     ) -> None:
         self.config = config if config is not None else SearchConfig.from_environment()
-        if reader is None:
-            reader = _default_reader()
-        self._reader = reader
+        self._reader = reader if reader is not None else read_elf
         self._owner = owner
         self._listings: dict[str, frozenset[str] | None] = {}
         self._infos: dict[str, ElfInfo | ElfError] = {}
@@ -816,12 +815,3 @@ class Resolver:
             provider=self._owner_of(r.path),
             problem=r.problem,
         )
-
-
-def _default_reader() -> Callable[[str], ElfInfo]:
-    try:
-        from pytest_cudastack.linker.elfcache import default_cache
-    except ImportError:
-        return read_elf
-    reader: Callable[[str], ElfInfo] = default_cache().read
-    return reader

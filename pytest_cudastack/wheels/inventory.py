@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_cudastack._sysio import read_text
 from pytest_cudastack.errors import CudaStackError
+from pytest_cudastack.linker.elf import read_elf
 from pytest_cudastack.wheels.sitepaths import (  # re-exported: they are part of this module's API
     OwnerIndex,
     _dist_info_dirs,
@@ -52,10 +53,10 @@ __all__ = [
     "Distribution",
     "Inventory",
     "OwnerIndex",
+    "Reader",
     "RecordEntry",
     "ShippedLib",
     "canonical_name",
-    "default_reader",
     "install_prefix",
     "installed_wheels",
     "is_shared_lib_path",
@@ -278,18 +279,6 @@ class Inventory:
 
 # ----------------------------------------------------------------------------------------------------
 # reading
-
-
-def default_reader() -> Reader:
-    """The core's cached ELF reader (``elfcache.default_cache().read``), else ``elf.read_elf``."""
-    try:
-        elfcache = importlib.import_module("pytest_cudastack.linker.elfcache")
-    except ImportError:  # pragma: no cover - depends on the core's progress
-        from pytest_cudastack.linker.elf import read_elf
-
-        return read_elf
-    reader: Reader = elfcache.default_cache().read
-    return reader
 
 
 def memo_reader(reader: Reader) -> Reader:
@@ -568,10 +557,11 @@ def _inventory_findings(dists: Iterable[Distribution]) -> list[Finding]:
 def installed_wheels(paths: Sequence[str] | None = None, reader: Reader | None = None) -> Inventory:
     """Every distribution in ``paths`` (default: this interpreter's site directories), in search order.
 
-    ``reader`` returns ElfInfo for a path (default: :func:`default_reader`); it is called only for
-    RECORD-listed ``*.so`` / ``*.so.*`` files that exist.
+    ``reader`` returns ElfInfo for a path (default: :func:`~pytest_cudastack.linker.elf.read_elf`, uncached;
+    a run hands down its ``ElfCache.read``); it is called only for RECORD-listed ``*.so`` / ``*.so.*`` files
+    that exist.
     """
-    rd = reader if reader is not None else default_reader()
+    rd = reader if reader is not None else read_elf
     dirs = site_dirs(paths)
     dists: list[Distribution] = []
     for loc in dirs:
