@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import email.parser
 import email.policy
+import itertools
 import os
 import subprocess
 import sys
@@ -128,6 +129,9 @@ _PLAIN = [
     ("a", True),
     ("x/.hidden", True),
     (".hidden", True),
+    ("a/.b/c.", True),
+    (".x/./y", False),
+    ("./.", False),
     ("a.b/c..d", False),  # ".." anywhere: the predicate may send a plain path the slow way, never the reverse
     ("..foo", False),
     ("", False),
@@ -150,6 +154,27 @@ def test_plain_record_path(path, plain):
     if plain and path != ".":  # what "plain" promises: the join needs no normalisation
         assert os.path.normpath(os.path.join("/s/site", path)) == "/s/site/" + path
         assert record_abspath("/s/site", path) == "/s/site/" + path
+
+
+def test_plain_record_path_over_every_short_path():
+    """Every path of up to 6 characters from ``a . / NUL``: the predicate as it was first written (the
+    conditions of record_abspath's shortcut, spelled out)."""
+
+    def spelled_out(path: str) -> bool:
+        return not (
+            not path
+            or "\x00" in path
+            or path.startswith(("/", "./"))
+            or ".." in path
+            or "//" in path
+            or "/./" in path
+            or path.endswith(("/.", "/"))
+        )
+
+    for n in range(7):
+        for chars in itertools.product("a./\x00", repeat=n):
+            path = "".join(chars)
+            assert is_plain_record_path(path) is spelled_out(path), path
 
 
 @pytest.mark.parametrize("location", ["/s/site", "/s/site/", "/", ".", "/s/./site"])

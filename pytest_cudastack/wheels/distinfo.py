@@ -37,17 +37,12 @@ def is_plain_record_path(path: str) -> bool:
     """Does this RECORD path resolve to ``<site dir>/<path>`` unchanged (``os.path.normpath`` of the join is
     the plain concatenation)? False for an empty path, NUL, an absolute path, ``./`` at the start, ``..``
     anywhere (``..foo`` included: cheap to send the rare false alarm through normpath), ``//``, ``/./`` and a
-    trailing ``/`` or ``/.``."""
-    return not (
-        not path
-        or path[0] == "/"
-        or "\x00" in path
-        or ".." in path
-        or "//" in path
-        or "/./" in path
-        or path.startswith("./")
-        or path.endswith(("/.", "/"))
-    )
+    trailing ``/`` or ``/.``. (``"."`` itself counts as plain: it always has.)"""
+    if not path or path[0] == "/" or path[-1] == "/" or "\x00" in path or ".." in path or "//" in path:
+        return False
+    if path[0] != "." and "/." not in path:
+        return True  # the usual path, decided with ``in`` alone: no component can be "."
+    return not (path.startswith("./") or "/./" in path or path.endswith("/."))
 
 
 def name_version_from_dirname(dirname: str) -> tuple[str, str]:

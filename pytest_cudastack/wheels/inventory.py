@@ -129,7 +129,7 @@ class Distribution:
         """The RECORD paths, in order, that do not resolve to ``<location>/<path>`` unchanged (``..``,
         absolute, ``./``: see :func:`~pytest_cudastack.wheels.distinfo.is_plain_record_path`), found once
         (the inventory, its owner map and integrity.py all ask)."""
-        return tuple(e.path for e in self.records if not is_plain_record_path(e.path))
+        return tuple([e.path for e in self.records if not is_plain_record_path(e.path)])
 
     @functools.cached_property
     def plain_rows(self) -> Mapping[str, RecordEntry]:
