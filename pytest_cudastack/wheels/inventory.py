@@ -28,7 +28,7 @@ import os
 import re
 import stat
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from packaging.utils import canonicalize_name
@@ -357,10 +357,6 @@ def read_distribution(location: str, dirname: str, reader: Reader) -> Distributi
         records, rec_problems = parse_record(record_text, RecordEntry)
         problems.extend(rec_problems)
     paths = [e.path for e in records]
-    outside = [x for x in paths if not is_plain_record_path(x) and record_abspath(location, x) is None]
-    if outside:
-        shown = ", ".join(outside[:3]) + (f" and {len(outside) - 3} more" if len(outside) > 3 else "")
-        problems.append(f"RECORD lists {len(outside)} path(s) outside the install prefix, ignored: {shown}")
     # ".so" in the path first: what is_shared_lib_path tests first, without a call per RECORD row
     libraries = tuple(
         lib
@@ -370,7 +366,7 @@ def read_distribution(location: str, dirname: str, reader: Reader) -> Distributi
         if lib is not None
     )
     cuda_major, evidence = _flavour(name, version, requires, paths)
-    return Distribution(
+    dist = Distribution(
         name=name,
         version=version,
         location=location,
@@ -383,6 +379,14 @@ def read_distribution(location: str, dirname: str, reader: Reader) -> Distributi
         problems=tuple(problems),
         summary=summary,
     )
+    # after construction, so that its non-plain paths are found once (they are asked for again by the owner
+    # lookups and integrity.py); a RECORD listing a path outside is rare, and only then is it rebuilt
+    outside = [x for x in dist.nonplain_paths if record_abspath(location, x) is None]
+    if outside:
+        shown = ", ".join(outside[:3]) + (f" and {len(outside) - 3} more" if len(outside) > 3 else "")
+        problems.append(f"RECORD lists {len(outside)} path(s) outside the install prefix, ignored: {shown}")
+        dist = replace(dist, problems=tuple(problems))
+    return dist
 
 
 def _inventory_findings(dists: Iterable[Distribution]) -> list[Finding]:
