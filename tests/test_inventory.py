@@ -9,7 +9,7 @@ import pytest
 from pytest_cudastack.findings import Severity
 from pytest_cudastack.linker.elf import read_elf
 from pytest_cudastack.wheels.inventory import (
-    canonical_name,
+    Distribution,
     install_prefix,
     installed_wheels,
     is_shared_lib_path,
@@ -40,8 +40,9 @@ def test_is_shared_lib_path(path, expected):
     assert is_shared_lib_path(path) is expected
 
 
-def test_canonical_name():
-    assert canonical_name("Nvidia_CUDNN.cu12") == "nvidia-cudnn-cu12"
+def test_distribution_key_is_the_pep503_name():
+    dist = Distribution("Nvidia_CUDNN.cu12", "1", "/s", "/s/x-1.dist-info", (), (), (), None, "", ())
+    assert dist.key == "nvidia-cudnn-cu12"
 
 
 def test_install_prefix_and_record_paths(tmp_path):
@@ -317,52 +318,3 @@ def test_owners_of_unusual_record_paths(tmp_path):
         assert index.owner(path) == (owners[0] if owners else None), rel
         assert inv.owner(path) == index.owner(path)
     assert index.owner(str(site / "torch" / ".." / "x/y.so")) == "a 1"  # normalised before the lookup
-
-
-@pytest.mark.parametrize(
-    ("text", "plain"),
-    [
-        ("", True),
-        ("\n", True),
-        ("Name: x\nVersion: 1\n", True),
-        ("Name: x\nVersion: 1", True),
-        ("Metadata-Version: 2.1\nName:x\nname: y\nVersion:\t 1 \nRequires-Dist: a; extra == 'b'\n\nBody: z\n", True),
-        ("Name: x\nLicense: a\n  b\n\t\nVersion: 1\n\n", True),
-        ("Name: x\r\nLicense: a\r\n b\r\nVersion: 1\r\n\r\nbody\n", True),  # pip's METADATA: CRLF lines
-        ("\n\nName: x", True),
-        ("Name: a\u2028b\nVersion: 1\x0b\n", True),
-        # left to the email parser
-        (" x\nName: y", False),
-        ("From foo\nName: x", False),
-        ("Name: x\r\nVersion: 1\n\nbody", False),
-        ("Name: x\rVersion: 1", False),
-        (":x\nName: y", False),
-        ("Name x\nVersion: 1", False),
-        ("Name: x\nVersion: 1\nnot a header\nSummary: s", False),
-    ],
-)
-def test_metadata_headers_as_the_email_parser_reads_them(text, plain):
-    from pytest_cudastack.wheels.inventory import _email_headers, _simple_headers
-
-    fast = _simple_headers(text)
-    assert (fast is not None) == plain
-    assert fast is None or fast == _email_headers(text)
-
-
-@pytest.mark.parametrize(
-    "text",
-    [
-        "a/b.py,sha256=x,12\nc.py,,\n\n  \nd.py,sha256=y,3,extra\n,sha256=z,1\ne.py,md5,1\nf.py,sha256=w,-1\n",
-        'a/b.py,sha256=x,12\n"q,uoted.py",sha256=y,3\n',  # quoted: the csv module reads it
-        "a.py,sha256=x,12\x00\n",
-        "a.py , sha256=x ,12\r\nb.py,sha256=y,\u00b9\n",
-    ],
-)
-def test_record_rows_as_the_csv_module_reads_them(text):
-    from pytest_cudastack.wheels.inventory import RecordEntry, _parse_record
-
-    entries, problems = _parse_record(text)
-    # a quoted blank last row makes _parse_record hand the text to the csv module, and adds nothing
-    assert (entries, problems) == _parse_record(text.rstrip("\n") + '\n"",,\n')
-    assert all(type(e) is RecordEntry and e == RecordEntry(e.path, e.hash, e.size) for e in entries)
-    assert hash(entries[0]) == hash(RecordEntry(entries[0].path, entries[0].hash, entries[0].size))

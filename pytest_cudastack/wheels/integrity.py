@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 from packaging.markers import InvalidMarker, UndefinedComparison, UndefinedEnvironmentName
 from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
 
 from pytest_cudastack._sysio import open_regular
 from pytest_cudastack.errors import ElfError
@@ -41,7 +42,6 @@ from pytest_cudastack.wheels.inventory import (
     Distribution,
     Inventory,
     RecordEntry,
-    canonical_name,
     install_prefix,
     is_shared_lib_path,
 )
@@ -106,15 +106,15 @@ def active_requirements(inv: Inventory) -> dict[str, list[Requirer]]:
                 if (id(d), i) in active or not _marker_ok(req, asked, memo):
                     continue
                 active[(id(d), i)] = Requirer(d, req)
-                key = canonical_name(req.name)
-                new = {canonical_name(e) for e in req.extras} - extras.setdefault(key, set())
+                key = canonicalize_name(req.name)
+                new = {canonicalize_name(e) for e in req.extras} - extras.setdefault(key, set())
                 if new:
                     extras[key] |= new
                     changed = True
                 changed = True
     out: dict[str, list[Requirer]] = {}
     for r in active.values():
-        out.setdefault(canonical_name(r.requirement.name), []).append(r)
+        out.setdefault(canonicalize_name(r.requirement.name), []).append(r)
     return out
 
 
@@ -285,7 +285,7 @@ class _Listed:
     """Every path listed by some RECORD -> its owners (each distribution once, in inventory order, with its
     first row for the path), merged across spellings of one site directory: the absolute path is
     ``Distribution.abspath`` of the row. A plain row's absolute path is ``<site dir>/<path>`` unchanged, so
-    it is looked up by that relative path in ``Distribution._plain_rows`` (shared with the owner lookups);
+    it is looked up by that relative path in ``Distribution.plain_rows`` (shared with the owner lookups);
     only the few other rows (``..``, absolute, ``./``) are resolved."""
 
     def __init__(self, inv: Inventory) -> None:
@@ -311,7 +311,7 @@ class _Listed:
         for prefix, dists in groups.items():
             seen: set[str] = set()
             for d in dists:
-                rows = d._plain_rows()
+                rows = d.plain_rows
                 if seen:
                     shared.update(prefix + rel for rel in rows.keys() & seen)
                 seen.update(rows)
@@ -323,7 +323,7 @@ class _Listed:
         seen: set[str] = set()
         shared: set[str] = set()
         for d, prefix, odd in zip(self.dists, self._prefix, self._odd, strict=True):
-            own = {prefix + rel for rel in d._plain_rows()}
+            own = {prefix + rel for rel in d.plain_rows}
             own.update(odd)
             shared |= own & seen
             seen |= own
@@ -334,7 +334,7 @@ class _Listed:
         if got is None:
             got = []
             for d, prefix, odd in zip(self.dists, self._prefix, self._odd, strict=True):
-                e = d._plain_rows().get(path[len(prefix) :]) if path.startswith(prefix) else None
+                e = d.plain_rows.get(path[len(prefix) :]) if path.startswith(prefix) else None
                 o = odd.get(path)
                 if o is not None and (e is None or next(j for j, x in enumerate(d.records) if x is e) > o[0]):
                     e = o[1]  # a row that is not plain, listed before the plain one for the same path
@@ -347,7 +347,7 @@ class _Listed:
 def _odd_rows(d: Distribution) -> dict[str, tuple[int, RecordEntry]]:
     """``d.abspath(e) -> (index, e)`` for the first row ``e`` of each path that is not plain (None ones left
     out)."""
-    odd = set(d._nonplain_paths())
+    odd = set(d.nonplain_paths)
     out: dict[str, tuple[int, RecordEntry]] = {}
     if odd:
         for i, e in enumerate(d.records):
@@ -552,7 +552,7 @@ def _overlaps(
 
 
 def _lib_name(dist_name: str) -> str:
-    base = re.sub(r"-cu\d+$", "", canonical_name(dist_name))
+    base = re.sub(r"-cu\d+$", "", canonicalize_name(dist_name))
     base = re.sub(r"^nvidia-", "", base)
     return _LIB_NAMES.get(base, base)
 

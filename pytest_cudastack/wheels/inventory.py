@@ -11,34 +11,42 @@ the ``../../../bin/torchrun`` script entries every venv has, or absolute paths) 
 ``stat``-ed when they stay inside the installation prefix (the directory holding ``lib/pythonX.Y/``), but they
 are never read or hashed. Paths outside the prefix are ignored and reported as an inventory warning.
 
-Cost: RECORD rows are the bulk (torch alone lists ~22k files). A RECORD without quotes is split on commas
-(what the csv module would return), well-formed rows skip the per-field checks, METADATA headers are read with
-string operations (the email parser only for unusual header blocks). ``Inventory.owner(s)`` and integrity.py
+Cost: RECORD rows are the bulk (the venv of torch 2.14 lists ~22k files). :mod:`pytest_cudastack.wheels.distinfo`
+reads RECORD and METADATA (each with a shortcut for the usual text). ``Inventory.owner(s)`` and integrity.py
 look paths up in one dict per distribution, built on first use, keyed by the RECORD path as written (a plain
-relative path needs no normalisation; only the few ``..``/absolute ones are resolved), and heavy modules
-(csv, email, glob, site, findings) are imported where used. :class:`OwnerIndex` answers the same owner
-question from RECORD and METADATA alone (no ELF reads, no flavour rules): it is what ``cudastack tree``
-uses for its provider column.
+relative path needs no normalisation; only the few ``..``/absolute ones are resolved).
+:class:`OwnerIndex` answers the same owner question from RECORD and METADATA alone (no ELF reads, no flavour
+rules): it is what ``cudastack tree`` uses for its provider column.
 """
 
 from __future__ import annotations
 
-import importlib
+import functools
 import logging
 import os
 import re
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+import stat
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from packaging.utils import canonicalize_name
+
 from pytest_cudastack._sysio import read_text
+from pytest_cudastack.cuda.compat import wheel_cuda_flavour
 from pytest_cudastack.errors import CudaStackError
+from pytest_cudastack.findings import Finding, Severity
 from pytest_cudastack.linker.elf import read_elf
+from pytest_cudastack.wheels.distinfo import (
+    is_plain_record_path,
+    metadata_headers,
+    name_version,
+    name_version_from_dirname,
+    parse_record,
+)
 from pytest_cudastack.wheels.sitepaths import (  # re-exported: they are part of this module's API
     OwnerIndex,
-    _dist_info_dirs,
-    _name_version_from_dirname,
-    _nonplain,
+    dist_info_dirs,
     install_prefix,
     owner_index,
     record_abspath,
@@ -46,7 +54,6 @@ from pytest_cudastack.wheels.sitepaths import (  # re-exported: they are part of
 )
 
 if TYPE_CHECKING:
-    from pytest_cudastack.findings import Finding
     from pytest_cudastack.linker.elf import ElfInfo
 
 __all__ = [
@@ -56,7 +63,6 @@ __all__ = [
     "Reader",
     "RecordEntry",
     "ShippedLib",
-    "canonical_name",
     "install_prefix",
     "installed_wheels",
     "is_shared_lib_path",
@@ -71,12 +77,6 @@ logger = logging.getLogger(__name__)
 Reader = Callable[[str], "ElfInfo"]
 
 _SO_RE = re.compile(r"\.so(\.[0-9A-Za-z_]+)*$")
-_NAME_RE = re.compile(r"[-_.]+")
-
-
-def canonical_name(name: str) -> str:
-    """PEP 503 normalised name: ``Nvidia_CUDNN.cu12`` -> ``nvidia-cudnn-cu12``."""
-    return _NAME_RE.sub("-", name).lower()
 
 
 def is_shared_lib_path(path: str) -> bool:
@@ -121,33 +121,29 @@ class Distribution:
     cuda_evidence: str
     problems: tuple[str, ...]
     summary: str = field(default="", repr=False)
-    _nonplain: tuple[str, ...] | None = field(default=None, init=False, repr=False, compare=False, hash=False)
-    _plain: dict[str, RecordEntry] | None = field(default=None, init=False, repr=False, compare=False, hash=False)
 
-    def _nonplain_paths(self) -> tuple[str, ...]:
-        """The RECORD paths that do not resolve to ``<location>/<path>`` unchanged (``..``, absolute, ``./``),
-        found once per distribution (the inventory, its owner map and integrity.py all ask)."""
-        odd = self._nonplain
-        if odd is None:
-            odd = tuple(_nonplain([e.path for e in self.records]))
-            object.__setattr__(self, "_nonplain", odd)
-        return odd
+    # functools.cached_property stores in the instance's __dict__, past the frozen __setattr__: computed
+    # once per distribution, not a field (not compared, hashed or shown)
+    @functools.cached_property
+    def nonplain_paths(self) -> tuple[str, ...]:
+        """The RECORD paths, in order, that do not resolve to ``<location>/<path>`` unchanged (``..``,
+        absolute, ``./``: see :func:`~pytest_cudastack.wheels.distinfo.is_plain_record_path`), found once
+        (the inventory, its owner map and integrity.py all ask)."""
+        return tuple([e.path for e in self.records if not is_plain_record_path(e.path)])
 
-    def _plain_rows(self) -> dict[str, RecordEntry]:
-        """Plain RECORD path (one that resolves to ``<location>/<path>`` unchanged) -> the first row listing it,
-        built once per distribution (the owner lookups and integrity.py share it)."""
-        rows = self._plain
-        if rows is None:
-            rows = {e.path: e for e in reversed(self.records)}  # reversed: the first row of a path wins
-            for x in self._nonplain_paths():
-                rows.pop(x, None)
-            object.__setattr__(self, "_plain", rows)
+    @functools.cached_property
+    def plain_rows(self) -> Mapping[str, RecordEntry]:
+        """Plain RECORD path -> the first row listing it, built once (the owner lookups and integrity.py
+        share it)."""
+        rows = {e.path: e for e in reversed(self.records)}  # reversed: the first row of a path wins
+        for x in self.nonplain_paths:
+            rows.pop(x, None)
         return rows
 
     @property
     def key(self) -> str:
         """Canonical (PEP 503) name."""
-        return canonical_name(self.name)
+        return canonicalize_name(self.name)
 
     @property
     def label(self) -> str:
@@ -202,7 +198,7 @@ class Inventory:
     def _owner_maps(self) -> tuple[list[tuple[str, ...]], dict[str, list[int]]]:
         """Built on the first lookup: per distribution, the directory prefixes its plain RECORD paths are
         looked up under (``<site dir>/``, normalised and realpath'ed; the paths themselves are in
-        :meth:`Distribution._plain_rows`: a plain path resolves to ``<root>/<path>`` unchanged, so it needs no
+        :attr:`Distribution.plain_rows`: a plain path resolves to ``<root>/<path>`` unchanged, so it needs no
         normalisation); absolute path -> distribution indexes for the few paths that are not plain (``..``,
         absolute, ``./``)."""
         if "maps" not in self._owners:
@@ -215,7 +211,7 @@ class Inventory:
                     by_loc[loc] = tuple(dict.fromkeys((os.path.normpath(loc), os.path.realpath(loc))))
                 roots = by_loc[loc]
                 prefixes.append(tuple(root if root.endswith("/") else root + "/" for root in roots))
-                for x in dict.fromkeys(dist._nonplain_paths()):
+                for x in dict.fromkeys(dist.nonplain_paths):
                     for root in roots:
                         full = record_abspath(root, x)
                         if full is not None:
@@ -231,7 +227,7 @@ class Inventory:
         found = set(special.get(p, ()))
         for i, (dist, pres) in enumerate(zip(self.distributions, prefixes, strict=True)):
             for prefix in pres:
-                if p.startswith(prefix) and p[len(prefix) :] in dist._plain_rows():
+                if p.startswith(prefix) and p[len(prefix) :] in dist.plain_rows:
                     found.add(i)
                     break
         return sorted(found)
@@ -253,11 +249,11 @@ class Inventory:
 
     def get(self, name: str) -> Distribution | None:
         """The distribution named ``name`` (any spelling) that comes first in search order."""
-        return self._by_name.get(canonical_name(name))
+        return self._by_name.get(canonicalize_name(name))
 
     def all_named(self, name: str) -> tuple[Distribution, ...]:
         """Every distribution with this name (more than one is itself a finding)."""
-        key = canonical_name(name)
+        key = canonicalize_name(name)
         return tuple(d for d in self.distributions if d.key == key)
 
     def shipping(self, soname: str) -> tuple[tuple[Distribution, str], ...]:
@@ -271,10 +267,6 @@ class Inventory:
             "distributions": [d.to_json() for d in self.distributions],
             "findings": [f.to_json() for f in self.findings],
         }
-
-
-# ----------------------------------------------------------------------------------------------------
-# paths
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -301,78 +293,11 @@ def memo_reader(reader: Reader) -> Reader:
     return read
 
 
-def _parse_record(text: str) -> tuple[list[RecordEntry], list[str]]:
-    import csv
-
-    entries: list[RecordEntry] = []
-    problems: list[str] = []
-    lines = text.splitlines()
-    rows: Iterable[list[str]]
-    if '"' not in text and "\x00" not in text and max(map(len, lines), default=0) <= csv.field_size_limit():
-        # no quoting, no NUL, no field over the csv limit: the csv module's rows are the comma splits (made
-        # one at a time: 22k lists alive at once cost the garbage collector more than the splitting)
-        rows = (line.split(",") for line in lines)
-    else:
-        try:
-            rows = list(csv.reader(lines))
-        except csv.Error as e:
-            return entries, [f"RECORD is not valid CSV: {e}"]
-    new = object.__new__
-    for lineno, row in enumerate(rows, 1):
-        if len(row) == 3:  # the well-formed row, decided without the checks below (same result)
-            path, digest, size_s = row
-            if (
-                path.strip()
-                and (not digest or ("=" in digest and digest == digest.strip()))
-                and (not size_s or (size_s.isascii() and size_s.isdigit()))
-            ):
-                # RecordEntry(path, digest or None, size) without the frozen __init__'s three
-                # object.__setattr__ calls (half the cost of reading torch's 22k rows)
-                entry = new(RecordEntry)
-                fields = entry.__dict__
-                fields["path"] = path
-                fields["hash"] = digest or None
-                fields["size"] = int(size_s) if size_s else None
-                entries.append(entry)
-                continue
-        if not row or all(not c.strip() for c in row):
-            continue
-        if len(row) != 3:
-            problems.append(f"RECORD line {lineno}: expected 3 fields (path,hash,size), got {len(row)}")
-            if not row[0]:
-                continue
-            row = [*row, "", ""][:3]
-        path, digest, size_s = row
-        if not path:
-            problems.append(f"RECORD line {lineno}: empty path")
-            continue
-        size: int | None = None
-        if size_s.strip():
-            try:
-                size = int(size_s)
-                if size < 0:
-                    raise ValueError(size_s)
-            except ValueError:
-                problems.append(f"RECORD line {lineno}: size {size_s!r} is not a byte count ({path})")
-                size = None
-        h = digest.strip() or None
-        if h is not None and "=" not in h:
-            problems.append(f"RECORD line {lineno}: hash {h!r} is not '<algorithm>=<digest>' ({path})")
-            h = None
-        entries.append(RecordEntry(path, h, size))
-    return entries, problems
-
-
 def _flavour(name: str, version: str, requires: Sequence[str], paths: Sequence[str]) -> tuple[int | None, str]:
     try:
-        compat = importlib.import_module("pytest_cudastack.cuda.compat")
-    except ImportError:  # pragma: no cover - depends on the driver engineer's progress
-        return None, "compat rules unavailable"
-    try:
-        major, evidence = compat.wheel_cuda_flavour(name, version, tuple(requires), tuple(paths))
-    except CudaStackError as e:
+        return wheel_cuda_flavour(name, version, tuple(requires), tuple(paths))
+    except CudaStackError as e:  # the compat data file failed to load or validate
         return None, f"flavour rules failed: {e}"
-    return (major if isinstance(major, int) else None), str(evidence)
 
 
 def _shipped_lib(location: str, entry: RecordEntry, reader: Reader) -> ShippedLib | None:
@@ -383,8 +308,6 @@ def _shipped_lib(location: str, entry: RecordEntry, reader: Reader) -> ShippedLi
         st = os.stat(path)
     except OSError:
         return ShippedLib(path, None, False, record=entry)
-    import stat
-
     if not stat.S_ISREG(st.st_mode):
         return ShippedLib(path, None, True, st.st_size, record=entry, problem="not a regular file")
     try:
@@ -394,69 +317,22 @@ def _shipped_lib(location: str, entry: RecordEntry, reader: Reader) -> ShippedLi
     return ShippedLib(path, info.soname, True, st.st_size, info.pyinit, entry)
 
 
-_HEADER_RE = re.compile(r"[\041-\071\073-\176]+:")  # a header name (printable, no space or colon) and its colon
-
-
-def _email_headers(text: str) -> list[tuple[str, str]]:
-    """(lower-case name, value) of every header of a METADATA text, as the email parser (compat32) gives them."""
-    import email.parser
-    import email.policy
-
-    msg = email.parser.Parser(policy=email.policy.compat32).parsestr(text, headersonly=True)
-    return [(k.lower(), str(v)) for k, v in msg.items()]
-
-
-def _simple_headers(text: str) -> list[tuple[str, str]] | None:
-    """:func:`_email_headers` with plain string operations, for the usual header block: ``Name: value``
-    lines (folded ones continued by lines starting with a space or tab) up to the first empty line, every
-    line ending in LF or every one in CRLF (pip's own METADATA), no ``From`` line. None for anything else
-    (the email parser decides then)."""
-    first_nl = text.find("\n")
-    sep = "\r\n" if first_nl > 0 and text[first_nl - 1] == "\r" else "\n"
-    end = text.find(sep + sep)
-    head = text if end < 0 else text[:end]
-    if sep == "\n":
-        if "\r" in head:
-            return None
-    elif head.count("\r") != head.count("\n") or head.count("\r") != head.count(sep):
-        return None
-    out: list[tuple[str, str]] = []
-    match = _HEADER_RE.match
-    for line in head.split(sep):
-        if not line:
-            break  # only the last line can be empty here: the text ends with a newline
-        if line[0] in " \t":
-            if not out:
-                return None
-            k, v = out[-1]
-            out[-1] = (k, f"{v}{sep}{line}")  # compat32 keeps the line break and the indentation
-            continue
-        if match(line) is None or line.startswith("From "):
-            return None
-        k, _, v = line.partition(":")
-        out.append((k.lower(), v.lstrip(" \t")))
-    return out
-
-
 def read_distribution(location: str, dirname: str, reader: Reader) -> Distribution:
     """One ``*.dist-info`` directory; never raises for malformed content (problems are recorded)."""
     dist_info = os.path.join(location, dirname)
     problems: list[str] = []
-    fallback_name, fallback_version = _name_version_from_dirname(dirname)
-    name, version, summary = fallback_name, fallback_version, ""
+    name, version = name_version_from_dirname(dirname)
+    summary = ""
     requires: list[str] = []
     meta_text = read_text(os.path.join(dist_info, "METADATA"))
     if meta_text is None:
         problems.append(f"no readable METADATA in {dirname}; name and version taken from the directory name")
     else:
-        headers = _simple_headers(meta_text)
-        if headers is None:
-            headers = _email_headers(meta_text)
+        headers = metadata_headers(meta_text)
+        name, version = name_version(headers, dirname)
         first: dict[str, str] = {}
         for k, v in headers:
             first.setdefault(k, v)
-        name = first.get("name", "").strip() or fallback_name
-        version = first.get("version", "").strip() or fallback_version
         summary = first.get("summary", "").strip()
         requires = [r.strip() for k, r in headers if k == "requires-dist" and r.strip()]
         if not first.get("name") or not first.get("version"):
@@ -466,14 +342,9 @@ def read_distribution(location: str, dirname: str, reader: Reader) -> Distributi
     if record_text is None:
         problems.append(f"no readable RECORD in {dirname}; its files cannot be checked")
     else:
-        records, rec_problems = _parse_record(record_text)
+        records, rec_problems = parse_record(record_text, RecordEntry)
         problems.extend(rec_problems)
     paths = [e.path for e in records]
-    odd = tuple(_nonplain(paths))
-    outside = [x for x in odd if record_abspath(location, x) is None]
-    if outside:
-        shown = ", ".join(outside[:3]) + (f" and {len(outside) - 3} more" if len(outside) > 3 else "")
-        problems.append(f"RECORD lists {len(outside)} path(s) outside the install prefix, ignored: {shown}")
     # ".so" in the path first: what is_shared_lib_path tests first, without a call per RECORD row
     libraries = tuple(
         lib
@@ -496,13 +367,17 @@ def read_distribution(location: str, dirname: str, reader: Reader) -> Distributi
         problems=tuple(problems),
         summary=summary,
     )
-    object.__setattr__(dist, "_nonplain", odd)
+    # after construction, so that its non-plain paths are found once (they are asked for again by the owner
+    # lookups and integrity.py); a RECORD listing a path outside is rare, and only then is it rebuilt
+    outside = [x for x in dist.nonplain_paths if record_abspath(location, x) is None]
+    if outside:
+        shown = ", ".join(outside[:3]) + (f" and {len(outside) - 3} more" if len(outside) > 3 else "")
+        problems.append(f"RECORD lists {len(outside)} path(s) outside the install prefix, ignored: {shown}")
+        dist = replace(dist, problems=tuple(problems))
     return dist
 
 
 def _inventory_findings(dists: Iterable[Distribution]) -> list[Finding]:
-    from pytest_cudastack.findings import Finding, Severity  # lazy: the owners-only path never needs it
-
     findings: list[Finding] = []
     by_name: dict[str, list[Distribution]] = {}
     for d in dists:
@@ -565,12 +440,12 @@ def installed_wheels(paths: Sequence[str] | None = None, reader: Reader | None =
     dirs = site_dirs(paths)
     dists: list[Distribution] = []
     for loc in dirs:
-        for dirname in _dist_info_dirs(loc):
+        for dirname in dist_info_dirs(loc):
             try:
                 dists.append(read_distribution(loc, dirname, rd))
             except (OSError, UnicodeError, ValueError) as e:  # belt and braces: never crash on a dist-info
                 logger.debug("cannot read %s/%s: %s", loc, dirname, e)
-                name, version = _name_version_from_dirname(dirname)
+                name, version = name_version_from_dirname(dirname)
                 dists.append(
                     Distribution(
                         name=name,

@@ -10,17 +10,20 @@ flavour rule.
 from __future__ import annotations
 
 import functools
+import glob
 import os
+import site
 import sys
 
 from pytest_cudastack._sysio import read_text
+from pytest_cudastack.wheels.distinfo import is_plain_record_path, metadata_headers, name_version, parse_record
 
 TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing (~5 ms) on tree's warm path
 if TYPE_CHECKING:
     from collections.abc import Sequence
     from typing import Any
 
-__all__ = ["OwnerIndex", "install_prefix", "owner_index", "record_abspath", "site_dirs"]
+__all__ = ["OwnerIndex", "dist_info_dirs", "install_prefix", "owner_index", "record_abspath", "site_dirs"]
 
 
 @functools.lru_cache(maxsize=256)
@@ -53,14 +56,7 @@ def record_abspath(location: str, path: str) -> str | None:
     if not path or "\x00" in path:
         return None
     loc = _norm_location(location)
-    if (
-        path[0] != "/"
-        and ".." not in path
-        and "//" not in path
-        and "/./" not in path
-        and not path.startswith("./")
-        and not path.endswith(("/.", "/"))
-    ):
+    if is_plain_record_path(path):
         return path if loc == "." else (loc + path if loc == "/" else f"{loc}/{path}")  # fast path
     full = os.path.normpath(os.path.join(loc, path))
     if _within(full, loc) or _within(full, install_prefix(location)):
@@ -90,12 +86,10 @@ def _pth_dirs(site_dir: str) -> list[str]:
 
 
 def _expand_prefix(path: str) -> list[str]:
-    import glob
-
     found = sorted(glob.glob(os.path.join(glob.escape(path), "lib*", "python3*", "site-packages")))
     if not found:
         return [path]
-    if os.path.exists(os.path.join(path, "pyvenv.cfg")) or not _dist_info_dirs(path):
+    if os.path.exists(os.path.join(path, "pyvenv.cfg")) or not dist_info_dirs(path):
         return found
     return [path]
 
@@ -120,8 +114,6 @@ def site_dirs(paths: Sequence[str] | None = None) -> tuple[str, ...]:
     """
     candidates: list[str] = []
     if paths is None:
-        import site
-
         candidates.extend(p or os.getcwd() for p in sys.path)
         getsitepackages = getattr(site, "getsitepackages", None)  # old virtualenv site.py lacks it
         if getsitepackages is not None:
@@ -149,13 +141,8 @@ def site_dirs(paths: Sequence[str] | None = None) -> tuple[str, ...]:
     return tuple(out)
 
 
-def _name_version_from_dirname(dirname: str) -> tuple[str, str]:
-    stem = dirname[: -len(".dist-info")]
-    name, sep, version = stem.partition("-")
-    return name, version if sep else ""
-
-
-def _dist_info_dirs(location: str) -> list[str]:
+def dist_info_dirs(location: str) -> list[str]:
+    """The ``*.dist-info`` directories in a site directory, sorted by name ([] when it cannot be listed)."""
     try:
         names = os.listdir(location)
     except OSError:
@@ -167,71 +154,16 @@ def _dist_info_dirs(location: str) -> list[str]:
 # owners only
 
 
-def _meta_name_version(text: str) -> tuple[str, str]:
-    """First ``Name:`` and ``Version:`` header values (stripped; "" when absent) of a METADATA text, with
-    plain string operations (what the email parser gives for these one-line headers)."""
-    name: str | None = None
-    version: str | None = None
-    for line in text.splitlines():
-        if not line:
-            break  # end of the header block
-        head = line[:8].lower()
-        if name is None and head.startswith("name:"):
-            name = line[5:].strip()
-        elif version is None and head == "version:":
-            version = line[8:].strip()
-        if name is not None and version is not None:
-            break
-    return name or "", version or ""
-
-
-def _nonplain(paths: list[str]) -> list[str]:
-    """The paths that are not plain (see :func:`_is_plain_record_path`): a cheap inline screen first (a
-    superset: a leading ``/`` or ``.``, ``..``, ``//``, ``/.``, a trailing ``/``, NUL), the exact test only on
-    what it lets through. Most RECORD paths fail the screen's every test."""
-    return [
-        x
-        for x in paths
-        if (not x or x[0] in "/." or ".." in x or "//" in x or "/." in x or x[-1] == "/" or "\x00" in x)
-        and not _is_plain_record_path(x)
-    ]
-
-
-def _is_plain_record_path(path: str) -> bool:
-    """record_abspath's fast-path condition: the path resolves to ``<site dir>/<path>`` unchanged."""
-    return not (
-        not path
-        or "\x00" in path
-        or path.startswith(("/", "./"))
-        or ".." in path
-        or "//" in path
-        or "/./" in path
-        or path.endswith(("/.", "/"))
-    )
-
-
-def _record_paths(text: str) -> tuple[list[str], list[str]]:
-    """(every path of a RECORD text, the subset that is not plain), as _parse_record reads them."""
-    if '"' in text:  # quoted fields: the csv module decides, exactly as the full inventory reads them
-        from pytest_cudastack.wheels.inventory import _parse_record  # csv, rare
-
-        entries, _problems = _parse_record(text)
-        paths = [e.path for e in entries]
-        return paths, _nonplain(paths)
-    # a row is kept when its path is not empty and not every field is blank (see _parse_record)
-    paths = [
-        x
-        for line in text.splitlines()
-        if (x := line.partition(",")[0]) and (x.strip() or line.replace(",", "").strip())
-    ]
-    return paths, _nonplain(paths)
+def _record_path(path: str, _hash: str | None, _size: int | None) -> str:
+    return path
 
 
 class OwnerIndex:
     """``path -> "name version"`` from RECORD files alone, for the provider column of ``cudastack tree``.
 
-    Reads each dist-info's RECORD (plain string operations) and the Name/Version lines of its METADATA, but no
-    ELF file and no flavour rule, so it costs a fraction of :func:`installed_wheels`. ``owner`` agrees with
+    Reads each dist-info's RECORD and the Name/Version headers of its METADATA (with the inventory's
+    parser, :mod:`pytest_cudastack.wheels.distinfo`), but no ELF file and no flavour rule, so it costs a
+    fraction of :func:`installed_wheels`. ``owner`` agrees with
     :meth:`Inventory.owner` for the same directories: the first distribution (in search order) whose RECORD
     lists the path, looked up normalised, then realpath'ed. Built on the first lookup.
     """
@@ -247,7 +179,7 @@ class OwnerIndex:
         out: list[Any] = []
         for loc in self.site_dirs:
             row: list[Any] = [loc]
-            for dirname in _dist_info_dirs(loc):
+            for dirname in dist_info_dirs(loc):
                 row.append(dirname)
                 for f in ("RECORD", "METADATA"):
                     try:
@@ -264,19 +196,18 @@ class OwnerIndex:
         for loc in self.site_dirs:
             roots = tuple(dict.fromkeys((os.path.normpath(loc), os.path.realpath(loc))))
             plain: dict[str, tuple[int, str]] = {}
-            for dirname in _dist_info_dirs(loc):
+            for dirname in dist_info_dirs(loc):
                 order += 1
-                fallback_name, fallback_version = _name_version_from_dirname(dirname)
                 meta = read_text(os.path.join(loc, dirname, "METADATA"))
-                name, version = _meta_name_version(meta) if meta is not None else ("", "")
-                label = f"{name or fallback_name} {version or fallback_version}"
+                name, version = name_version(metadata_headers(meta) if meta is not None else (), dirname)
+                label = f"{name} {version}"
                 text = read_text(os.path.join(loc, dirname, "RECORD"))
                 if text is None:
                     continue
-                paths, special = _record_paths(text)
+                paths, _problems = parse_record(text, _record_path)
+                special = [x for x in paths if not is_plain_record_path(x)]
                 value = (order, label)
                 new = dict.fromkeys(paths, value)
-                special = [x for x in special if x in new]
                 new.update(plain)  # an earlier distribution keeps its claim
                 plain = new
                 for raw in special:
