@@ -115,11 +115,11 @@ def binary_findings(
 
 
 def driver_findings(inferences: Iterable[Inference], driver: DriverInfo) -> tuple[Finding, ...]:
-    """Each distinct CUDA requirement of the stack against the driver (``compat.driver_verdict``).
+    """Each distinct CUDA requirement of the stack against the driver (``verdicts.driver_verdict``).
 
     compatible: nothing; minor-version compatibility: WARNING; incompatible: ERROR; unknown: INFO.
     """
-    from pytest_cudastack.cuda.compat import driver_verdict
+    from pytest_cudastack.cuda.verdicts import driver_verdict
 
     groups: dict[str, list[CudaNeed]] = {}
     for inf in inferences:

@@ -376,7 +376,7 @@ def _parse_record(text: str) -> tuple[list[RecordEntry], list[str]]:
 
 def _flavour(name: str, version: str, requires: Sequence[str], paths: Sequence[str]) -> tuple[int | None, str]:
     try:
-        compat = importlib.import_module("pytest_cudastack.cuda.compat")
+        compat = importlib.import_module("pytest_cudastack.cuda.flavour")
     except ImportError:  # pragma: no cover - depends on the driver engineer's progress
         return None, "compat rules unavailable"
     try:
