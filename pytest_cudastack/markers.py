@@ -3,6 +3,9 @@
 Like pytest's ``skipping.py``: ``check_marker`` validates a marker's arguments (raising ``RuleError`` on
 misuse) and ``evaluate`` returns a frozen ``Unmet`` whose ``reason`` names what was required, what was
 found and where it looked. The plugin only acts on the result (fail or skip). No pytest here.
+
+The driver markers' predicates (``driver_satisfies``, ``cuda_satisfies``, ``gpus_satisfy``) take a
+``DriverInfo``, probed or declared; their specifiers are read by :mod:`pytest_cudastack.cuda.versions`.
 """
 
 from __future__ import annotations
@@ -15,17 +18,39 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from packaging.requirements import InvalidRequirement, Requirement
+from packaging.specifiers import Specifier
 from packaging.version import InvalidVersion, Version
 
-from pytest_cudastack.errors import RuleError
+from pytest_cudastack.cuda.driver import DriverInfo
+from pytest_cudastack.cuda.versions import (
+    Arch,
+    ArchSpec,
+    parse_arch,
+    parse_arch_spec,
+    parse_cuda,
+    parse_cuda_spec,
+    parse_driver,
+    parse_driver_spec,
+)
+from pytest_cudastack.errors import OptionError, RuleError
 from pytest_cudastack.findings import Finding
 
 if TYPE_CHECKING:
-    from pytest_cudastack.cuda.driver import DriverInfo
     from pytest_cudastack.linker.resolver import Library
     from pytest_cudastack.wheels.inventory import Distribution, Inventory
 
-__all__ = ["Facts", "MarkerCall", "Unmet", "check_marker", "evaluate", "evaluate_all"]
+__all__ = [
+    "Facts",
+    "MarkerCall",
+    "Unmet",
+    "check_marker",
+    "cuda_satisfies",
+    "driver_satisfies",
+    "evaluate",
+    "evaluate_all",
+    "gpus_satisfy",
+    "parse_memory",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -104,8 +129,6 @@ def check_marker(name: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> M
         call = MarkerCall(name, (bound.get("count", 1), bound.get("arch"), bound.get("memory")))
     else:
         raise RuleError(f"unknown cudastack marker {name!r}")
-    from pytest_cudastack.cuda.driver import DriverInfo
-
     # a dry run against an absent driver validates the arguments (RuleError on misuse)
     _driver_unmet(call, DriverInfo("absent", None, None, reason="argument check"))
     return call
@@ -160,8 +183,6 @@ def _wheel_unmet(text: str, facts: Facts) -> str | None:
 
 
 def _driver_unmet(call: MarkerCall, driver: DriverInfo) -> str | None:
-    from pytest_cudastack.cuda.driver import cuda_satisfies, driver_satisfies, gpus_satisfy
-
     if call.name == "requires_driver":
         ok, found = driver_satisfies(call.args[0], driver)
     elif call.name == "requires_cuda":
@@ -170,6 +191,178 @@ def _driver_unmet(call: MarkerCall, driver: DriverInfo) -> str | None:
         count, arch, memory = call.args
         ok, found = gpus_satisfy(count, arch, memory, driver)
     return None if ok else found
+
+
+# driver, CUDA and GPU predicates -----------------------------------------------------------------------
+
+
+def _source_tag(source: str | None) -> str:
+    return f" ({source})" if source in ("probed", "declared") else ""
+
+
+def _branch_meets(spec: Specifier, branch: int) -> bool | None:
+    """Whether every driver of ``branch`` (580.x, minor unknown) meets ``spec``: True, False (none does) or None.
+
+    A specifier whose version lies outside the branch puts the whole branch on one side of it; inside the
+    branch only ``>=580``, ``<580``, ``~=580.0`` and ``==580.*`` / ``!=580.*`` decide.
+    """
+    wildcard = spec.version.endswith(".*")
+    release = parse_driver(spec.version.removesuffix(".*"), error=RuleError).release
+    if release[0] != branch:
+        return spec.contains(Version(str(branch)), prereleases=True)
+    at_branch = all(n == 0 for n in release[1:])
+    if wildcard:
+        if len(release) == 1:
+            return spec.operator == "=="
+        return None
+    if at_branch and spec.operator in (">=", "<"):
+        return spec.operator == ">="
+    if spec.operator == "~=" and release[1:] == (0,):
+        return True
+    return None
+
+
+def driver_satisfies(spec: str, driver: DriverInfo) -> tuple[bool, str]:
+    """``requires_driver(">=550")``: is the driver version in ``spec``? (A bare "550" means ">=550".)
+
+    A declared branch without a minor (``--cuda-driver=R580``) meets the specifier only when every 580.x does;
+    when some 580.x would and some would not, it is unmet and the reason says the minor is unknown.
+    """
+    wanted = parse_driver_spec(spec)
+    if not driver.version:
+        return False, f"no driver ({driver.reason or 'unknown'}); requires driver {wanted}"
+    try:
+        found = parse_driver(driver.version)
+    except OptionError:
+        return False, f"driver version {driver.version!r} is not comparable; requires driver {wanted}"
+    if found.branch_only:
+        verdicts = [_branch_meets(s, found.branch) for s in wanted]
+        who = f"driver branch R{found.branch}{_source_tag(driver.source)}"
+        if False in verdicts:
+            return False, f"{who}; requires {wanted}"
+        if None in verdicts:
+            return False, (
+                f"{who}, minor version unknown: cannot tell whether it meets {wanted}; requires {wanted} "
+                "(declare the full driver version to decide)"
+            )
+        return True, f"{who}; requires {wanted}"
+    ok = wanted.contains(found.as_version(), prereleases=True)
+    return ok, f"driver {driver.version}{_source_tag(driver.source)}; requires {wanted}"
+
+
+def cuda_satisfies(spec: str, driver: DriverInfo) -> tuple[bool, str]:
+    """``requires_cuda(">=12.4")``: is the highest CUDA the driver supports in ``spec``?"""
+    wanted = parse_cuda_spec(spec)
+    if not driver.cuda_version:
+        who = f"driver {driver.version}" if driver.version else "no driver"
+        return False, f"{who}: CUDA version unknown ({driver.reason or 'unknown'}); requires CUDA {wanted}"
+    try:
+        found = parse_cuda(driver.cuda_version)
+    except OptionError:
+        return False, f"CUDA version {driver.cuda_version!r} is not comparable; requires {wanted}"
+    ok = wanted.contains(found.as_version(), prereleases=True)
+    who = f"driver {driver.version}" if driver.version else "the driver"
+    return ok, f"{who}{_source_tag(driver.source)} supports CUDA <= {driver.cuda_version}; requires {wanted}"
+
+
+_MEMORY_RE = re.compile(r"^\s*(?P<num>[0-9]+(?:\.[0-9]+)?)\s*(?P<unit>[KMGT]i?B?|[kmgt]i?b?|B|b)?\s*$")
+_UNITS = {
+    "": 1,
+    "B": 1,
+    "K": 10**3,
+    "M": 10**6,
+    "G": 10**9,
+    "T": 10**12,
+    "KI": 2**10,
+    "MI": 2**20,
+    "GI": 2**30,
+    "TI": 2**40,
+}
+
+
+def parse_memory(value: int | str) -> int:
+    """Bytes from an int or "40GiB" / "40Gi" (binary) / "80GB" / "80G" (decimal) / "512MiB"; RuleError else."""
+    if isinstance(value, bool):
+        raise RuleError(f"invalid memory {value!r}")
+    if isinstance(value, int):
+        if value < 0:
+            raise RuleError(f"invalid memory {value!r}: negative")
+        return value
+    m = _MEMORY_RE.match(str(value))
+    if not m:
+        raise RuleError(f"invalid memory {value!r} (expected bytes or e.g. '40GiB', '80GB')")
+    unit = (m["unit"] or "").upper()
+    unit = unit[:-1] if len(unit) > 1 and unit.endswith("B") else unit
+    return int(float(m["num"]) * _UNITS[unit])
+
+
+def _fmt_bytes(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB"
+
+
+def _arch_of(text: str) -> Arch | None:
+    """A probed or declared arch ("9.0", "sm_90"); None when NVML gave nothing usable."""
+    try:
+        return parse_arch(text)
+    except OptionError:
+        return None
+
+
+def _arch_matches(spec: ArchSpec, arch: Arch | None) -> bool:
+    """Compute capabilities are compared; the a/f suffix of either side is ignored."""
+    if arch is None:
+        return False
+    if spec.specifier is not None:
+        return spec.specifier.contains(Version(arch.cc), prereleases=True)
+    return any((a.major, a.minor) == (arch.major, arch.minor) for a in spec.archs)
+
+
+def gpus_satisfy(
+    count: int = 1, arch: str | None = None, memory: int | str | None = None, driver: DriverInfo | None = None
+) -> tuple[bool, str]:
+    """``requires_gpu(count=1, arch=">=8.0"|"sm_90", memory="40GiB")`` against probed GPUs or declared archs.
+
+    With declared archs (``--cuda-arch``) the GPU count and memory are unknown: an arch requirement is met by
+    any declared arch, a count above 1 or a memory requirement is not met (the reason says so).
+    """
+    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+        raise RuleError(f"requires_gpu count must be a non-negative integer, got {count!r}")
+    arch_spec = parse_arch_spec(arch) if arch is not None else None
+    need_mem = parse_memory(memory) if memory is not None else None
+    wants = [f"{count} GPU{'s' if count != 1 else ''}"]
+    if arch_spec is not None:
+        wants.append(f"arch {arch_spec}")
+    if need_mem is not None:
+        wants.append(f"memory >= {_fmt_bytes(need_mem)}")
+    wanted = "requires " + ", ".join(wants)
+    if driver is None:
+        return False, f"no driver information; {wanted}"
+    if driver.arch_source == "declared" and not driver.gpus:
+        hits = [a for a in driver.archs if arch_spec is None or _arch_matches(arch_spec, _arch_of(a))]
+        found = f"declared archs {','.join(driver.archs)}"
+        if need_mem is not None:
+            return False, f"{found} (GPU memory unknown when archs are declared); {wanted}"
+        if count > 1:
+            return False, f"{found} (GPU count unknown when archs are declared); {wanted}"
+        ok = count == 0 or bool(hits)
+        return ok, f"{found}; {wanted}"
+    if not driver.gpus:
+        why = driver.reason or "NVML sees no GPU"
+        return count == 0, f"no GPU{_source_tag(driver.arch_source or driver.source)} ({why}); {wanted}"
+    matching = []
+    for gpu in driver.gpus:
+        if arch_spec is not None and not _arch_matches(arch_spec, _arch_of(gpu.compute_capability)):
+            continue
+        if need_mem is not None and (gpu.memory_total is None or gpu.memory_total < need_mem):
+            continue
+        matching.append(gpu)
+    shown = "; ".join(
+        f"{g.name} {g.compute_capability or '?'}"
+        + (f" {_fmt_bytes(g.memory_total)}" if g.memory_total is not None else "")
+        for g in driver.gpus
+    )
+    found = f"{len(matching)} of {len(driver.gpus)} GPUs{_source_tag(driver.arch_source)} match ({shown})"
+    return len(matching) >= count, f"{found}; {wanted}"
 
 
 _EVALUATORS: dict[str, Callable[[MarkerCall, Facts], list[str]]] = {

@@ -76,10 +76,16 @@ def pytest_configure(config: pytest.Config) -> None:
     for line in MARKERS.values():
         config.addinivalue_line("markers", line)
     from pytest_cudastack.errors import OptionError
-    from pytest_cudastack.settings import HELP, INI_TYPES, resolve
+    from pytest_cudastack.settings import HELP, resolve
 
     cli = {key: config.getoption(key) for key in HELP}
-    ini = {key: config.getini(key) for key in INI_TYPES}
+
+    def ini(key: str) -> Any:
+        try:
+            return config.getini(key)
+        except pytest.UsageError as e:  # pytest's reading of a "bool" value; resolve names the option
+            raise ValueError(str(e)) from e
+
     try:
         settings = resolve(cli, os.environ, ini)
     except OptionError as e:

@@ -4,19 +4,21 @@ Each option has one help constant, used by the pytest option, its ini key and th
 command. Values are resolved once, with the precedence command line > environment > ini > default
 (``resolve``); a bad value raises ``OptionError`` naming the option and where the value came from.
 No pytest here: the plugin turns ``OptionError`` into a usage error (exit 4), argparse ``type=`` functions
-(``cuda_version_type`` ...) turn it into ``argparse.ArgumentTypeError``.
+(``cuda_version_type`` ...) turn it into ``argparse.ArgumentTypeError``. Versions and archs are read by
+:mod:`pytest_cudastack.cuda.versions`, as the markers and the compatibility data read them, so a value that
+passes here never fails later; ``Settings`` keeps their normal spelling ("R580" -> "580", "9.0" -> "sm_90").
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pytest_cudastack.checks import enabled_checks
+from pytest_cudastack.cuda.versions import parse_arch_list, parse_cuda, parse_driver
 from pytest_cudastack.errors import OptionError
 
 __all__ = [
@@ -30,9 +32,6 @@ __all__ = [
     "cuda_version_type",
     "driver_version_type",
     "option_specs",
-    "parse_arch_list",
-    "parse_cuda_version",
-    "parse_driver_version",
     "parse_unmet",
     "resolve",
 ]
@@ -44,8 +43,8 @@ HELP: dict[str, str] = {
     "cudastack": "run all built-in CUDA stack invariant items (integrity, closure, driver, ...)",
     "cuda_max": "nothing in the stack may require a CUDA newer than VER (e.g. 12.9); turns on that item",
     "cuda_min": "nothing in the stack may be built for a CUDA older than VER (e.g. 12.0); turns on that item",
-    "cuda_driver": "evaluate against this NVIDIA driver version (e.g. 550.54.15) instead of probing",
-    "cuda_arch": "evaluate against these GPU architectures (e.g. sm_80,sm_90) instead of probing",
+    "cuda_driver": "evaluate against this NVIDIA driver version (e.g. 550.54.15, or a branch: R580) instead of probing",
+    "cuda_arch": "evaluate against these GPU architectures (e.g. sm_80,sm_90a or 9.0) instead of probing",
     "cudastack_scan": "file or directory of binaries whose shared libraries must all resolve here "
     "(repeatable); turns on the scan items",
     "cudastack_unmet": "outcome of a test whose requires_* marker is unmet: fail (default) or skip",
@@ -79,56 +78,21 @@ ENV: dict[str, str] = {
     "cudastack_no_cache": "CUDASTACK_NO_CACHE",
 }
 
-_CUDA_RE = re.compile(r"\d{1,3}(\.\d{1,3})?")
-_DRIVER_RE = re.compile(r"\d{2,4}(\.\d{1,3}){0,2}")
-_ARCH_RE = re.compile(r"(?:sm_|compute_)?(\d{1,3})([af]?)")
-_DOTTED_ARCH_RE = re.compile(r"(\d{1,2})\.(\d)")
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"", "0", "false", "no", "off"}
 
 
-def parse_cuda_version(value: str) -> str:
-    """``"12.9"`` -> ``"12.9"``; a bare major (``"13"``) is allowed.
-
-    >>> parse_cuda_version("twelve")
-    Traceback (most recent call last):
-    ...
-    ValueError: invalid CUDA version 'twelve' (expected MAJOR[.MINOR], e.g. 12.9)
-    """
-    text = value.strip()
-    if not _CUDA_RE.fullmatch(text):
-        raise ValueError(f"invalid CUDA version {value!r} (expected MAJOR[.MINOR], e.g. 12.9)")
-    return text
+def _cuda_option(value: str) -> str:
+    """``--cuda-max`` / ``--cuda-min``: MAJOR[.MINOR] (the bounds compare no patch level)."""
+    return str(parse_cuda(value, patch=False))
 
 
-def parse_driver_version(value: str) -> str:
-    """``"550.54.15"``, ``"550"`` -> unchanged; anything else is a ``ValueError``."""
-    text = value.strip()
-    if not _DRIVER_RE.fullmatch(text):
-        raise ValueError(f"invalid NVIDIA driver version {value!r} (expected e.g. 550.54.15 or 580)")
-    return text
+def _driver_option(value: str) -> str:
+    return str(parse_driver(value))
 
 
-def parse_arch_list(value: str | Iterable[str]) -> tuple[str, ...]:
-    """``"sm_80,sm_90"`` / ``"8.0, 90"`` -> ``("sm_80", "sm_90")``."""
-    parts = value.split(",") if isinstance(value, str) else [p for v in value for p in v.split(",")]
-    archs: list[str] = []
-    for part in (p.strip() for p in parts):
-        if not part:
-            continue
-        dotted = _DOTTED_ARCH_RE.fullmatch(part)
-        match = _ARCH_RE.fullmatch(part.lower())
-        if dotted:
-            arch = f"sm_{dotted.group(1)}{dotted.group(2)}"
-        elif match:
-            arch = f"sm_{match.group(1)}{match.group(2)}"
-        else:
-            raise ValueError(f"invalid GPU architecture {part!r} (expected e.g. sm_90 or 9.0)")
-        if arch not in archs:
-            archs.append(arch)
-    if not archs:
-        raise ValueError(f"invalid GPU architecture list {value!r} (expected e.g. sm_80,sm_90)")
-    return tuple(archs)
+def _arch_option(value: str | Iterable[str]) -> tuple[str, ...]:
+    return tuple(str(arch) for arch in parse_arch_list(value))
 
 
 def parse_unmet(value: str) -> str:
@@ -149,27 +113,28 @@ def parse_bool(value: str | bool) -> bool:
     raise ValueError(f"invalid boolean {value!r} (expected 1/0, true/false, yes/no)")
 
 
-def _argparse_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+def _argparse_type(parse: Callable[[str], Any], name: str) -> Callable[[str], Any]:
     def convert(value: str) -> Any:
         try:
             return parse(value)
         except ValueError as e:
             raise argparse.ArgumentTypeError(str(e)) from e
 
-    convert.__name__ = parse.__name__.removeprefix("parse_")
+    convert.__name__ = name  # argparse names the type in some of its messages
     return convert
 
 
-cuda_version_type = _argparse_type(parse_cuda_version)
-driver_version_type = _argparse_type(parse_driver_version)
-arch_list_type = _argparse_type(parse_arch_list)
+cuda_version_type = _argparse_type(_cuda_option, "cuda_version")
+driver_version_type = _argparse_type(_driver_option, "driver_version")
+arch_list_type = _argparse_type(_arch_option, "arch_list")
 
+_VERSIONED = ("cuda_max", "cuda_min", "cuda_driver", "cuda_arch")
 _PARSERS: dict[str, Callable[[Any], Any]] = {
     "cudastack": parse_bool,
-    "cuda_max": parse_cuda_version,
-    "cuda_min": parse_cuda_version,
-    "cuda_driver": parse_driver_version,
-    "cuda_arch": parse_arch_list,
+    "cuda_max": _cuda_option,
+    "cuda_min": _cuda_option,
+    "cuda_driver": _driver_option,
+    "cuda_arch": _arch_option,
     "cudastack_unmet": parse_unmet,
     "cudastack_no_cache": parse_bool,
 }
@@ -277,27 +242,43 @@ def _split_env(key: str, value: str) -> Any:
 def resolve(
     cli: Mapping[str, Any] | None = None,
     env: Mapping[str, str] | None = None,
-    ini: Mapping[str, Any] | None = None,
+    ini: Mapping[str, Any] | Callable[[str], Any] | None = None,
 ) -> Settings:
     """Resolve every option once: ``cli`` (already parsed or plain strings), then ``env``, then ``ini``.
 
-    ``None``, ``False``, ``""`` and empty sequences count as unset. Raises ``OptionError`` naming the
-    option and its source.
+    ``ini`` is a mapping or a getter such as pytest's ``config.getini`` (asked only for the keys of
+    ``INI_TYPES``, and only for those the command line and environment leave unset); a ``ValueError`` it
+    raises (pytest's own reading of a "bool" value) is a bad value of that option. ``None``, ``False``,
+    ``""`` and empty sequences count as unset. Raises ``OptionError`` naming the option and its source.
     """
-    layers: Sequence[tuple[str, Mapping[str, Any]]] = (
-        ("command line", cli or {}),
-        ("environment", {k: _split_env(k, env[v]) for k, v in ENV.items() if env and env.get(v)}),
-        ("ini", ini or {}),
+    cli_values = cli or {}
+    env_values = env or {}
+
+    def from_env(key: str) -> Any:
+        var = ENV.get(key)
+        return _split_env(key, env_values[var]) if var and env_values.get(var) else None
+
+    def from_ini(key: str) -> Any:
+        if ini is None:
+            return None
+        if callable(ini):
+            return ini(key) if key in INI_TYPES else None  # getini refuses an unregistered key
+        return ini.get(key)
+
+    layers: Sequence[tuple[str, Callable[[str], Any]]] = (
+        ("command line", cli_values.get),
+        ("environment", from_env),
+        ("ini", from_ini),
     )
     values: dict[str, Any] = {}
     sources: list[tuple[str, str]] = []
     for key in HELP:
         for where, layer in layers:
-            raw = layer.get(key)
-            if raw is None or raw is False or raw == "" or raw == () or raw == []:
-                continue
-            src = ENV[key] if where == "environment" else where
+            src = ENV.get(key, where) if where == "environment" else where
             try:
+                raw = layer(key)
+                if raw is None or raw is False or raw == "" or raw == () or raw == []:
+                    continue
                 values[key] = _convert(key, raw)
             except ValueError as e:
                 raise OptionError(f"{_option_name(key)} (from {src}): {e}") from e
@@ -312,6 +293,10 @@ def _convert(key: str, raw: Any) -> Any:
         return tuple(str(p) for p in items if str(p).strip())
     if key in ("cudastack_snapshot", "cudastack_baseline"):
         return str(raw)
+    if key in _VERSIONED and isinstance(raw, (int, float)) and not isinstance(raw, bool):
+        raw = str(raw)  # a TOML number (cuda_driver = 580, cuda_arch = 90): read as written
     if key == "cuda_arch":
-        return parse_arch_list(raw)
-    return _PARSERS[key](raw) if isinstance(raw, (str, bool)) else raw
+        return _arch_option(raw)
+    if not isinstance(raw, (str, bool)):
+        raise ValueError(f"invalid value {raw!r} (expected a string)")
+    return _PARSERS[key](raw)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_cudastack.checks.arch import arch_findings, parse_arch
+from pytest_cudastack.checks.arch import arch_findings
 from pytest_cudastack.errors import OptionError
 from pytest_cudastack.findings import Severity
 
@@ -66,7 +66,7 @@ def test_host_only_files_and_unreadable_files(tmp_path: Path) -> None:
     assert "gone.so" in finding.message
 
 
-@pytest.mark.parametrize("bad", ["twelve", "sm_", "9.10", ""])
+@pytest.mark.parametrize("bad", ["twelve", "sm_", "9.10", "", "sm_9"])
 def test_bad_arch_is_an_option_error(bad: str) -> None:
     with pytest.raises(OptionError, match="invalid GPU arch"):
-        parse_arch(bad)
+        arch_findings(["/bin/sh"], [bad])

@@ -1,4 +1,5 @@
-"""compat.py: the data file's validator (shipped file and broken copies), lookups and verdicts, table-driven."""
+"""compat.py, flavour.py, verdicts.py: the data file's validator (shipped file and broken copies), lookups, wheel
+flavours and verdicts, table-driven."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import importlib.metadata
 import itertools
 import json
 import os
+import subprocess
+import sys
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -19,9 +22,6 @@ from pytest_cudastack.cuda import compat
 from pytest_cudastack.cuda.compat import (
     arch_cuda_range,
     cuda_for_driver,
-    cuda_major_for_soname_in_wheel,
-    driver_verdict,
-    gpu_verdict,
     is_driver_soname,
     load_compat,
     min_driver_for_cuda,
@@ -29,10 +29,10 @@ from pytest_cudastack.cuda.compat import (
     soname_cuda_majors,
     toolkit_sm_targets,
     validate_compat,
-    wheel_cuda_flavour,
-    wheel_cuda_requirement,
 )
 from pytest_cudastack.cuda.driver import DriverInfo, Gpu, declared_driver
+from pytest_cudastack.cuda.flavour import cuda_major_for_soname_in_wheel, wheel_cuda_flavour, wheel_cuda_requirement
+from pytest_cudastack.cuda.verdicts import driver_verdict, gpu_verdict
 from pytest_cudastack.errors import DataError, RuleError
 
 
@@ -585,6 +585,17 @@ def test_incident1_message():
             id="absent",
         ),
         pytest.param("13.0", _driver("400.1"), "unknown", "not in the compatibility data", id="ancient driver"),
+        pytest.param("13.1", declared_driver("R580"), "mvc", "minor-version compatibility", id="R580 at the floor"),
+        pytest.param("12.9", declared_driver("R575"), "compatible", "CUDA ≤ 12.9", id="R575"),
+        pytest.param(
+            "11.1",
+            declared_driver("R450"),
+            "unknown",
+            "needs driver ≥ 450.80.02, and the minor version of branch R450 is not known",
+            id="R450: MVC floor inside the branch",
+        ),
+        pytest.param("11.1", declared_driver("450.80.02"), "mvc", "", id="450.80.02 at the floor"),
+        pytest.param("11.1", declared_driver("450.51.06"), "incompatible", "needs driver ≥ 450.80.02", id="450.51"),
         pytest.param(
             "14.0",
             _driver("595.45.04"),
@@ -612,6 +623,21 @@ def test_driver_verdict_cases(required: str, driver: DriverInfo, status: str, te
     verdict = driver_verdict(required, driver)
     assert verdict.status == status, verdict.message
     assert text in verdict.message
+
+
+def test_compat_does_not_import_the_driver_probe():
+    """compat is below verdicts and driver: loading the data pulls in neither (no import cycle)."""
+    code = (
+        "import sys, pytest_cudastack.cuda.compat as c; c.load_compat(); "
+        "print(sorted(m for m in sys.modules if m.startswith('pytest_cudastack.')))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.split() == [
+        "['pytest_cudastack.cuda',",
+        "'pytest_cudastack.cuda.compat',",
+        "'pytest_cudastack.cuda.versions',",
+        "'pytest_cudastack.errors']",
+    ]
 
 
 @pytest.mark.parametrize("bad", ["twelve", "", "12.x", "v12"])

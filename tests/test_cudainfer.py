@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_cudastack.checks.bounds import CudaNeed, Inference, bound_findings, infer_binary, parse_cuda
+from pytest_cudastack.checks.bounds import CudaNeed, Inference, bound_findings, infer_binary
 from pytest_cudastack.findings import Severity
 from pytest_cudastack.linker.resolver import Library, Route, Tree
 
@@ -30,12 +30,6 @@ class FakeInventory:
 
     def owners(self, path: str) -> tuple[FakeDist, ...]:
         return (self._owners[path],) if path in self._owners else ()
-
-
-def test_parse_cuda():
-    assert parse_cuda("12.9") == (12, 9)
-    assert parse_cuda("13") == (13, None)
-    assert parse_cuda("12.9.1") == (12, 9)
 
 
 def test_unambiguous_sonames_decide_the_major():

@@ -1,5 +1,5 @@
 """driver.py: NVML probe (through the real nvidia-ml-py binding and a fake libnvidia-ml built here),
-injected NVML modules, static driver files, declared targets and the marker helpers."""
+injected NVML modules, static driver files, declared targets; and the markers' predicates over them (markers.py)."""
 
 from __future__ import annotations
 
@@ -21,17 +21,14 @@ from pytest_cudastack.cuda.driver import (
     NVML_REASONS,
     DriverInfo,
     Gpu,
-    cuda_satisfies,
     declared_driver,
     driver_files,
-    driver_satisfies,
-    gpus_satisfy,
     nvml_reason,
-    parse_memory,
     parse_proc_version,
     probe_driver,
 )
 from pytest_cudastack.errors import OptionError, RuleError
+from pytest_cudastack.markers import cuda_satisfies, driver_satisfies, gpus_satisfy, parse_memory
 
 FAKENVML_C = Path(__file__).parent / "helpers" / "fakenvml" / "fakenvml.c"
 needs_cc = pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
@@ -588,6 +585,25 @@ def test_declared_driver_mentions_the_probe():
     assert info.gpus == PROBED.gpus
 
 
+def test_declared_branch_notes_its_unknown_minor():
+    info = declared_driver("R575")
+    assert (info.version, info.cuda_version) == ("575", "12.9")
+    assert any("declared driver branch R575: its minor version is unknown" in n for n in info.notes)
+    assert not any("minor version" in n for n in declared_driver("575.57.08").notes)
+
+
+@pytest.mark.parametrize(
+    ("archs", "declared"),
+    [
+        pytest.param("sm_100f", ("sm_100f",), id="family-specific"),
+        pytest.param("compute_80", ("sm_80",), id="compute"),
+        pytest.param(("sm_90", "9.0", "sm_90a"), ("sm_90", "sm_90a"), id="deduplicated"),
+    ],
+)
+def test_declared_archs_normalised(archs: Any, declared: tuple[str, ...]):
+    assert declared_driver(None, archs).archs == declared
+
+
 def test_declared_unconfirmed_branch_noted():
     info = declared_driver("615.71.09")
     assert info.cuda_version == "13.3"
@@ -601,14 +617,14 @@ def test_declared_ancient_driver_has_reason():
     assert "older than every branch" in info.reason
 
 
-@pytest.mark.parametrize("bad", ["five-fifty", "550.x", "55", "550.54.15.1.2", "v550", "-550"])
+@pytest.mark.parametrize("bad", ["five-fifty", "550.x", "55", "550.54.15.1.2", "v550", "-550", "12.9.1", "R580.65"])
 def test_declared_bad_driver_version(bad: str):
     with pytest.raises(OptionError, match="invalid NVIDIA driver version") as info:
         declared_driver(bad)
     assert repr(bad) in str(info.value)
 
 
-@pytest.mark.parametrize("bad", ["sm86x", "ampere", "sm_", "sm_9", "sm_86,volta"])
+@pytest.mark.parametrize("bad", ["sm86x", "ampere", "sm_", "sm_9", "sm_8", "sm_86,volta"])
 def test_declared_bad_arch(bad: str):
     with pytest.raises(OptionError, match="invalid GPU architecture"):
         declared_driver("550.54.15", bad)
@@ -651,6 +667,36 @@ def test_driver_satisfies(spec: str, driver: DriverInfo, ok: bool, reason: str):
     assert reason in result[1]
 
 
+R580 = declared_driver("R580")
+
+
+@pytest.mark.parametrize(
+    ("spec", "ok", "reason"),
+    [
+        pytest.param(">=550", True, "driver branch R580 (declared); requires >=550", id="older floor"),
+        pytest.param(">=580", True, "", id="the branch itself"),
+        pytest.param("R580", True, "", id="bare R branch"),
+        pytest.param("==580.*", True, "", id="branch wildcard"),
+        pytest.param("~=580.0", True, "", id="compatible release of the branch"),
+        pytest.param(">=550,<590", True, "", id="range around the branch"),
+        pytest.param("<580", False, "driver branch R580 (declared); requires <580", id="below the branch"),
+        pytest.param(">=590", False, "requires >=590", id="newer branch"),
+        pytest.param("!=580.*", False, "", id="not the branch"),
+        pytest.param(">=580.65", False, "minor version unknown: cannot tell whether it meets >=580.65", id="minor"),
+        pytest.param("!=580.65.06", False, "minor version unknown", id="one driver of the branch"),
+        pytest.param("==580.95.*", False, "minor version unknown", id="minor wildcard"),
+        pytest.param(">=550,<580.65", False, "minor version unknown", id="range ending inside"),
+        pytest.param(">=590,<580.65", False, "requires <580.65,>=590", id="a false clause decides"),
+    ],
+)
+def test_driver_satisfies_a_declared_branch(spec: str, ok: bool, reason: str):
+    """--cuda-driver=R580: met when every 580.x meets the spec, unmet (minor unknown) when only some do."""
+    assert (R580.version, R580.cuda_version) == ("580", "13.0")
+    result = driver_satisfies(spec, R580)
+    assert result[0] is ok, result[1]
+    assert reason in result[1]
+
+
 @pytest.mark.parametrize(
     ("spec", "driver", "ok", "reason"),
     [
@@ -667,7 +713,7 @@ def test_cuda_satisfies(spec: str, driver: DriverInfo, ok: bool, reason: str):
     assert reason in result[1]
 
 
-@pytest.mark.parametrize("bad", ["", "=>550", "~~12", ">=twelve"])
+@pytest.mark.parametrize("bad", ["", "=>550", "~~12", ">=twelve", "===550", "v550"])
 def test_bad_specs_raise_rule_error(bad: str):
     with pytest.raises(RuleError):
         driver_satisfies(bad, D535)
@@ -700,6 +746,11 @@ DECLARED_86 = declared_driver("550.54.15", "sm_86")
         ({"arch": "sm_90"}, TWO, True, ""),
         ({"arch": "sm_80,sm_86"}, TWO, False, "arch sm_80,sm_86"),
         ({"arch": "7.5"}, TWO, True, ""),
+        ({"arch": ">=sm_80"}, TWO, True, "1 of 2 GPUs (probed) match"),
+        ({"arch": "==9.*"}, TWO, True, "arch ==9.*"),
+        ({"arch": "sm_90a"}, TWO, True, ""),  # the suffix does not change the compute capability
+        ({"arch": ">=sm_100"}, DECLARED_86, False, "arch >=10.0"),
+        ({"arch": "sm_86"}, declared_driver(None, "sm_86a,sm_90"), True, "declared archs sm_86a,sm_90"),
         ({"memory": "80GB"}, TWO, True, ""),  # an 80 GB H100 reports 79.6 GiB
         ({"memory": "80GiB"}, TWO, False, "memory >= 80.0 GiB"),
         ({"memory": 17 * 10**9, "count": 2}, TWO, False, "1 of 2 GPUs"),
@@ -725,6 +776,8 @@ def test_gpus_satisfy(kwargs: dict[str, Any], driver: DriverInfo, ok: bool, reas
         {"count": "2"},
         {"arch": "volta"},
         {"arch": ">=eight"},
+        {"arch": ">=8"},
+        {"arch": "sm_9"},
         {"arch": ""},
         {"memory": "lots"},
         {"memory": -5},

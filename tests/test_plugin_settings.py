@@ -1,4 +1,7 @@
-"""settings.py: value parsers, precedence, Settings.from_values (what `cudastack check` builds)."""
+"""settings.py: values as options store them, precedence, Settings.from_values (what `cudastack check` builds).
+
+The grammars themselves are tests/test_versions.py's; every bad value of every option, end to end, is
+tests/test_options.py's."""
 
 from __future__ import annotations
 
@@ -13,9 +16,6 @@ from pytest_cudastack.settings import (
     INI_TYPES,
     Settings,
     cuda_version_type,
-    parse_arch_list,
-    parse_cuda_version,
-    parse_driver_version,
     resolve,
 )
 
@@ -27,21 +27,22 @@ from pytest_cudastack.settings import (
         pytest.param(" 13 ", "13", id="major"),
     ],
 )
-def test_parse_cuda_version(text, expected):
-    assert parse_cuda_version(text) == expected
+def test_cuda_version_option(text, expected):
+    assert Settings.from_values(cuda_max=text).cuda_max == expected
 
 
-@pytest.mark.parametrize("text", ["twelve", "12.9.1", "", "v12", "12."])
-def test_parse_cuda_version_rejects(text):
+@pytest.mark.parametrize("text", ["twelve", "12.9.1", " ", "v12", "12."])
+def test_cuda_version_option_rejects(text):
     with pytest.raises(ValueError, match="invalid CUDA version"):
-        parse_cuda_version(text)
+        Settings.from_values(cuda_max=text)
 
 
-def test_parse_driver_version():
-    assert parse_driver_version("550.54.15") == "550.54.15"
-    assert parse_driver_version("580") == "580"
+def test_driver_version_option():
+    assert Settings.from_values(cuda_driver="550.54.15").cuda_driver == "550.54.15"
+    assert Settings.from_values(cuda_driver="580").cuda_driver == "580"
+    assert Settings.from_values(cuda_driver="R580").cuda_driver == "580"
     with pytest.raises(ValueError, match="invalid NVIDIA driver version"):
-        parse_driver_version("latest")
+        Settings.from_values(cuda_driver="latest")
 
 
 @pytest.mark.parametrize(
@@ -53,14 +54,14 @@ def test_parse_driver_version():
         pytest.param(("sm_90", "sm_90,sm_100"), ("sm_90", "sm_100"), id="repeated, deduplicated"),
     ],
 )
-def test_parse_arch_list(value, expected):
-    assert parse_arch_list(value) == expected
+def test_arch_list_option(value, expected):
+    assert Settings.from_values(cuda_arch=value).cuda_arch == expected
 
 
-@pytest.mark.parametrize("value", ["hopper", ",", "sm_"])
-def test_parse_arch_list_rejects(value):
+@pytest.mark.parametrize("value", ["hopper", ",", "sm_", "sm_9"])
+def test_arch_list_option_rejects(value):
     with pytest.raises(ValueError, match="invalid GPU architecture"):
-        parse_arch_list(value)
+        Settings.from_values(cuda_arch=value)
 
 
 def test_argparse_type_raises_argument_type_error():
@@ -80,6 +81,23 @@ def test_precedence_cli_env_ini():
     assert s.cudastack_scan == ("bin", "tools")
     assert s.cudastack is True
     assert s.describe("cuda_min") == "--cuda-min=12.0 (from CUDASTACK_CUDA_MIN)"
+
+
+def test_toml_numbers_are_read_as_written_and_other_types_refused():
+    s = resolve(ini={"cuda_driver": 580, "cuda_max": 12.9, "cuda_arch": 90})
+    assert (s.cuda_driver, s.cuda_max, s.cuda_arch) == ("580", "12.9", ("sm_90",))
+    with pytest.raises(OptionError, match=r"--cuda-min \(from ini\): invalid value \[13\] \(expected a string\)"):
+        resolve(ini={"cuda_min": [13]})
+
+
+def test_ini_getter_errors_name_the_option():
+    def getini(key: str) -> object:
+        if key == "cudastack":
+            raise ValueError("invalid truth value 'maybe'")
+        return None
+
+    with pytest.raises(OptionError, match=r"^--cudastack \(from ini\): invalid truth value 'maybe'$"):
+        resolve(ini=getini)
 
 
 def test_bad_ini_value_names_option_and_source():

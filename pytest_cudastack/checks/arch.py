@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from pytest_cudastack.errors import ElfError, OptionError
+from pytest_cudastack.cuda.versions import parse_arch
+from pytest_cudastack.errors import ElfError
 from pytest_cudastack.findings import Finding, Severity
 from pytest_cudastack.linker.fatbin import Fatbin, read_fatbin, runs_on
 
@@ -16,23 +16,7 @@ if TYPE_CHECKING:
     from pytest_cudastack.checks.facts import StackView, Target
     from pytest_cudastack.cuda.driver import DriverInfo
 
-__all__ = ["arch_coverage", "arch_findings", "parse_arch", "run"]
-
-_ARCH = re.compile(r"^(?:sm_|compute_)?(?:(\d{1,2})\.(\d)|(\d{2,3}))[af]?$")
-
-
-def parse_arch(text: str) -> int:
-    """``"sm_86"``, ``"sm_90a"``, ``"8.6"`` or ``"86"`` as the number 86.
-
-    >>> parse_arch("sm_90a"), parse_arch("10.0"), parse_arch("sm_120")
-    (90, 100, 120)
-    """
-    match = _ARCH.match(text.strip().lower())
-    if match is None:
-        raise OptionError(f"invalid GPU arch {text!r}: expected sm_XY (e.g. sm_86) or X.Y (e.g. 8.6)")
-    if match.group(3) is not None:
-        return int(match.group(3))
-    return int(match.group(1)) * 10 + int(match.group(2))
+__all__ = ["arch_coverage", "arch_findings", "run"]
 
 
 def _describe(fat: Fatbin) -> str:
@@ -49,9 +33,9 @@ def arch_findings(paths: Iterable[str], archs: Sequence[str], source: str = "dec
 
     SASS that runs directly is fine; PTX alone is a warning (JIT-compiled at first launch, slow and only
     with a driver that knows that PTX ISA); nothing at all is an error ("no kernel image is available").
-    Files without GPU code say nothing about archs and give no finding.
+    Files without GPU code say nothing about archs and give no finding.  A malformed arch raises OptionError.
     """
-    targets = [(arch, parse_arch(arch)) for arch in archs]
+    targets = [(arch, parse_arch(arch).number) for arch in archs]
     findings: list[Finding] = []
     for path in paths:
         try:

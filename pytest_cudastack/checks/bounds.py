@@ -4,7 +4,7 @@ A binary's requirement comes from the sonames in its load closure that belong to
 (``libcublas.so.13`` -> 13.x; ``compat.soname_cuda_majors``). A soname shared by several majors
 (``libcurand.so.10``, ``libcusparse.so.12``) is decided by the file it resolves to: its owning wheel's
 version, else that library's own unambiguous NEEDED; otherwise it stays undecided. A wheel's requirement
-comes from its CUDA flavour and version (``compat.wheel_cuda_requirement``).
+comes from its CUDA flavour and version (``flavour.wheel_cuda_requirement``).
 
 ``bound_findings`` compares requirements with ``--cuda-max`` / ``--cuda-min``: a requirement known only
 as a major (13.x) violates max 12.9; 12.x against max 12.4 is undecidable, a warning, not a failure.
@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from pytest_cudastack.cuda.versions import parse_cuda
 from pytest_cudastack.findings import Finding, Severity
 
 if TYPE_CHECKING:
@@ -34,7 +35,6 @@ __all__ = [
     "infer_binary",
     "infer_shipped",
     "infer_wheel",
-    "parse_cuda",
     "run_max",
     "run_min",
 ]
@@ -72,13 +72,6 @@ class Inference:
     undecided: tuple[str, ...] = ()
 
 
-def parse_cuda(text: str) -> tuple[int, int | None]:
-    """``"12.9"`` -> ``(12, 9)``, ``"13"`` -> ``(13, None)``."""
-    major, _, rest = text.partition(".")
-    minor = rest.partition(".")[0]
-    return int(major), (int(minor) if minor else None)
-
-
 def _single_major(soname: str) -> tuple[int, int | None] | None:
     from pytest_cudastack.cuda.compat import soname_cuda_majors
 
@@ -91,14 +84,15 @@ def _single_major(soname: str) -> tuple[int, int | None] | None:
 
 def infer_wheel(dist: Distribution) -> Inference:
     """A wheel's CUDA requirement from its flavour and version; no needs when it is not a CUDA wheel."""
-    from pytest_cudastack.cuda.compat import wheel_cuda_requirement
+    from pytest_cudastack.cuda.flavour import wheel_cuda_requirement
 
     cuda, evidence = wheel_cuda_requirement(
         dist.name, dist.version, dist.requires, tuple(lib.path for lib in dist.libraries)
     )
     if cuda is None:
         return Inference(dist.label)
-    major, minor = parse_cuda(cuda)
+    parsed = parse_cuda(cuda)
+    major, minor = parsed.major, parsed.minor
     version = f"{major}.{minor}" if minor is not None else f"{major}.x"
     return Inference(dist.label, (CudaNeed(major, minor, dist.label, f"needs CUDA {version}: {evidence}"),))
 
@@ -224,7 +218,8 @@ def bound_findings(
     """
     check = f"cuda-{kind}"
     label = option or f"--cuda-{kind}={bound}"
-    limit = parse_cuda(bound)
+    parsed = parse_cuda(bound)
+    limit = parsed.major, parsed.minor
     out: list[Finding] = []
     word = "newer" if kind == "max" else "older"
     undecidable: dict[str, list[CudaNeed]] = {}  # version -> one need per subject

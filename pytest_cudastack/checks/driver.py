@@ -6,7 +6,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from pytest_cudastack.checks.bounds import CudaNeed, Inference
-from pytest_cudastack.cuda.compat import driver_verdict
+from pytest_cudastack.cuda.verdicts import driver_verdict
 from pytest_cudastack.findings import Finding, Severity
 
 if TYPE_CHECKING:
@@ -17,7 +17,7 @@ __all__ = ["driver_findings", "run"]
 
 
 def driver_findings(inferences: Iterable[Inference], driver: DriverInfo) -> tuple[Finding, ...]:
-    """Each distinct CUDA requirement of the stack against the driver (``compat.driver_verdict``).
+    """Each distinct CUDA requirement of the stack against the driver (``verdicts.driver_verdict``).
 
     compatible: nothing; minor-version compatibility: WARNING; incompatible: ERROR; unknown: INFO.
     """

@@ -6,9 +6,9 @@ forward-compatibility libcuda).  It never raises: an absent library, an unloaded
 permission is a ``reason`` in the result.  It never dlopens libcuda; NVML (the driver's management library)
 is loaded by pynvml, lazily, on the first call only (the result is cached).
 
-:func:`declared_driver` builds the deployment target from ``--cuda-driver`` / ``--cuda-arch``.
-``driver_satisfies`` / ``cuda_satisfies`` / ``gpus_satisfy`` evaluate the ``requires_driver`` /
-``requires_cuda`` / ``requires_gpu`` markers against either.
+:func:`declared_driver` builds the deployment target from ``--cuda-driver`` / ``--cuda-arch``; the markers
+(:mod:`pytest_cudastack.markers`) and verdicts (:mod:`pytest_cudastack.cuda.verdicts`) are evaluated against
+either.
 """
 
 from __future__ import annotations
@@ -26,12 +26,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from packaging.specifiers import InvalidSpecifier, SpecifierSet
-from packaging.version import InvalidVersion, Version
-
 from pytest_cudastack._sysio import read_text
 from pytest_cudastack.cuda import compat
-from pytest_cudastack.errors import OptionError, RuleError
+from pytest_cudastack.cuda.versions import parse_arch, parse_arch_list, parse_driver
+from pytest_cudastack.errors import OptionError
 from pytest_cudastack.linker.resolver import Resolver
 
 __all__ = [
@@ -42,15 +40,11 @@ __all__ = [
     "DriverFiles",
     "DriverInfo",
     "Gpu",
-    "cuda_satisfies",
     "declared_driver",
     "driver_files",
-    "driver_satisfies",
-    "gpus_satisfy",
     "linker_finder",
     "nvml_facts",
     "nvml_reason",
-    "parse_memory",
     "parse_proc_version",
     "probe_driver",
     "visible_gpus",
@@ -130,8 +124,8 @@ class Gpu:
         if not self.compute_capability:
             return None
         try:
-            return compat.normalize_arch(self.compute_capability)
-        except ValueError:
+            return str(parse_arch(self.compute_capability))
+        except OptionError:
             return None
 
     def to_json(self) -> dict[str, Any]:
@@ -318,8 +312,8 @@ def driver_files(
     forward = None
     if libcuda_version and kernel and libcuda_version != kernel:
         try:
-            newer = compat.parse_driver_version(libcuda_version) > compat.parse_driver_version(kernel)
-        except ValueError:
+            newer = parse_driver(libcuda_version) > parse_driver(kernel)
+        except OptionError:
             newer = False
         rule = compat.load_compat().forward_compat_rule if _data_ok() else ""
         if newer:
@@ -651,8 +645,8 @@ def _newer_libcuda(files: DriverFiles, driver_version: str, notes: list[str]) ->
     if not libcuda_version or libcuda_version == driver_version:
         return None
     try:
-        newer = compat.parse_driver_version(libcuda_version) > compat.parse_driver_version(driver_version)
-    except ValueError:
+        newer = parse_driver(libcuda_version) > parse_driver(driver_version)
+    except OptionError:
         return None
     if not newer:
         return None
@@ -710,14 +704,6 @@ def _probe_gpu(nvml: Any, index: int, notes: list[str]) -> Gpu | None:
 # --------------------------------------------------------------------------------------------- declared
 
 
-def _split_archs(archs: Sequence[str] | str) -> list[str]:
-    items = [archs] if isinstance(archs, str) else list(archs)
-    out: list[str] = []
-    for item in items:
-        out.extend(part.strip() for part in str(item).split(",") if part.strip())
-    return out
-
-
 def declared_driver(
     version: str | None, archs: Sequence[str] | str = (), probed: DriverInfo | None = None
 ) -> DriverInfo:
@@ -725,17 +711,13 @@ def declared_driver(
     version comes from the branch table); ``archs`` (``--cuda-arch``, "sm_86" or "sm_86,sm_90") replace the
     probed GPU list.  Whatever is not declared comes from ``probed`` (absent when None).
 
+    A branch alone (``580``, ``R580``) is declared as version "580", with a note that its minor is unknown.
     Raises OptionError naming a bad version or arch.
     """
-    arch_list = _split_archs(archs)
     base = probed if probed is not None else DriverInfo("absent", None, None, reason="driver not probed")
     declared_archs: tuple[str, ...] = ()
-    for arch in arch_list:
-        try:
-            declared_archs += (compat.normalize_arch(arch),)
-        except ValueError as e:
-            raise OptionError(str(e)) from e
-    declared_archs = tuple(dict.fromkeys(declared_archs))
+    if archs and (not isinstance(archs, str) or archs.strip()):
+        declared_archs = tuple(str(a) for a in parse_arch_list(archs))
     if version is not None and str(version).strip() == "":
         version = None
     notes = list(base.notes)
@@ -755,27 +737,27 @@ def declared_driver(
             base.kernel_module,
             base.forward_compat,
         )
-    try:
-        parsed = compat.parse_driver_version(str(version))
-    except ValueError as e:
-        raise OptionError(str(e)) from e
-    version = str(version).strip().lstrip("Rr")
-    cuda = compat.cuda_for_driver(version)
+    parsed = parse_driver(version)
+    cuda = compat.cuda_for_driver(parsed)
     notes = []  # the probed notes describe this machine, not the deployment target
     reason = None
     if cuda is None:
-        reason = f"driver {version} is older than every branch in the compatibility data"
-    elif compat._beyond_data(parsed):
-        notes.append(f"declared driver {version} is newer than the compatibility data; CUDA {cuda} is a lower bound")
-    branch = compat.driver_branch(parsed)
+        reason = f"driver {parsed} is older than every branch in the compatibility data"
+    elif compat.beyond_data(parsed):
+        notes.append(f"declared driver {parsed} is newer than the compatibility data; CUDA {cuda} is a lower bound")
+    if parsed.branch_only:
+        notes.append(
+            f"declared driver branch R{parsed.branch}: its minor version is unknown, so requires_driver is met only "
+            f"when every {parsed.branch}.x meets it"
+        )
     for row in compat.load_compat().branches:
-        if row.unconfirmed and row.branch == branch:
-            notes.append(f"R{branch} reportedly supports CUDA {row.cuda} (unconfirmed; not used)")
+        if row.unconfirmed and row.branch == parsed.branch:
+            notes.append(f"R{parsed.branch} reportedly supports CUDA {row.cuda} (unconfirmed; not used)")
     if probed is not None and probed.present:
         notes.append(f"probed here: {probed.summary()}")
     return DriverInfo(
         "declared",
-        version,
+        str(parsed),
         str(cuda) if cuda is not None else None,
         () if declared_archs else base.gpus,
         declared_archs or base.archs,
@@ -783,157 +765,3 @@ def declared_driver(
         reason,
         tuple(notes),
     )
-
-
-# --------------------------------------------------------------------------------------------- markers
-
-
-def _spec(spec: str, what: str) -> SpecifierSet:
-    text = str(spec).strip()
-    if not text:
-        raise RuleError(f"empty {what} specifier")
-    if text[0].isdigit():
-        text = ">=" + text  # a bare version means "at least"
-    try:
-        return SpecifierSet(text)
-    except InvalidSpecifier as e:
-        raise RuleError(f"invalid {what} specifier {spec!r}: {e}") from e
-
-
-def _source_tag(source: str | None) -> str:
-    return f" ({source})" if source in ("probed", "declared") else ""
-
-
-def driver_satisfies(spec: str, driver: DriverInfo) -> tuple[bool, str]:
-    """``requires_driver(">=550")``: is the driver version in ``spec``? (A bare "550" means ">=550".)"""
-    wanted = _spec(spec, "driver version")
-    if not driver.version:
-        return False, f"no driver ({driver.reason or 'unknown'}); requires driver {wanted}"
-    try:
-        found = Version(driver.version)
-    except InvalidVersion:
-        return False, f"driver version {driver.version!r} is not comparable; requires driver {wanted}"
-    ok = wanted.contains(found, prereleases=True)
-    return ok, f"driver {driver.version}{_source_tag(driver.source)}; requires {wanted}"
-
-
-def cuda_satisfies(spec: str, driver: DriverInfo) -> tuple[bool, str]:
-    """``requires_cuda(">=12.4")``: is the highest CUDA the driver supports in ``spec``?"""
-    wanted = _spec(spec, "CUDA version")
-    if not driver.cuda_version:
-        who = f"driver {driver.version}" if driver.version else "no driver"
-        return False, f"{who}: CUDA version unknown ({driver.reason or 'unknown'}); requires CUDA {wanted}"
-    try:
-        found = Version(driver.cuda_version)
-    except InvalidVersion:
-        return False, f"CUDA version {driver.cuda_version!r} is not comparable; requires {wanted}"
-    ok = wanted.contains(found, prereleases=True)
-    who = f"driver {driver.version}" if driver.version else "the driver"
-    return ok, f"{who}{_source_tag(driver.source)} supports CUDA <= {driver.cuda_version}; requires {wanted}"
-
-
-_MEMORY_RE = re.compile(r"^\s*(?P<num>[0-9]+(?:\.[0-9]+)?)\s*(?P<unit>[KMGT]i?B?|[kmgt]i?b?|B|b)?\s*$")
-_UNITS = {
-    "": 1,
-    "B": 1,
-    "K": 10**3,
-    "M": 10**6,
-    "G": 10**9,
-    "T": 10**12,
-    "KI": 2**10,
-    "MI": 2**20,
-    "GI": 2**30,
-    "TI": 2**40,
-}
-
-
-def parse_memory(value: int | str) -> int:
-    """Bytes from an int or "40GiB" / "40Gi" (binary) / "80GB" / "80G" (decimal) / "512MiB"; RuleError else."""
-    if isinstance(value, bool):
-        raise RuleError(f"invalid memory {value!r}")
-    if isinstance(value, int):
-        if value < 0:
-            raise RuleError(f"invalid memory {value!r}: negative")
-        return value
-    m = _MEMORY_RE.match(str(value))
-    if not m:
-        raise RuleError(f"invalid memory {value!r} (expected bytes or e.g. '40GiB', '80GB')")
-    unit = (m["unit"] or "").upper()
-    unit = unit[:-1] if len(unit) > 1 and unit.endswith("B") else unit
-    return int(float(m["num"]) * _UNITS[unit])
-
-
-def _fmt_bytes(n: int) -> str:
-    return f"{n / 2**30:.1f} GiB"
-
-
-def _arch_matcher(arch: str) -> tuple[Callable[[str], bool], str]:
-    """Matcher over compute capabilities ("9.0"): ">=8.0" (specifier), "sm_90" / "9.0" (exact), or a list."""
-    text = str(arch).strip()
-    if not text:
-        raise RuleError("empty arch requirement")
-    if text[0] in "<>=!~":
-        try:
-            specs = SpecifierSet(text)
-        except InvalidSpecifier as e:
-            raise RuleError(f"invalid arch specifier {arch!r}: {e}") from e
-        return (lambda cc: specs.contains(Version(cc), prereleases=True)), f"arch {text}"
-    wanted = set()
-    for part in text.split(","):
-        try:
-            wanted.add(compat._cc_of(part.strip()))
-        except ValueError as e:
-            raise RuleError(f"invalid arch requirement {arch!r}: {e}") from e
-    shown = ",".join(sorted(compat.normalize_arch(w) for w in wanted))
-    return (lambda cc: cc in wanted), f"arch {shown}"
-
-
-def gpus_satisfy(
-    count: int = 1, arch: str | None = None, memory: int | str | None = None, driver: DriverInfo | None = None
-) -> tuple[bool, str]:
-    """``requires_gpu(count=1, arch=">=8.0"|"sm_90", memory="40GiB")`` against probed GPUs or declared archs.
-
-    With declared archs (``--cuda-arch``) the GPU count and memory are unknown: an arch requirement is met by
-    any declared arch, a count above 1 or a memory requirement is not met (the reason says so).
-    """
-    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-        raise RuleError(f"requires_gpu count must be a non-negative integer, got {count!r}")
-    match, arch_text = _arch_matcher(arch) if arch is not None else ((lambda cc: True), "")
-    need_mem = parse_memory(memory) if memory is not None else None
-    wants = [f"{count} GPU{'s' if count != 1 else ''}"]
-    if arch_text:
-        wants.append(arch_text)
-    if need_mem is not None:
-        wants.append(f"memory >= {_fmt_bytes(need_mem)}")
-    wanted = "requires " + ", ".join(wants)
-    if driver is None:
-        return False, f"no driver information; {wanted}"
-    if driver.arch_source == "declared" and not driver.gpus:
-        ccs = [compat._cc_of(a) for a in driver.archs]
-        hits = [a for a, cc in zip(driver.archs, ccs, strict=True) if match(cc)]
-        found = f"declared archs {','.join(driver.archs)}"
-        if need_mem is not None:
-            return False, f"{found} (GPU memory unknown when archs are declared); {wanted}"
-        if count > 1:
-            return False, f"{found} (GPU count unknown when archs are declared); {wanted}"
-        ok = count == 0 or bool(hits)
-        return ok, f"{found}; {wanted}"
-    if not driver.gpus:
-        why = driver.reason or "NVML sees no GPU"
-        return count == 0, f"no GPU{_source_tag(driver.arch_source or driver.source)} ({why}); {wanted}"
-    matching = []
-    for gpu in driver.gpus:
-        if not gpu.compute_capability and arch is not None:
-            continue
-        if arch is not None and not match(gpu.compute_capability):
-            continue
-        if need_mem is not None and (gpu.memory_total is None or gpu.memory_total < need_mem):
-            continue
-        matching.append(gpu)
-    shown = "; ".join(
-        f"{g.name} {g.compute_capability or '?'}"
-        + (f" {_fmt_bytes(g.memory_total)}" if g.memory_total is not None else "")
-        for g in driver.gpus
-    )
-    found = f"{len(matching)} of {len(driver.gpus)} GPUs{_source_tag(driver.arch_source)} match ({shown})"
-    return len(matching) >= count, f"{found}; {wanted}"

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 from packaging.utils import canonicalize_name
 
 from pytest_cudastack._sysio import read_text
-from pytest_cudastack.cuda.compat import wheel_cuda_flavour
+from pytest_cudastack.cuda.flavour import wheel_cuda_flavour
 from pytest_cudastack.errors import CudaStackError
 from pytest_cudastack.findings import Finding, Severity
 from pytest_cudastack.linker.elf import read_elf
