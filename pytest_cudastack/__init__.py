@@ -16,6 +16,7 @@ def __getattr__(name: str) -> Any:
     # `from pytest_cudastack import requires_soname` is sugar for pytest.mark.requires_soname;
     # resolved lazily so importing the package never imports pytest.
     if name in _MARKERS:
+        # lazy: importing the package never imports pytest
         import pytest
 
         return getattr(pytest.mark, name)

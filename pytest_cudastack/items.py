@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pytest_cudastack.checks import enabled_checks
+from pytest_cudastack.errors import CudaStackError
 from pytest_cudastack.findings import Finding, most_severe_first
 
 if TYPE_CHECKING:
@@ -73,8 +74,6 @@ class InvariantItem(pytest.Item):
     ) -> str | TerminalRepr:
         if isinstance(excinfo.value, InvariantFailed):
             return render_findings(excinfo.value.findings)
-        from pytest_cudastack.errors import CudaStackError
-
         if isinstance(excinfo.value, CudaStackError):
             return f"cudastack: {excinfo.value}"
         return super().repr_failure(excinfo, style=style)

@@ -63,6 +63,7 @@ def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
+    # lazy: an unused plugin imports only pytest and the stdlib (benchmarks/bench_plugin.py)
     from pytest_cudastack.settings import HELP, INI_TYPES, option_specs
 
     group = parser.getgroup("cudastack", "pytest-cudastack")
@@ -75,6 +76,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     for line in MARKERS.values():
         config.addinivalue_line("markers", line)
+    # lazy: an unused plugin imports only pytest and the stdlib (benchmarks/bench_plugin.py)
     from pytest_cudastack.errors import OptionError
     from pytest_cudastack.settings import HELP, resolve
 
@@ -121,11 +123,13 @@ def _stack(config: pytest.Config) -> Stack:
     """The session's facts, built on first use (on an xdist worker, with the controller's driver)."""
     stack = config.stash.get(stack_key, None)
     if stack is None:
+        # lazy: an unused plugin imports only pytest and the stdlib (benchmarks/bench_plugin.py)
         from pytest_cudastack.stack import Stack
 
         driver_info = None
         workerinput = getattr(config, "workerinput", None)
         if workerinput is not None and WORKER_DRIVER in workerinput:
+            # lazy: an unused plugin imports only pytest and the stdlib (benchmarks/bench_plugin.py)
             from pytest_cudastack.cuda.driver import DriverInfo
 
             driver_info = DriverInfo.from_json(json.loads(workerinput[WORKER_DRIVER]))
@@ -159,6 +163,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     marks = [m for m in item.iter_markers() if m.name in MARKERS]
     if not marks:
         return
+    # lazy: an unused plugin imports only pytest and the stdlib (benchmarks/bench_plugin.py)
     from pytest_cudastack.errors import CudaStackError
     from pytest_cudastack.markers import check_marker, evaluate_all
 
@@ -235,6 +240,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     settings = config.stash[settings_key]
     if not settings.items and not settings.cudastack_scan:
         return
+    # lazy: an unused plugin imports only pytest and the stdlib (benchmarks/bench_plugin.py)
     from pytest_cudastack.items import CudaStackCollector
 
     collector = CudaStackCollector.for_session(session, lambda: _stack(config))
@@ -311,6 +317,7 @@ class Reporter:
     def findings(self) -> list[tuple[pytest.TestReport, list[str]]]:
         if not self.reports:
             return []
+        # lazy: an unused plugin imports only pytest and the stdlib (benchmarks/bench_plugin.py)
         from pytest_cudastack.items import FINDING_PROPERTY
 
         out = []
@@ -341,6 +348,7 @@ class Reporter:
         _junit_properties(config, stack)
         snapshot = config.stash[settings_key].cudastack_snapshot
         if snapshot:
+            # lazy: an unused plugin imports only pytest and the stdlib (benchmarks/bench_plugin.py)
             from pytest_cudastack.stack import write_snapshot
 
             write_snapshot(stack, snapshot)

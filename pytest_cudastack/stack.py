@@ -17,10 +17,18 @@ from collections.abc import Callable, Iterator
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
+from pytest_cudastack import __version__
 from pytest_cudastack.checks import enabled_checks, lookup
+from pytest_cudastack.checks.bounds import infer_binary, infer_shipped, infer_wheel
+from pytest_cudastack.checks.integrity import integrity_findings
+from pytest_cudastack.checks.scan import scan_targets
+from pytest_cudastack.cuda.driver import declared_driver, linker_finder, probe_driver
 from pytest_cudastack.errors import DataError
 from pytest_cudastack.findings import Finding
+from pytest_cudastack.linker.elfcache import ElfCache
+from pytest_cudastack.linker.resolver import Resolver, SearchConfig
 from pytest_cudastack.settings import Settings
+from pytest_cudastack.wheels.inventory import installed_wheels
 
 if TYPE_CHECKING:
     from pytest_cudastack.checks.bounds import Inference
@@ -116,29 +124,20 @@ class Stack:
             return self._driver_info
         s = self.settings
         if s.cuda_driver is not None and s.cuda_arch:
-            from pytest_cudastack.cuda.driver import declared_driver
-
             return declared_driver(s.cuda_driver, s.cuda_arch)
         probed = self._probe() if self._probe is not None else None
         if probed is None:
-            from pytest_cudastack.cuda.driver import linker_finder, probe_driver
-            from pytest_cudastack.linker.resolver import Resolver, SearchConfig
-
             # no owner: naming libcuda's distribution would build the inventory just to probe the driver
             linker = Resolver(SearchConfig.from_environment(), reader=self.cache.read)
             probed = probe_driver(find=linker_finder(linker))
         if s.cuda_driver is None and not s.cuda_arch:
             return probed
-        from pytest_cudastack.cuda.driver import declared_driver
-
         return declared_driver(s.cuda_driver, s.cuda_arch, probed=probed)
 
     @cached_property
     def cache(self) -> ElfCache:
         """The one ELF cache of this stack's run: every layer that parses ELF files reads through it, and
         :meth:`flush_cache` writes it once."""
-        from pytest_cudastack.linker.elfcache import ElfCache
-
         return self._cache or ElfCache(enabled=False if self.settings.cudastack_no_cache else None)
 
     def flush_cache(self) -> None:
@@ -148,21 +147,15 @@ class Stack:
 
     @cached_property
     def inventory(self) -> Inventory:
-        from pytest_cudastack.wheels.inventory import installed_wheels
-
         return installed_wheels(self._site_paths, reader=self.cache.read)
 
     @cached_property
     def integrity(self) -> tuple[Finding, ...]:
         """Inventory problems (malformed dist-infos, one name installed twice) and integrity findings."""
-        from pytest_cudastack.checks.integrity import integrity_findings
-
         return integrity_findings(self.inventory)
 
     @cached_property
     def resolver(self) -> Resolver:
-        from pytest_cudastack.linker.resolver import Resolver, SearchConfig
-
         return Resolver(SearchConfig.from_environment(), reader=self.cache.read, owner=self._owner)
 
     def _owner(self, path: str) -> str | None:
@@ -187,14 +180,10 @@ class Stack:
 
     @cached_property
     def scan_targets(self) -> tuple[Target, ...]:
-        from pytest_cudastack.checks.scan import scan_targets
-
         return scan_targets(self.settings.cudastack_scan, self.rootdir)
 
     @cached_property
     def binary_inferences(self) -> tuple[Inference, ...]:
-        from pytest_cudastack.checks.bounds import infer_binary
-
         return tuple(
             infer_binary(self.tree(path), name, self.inventory)
             for name, path in self.scan_targets
@@ -203,8 +192,6 @@ class Stack:
 
     @cached_property
     def wheel_inferences(self) -> tuple[Inference, ...]:
-        from pytest_cudastack.checks.bounds import infer_shipped, infer_wheel
-
         out = []
         for dist in self.inventory.distributions:
             inference = infer_wheel(dist) if dist.cuda_major is not None else infer_shipped(dist, self.cache.read)
@@ -240,8 +227,6 @@ class Stack:
     # JSON -------------------------------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
         """The stack as JSON: driver, CUDA wheels (with missing files), scanned binaries' resolution."""
-        from pytest_cudastack import __version__
-
         wheels = []
         for dist in self.wheels:
             wheels.append(

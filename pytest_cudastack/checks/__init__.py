@@ -78,6 +78,8 @@ class _Lazy:
     function: str = "run"
 
     def __call__(self, stack: StackView, target: Target | None) -> tuple[Finding, ...]:
+        # lazy: Settings reads this registry in every pytest session; a check's module (ELF reader, resolver,
+        # wheel readers) loads only when that check runs. Only this package's own modules are named here.
         run: Run = getattr(importlib.import_module(f"{__name__}.{self.module}"), self.function)
         return run(stack, target)
 

@@ -19,7 +19,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from pytest_cudastack.cuda.compat import load_compat, soname_cuda_majors
+from pytest_cudastack.cuda.flavour import wheel_cuda_requirement
 from pytest_cudastack.cuda.versions import parse_cuda
+from pytest_cudastack.errors import ElfError
 from pytest_cudastack.findings import Finding, Severity
 
 if TYPE_CHECKING:
@@ -73,8 +76,6 @@ class Inference:
 
 
 def _single_major(soname: str) -> tuple[int, int | None] | None:
-    from pytest_cudastack.cuda.compat import soname_cuda_majors
-
     majors = soname_cuda_majors(soname)
     if not majors or len(majors) != 1:
         return None
@@ -84,8 +85,6 @@ def _single_major(soname: str) -> tuple[int, int | None] | None:
 
 def infer_wheel(dist: Distribution) -> Inference:
     """A wheel's CUDA requirement from its flavour and version; no needs when it is not a CUDA wheel."""
-    from pytest_cudastack.cuda.flavour import wheel_cuda_requirement
-
     cuda, evidence = wheel_cuda_requirement(
         dist.name, dist.version, dist.requires, tuple(lib.path for lib in dist.libraries)
     )
@@ -100,8 +99,6 @@ def infer_wheel(dist: Distribution) -> Inference:
 def infer_shipped(dist: Distribution, reader: Callable[[str], ElfInfo]) -> Inference:
     """A wheel without a CUDA flavour whose shared libraries (extension modules) link CUDA sonames that
     decide a major directly (``libcudart.so.13``): each such DT_NEEDED is evidence."""
-    from pytest_cudastack.errors import ElfError
-
     needs: list[CudaNeed] = []
     for lib in dist.libraries:
         if not lib.exists:
@@ -128,8 +125,6 @@ def infer_binary(tree: Tree, subject: str, inventory: Inventory | None = None) -
     for lib in tree.libraries:
         for parent in lib.needed_by:
             by_path.setdefault(parent, []).append(lib.soname)
-    from pytest_cudastack.cuda.compat import soname_cuda_majors
-
     for lib in tree.libraries:
         majors = soname_cuda_majors(lib.soname)
         if not majors:
@@ -181,8 +176,6 @@ def _decide(
 
 def _last_minor(major: int) -> int | None:
     """Last minor of a closed CUDA series (a newer major exists in the toolkit table): 12 -> 9; else None."""
-    from pytest_cudastack.cuda.compat import load_compat
-
     releases = [row.toolkit.release for row in load_compat().toolkits]
     if not any(r[0] > major for r in releases):
         return None

@@ -20,7 +20,6 @@ Chains and details name files relative to their site directory (the site directo
 
 from __future__ import annotations
 
-import importlib
 import logging
 import os
 from collections.abc import Callable, Sequence
@@ -28,6 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from pytest_cudastack._sysio import real_path
+from pytest_cudastack.cuda.compat import is_driver_soname
 from pytest_cudastack.findings import Finding, Severity
 from pytest_cudastack.linker.resolver import Library, Resolver, SearchConfig, Tree
 from pytest_cudastack.wheels.integrity import pip_command
@@ -70,15 +70,6 @@ def module_trees(inv: Inventory, resolver: Resolver) -> tuple[ModuleTree, ...]:
     return tuple(ModuleTree(d, lib, resolver.tree(lib.path)) for d, lib in extension_modules(inv))
 
 
-def _driver_check() -> Callable[[str], bool]:
-    try:
-        compat = importlib.import_module("pytest_cudastack.cuda.compat")
-    except ImportError:  # pragma: no cover - the driver engineer's module
-        return lambda s: s.startswith(("libcuda.so", "libnvidia-ml.so"))
-    fn: Callable[[str], bool] = compat.is_driver_soname
-    return fn
-
-
 def _rel(path: str, inv: Inventory) -> str:
     p = os.path.normpath(path)
     for site in inv.site_dirs:
@@ -119,7 +110,6 @@ def extension_closures(
     ``trees``: precomputed :func:`module_trees` (to share them with other reports).
     """
     mts = tuple(trees) if trees is not None else module_trees(inv, resolver)
-    is_driver = _driver_check()
     missing: dict[str, _Missing] = {}
     reached: set[str] = set()
     dirs: dict[str, str] = {}
@@ -146,7 +136,7 @@ def extension_closures(
     driver_missing: list[_Missing] = []
     for soname in sorted(missing):
         m = missing[soname]
-        if is_driver(soname):
+        if is_driver_soname(soname):
             driver_missing.append(m)
             continue
         findings.append(_missing_finding(inv, m))
@@ -166,7 +156,7 @@ def extension_closures(
             )
         )
     reported = set(missing)
-    findings.extend(_unreachable(inv, resolver, reached, lambda s: is_driver(s) or s in reported, dirs))
+    findings.extend(_unreachable(inv, resolver, reached, lambda s: is_driver_soname(s) or s in reported, dirs))
     return tuple(findings)
 
 

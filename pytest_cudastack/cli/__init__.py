@@ -19,7 +19,7 @@ __all__ = ["build_parser", "main"]
 def _subcommand(name: str) -> ModuleType:
     # Imported when its subcommand runs, not here: `cudastack --help` and tree's warm path (tests/test_cli.py,
     # tests/test_treeview.py) must not pay for every subcommand's imports.
-    return importlib.import_module(f"{__name__}.{name}")
+    return importlib.import_module(f"{__name__}.{name}")  # lazy: see above
 
 
 class _Formatter(argparse.HelpFormatter):

@@ -32,6 +32,7 @@ __all__ = ["cmd_tree", "render_tree"]
 
 def _log() -> logging.Logger:
     """This module's logger, imported when first needed (``tree --json``'s warm path never logs)."""
+    # lazy: a warm `tree --json` imports no resolver, ELF reader, dataclasses or logging
     import logging
 
     return logging.getLogger(__name__)
@@ -61,6 +62,7 @@ def _owner_index(site: Sequence[str]) -> Any | None:
     """A path -> owner index over *site* (RECORD files only: no ELF reads, no flavour rules); None when
     unavailable."""
     try:
+        # lazy: a warm `tree --json` imports no resolver, ELF reader, dataclasses or logging
         from pytest_cudastack.wheels.sitepaths import owner_index
     except ImportError:
         return None
@@ -110,6 +112,7 @@ class _Providers:
         new = self.new.get(path)
         if new is not None:
             return new[0]
+        # lazy: a warm `tree --json` imports no resolver, ELF reader, dataclasses or logging
         from pytest_cudastack.linker.treecache import dep_value
 
         real = dep_value("r" + path, self._dirs)
@@ -149,6 +152,7 @@ def _providers(trees: list[Tree], site: Sequence[str] | None, cache: ElfCache) -
 
 def _with_providers(trees: list[Tree], prov: Callable[[str | None], str | None]) -> list[Tree]:
     """*trees* with Library.provider filled (for the human view)."""
+    # lazy: a warm `tree --json` imports no resolver, ELF reader, dataclasses or logging
     import dataclasses
 
     return [
@@ -158,6 +162,7 @@ def _with_providers(trees: list[Tree], prov: Callable[[str | None], str | None])
 
 
 def _tag(lib: Library) -> str:
+    # lazy: a warm `tree --json` imports no resolver, ELF reader, dataclasses or logging
     from pytest_cudastack.linker.resolver import Route
 
     if lib.route in (Route.RPATH, Route.RUNPATH) and lib.route_detail:
@@ -169,6 +174,7 @@ def _tag(lib: Library) -> str:
 
 def render_tree(tree: Tree, out: TextIO) -> None:
     """The human view: an indented tree, one line per library, missing ones marked, with tried paths."""
+    # lazy: a warm `tree --json` imports no resolver, ELF reader, dataclasses or logging
     from pytest_cudastack.linker.resolver import Route
 
     out.write(f"{tree.path}\n")
@@ -216,6 +222,7 @@ def cmd_tree(args: argparse.Namespace) -> int:
     site: Sequence[str] | None = getattr(args, "site", None)
     if getattr(args, "json", False):
         return _tree_json(paths, site)
+    # lazy: a warm `tree --json` imports no resolver, ELF reader, dataclasses or logging
     from pytest_cudastack.linker.resolver import Resolver, SearchConfig
 
     cache = ElfCache()
@@ -242,6 +249,7 @@ def _provider_context(index: Any | None, since_ns: int) -> tuple[str, bool]:
     except Exception as e:  # an inventory bug must not break tree
         _log().debug("owner stamp failed: %s", e)
         return "?", False
+    # lazy: a warm `tree --json` imports no resolver, ELF reader, dataclasses or logging
     from pytest_cudastack.linker import treecache
 
     fresh = True
@@ -255,12 +263,14 @@ def _provider_context(index: Any | None, since_ns: int) -> tuple[str, bool]:
 def _tree_json(paths: list[str], site: Sequence[str] | None) -> int:
     """``tree --json``: rows from the closure cache where every file and directory they were read from is
     unchanged (see :mod:`pytest_cudastack.linker.treecache`), the resolver for the rest."""
+    # lazy: a warm `tree --json` imports no resolver, ELF reader, dataclasses or logging
     import time
 
     since = time.time_ns()  # before anything is read: the racy window is measured from here
     cache = ElfCache()  # parses nothing until asked: the warm path never loads it
     store: Any = None
     if cache.enabled:
+        # lazy: a warm `tree --json` imports no resolver, ELF reader, dataclasses or logging
         from pytest_cudastack.linker.treecache import TreeCache, environment_key, racy
 
         key, ldcache = environment_key()
@@ -272,6 +282,7 @@ def _tree_json(paths: list[str], site: Sequence[str] | None) -> int:
     fresh: dict[str, tuple[Tree, frozenset[str]]] = {}
     cacheable = True
     if todo:
+        # lazy: a warm `tree --json` imports no resolver, ELF reader, dataclasses or logging
         from pytest_cudastack.linker.resolver import Resolver, SearchConfig
 
         resolver = Resolver(SearchConfig.from_environment(), reader=cache.read)

@@ -192,6 +192,7 @@ def exports(path: str | os.PathLike[str], symbol: str) -> bool:
 
 
 def _exports_pyelftools(p: str, fd: int, size: int, symbol: str) -> bool:
+    # lazy: pyelftools is the fallback and error-message path; the fast reader never needs it
     from elftools.elf.elffile import ELFFile
 
     with os.fdopen(fd, "rb", buffering=4096, closefd=False) as stream:
@@ -914,6 +915,7 @@ def _machine_number(value: Any) -> int:
         return value
     global _EM_BY_NAME
     if _EM_BY_NAME is None:
+        # lazy: pyelftools is the fallback and error-message path; the fast reader never needs it
         from elftools.elf.enums import ENUM_E_MACHINE
 
         _EM_BY_NAME = {str(k): int(v) for k, v in ENUM_E_MACHINE.items() if isinstance(v, int)}
@@ -931,6 +933,7 @@ def _machine_number(value: Any) -> int:
 def _osabi_number(value: Any) -> int:
     if isinstance(value, int):
         return value
+    # lazy: pyelftools is the fallback and error-message path; the fast reader never needs it
     from elftools.elf.enums import ENUM_EI_OSABI
 
     v = ENUM_EI_OSABI.get(str(value))

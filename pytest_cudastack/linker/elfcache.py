@@ -34,6 +34,7 @@ __all__ = ["CACHE_FILE", "ElfCache", "default_cache_dir"]
 def _log() -> logging.Logger:
     """This module's logger, imported when first needed: ``cudastack tree``'s warm path imports this module
     for :func:`default_cache_dir` and :func:`write_atomic` and never logs."""
+    # lazy: tree's warm path imports this module and never parses or logs
     import logging
 
     return logging.getLogger(__name__)
@@ -103,6 +104,7 @@ class ElfCache:
 
     def read(self, path: str) -> ElfInfo:
         """Cached read_elf; raises ElfError (errors are cached too)."""
+        # lazy: tree's warm path imports this module and never parses or logs
         from pytest_cudastack.linker.elf import ElfInfo, read_elf
 
         if not self.enabled:

@@ -76,6 +76,7 @@ def _section_ranges(fd: int, path: str) -> tuple[list[tuple[int, int]], list[tup
         return [(0, size)], []
     if head[:4] != b"\x7fELF":
         raise ElfError(f"{path}: neither an ELF file nor a fatbinary")
+    # lazy: pyelftools only for files the section scan cannot read directly
     from elftools.common.exceptions import ELFError as PyElfError
     from elftools.elf.constants import SH_FLAGS
     from elftools.elf.elffile import ELFFile

@@ -16,7 +16,8 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from pytest_cudastack.errors import LdCacheError
+from pytest_cudastack._sysio import open_regular
+from pytest_cudastack.errors import ElfError, LdCacheError
 from pytest_cudastack.linker.hwcaps import host_search
 
 __all__ = [
@@ -219,9 +220,6 @@ def parse_ld_cache(data: bytes, path: str = "<bytes>") -> LdCache:
 
 def read_ld_cache(path: str = "/etc/ld.so.cache") -> LdCache:
     """Read and parse an ld.so.cache file; raises :class:`LdCacheError` (also when it cannot be read)."""
-    from pytest_cudastack._sysio import open_regular  # non-blocking open + S_ISREG check
-    from pytest_cudastack.errors import ElfError
-
     try:
         fd, _st = open_regular(path)
     except ElfError as e:

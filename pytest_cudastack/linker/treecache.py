@@ -38,6 +38,7 @@ import os
 import sys
 import zlib
 
+from pytest_cudastack import __version__
 from pytest_cudastack._sysio import real_path, write_atomic
 from pytest_cudastack.linker.hwcaps import host_search
 
@@ -107,8 +108,6 @@ def racy(value: Any, since_ns: int) -> bool:
 def environment_key(environ: dict[str, str] | None = None) -> tuple[str, list[int] | int]:
     """(key, ld.so.cache status): everything outside the files themselves that decides a closure for the
     root ``/`` (the inputs of SearchConfig.from_environment and of the resolver's code)."""
-    from pytest_cudastack import __version__
-
     env = os.environ if environ is None else environ
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     ldcache = stat_value("/etc/ld.so.cache")

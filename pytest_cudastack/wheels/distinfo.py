@@ -85,7 +85,7 @@ def parse_record(text: str, entry: Callable[[str, str | None, int | None], T]) -
         # the garbage collector more than the splitting)
         rows = (line.split(",") for line in lines)
     else:
-        import csv  # rare (quoted fields, NUL, huge lines): kept off tree's warm path
+        import csv  # lazy: rare (quoted fields, NUL, huge lines), kept off tree's warm path
 
         try:
             rows = list(csv.reader(lines))
@@ -136,7 +136,7 @@ _HEADER_RE = re.compile(r"[\041-\071\073-\176]+:")  # a header name (printable, 
 
 
 def _email_headers(text: str) -> list[tuple[str, str]]:
-    import email.parser  # rare (header blocks the shortcut leaves alone): kept off tree's warm path
+    import email.parser  # lazy: rare (header blocks the shortcut leaves alone), kept off tree's warm path
     import email.policy
 
     msg = email.parser.Parser(policy=email.policy.compat32).parsestr(text, headersonly=True)
