@@ -111,7 +111,7 @@ def test_tree_does_not_pay_for_the_check_options(tmp_path: Path) -> None:
     )
     env = {**os.environ, "CUDASTACK_NO_CACHE": "1"}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
-    assert json.loads(done.stdout)[0]["path"] == "/bin/sh"
+    assert json.loads(done.stdout)["trees"][0]["path"] == "/bin/sh"
     assert done.stderr == "False"
 
 
