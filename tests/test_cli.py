@@ -172,7 +172,9 @@ def test_cmd_snapshot_and_diff(
     a, b = tmp_path / "a.json", tmp_path / "b.json"
     assert cmd_snapshot(argparse.Namespace(output=str(a))) == 0
     b.write_text(a.read_text())
+    capsys.readouterr()
     assert cmd_diff(argparse.Namespace(a=str(a), b=str(b))) == 0
+    assert capsys.readouterr().out == "no drift\n"
     data = json.loads(b.read_text())
     data["driver"]["version"] = "999.1"
     b.write_text(json.dumps(data))
