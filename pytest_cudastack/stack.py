@@ -2,7 +2,8 @@
 
 ``Stack`` backs the ``cuda_*`` fixtures (``CudaLibs``, ``CudaWheels``), the markers, the invariant items and
 ``cudastack check``: every fact (driver, installed wheels, resolver, scanned binaries) is computed on first
-use and then reused. ``Stack.to_json`` is the snapshot (format ``SNAPSHOT_FORMAT``); ``write_snapshot`` and
+use and then reused. ``Stack.to_json`` is the snapshot (schema ``SNAPSHOT_SCHEMA`` version ``SNAPSHOT_FORMAT``,
+``pytest_cudastack/schemas/snapshot.schema.json``); ``write_snapshot`` and
 ``load_snapshot`` are its file I/O, shared by ``--cudastack-snapshot``/``--cudastack-baseline`` and the
 ``cudastack snapshot``/``check``/``diff`` subcommands (``pytest_cudastack.cli``), which do their own printing.
 """
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "SNAPSHOT_FORMAT",
+    "SNAPSHOT_SCHEMA",
     "CudaLibs",
     "CudaWheels",
     "Stack",
@@ -49,7 +51,8 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-SNAPSHOT_FORMAT = 1
+SNAPSHOT_SCHEMA = "pytest-cudastack/snapshot"
+SNAPSHOT_FORMAT = 1  # the snapshot's "version" (and "format", its name in files pytest-cudastack 0.1.0 reads)
 
 
 class CudaLibs:
@@ -247,6 +250,8 @@ class Stack:
                 tree["path"] = name
                 binaries.append(tree)
         return {
+            "schema": SNAPSHOT_SCHEMA,
+            "version": SNAPSHOT_FORMAT,
             "format": SNAPSHOT_FORMAT,
             "generator": f"pytest-cudastack {__version__}",
             "driver": self.driver.to_json(),
@@ -256,14 +261,17 @@ class Stack:
 
 
 def load_snapshot(path: str) -> dict[str, Any]:
-    """Read a snapshot file; ``DataError`` naming the file when it is not one."""
+    """Read a snapshot file; ``DataError`` naming the file when it is not one. A file without ``"schema"``
+    (written before the snapshot named its schema) is read by its ``"format"``."""
     try:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
     except (OSError, ValueError) as e:
         raise DataError(f"{path}: cannot read cudastack snapshot: {e}") from e
-    if not isinstance(data, dict) or data.get("format") != SNAPSHOT_FORMAT:
-        raise DataError(f"{path}: not a cudastack snapshot (format {SNAPSHOT_FORMAT} expected)")
+    if not isinstance(data, dict) or data.get("schema", SNAPSHOT_SCHEMA) != SNAPSHOT_SCHEMA:
+        raise DataError(f"{path}: not a cudastack snapshot (schema {SNAPSHOT_SCHEMA!r} expected)")
+    if data.get("version", data.get("format")) != SNAPSHOT_FORMAT:
+        raise DataError(f"{path}: not a cudastack snapshot (version {SNAPSHOT_FORMAT} expected)")
     return data
 
 

@@ -5,7 +5,7 @@ import copy
 import pytest
 
 from pytest_cudastack.checks.arch import arch_coverage
-from pytest_cudastack.checks.baseline import baseline_findings, diff_snapshots
+from pytest_cudastack.checks.baseline import baseline_findings, diff_snapshots, snapshot_drift
 from pytest_cudastack.checks.bounds import CudaNeed, Inference
 from pytest_cudastack.checks.driver import driver_findings
 from pytest_cudastack.checks.scan import binary_findings, scan_targets
@@ -149,3 +149,24 @@ def test_diff_snapshots_names_every_change():
     assert len(findings) == 5
     assert all(f.failing and f.check == "baseline" for f in findings)
     assert "--cudastack-snapshot=base.json" in findings[0].fix
+
+
+def test_snapshot_drift_records_what_each_line_says():
+    new = copy.deepcopy(SNAP)
+    new["driver"]["gpus"] = [{"name": "NVIDIA H200", "compute_capability": "9.0"}]
+    new["wheels"][0]["missing"] = ["/s/libcudnn.so.9"]
+    new["wheels"].append({"name": "nvidia-nccl-cu13", "version": "2.30.7"})
+    new["binaries"][0]["libraries"][0]["path"] = None
+    new["binaries"][0]["libraries"].append({"soname": "libnew.so.1", "path": "/l/libnew.so.1"})
+    new["binaries"].append({"path": "bin/b", "libraries": []})
+    drift = snapshot_drift(SNAP, new)
+    assert tuple(d.text for d in drift) == diff_snapshots(SNAP, new)
+    assert [(d.kind, d.subject, d.item, d.change, d.before, d.after) for d in drift] == [
+        ("driver", "gpus", None, "changed", [], [{"name": "NVIDIA H200", "compute_capability": "9.0"}]),
+        ("wheel", "nvidia-cudnn-cu12", "/s/libcudnn.so.9", "removed", "/s/libcudnn.so.9", None),
+        ("wheel", "nvidia-nccl-cu13", None, "added", None, "2.30.7"),
+        ("binary", "bin/a", "libcublas.so.12", "changed", "/l/libcublas.so.12", None),
+        ("binary", "bin/a", "libnew.so.1", "added", None, "/l/libnew.so.1"),
+        ("binary", "bin/b", None, "added", None, None),
+    ]
+    assert drift[0].to_json()["text"] == "GPUs: none -> [('NVIDIA H200', '9.0')]"

@@ -111,7 +111,7 @@ def test_tree_does_not_pay_for_the_check_options(tmp_path: Path) -> None:
     )
     env = {**os.environ, "CUDASTACK_NO_CACHE": "1"}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
-    assert json.loads(done.stdout)[0]["path"] == "/bin/sh"
+    assert json.loads(done.stdout)["trees"][0]["path"] == "/bin/sh"
     assert done.stderr == "False"
 
 
@@ -172,7 +172,9 @@ def test_cmd_snapshot_and_diff(
     a, b = tmp_path / "a.json", tmp_path / "b.json"
     assert cmd_snapshot(argparse.Namespace(output=str(a))) == 0
     b.write_text(a.read_text())
+    capsys.readouterr()
     assert cmd_diff(argparse.Namespace(a=str(a), b=str(b))) == 0
+    assert capsys.readouterr().out == "no drift\n"
     data = json.loads(b.read_text())
     data["driver"]["version"] = "999.1"
     b.write_text(json.dumps(data))

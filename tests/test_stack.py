@@ -34,7 +34,7 @@ def test_driver_is_declared_without_probe():
 
 def test_to_json_round_trips_through_json(stack, tmp_path):
     data = json.loads(json.dumps(stack.to_json()))
-    assert data["format"] == 1
+    assert (data["schema"], data["version"], data["format"]) == ("pytest-cudastack/snapshot", 1, 1)
     assert data["driver"]["version"] == "550.54.15"
     assert data["wheels"] == []
     assert data["binaries"] == []
@@ -57,8 +57,20 @@ def test_load_snapshot_rejects_other_json(tmp_path):
     bad.write_text('{"format": 99}')
     with pytest.raises(DataError, match=r"x\.json: not a cudastack snapshot"):
         load_snapshot(str(bad))
+    bad.write_text('{"schema": "pytest-cudastack/tree", "version": 1, "format": 1}')
+    with pytest.raises(DataError, match=r"not a cudastack snapshot \(schema 'pytest-cudastack/snapshot' expected"):
+        load_snapshot(str(bad))
+    bad.write_text('{"schema": "pytest-cudastack/snapshot", "version": 2, "format": 1}')
+    with pytest.raises(DataError, match=r"version 1 expected"):
+        load_snapshot(str(bad))
     with pytest.raises(DataError, match="cannot read"):
         load_snapshot(str(tmp_path / "absent.json"))
+
+
+def test_load_snapshot_reads_one_written_before_it_named_its_schema(tmp_path):
+    old = tmp_path / "old.json"
+    old.write_text('{"format": 1, "generator": "pytest-cudastack 0.1.0", "driver": {}, "wheels": [], "binaries": []}')
+    assert load_snapshot(str(old))["wheels"] == []
 
 
 def test_unknown_check_is_an_error(stack):

@@ -50,8 +50,11 @@ class FakeInventory:
 
 def test_tree_json_schema_and_exit_status(scen: Scenarios, capsys: pytest.CaptureFixture[str]) -> None:
     rc = main(["tree", "--json", str(scen.rpath_inherit), str(scen.missing_deep)])
-    data = json.loads(capsys.readouterr().out)
+    doc = json.loads(capsys.readouterr().out)
     assert rc == 1  # libgone.so.1 is missing
+    assert set(doc) == {"schema", "version", "trees"}
+    assert (doc["schema"], doc["version"]) == ("pytest-cudastack/tree", 1)
+    data = doc["trees"]
     assert [d["path"] for d in data] == [str(scen.rpath_inherit), str(scen.missing_deep)]
     for tree in data:
         assert set(tree) == {"path", "libraries"}
@@ -104,7 +107,7 @@ def test_tree_providers(scen: Scenarios, capsys: pytest.CaptureFixture[str], mon
     monkeypatch.setattr(treeview, "_owner_index", lambda site: FakeIndex({mid: "mid-wheel 1.0"}, {}))
     monkeypatch.setattr(treeview, "_site_dirs_for", lambda paths: ["/fake-site"])
     main(["tree", "--json", str(scen.rpath_inherit)])
-    libs = {x["soname"]: x for x in json.loads(capsys.readouterr().out)[0]["libraries"]}
+    libs = {x["soname"]: x for x in json.loads(capsys.readouterr().out)["trees"][0]["libraries"]}
     assert libs["libmid.so.1"]["provider"] == "mid-wheel 1.0"
     assert libs["libleaf.so.1"]["provider"] is None
     main(["tree", str(scen.rpath_inherit)])
@@ -117,7 +120,7 @@ def test_tree_without_inventory(
     monkeypatch.setattr(treeview, "_owner_index", lambda site: None)
     monkeypatch.setattr(treeview, "_site_dirs_for", lambda paths: ["/fake-site"])
     assert main(["tree", "--json", str(scen.rpath_inherit)]) == 0
-    assert all(x["provider"] is None for x in json.loads(capsys.readouterr().out)[0]["libraries"])
+    assert all(x["provider"] is None for x in json.loads(capsys.readouterr().out)["trees"][0]["libraries"])
 
 
 def test_site_dirs_for() -> None:
@@ -230,7 +233,7 @@ def test_tree_providers_from_records_and_cache(
     def providers() -> dict[str, str | None]:
         assert main(["tree", "--json", root]) == 0
         data = json.loads(capsys.readouterr().out)
-        return {x["soname"]: x["provider"] for x in data[0]["libraries"]}
+        return {x["soname"]: x["provider"] for x in data["trees"][0]["libraries"]}
 
     got = providers()
     assert got["libcudastackdep.so.1"] == "dep-wheel 1.0"
@@ -254,7 +257,7 @@ def test_tree_providers_from_records_and_cache(
     for given, want in ((other, None), (tmp_path / "venv", "dep-wheel 1.1")):
         ns = argparse.Namespace(paths=[root], json=True, site=[str(given)])
         assert treeview.cmd_tree(ns) == 0
-        libs = {x["soname"]: x["provider"] for x in json.loads(capsys.readouterr().out)[0]["libraries"]}
+        libs = {x["soname"]: x["provider"] for x in json.loads(capsys.readouterr().out)["trees"][0]["libraries"]}
         assert libs["libcudastackdep.so.1"] == want
 
 
@@ -314,13 +317,15 @@ def test_closure_cache_warm_equals_cold(
     ]
     settle(window)
     cold = _tree(capsys, *roots)
-    assert json.loads(cold[1])  # the rows are JSON
+    assert json.loads(cold[1])["trees"]  # the rows are JSON
     cache = Path(os.environ["CUDASTACK_CACHE_DIR"]) / "treecache-v1.json"
     assert cache.is_file()
     with monkeypatch.context() as m:
         _no_resolver(m)
         assert _tree(capsys, *roots) == cold
-        assert _tree(capsys, *reversed(roots)) == (cold[0], json.dumps(json.loads(cold[1])[::-1]) + "\n")
+        doc = json.loads(cold[1])
+        doc["trees"].reverse()
+        assert _tree(capsys, *reversed(roots)) == (cold[0], json.dumps(doc) + "\n")
     # disabled: neither read nor written
     monkeypatch.setenv("CUDASTACK_NO_CACHE", "1")
     cache.unlink()
@@ -343,7 +348,7 @@ def _two_dirs(tmp_path: Path) -> tuple[Path, Path, Path, bytes]:
 
 
 def _paths(out: str) -> dict[str, str | None]:
-    return {x["soname"]: x["path"] for x in json.loads(out)[0]["libraries"]}
+    return {x["soname"]: x["path"] for x in json.loads(out)["trees"][0]["libraries"]}
 
 
 def test_closure_cache_new_library_in_earlier_directory(

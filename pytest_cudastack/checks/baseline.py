@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pytest_cudastack.findings import Finding, Severity
@@ -10,42 +11,81 @@ from pytest_cudastack.findings import Finding, Severity
 if TYPE_CHECKING:
     from pytest_cudastack.checks.facts import StackView, Target
 
-__all__ = ["baseline_findings", "diff_snapshots", "run"]
+__all__ = ["Drift", "baseline_findings", "diff_snapshots", "run", "snapshot_drift"]
 
 
 def _index(items: Iterable[Mapping[str, Any]], key: str) -> dict[str, Mapping[str, Any]]:
     return {str(item[key]): item for item in items}
 
 
-def diff_snapshots(old: Mapping[str, Any], new: Mapping[str, Any]) -> tuple[str, ...]:
-    """Human-readable differences between two stack snapshots (``Stack.to_json``); empty when equal."""
-    out: list[str] = []
+@dataclass(frozen=True)
+class Drift:
+    """One difference between two snapshots, as ``cudastack diff --json`` lists it (schemas/diff.schema.json).
+
+    ``kind`` is "driver" (``subject``: "version", "cuda_version", "archs" or "gpus"), "wheel" (``subject``: its
+    name; ``item``: the file that went missing or is back) or "binary" (``subject``: its path; ``item``: the
+    soname whose path changed); ``change`` is "added", "removed" or "changed"; ``before``/``after`` are the
+    values on each side (None where absent or not found); ``text`` is the line ``cudastack diff`` prints.
+    """
+
+    kind: str
+    subject: str
+    item: str | None
+    change: str
+    before: Any
+    after: Any
+    text: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "subject": self.subject,
+            "item": self.item,
+            "change": self.change,
+            "before": self.before,
+            "after": self.after,
+            "text": self.text,
+        }
+
+
+def snapshot_drift(old: Mapping[str, Any], new: Mapping[str, Any]) -> tuple[Drift, ...]:
+    """The differences between two stack snapshots (``Stack.to_json``); empty when equal."""
+    out: list[Drift] = []
     od, nd = old.get("driver") or {}, new.get("driver") or {}
     for key in ("version", "cuda_version", "archs"):
         if od.get(key) != nd.get(key):
-            out.append(f"driver {key}: {od.get(key)} -> {nd.get(key)}")
+            line = f"driver {key}: {od.get(key)} -> {nd.get(key)}"
+            out.append(Drift("driver", key, None, "changed", od.get(key), nd.get(key), line))
     ogpus = [(g.get("name"), g.get("compute_capability")) for g in od.get("gpus", ())]
     ngpus = [(g.get("name"), g.get("compute_capability")) for g in nd.get("gpus", ())]
     if ogpus != ngpus:
-        out.append(f"GPUs: {ogpus or 'none'} -> {ngpus or 'none'}")
+        line = f"GPUs: {ogpus or 'none'} -> {ngpus or 'none'}"
+        was, now = ([{"name": n, "compute_capability": c} for n, c in gpus] for gpus in (ogpus, ngpus))
+        out.append(Drift("driver", "gpus", None, "changed", was, now, line))
     ow, nw = _index(old.get("wheels", ()), "name"), _index(new.get("wheels", ()), "name")
     for name in sorted(ow.keys() | nw.keys()):
         a, b = ow.get(name), nw.get(name)
         if a is None and b is not None:
-            out.append(f"wheel {name} {b.get('version')}: added")
+            line = f"wheel {name} {b.get('version')}: added"
+            out.append(Drift("wheel", name, None, "added", None, b.get("version"), line))
         elif b is None and a is not None:
-            out.append(f"wheel {name} {a.get('version')}: removed")
+            line = f"wheel {name} {a.get('version')}: removed"
+            out.append(Drift("wheel", name, None, "removed", a.get("version"), None, line))
         elif a is not None and b is not None:
             if a.get("version") != b.get("version"):
-                out.append(f"wheel {name}: {a.get('version')} -> {b.get('version')}")
+                line = f"wheel {name}: {a.get('version')} -> {b.get('version')}"
+                out.append(Drift("wheel", name, None, "changed", a.get("version"), b.get("version"), line))
             am, bm = set(a.get("missing", ())), set(b.get("missing", ()))
-            out.extend(f"wheel {name}: {p} went missing" for p in sorted(bm - am))
-            out.extend(f"wheel {name}: {p} is back" for p in sorted(am - bm))
+            out.extend(
+                Drift("wheel", name, p, "removed", p, None, f"wheel {name}: {p} went missing") for p in sorted(bm - am)
+            )
+            out.extend(Drift("wheel", name, p, "added", None, p, f"wheel {name}: {p} is back") for p in sorted(am - bm))
     ob, nb = _index(old.get("binaries", ()), "path"), _index(new.get("binaries", ()), "path")
     for path in sorted(ob.keys() | nb.keys()):
         a, b = ob.get(path), nb.get(path)
         if a is None or b is None:
-            out.append(f"binary {path}: {'added' if a is None else 'removed'}")
+            change = "added" if a is None else "removed"
+            out.append(Drift("binary", path, None, change, None, None, f"binary {path}: {change}"))
             continue
         al = {lib["soname"]: lib.get("path") for lib in a.get("libraries", ())}
         bl = {lib["soname"]: lib.get("path") for lib in b.get("libraries", ())}
@@ -53,8 +93,15 @@ def diff_snapshots(old: Mapping[str, Any], new: Mapping[str, Any]) -> tuple[str,
             if al.get(soname, "absent") != bl.get(soname, "absent"):
                 before = al.get(soname, "not needed") or "not found"
                 after = bl.get(soname, "not needed") or "not found"
-                out.append(f"binary {path}: {soname}: {before} -> {after}")
+                change = "added" if soname not in al else "removed" if soname not in bl else "changed"
+                line = f"binary {path}: {soname}: {before} -> {after}"
+                out.append(Drift("binary", path, soname, change, al.get(soname), bl.get(soname), line))
     return tuple(out)
+
+
+def diff_snapshots(old: Mapping[str, Any], new: Mapping[str, Any]) -> tuple[str, ...]:
+    """Human-readable differences between two stack snapshots (``Stack.to_json``); empty when equal."""
+    return tuple(d.text for d in snapshot_drift(old, new))
 
 
 def baseline_findings(baseline: str, old: Mapping[str, Any], new: Mapping[str, Any]) -> tuple[Finding, ...]:

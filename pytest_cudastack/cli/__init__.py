@@ -98,6 +98,7 @@ def build_parser(check_options: bool = True) -> argparse.ArgumentParser:
     diff = sub.add_parser("diff", formatter_class=_Formatter, help="compare two snapshots")
     diff.add_argument("a", metavar="A")
     diff.add_argument("b", metavar="B")
+    diff.add_argument("--json", action="store_true", help="print JSON instead of text")
     return parser
 
 

@@ -16,7 +16,11 @@ from pytest_cudastack.errors import CudaStackError
 from pytest_cudastack.settings import Settings, add_arguments
 from pytest_cudastack.stack import Stack, write_snapshot
 
-__all__ = ["add_options", "cmd_check"]
+__all__ = ["CHECK_SCHEMA", "CHECK_VERSION", "add_options", "cmd_check"]
+
+# --json's document: pytest_cudastack/schemas/check.schema.json
+CHECK_SCHEMA = "pytest-cudastack/check"
+CHECK_VERSION = 1
 
 
 def add_options(parser: argparse.ArgumentParser) -> None:
@@ -47,6 +51,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     failing = any(f.failing for found in results.values() for f in found)
     if getattr(args, "json", False):
         payload = {
+            "schema": CHECK_SCHEMA,
+            "version": CHECK_VERSION,
             "ok": not failing,
             "items": {name: [f.to_json() for f in found] for name, found in results.items()},
         }

@@ -1,28 +1,46 @@
-"""``cudastack diff A B``: what changed between two snapshots (:func:`pytest_cudastack.checks.baseline.diff_snapshots`).
+"""``cudastack diff A B [--json]``: what changed between two snapshots
+(:func:`pytest_cudastack.checks.baseline.snapshot_drift`).
 
-Exit status: 0 when equal, 1 when they differ, 2 when a file is not a snapshot.
+Exit status: 0 when equal ("no drift"), 1 when they differ, 2 when a file is not a snapshot.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
-from pytest_cudastack.checks.baseline import diff_snapshots
+from pytest_cudastack.checks.baseline import snapshot_drift
 from pytest_cudastack.errors import DataError
 from pytest_cudastack.stack import load_snapshot
 
-__all__ = ["cmd_diff"]
+__all__ = ["DIFF_SCHEMA", "DIFF_VERSION", "cmd_diff"]
+
+# --json's document: pytest_cudastack/schemas/diff.schema.json
+DIFF_SCHEMA = "pytest-cudastack/diff"
+DIFF_VERSION = 1
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
-    """Print one line per difference between snapshot files ``args.a`` and ``args.b``."""
+    """Print one line per difference between snapshot files ``args.a`` and ``args.b``, or "no drift"."""
     try:
         old, new = load_snapshot(args.a), load_snapshot(args.b)
     except DataError as e:
         print(f"cudastack diff: {e}", file=sys.stderr)
         return 2
-    lines = diff_snapshots(old, new)
-    for line in lines:
-        print(line)
-    return 1 if lines else 0
+    drift = snapshot_drift(old, new)
+    if getattr(args, "json", False):
+        payload = {
+            "schema": DIFF_SCHEMA,
+            "version": DIFF_VERSION,
+            "a": args.a,
+            "b": args.b,
+            "drift": [d.to_json() for d in drift],
+        }
+        print(json.dumps(payload, indent=2))
+    else:
+        for d in drift:
+            print(d.text)
+        if not drift:
+            print("no drift")
+    return 1 if drift else 0

@@ -23,7 +23,11 @@ from pytest_cudastack.linker.elf import looks_like_elf, read_elf
 from pytest_cudastack.linker.elfcache import ElfCache
 from pytest_cudastack.wheels.inventory import installed_wheels
 
-__all__ = ["LoadedLibrary", "cmd_loaded", "loaded_libraries"]
+__all__ = ["LOADED_SCHEMA", "LOADED_VERSION", "LoadedLibrary", "cmd_loaded", "loaded_libraries"]
+
+# --json's document: pytest_cudastack/schemas/loaded.schema.json
+LOADED_SCHEMA = "pytest-cudastack/loaded"
+LOADED_VERSION = 1
 
 logger = logging.getLogger(__name__)
 
@@ -113,7 +117,12 @@ def cmd_loaded(args: argparse.Namespace) -> int:
     """``cudastack loaded MODULE [--json]``: exit 0, or 1 when the import failed."""
     libs, error = loaded_libraries(args.module)
     if getattr(args, "json", False):
-        data: dict[str, Any] = {"module": args.module, "libraries": [lib.to_json() for lib in libs]}
+        data: dict[str, Any] = {
+            "schema": LOADED_SCHEMA,
+            "version": LOADED_VERSION,
+            "module": args.module,
+            "libraries": [lib.to_json() for lib in libs],
+        }
         if error:
             data["error"] = error
         print(json.dumps(data, indent=2))

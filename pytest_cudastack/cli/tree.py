@@ -3,8 +3,10 @@
 ``tree PATH...`` prints, for each file, the whole closure the dynamic linker would load (not the file itself,
 not the vDSO; the program interpreter is listed when something needs it, as ``ldd`` lists it), with each
 library's route, owning distribution, and every place tried for a missing one. ``--json`` prints design.md's
-list ``[{"path", "libraries": [{"soname", "path", "needed_by", "provider"}]}]``. ``tree --site DIR...`` takes
-owners from those directories instead of the site directories the closures touch.
+list ``[{"path", "libraries": [{"soname", "path", "needed_by", "provider"}]}]`` as the ``"trees"`` of
+``{"schema": "pytest-cudastack/tree", "version": 1, "trees": [...]}`` (``schemas/tree.schema.json``; a constant
+prefix and suffix, so cached rows are still written verbatim). ``tree --site DIR...`` takes owners from those
+directories instead of the site directories the closures touch.
 Exit status: 0 when everything resolves, 1 when something is missing or unreadable.
 """
 
@@ -27,7 +29,10 @@ if TYPE_CHECKING:
 
     from pytest_cudastack.linker.resolver import Library, Tree
 
-__all__ = ["cmd_tree", "render_tree"]
+__all__ = ["TREE_SCHEMA", "TREE_VERSION", "cmd_tree", "render_tree"]
+
+TREE_SCHEMA = "pytest-cudastack/tree"
+TREE_VERSION = 1
 
 
 def _log() -> logging.Logger:
@@ -331,9 +336,10 @@ def _tree_json(paths: list[str], site: Sequence[str] | None) -> int:
     cache.flush()  # a no-op when nothing was parsed or stored
     if store is not None and (error := store.flush()) is not None:
         _log().warning("cannot write closure cache %s: %s", store.file, error)
+    head = f'{{"schema": "{TREE_SCHEMA}", "version": {TREE_VERSION}, "trees": ['
     if sys.stdout.isatty():  # a human is watching: indented (the compact form needs no re-encoding)
-        sys.stdout.write(json.dumps(json.loads("[" + ", ".join(rows) + "]"), indent=1))
+        sys.stdout.write(json.dumps(json.loads(head + ", ".join(rows) + "]}"), indent=1))
     else:
-        sys.stdout.write("[" + ", ".join(rows) + "]")
+        sys.stdout.write(head + ", ".join(rows) + "]}")
     sys.stdout.write("\n")
     return 1 if fail else 0
