@@ -196,6 +196,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     if report.skipped and item.stash.get(_unmet_key, None) is not None and isinstance(report.longrepr, tuple):
         path, line = item.reportinfo()[:2]
         report.longrepr = (str(path), (line or 0) + 1, report.longrepr[2])
+    elif report.skipped and item.nodeid.startswith("cudastack::") and isinstance(report.longrepr, tuple):
+        # a generated item has no file: "SKIPPED [1] cudastack::arch: no GPU arch known ..." (no line number)
+        report.longrepr = (item.nodeid, None, report.longrepr[2])
     return report
 
 
