@@ -242,14 +242,13 @@ def _driver_unmet(call: MarkerCall, driver: DriverInfo) -> str | None:
 
 def short_reason(reason: str | None) -> str:
     """A driver probe's reason in a few words, for a header or a marker reason ("no libnvidia-ml.so.1"):
-    its first clause, without the failed call's name (``nvml_reason`` writes "nvmlInit: ... (NVML_ERROR_X)")
-    and without the parenthesised details; the whole reason is in the header at ``-v``."""
+    its first clause without the parenthesised details (``nvml_reason`` writes "nvmlInit: ... (details)
+    (NVML_ERROR_X)"); the whole reason is in the header at ``-v``."""
     if not reason:
         return "unknown"
     if "NVML_ERROR_LIBRARY_NOT_FOUND" in reason or ("libnvidia-ml.so.1" in reason and "not found" in reason):
         return "no libnvidia-ml.so.1"
     text = reason.split("; ")[0]
-    text = re.sub(r"^nvml\w+: ", "", text)
     text = re.sub(r" \([^()]*(\([^()]*\)[^()]*)*\)", "", text).strip()
     return text if len(text) <= 60 else text[:57] + "..."
 

@@ -231,7 +231,7 @@ def test_marker_call_reads_like_the_call(name, args, kwargs, shown):
         ),
         pytest.param(
             "nvmlInit: the NVIDIA kernel driver is not loaded (NVML_ERROR_DRIVER_NOT_LOADED)",
-            "the NVIDIA kernel driver is not loaded",
+            "nvmlInit: the NVIDIA kernel driver is not loaded",
             id="driver not loaded",
         ),
         pytest.param("no NVML", "no NVML", id="short already"),
