@@ -2,27 +2,38 @@
 
 They are ordinary ``pytest.Item`` objects under one session-level collector named ``cudastack``, so they
 show in ``--co``, ``-k``, JUnit and are distributed (once each) by xdist. An item fails iff its check has an
-ERROR finding; warnings and infos go to ``user_properties`` (JUnit properties, the terminal summary).
+ERROR finding, and shows the errors (only) in its failure; warnings and infos go to ``user_properties``
+(JUnit properties, the terminal summary). An item whose check has nothing to check here is skipped with the
+check's reason (``Check.skip_reason``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_cudastack.checks import enabled_checks
+from pytest_cudastack.checks import enabled_checks, lookup
 from pytest_cudastack.errors import CudaStackError
 from pytest_cudastack.findings import Finding, most_severe_first
 
 if TYPE_CHECKING:
     from _pytest._code.code import TerminalRepr
+    from _pytest._io import TerminalWriter
 
     from pytest_cudastack.checks.facts import Target
     from pytest_cudastack.stack import Stack
 
-__all__ = ["FINDING_PROPERTY", "CudaStackCollector", "InvariantFailed", "InvariantItem", "render_findings"]
+__all__ = [
+    "FINDING_PROPERTY",
+    "CudaStackCollector",
+    "FindingsRepr",
+    "InvariantFailed",
+    "InvariantItem",
+    "render_findings",
+]
 
 FINDING_PROPERTY = "cudastack.finding"
 
@@ -38,6 +49,47 @@ class InvariantFailed(Exception):
 def render_findings(findings: Iterable[Finding]) -> str:
     """Findings as text, errors first, each with its cause, chain, places looked and fix."""
     return "\n".join(f"[{f.severity.value}] {f.render()}" for f in most_severe_first(findings))
+
+
+@dataclass(frozen=True)
+class Crash:
+    """What pytest's short summary reads from a failure (``longrepr.reprcrash.message``): one line."""
+
+    message: str
+
+
+@dataclass(frozen=True)
+class FindingsRepr:
+    """An item's failure: its ERROR findings, each headline red through pytest's terminal writer.
+
+    Duck-typed like pytest's ``TerminalRepr`` (``toterminal``, ``str``): pytest prints it with
+    ``toterminal``; xdist, JUnit and ``longreprtext`` read ``str``. ``reprcrash`` gives the short summary
+    one line naming the errors' subjects rather than repeating them.
+    """
+
+    findings: tuple[Finding, ...]
+    compact: bool = True
+
+    @property
+    def reprcrash(self) -> Crash:
+        errors = [f for f in self.findings if f.failing]
+        subjects = ", ".join(dict.fromkeys(f.subject for f in errors))
+        return Crash(f"{len(errors)} error{'' if len(errors) == 1 else 's'}: {subjects}")
+
+    def lines(self) -> Iterator[tuple[str, bool]]:
+        """``(line, is a headline)`` of every error, most severe first."""
+        for finding in most_severe_first(f for f in self.findings if f.failing):
+            first, *rest = f"[{finding.severity.value}] {finding.render(compact=self.compact)}".splitlines()
+            yield first, True
+            for line in rest:
+                yield line, False
+
+    def toterminal(self, tw: TerminalWriter) -> None:
+        for line, headline in self.lines():
+            tw.line(line, red=headline, bold=headline)
+
+    def __str__(self) -> str:
+        return "\n".join(line for line, _ in self.lines())
 
 
 class InvariantItem(pytest.Item):
@@ -61,7 +113,11 @@ class InvariantItem(pytest.Item):
         self.findings: tuple[Finding, ...] = ()
 
     def runtest(self) -> None:
-        self.findings = self._stack().findings(self.check, self.target)
+        stack = self._stack()
+        reason = lookup(self.check).skip_reason(stack, self.target)
+        if reason is not None:
+            pytest.skip(reason)
+        self.findings = stack.findings(self.check, self.target)
         for finding in self.findings:
             self.user_properties.append((FINDING_PROPERTY, _property(finding)))
         if any(f.failing for f in self.findings):
@@ -73,7 +129,8 @@ class InvariantItem(pytest.Item):
         style: Any = None,
     ) -> str | TerminalRepr:
         if isinstance(excinfo.value, InvariantFailed):
-            return render_findings(excinfo.value.findings)
+            # duck-typed TerminalRepr (pytest calls toterminal / str); subclassing pytest's would import _pytest
+            return FindingsRepr(excinfo.value.findings, compact=self.config.option.verbose <= 0)  # type: ignore[return-value]
         if isinstance(excinfo.value, CudaStackError):
             return f"cudastack: {excinfo.value}"
         return super().repr_failure(excinfo, style=style)

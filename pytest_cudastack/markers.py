@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import textwrap
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -40,6 +41,9 @@ if TYPE_CHECKING:
     from pytest_cudastack.wheels.inventory import Distribution, Inventory
 
 __all__ = [
+    "REASON_LONG",
+    "REASON_PARTS",
+    "REASON_WIDTH",
     "Facts",
     "MarkerCall",
     "Unmet",
@@ -50,9 +54,14 @@ __all__ = [
     "evaluate_all",
     "gpus_satisfy",
     "parse_memory",
+    "short_reason",
 ]
 
 logger = logging.getLogger(__name__)
+
+REASON_WIDTH = 120  # a reason's lines are wrapped to this width (pytest's default terminal is 80-120 wide)
+REASON_LONG = 4 * REASON_WIDTH  # a marker's reason longer than this is wrapped and capped
+REASON_PARTS = 6  # parts of a long reason shown below -v; the rest is counted ("... N more (-v)")
 
 _SONAME_RE = re.compile(r"[A-Za-z0-9_+.\-]+\.so(\.[0-9A-Za-z_.\-]+)?")
 
@@ -80,6 +89,13 @@ class MarkerCall:
     args: tuple[Any, ...]
 
     def __str__(self) -> str:
+        """The call as written: ``requires_soname('libcudnn.so.9')``, ``requires_gpu(count=1, arch='sm_90')``."""
+        if self.name == "requires_gpu":
+            count, arch, memory = self.args
+            named = [f"count={count!r}"] + [
+                f"{k}={v!r}" for k, v in (("arch", arch), ("memory", memory)) if v is not None
+            ]
+            return f"{self.name}({', '.join(named)})"
         return f"{self.name}({', '.join(repr(a) for a in self.args)})"
 
 
@@ -89,6 +105,34 @@ class Unmet:
 
     marker: str
     reason: str
+
+    def render(self, verbose: int = 0) -> str:
+        """``reason`` for a terminal. A marker's reason longer than ``REASON_LONG`` is split into its parts
+        ("; "), one a line, wrapped at ``REASON_WIDTH``; below ``-v`` at most ``REASON_PARTS`` parts and
+        "... N more (-v)". Shorter reasons stay one line each, so one test reads as one line."""
+        lines: list[str] = []
+        for reason in self.reason.splitlines():
+            head, sep, rest = reason.partition(" unmet: ")
+            if len(reason) <= REASON_LONG or not sep:
+                lines.append(reason)
+                continue
+            lines.append(f"{head}{sep}".rstrip())
+            parts = rest.split("; ")
+            shown = parts if verbose > 0 or len(parts) <= REASON_PARTS else parts[: REASON_PARTS - 1]
+            for part in shown:
+                lines.extend(
+                    textwrap.wrap(
+                        part,
+                        REASON_WIDTH,
+                        initial_indent="  ",
+                        subsequent_indent="    ",
+                        break_long_words=False,
+                        break_on_hyphens=False,
+                    )
+                )
+            if len(shown) < len(parts):
+                lines.append(f"  ... {len(parts) - len(shown)} more (-v)")
+        return "\n".join(lines)
 
 
 def check_marker(name: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> MarkerCall:
@@ -196,6 +240,19 @@ def _driver_unmet(call: MarkerCall, driver: DriverInfo) -> str | None:
 # driver, CUDA and GPU predicates -----------------------------------------------------------------------
 
 
+def short_reason(reason: str | None) -> str:
+    """A driver probe's reason in a few words, for a header or a marker reason ("no libnvidia-ml.so.1"):
+    its first clause without the parenthesised details (``nvml_reason`` writes "nvmlInit: ... (details)
+    (NVML_ERROR_X)"); the whole reason is in the header at ``-v``."""
+    if not reason:
+        return "unknown"
+    if "NVML_ERROR_LIBRARY_NOT_FOUND" in reason or ("libnvidia-ml.so.1" in reason and "not found" in reason):
+        return "no libnvidia-ml.so.1"
+    text = reason.split("; ")[0]
+    text = re.sub(r" \([^()]*(\([^()]*\)[^()]*)*\)", "", text).strip()
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def _source_tag(source: str | None) -> str:
     return f" ({source})" if source in ("probed", "declared") else ""
 
@@ -230,7 +287,7 @@ def driver_satisfies(spec: str, driver: DriverInfo) -> tuple[bool, str]:
     """
     wanted = parse_driver_spec(spec)
     if not driver.version:
-        return False, f"no driver ({driver.reason or 'unknown'}); requires driver {wanted}"
+        return False, f"no driver ({short_reason(driver.reason)}); requires driver {wanted}"
     try:
         found = parse_driver(driver.version)
     except OptionError:
@@ -255,7 +312,7 @@ def cuda_satisfies(spec: str, driver: DriverInfo) -> tuple[bool, str]:
     wanted = parse_cuda_spec(spec)
     if not driver.cuda_version:
         who = f"driver {driver.version}" if driver.version else "no driver"
-        return False, f"{who}: CUDA version unknown ({driver.reason or 'unknown'}); requires CUDA {wanted}"
+        return False, f"{who}: CUDA version unknown ({short_reason(driver.reason)}); requires CUDA {wanted}"
     try:
         found = parse_cuda(driver.cuda_version)
     except OptionError:
@@ -347,7 +404,7 @@ def gpus_satisfy(
         ok = count == 0 or bool(hits)
         return ok, f"{found}; {wanted}"
     if not driver.gpus:
-        why = driver.reason or "NVML sees no GPU"
+        why = short_reason(driver.reason) if driver.reason else "NVML sees no GPU"
         return count == 0, f"no GPU{_source_tag(driver.arch_source or driver.source)} ({why}); {wanted}"
     matching = []
     for gpu in driver.gpus:

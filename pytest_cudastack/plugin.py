@@ -44,6 +44,8 @@ settings_key: pytest.StashKey[Settings] = pytest.StashKey()
 stack_key: pytest.StashKey[Stack] = pytest.StashKey()
 _unmet_key: pytest.StashKey[Unmet | None] = pytest.StashKey()
 
+_SECTION_LINES = 4  # lines under a warning in the summary below -v (cause, where, fix, ...)
+
 WORKER_DRIVER = "cudastack_driver"  # workerinput key: the controller's DriverInfo as JSON
 
 
@@ -177,14 +179,14 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         pytest.fail(misuse, pytrace=False)  # outside the except block: one message, no chained traceback
     item.stash[_unmet_key] = unmet
     if unmet is not None and item.config.stash[settings_key].cudastack_unmet == "skip":
-        pytest.skip(unmet.reason)
+        pytest.skip(unmet.render(item.config.option.verbose))
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_call(item: pytest.Item) -> None:
     unmet = item.stash.get(_unmet_key, None)
     if unmet is not None:
-        pytest.fail(unmet.reason, pytrace=False)
+        pytest.fail(unmet.render(item.config.option.verbose), pytrace=False)
 
 
 @pytest.hookimpl(wrapper=True)
@@ -194,6 +196,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     if report.skipped and item.stash.get(_unmet_key, None) is not None and isinstance(report.longrepr, tuple):
         path, line = item.reportinfo()[:2]
         report.longrepr = (str(path), (line or 0) + 1, report.longrepr[2])
+    elif report.skipped and item.nodeid.startswith("cudastack::") and isinstance(report.longrepr, tuple):
+        # a generated item has no file: "SKIPPED [1] cudastack::arch: no GPU arch known ..." (no line number)
+        report.longrepr = (item.nodeid, None, report.longrepr[2])
     return report
 
 
@@ -240,6 +245,8 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     settings = config.stash[settings_key]
     if not settings.items and not settings.cudastack_scan:
         return
+    if _selects_tests(config) and not any(src == "command line" for _, src in settings.sources):
+        return  # `pytest tests/test_x.py::test_y` runs that test; ini-driven items join whole-suite runs only
     # lazy: an unused plugin imports only pytest and the stdlib (benchmarks/bench_plugin.py)
     from pytest_cudastack.items import CudaStackCollector
 
@@ -249,6 +256,20 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     report = pytest.CollectReport(collector.nodeid, "passed", None, list(generated))
     config.hook.pytest_collectreport(report=report)
     items[:0] = generated
+
+
+def _selects_tests(config: pytest.Config) -> bool:
+    """Whether the command line names tests: a node ID (``path::name``) or a file, as pytest's own
+    argument handling reads them (``Config.args`` from ``ArgsSource.ARGS``). No arguments, ``testpaths``
+    and directories are runs of (part of) the suite, which the ini-driven items join."""
+    if config.args_source is not pytest.Config.ArgsSource.ARGS:
+        return False
+    base = str(config.invocation_params.dir)
+    for arg in config.args:
+        path = arg.split("::", 1)[0]
+        if "::" in arg or os.path.isfile(os.path.join(base, path)):
+            return True
+    return False
 
 
 # reporting ------------------------------------------------------------------------------------------
@@ -263,10 +284,17 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     return header_lines(_stack(config), config.option.verbose)
 
 
+HEADER_WIDTH = 120
+
+
 def header_lines(stack: Stack, verbose: int = 0) -> list[str]:
-    """``pytest_report_header``'s lines: one line (driver | CUDA | GPUs | CUDA wheels | options), details with -v."""
+    """``pytest_report_header``'s lines: one line of at most ``HEADER_WIDTH`` columns (driver | CUDA | GPUs |
+    CUDA wheels | options); the probe's whole story (its reason, notes, GPUs, wheels) with -v."""
+    # lazy: an unused plugin imports only pytest and the stdlib (benchmarks/bench_plugin.py)
+    from pytest_cudastack.markers import short_reason
+
     d = stack.driver
-    driver = f"driver {d.version} ({d.source})" if d.version else f"driver: none ({d.reason or 'not found'})"
+    driver = f"driver {d.version} ({d.source})" if d.version else f"driver none ({short_reason(d.reason)})"
     parts = [driver, f"CUDA <= {d.cuda_version}" if d.cuda_version else "CUDA: unknown"]
     if d.gpus:
         names = sorted({g.name for g in d.gpus})
@@ -274,14 +302,15 @@ def header_lines(stack: Stack, verbose: int = 0) -> list[str]:
     elif d.archs:
         parts.append(f"GPUs: archs {','.join(d.archs)} ({d.arch_source})")
     else:
-        parts.append(f"GPUs: none ({d.reason or 'none found'})" if not d.present else "GPUs: none")
+        parts.append("GPUs: none")
     wheels = stack.wheels
     majors: dict[int, int] = {}
     for dist in wheels:
         if dist.cuda_major is not None:
             majors[dist.cuda_major] = majors.get(dist.cuda_major, 0) + 1
     flavours = ", ".join(f"cu{m}: {n}" for m, n in sorted(majors.items()))
-    parts.append(f"{len(wheels)} CUDA wheels" + (f" ({flavours})" if flavours else ""))
+    wheels_part = f"{len(wheels)} CUDA wheels" + (f" ({flavours})" if flavours else "")
+    parts.append(wheels_part)
     s = stack.settings
     for key in ("cuda_max", "cuda_min"):
         if getattr(s, key) is not None:
@@ -289,8 +318,10 @@ def header_lines(stack: Stack, verbose: int = 0) -> list[str]:
     if s.cudastack_scan:
         count = len(stack.scan_targets)
         parts.append(f"scan: {count} file{'' if count == 1 else 's'}")
-    lines = ["cudastack: " + " | ".join(parts)]
+    lines = [_fit("cudastack: ", parts, droppable=("GPUs: none", wheels_part))]
     if verbose > 0:
+        if d.reason:
+            lines.append(f"  driver: {d.reason}")
         lines.extend(
             f"  GPU {g.index}: {g.name} (sm {g.compute_capability or '?'}"
             + (f", {g.memory_total / 2**30:.1f} GiB" if g.memory_total else "")
@@ -300,6 +331,22 @@ def header_lines(stack: Stack, verbose: int = 0) -> list[str]:
         lines.extend(f"  driver note: {n}" for n in d.notes)
         lines.extend(f"  wheel: {dist.label} (CUDA {dist.cuda_major}: {dist.cuda_evidence})" for dist in wheels)
     return lines
+
+
+def _fit(prefix: str, parts: list[str], droppable: tuple[str, ...]) -> str:
+    """``prefix`` + ``parts`` joined by " | " in ``HEADER_WIDTH`` columns: the ``droppable`` parts go first
+    (in that order), then the tail is cut, marked "... (-v)" (the -v lines say it all)."""
+    kept = list(parts)
+    for part in droppable:
+        if len(prefix + " | ".join(kept)) <= HEADER_WIDTH:
+            break
+        if part in kept[1:]:
+            kept.remove(part)
+    line = prefix + " | ".join(kept)
+    while len(line) > HEADER_WIDTH and len(kept) > 1:
+        kept.pop()
+        line = prefix + " | ".join([*kept, "... (-v)"])
+    return line
 
 
 class Reporter:
@@ -328,16 +375,31 @@ class Reporter:
         return out
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
-        found = self.findings()
+        # one section per concern, each printing nothing when it has nothing to say
+        self.findings_section(terminalreporter)
+
+    def findings_section(self, terminalreporter: Any) -> None:
+        """The ``cudastack`` section: warnings (and with -v infos) of the generated items, each once.
+
+        Errors are in their item's failure above and the short summary names the item; the section
+        does not repeat them. Warnings are yellow, through pytest's terminal writer (``--color``)."""
+        verbose = self.config.option.verbose
+        shown = ("warning:", "info:") if verbose > 0 else ("warning:",)
+        found = [(r, [p for p in props if p.startswith(shown)]) for r, props in self.findings()]
+        found = [(r, props) for r, props in found if props]
         if not found:
             return
         terminalreporter.write_sep("=", "cudastack")
         for report, props in found:
             terminalreporter.write_line(f"{report.nodeid} ({report.outcome})")
             for prop in props:
-                # errors in full are in the failure section above; warnings and infos are only here
-                text = prop.splitlines()[0] if prop.startswith("error:") else prop
-                terminalreporter.write_line("  " + text.replace("\n", "\n    "))
+                first, *rest = prop.splitlines()
+                if verbose <= 0 and len(rest) > _SECTION_LINES:
+                    more = len(rest) - _SECTION_LINES + 1
+                    rest = [*rest[: _SECTION_LINES - 1], f"  ... {more} more (-v)"]
+                terminalreporter.write_line("  " + first, yellow=first.startswith("warning:"))
+                for line in rest:
+                    terminalreporter.write_line("    " + line)
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionfinish(self) -> None:

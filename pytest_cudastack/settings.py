@@ -62,7 +62,9 @@ INI_TYPES: dict[str, str] = {
     "cuda_arch": "string",
     "cudastack_scan": "linelist",
     "cudastack_unmet": "string",
+    "cudastack_snapshot": "string",
     "cudastack_baseline": "string",
+    "cudastack_no_cache": "string",  # read by parse_bool, as from the environment ("invalid boolean ...")
 }
 
 # option dest -> environment variable (between the command line and the ini file in precedence)

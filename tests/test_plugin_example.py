@@ -66,4 +66,6 @@ def test_example_unmet_markers_fail_by_default(example):
     build(example)
     result = run(example, "--cuda-driver=550.54.15", "-k", "not cudastack")
     result.assert_outcomes(passed=3, failed=3)
-    result.stdout.fnmatch_lines(["*requires_gpu(2, '>=8.0', '40GiB') unmet: *requires 2 GPUs, arch >=8.0*"])
+    result.stdout.fnmatch_lines(
+        ["*requires_gpu(count=2, arch='>=8.0', memory='40GiB') unmet: *requires 2 GPUs, arch >=8.0*"]
+    )

@@ -8,7 +8,16 @@ from pytest_cudastack.cuda.driver import DriverInfo, Gpu
 from pytest_cudastack.errors import RuleError
 from pytest_cudastack.findings import Finding, Severity
 from pytest_cudastack.linker.resolver import Library, Route
-from pytest_cudastack.markers import MarkerCall, Unmet, check_marker, evaluate, evaluate_all
+from pytest_cudastack.markers import (
+    REASON_PARTS,
+    REASON_WIDTH,
+    MarkerCall,
+    Unmet,
+    check_marker,
+    evaluate,
+    evaluate_all,
+    short_reason,
+)
 from pytest_cudastack.wheels.inventory import Inventory
 
 
@@ -190,3 +199,73 @@ def test_shared_file_finding_names_both_distributions(tmp_path):
     unmet = evaluate(MarkerCall("requires_wheel", ("nvidia-cudnn-cu12",)), Facts(inventory=inv, integrity=(shared,)))
     assert unmet is not None
     assert "not intact: same files" in unmet.reason
+
+
+# -- reprs, reasons for a terminal ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "args", "kwargs", "shown"),
+    [
+        pytest.param("requires_gpu", (), {}, "requires_gpu(count=1)", id="gpu default"),
+        pytest.param("requires_gpu", (2,), {"memory": "40GiB"}, "requires_gpu(count=2, memory='40GiB')", id="gpu"),
+        pytest.param("requires_gpu", (1, "sm_90"), {}, "requires_gpu(count=1, arch='sm_90')", id="gpu arch"),
+        pytest.param("requires_soname", ("libcudnn.so.9",), {}, "requires_soname('libcudnn.so.9')", id="soname"),
+        pytest.param("requires_wheel", ("a", "b>=1"), {}, "requires_wheel('a', 'b>=1')", id="wheel"),
+        pytest.param("requires_driver", (), {"spec": ">=550"}, "requires_driver('>=550')", id="driver"),
+        pytest.param("requires_cuda", (">=12.4",), {}, "requires_cuda('>=12.4')", id="cuda"),
+    ],
+)
+def test_marker_call_reads_like_the_call(name, args, kwargs, shown):
+    assert str(check_marker(name, args, kwargs)) == shown
+
+
+@pytest.mark.parametrize(
+    ("reason", "short"),
+    [
+        pytest.param(
+            "nvmlInit: the NVML library libnvidia-ml.so.1 was not found (no NVIDIA driver installed) "
+            "(NVML_ERROR_LIBRARY_NOT_FOUND)",
+            "no libnvidia-ml.so.1",
+            id="no NVML",
+        ),
+        pytest.param(
+            "nvmlInit: the NVIDIA kernel driver is not loaded (NVML_ERROR_DRIVER_NOT_LOADED)",
+            "nvmlInit: the NVIDIA kernel driver is not loaded",
+            id="driver not loaded",
+        ),
+        pytest.param("no NVML", "no NVML", id="short already"),
+        pytest.param(None, "unknown", id="none"),
+        pytest.param("x" * 100, "x" * 57 + "...", id="capped"),
+    ],
+)
+def test_short_reason(reason, short):
+    assert short_reason(reason) == short
+
+
+def test_no_driver_reason_is_short_in_every_driver_marker():
+    long = "nvmlInit: the NVML library libnvidia-ml.so.1 was not found (x) (NVML_ERROR_LIBRARY_NOT_FOUND)"
+    facts = Facts(driver=DriverInfo("absent", None, None, reason=long))
+    calls = [MarkerCall("requires_driver", (">=550",)), MarkerCall("requires_cuda", (">=12",))]
+    unmet = evaluate_all([*calls, MarkerCall("requires_gpu", (1, None, None))], facts)
+    assert unmet is not None
+    assert "NVML_ERROR" not in unmet.reason
+    assert unmet.reason.count("(no libnvidia-ml.so.1)") == 3
+
+
+def test_short_reason_stays_one_line():
+    unmet = Unmet("requires_cuda", "cudastack: requires_cuda('>=13') unmet: driver 550 supports CUDA <= 12.4; x")
+    assert unmet.render() == unmet.reason
+
+
+def test_long_reason_wrapped_into_parts_and_capped_below_v():
+    parts = [f"/site/nvidia/cudnn/lib/libcudnn_{i}.so.9 (listed in RECORD) is missing " + "y" * 60 for i in range(10)]
+    unmet = Unmet("requires_wheel", "cudastack: requires_wheel('nvidia-cudnn-cu12') unmet: " + "; ".join(parts))
+    lines = unmet.render().splitlines()
+    assert lines[0] == "cudastack: requires_wheel('nvidia-cudnn-cu12') unmet:"
+    assert lines[-1] == f"  ... {10 - (REASON_PARTS - 1)} more (-v)"
+    assert all(len(line) <= REASON_WIDTH for line in lines)
+    assert sum(line.startswith("  /site/") for line in lines) == REASON_PARTS - 1
+    full = unmet.render(verbose=1).splitlines()
+    assert sum(line.startswith("  /site/") for line in full) == 10
+    assert "more (-v)" not in unmet.render(verbose=1)

@@ -9,7 +9,9 @@ Adding a check = one module + one registry line:
 1. ``checks/<name>.py`` with ``run(stack: StackView, target: Target | None) -> tuple[Finding, ...]`` that
    reads only what ``facts.StackView`` offers (a fact it lacks goes on that Protocol and on ``Stack``);
 2. ``Check("<name>", "<what it states>", _Lazy("<name>"), lambda o: <when the options turn it on>)`` in
-   ``CHECKS`` below, at its place in the run order (``targets=`` for one item per target, as scan has).
+   ``CHECKS`` below, at its place in the run order (``targets=`` for one item per target, as scan has;
+   ``skip=_Lazy("<name>", "nothing_to_check")`` when the check can have nothing to check here: its reason
+   skips the item and shows as "skip" in ``cudastack check``).
 
 tests/test_registry.py registers a dummy check that way and finds it in every place that lists items.
 
@@ -27,10 +29,13 @@ from types import MappingProxyType
 from pytest_cudastack.checks.facts import Options, StackView, Target
 from pytest_cudastack.findings import Finding
 
-__all__ = ["CHECKS", "Check", "Run", "enabled_checks", "lookup", "registry"]
+__all__ = ["CHECKS", "Check", "Run", "Skip", "enabled_checks", "lookup", "registry"]
 
 Run = Callable[[StackView, "Target | None"], tuple[Finding, ...]]
 """A check's findings from the stack's facts, for one target of a per-target check (else None)."""
+
+Skip = Callable[[StackView, "Target | None"], "str | None"]
+"""Why a check has nothing to check on this stack ("no GPU arch known: pass --cuda-arch=sm_XX"), else None."""
 
 
 @dataclass(frozen=True)
@@ -41,6 +46,7 @@ class Check:
     where ``{field}`` stands for an option's value (``describe`` fills it in); ``run`` gives its findings,
     of which an ERROR fails the item; ``enabled`` says whether the options turn it on. ``targets``, set for
     a per-target check, lists its ``(display name, path)`` targets: one item ``NAME[display name]`` each.
+    ``skip``, when set, says why there is nothing to check (the item is then skipped, not run).
     """
 
     name: str
@@ -48,6 +54,11 @@ class Check:
     run: Run
     enabled: Callable[[Options], bool]
     targets: Callable[[StackView], tuple[Target, ...]] | None = None
+    skip: Skip | None = None
+
+    def skip_reason(self, stack: StackView, target: Target | None = None) -> str | None:
+        """Why this check has nothing to check on ``stack`` (its item is SKIPPED), or None: run it."""
+        return None if self.skip is None else self.skip(stack, target)
 
     def describe(self, options: Options) -> str:
         """The description with the options' values: ``nothing requires a CUDA newer than 12.9``."""
@@ -84,6 +95,17 @@ class _Lazy:
         return run(stack, target)
 
 
+@dataclass(frozen=True)
+class _LazySkip:
+    """``checks/<module>.py``'s ``nothing_to_check``, imported when first called (as ``_Lazy``)."""
+
+    module: str
+
+    def __call__(self, stack: StackView, target: Target | None) -> str | None:
+        skip: Skip = importlib.import_module(f"{__name__}.{self.module}").nothing_to_check
+        return skip(stack, target)
+
+
 def registry(*checks: Check) -> Mapping[str, Check]:
     """A read-only registry of ``checks`` in the order given; ``ValueError`` on a name given twice."""
     out: dict[str, Check] = {}
@@ -116,8 +138,20 @@ CHECKS: Mapping[str, Check] = registry(
         _Lazy("bounds", "run_min"),
         lambda o: o.cuda_min is not None,
     ),
-    Check("driver", "the driver supports the CUDA the stack requires", _Lazy("driver"), lambda o: o.cudastack),
-    Check("arch", "GPU code runs on the target architectures", _Lazy("arch"), lambda o: o.cudastack),
+    Check(
+        "driver",
+        "the driver supports the CUDA the stack requires",
+        _Lazy("driver"),
+        lambda o: o.cudastack,
+        skip=_LazySkip("driver"),
+    ),
+    Check(
+        "arch",
+        "GPU code runs on the target architectures",
+        _Lazy("arch"),
+        lambda o: o.cudastack,
+        skip=_LazySkip("arch"),
+    ),
     Check(
         "baseline",
         "the stack matches the snapshot {cudastack_baseline}",

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from pytest_cudastack.checks.facts import StackView, Target
     from pytest_cudastack.cuda.driver import DriverInfo
 
-__all__ = ["arch_coverage", "arch_findings", "run"]
+__all__ = ["arch_coverage", "arch_findings", "nothing_to_check", "run"]
 
 
 def _describe(fat: Fatbin) -> str:
@@ -102,3 +102,12 @@ def run(stack: StackView, target: Target | None = None) -> tuple[Finding, ...]:
     names = {path: name for name, path in stack.scan_targets if os.path.isfile(path)}
     found = arch_coverage(tuple(names), stack.driver)
     return tuple(replace(f, subject=names.get(f.subject, f.subject)) for f in found)
+
+
+def nothing_to_check(stack: StackView, target: Target | None = None) -> str | None:
+    """Why the ``arch`` item is skipped: no target arch (none probed, no --cuda-arch), or no scanned file."""
+    if not stack.driver.archs:
+        return "no GPU arch known: pass --cuda-arch=sm_XX"
+    if not any(os.path.isfile(path) for _, path in stack.scan_targets):
+        return "no scanned file to check: pass --cudastack-scan=PATH"
+    return None

@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     from pytest_cudastack.checks.facts import StackView, Target
     from pytest_cudastack.cuda.driver import DriverInfo
 
-__all__ = ["driver_findings", "run"]
+__all__ = ["driver_findings", "nothing_to_check", "run"]
 
 
 def driver_findings(inferences: Iterable[Inference], driver: DriverInfo) -> tuple[Finding, ...]:
@@ -54,3 +54,13 @@ def driver_findings(inferences: Iterable[Inference], driver: DriverInfo) -> tupl
 def run(stack: StackView, target: Target | None = None) -> tuple[Finding, ...]:
     """The ``driver`` item: every inference of the stack against its driver."""
     return driver_findings(stack.inferences, stack.driver)
+
+
+def nothing_to_check(stack: StackView, target: Target | None = None) -> str | None:
+    """Why the ``driver`` item is skipped: no driver version known (none probed, none declared), or no
+    component of the stack names the CUDA it requires."""
+    if not stack.driver.version and not stack.driver.cuda_version:
+        return "no driver known: pass --cuda-driver=VER to check a deployment target"
+    if not any(inf.needs for inf in stack.inferences):
+        return "nothing in the stack names the CUDA version it requires"
+    return None

@@ -11,6 +11,7 @@ import json
 import os
 import sys
 
+from pytest_cudastack.checks import enabled_checks
 from pytest_cudastack.cli.sites import site_dirs_from
 from pytest_cudastack.errors import CudaStackError
 from pytest_cudastack.settings import Settings, add_arguments
@@ -58,7 +59,16 @@ def cmd_check(args: argparse.Namespace) -> int:
         }
         print(json.dumps(payload, indent=2))
         return 1 if failing else 0
+    skipped = {
+        name: reason
+        for check in enabled_checks(settings)
+        for name, target in check.expand(stack)
+        if (reason := check.skip_reason(stack, target)) is not None
+    }
     for name, found in results.items():
+        if name in skipped:  # nothing to check: as the plugin's SKIPPED item, with the reason
+            print(f"skip cudastack::{name}: {skipped[name]}")
+            continue
         verdict = "FAIL" if any(f.failing for f in found) else "ok"
         print(f"{verdict:4} cudastack::{name}")
         for finding in found:
