@@ -411,9 +411,15 @@ class Reporter:
         snapshot = config.stash[settings_key].cudastack_snapshot
         if snapshot:
             # lazy: an unused plugin imports only pytest and the stdlib (benchmarks/bench_plugin.py)
+            from pytest_cudastack.errors import CudaStackError
             from pytest_cudastack.stack import write_snapshot
 
-            write_snapshot(stack, snapshot)
+            try:
+                write_snapshot(stack, snapshot)
+            except CudaStackError as e:  # a finding about the run's output, not an internal error
+                reporter = config.pluginmanager.get_plugin("terminalreporter")
+                if reporter is not None:
+                    reporter.write_line(f"cudastack: --cudastack-snapshot: {e}", red=True)
         summary = os.environ.get("GITHUB_STEP_SUMMARY")
         if summary:
             self.step_summary(summary, stack)

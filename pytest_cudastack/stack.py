@@ -19,6 +19,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from pytest_cudastack import __version__
+from pytest_cudastack._sysio import write_atomic
 from pytest_cudastack.checks import enabled_checks, lookup
 from pytest_cudastack.checks.bounds import infer_binary, infer_shipped, infer_wheel
 from pytest_cudastack.checks.integrity import integrity_findings
@@ -276,12 +277,12 @@ def load_snapshot(path: str) -> dict[str, Any]:
 
 
 def write_snapshot(stack: Stack, path: str | None) -> None:
-    """``stack.to_json()`` to ``path`` (replaced atomically), or to standard output when None or ``-``."""
+    """``stack.to_json()`` to ``path`` (its directory created, the file replaced atomically), or to standard
+    output when None or ``-``. DataError naming the path when it cannot be written."""
     text = json.dumps(stack.to_json(), indent=2, sort_keys=True) + "\n"
     if path is None or path == "-":
         sys.stdout.write(text)
         return
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    error = write_atomic(os.path.dirname(os.path.abspath(path)), path, text)
+    if error is not None:
+        raise DataError(f"{path}: cannot write the snapshot: {error.strerror or error}")

@@ -350,3 +350,24 @@ def test_marker_repr_in_output_reads_like_the_call(pt):
     assert "requires_gpu(count=2, arch='sm_90', memory='40GiB') unmet:" in out
     assert "requires_soname('libcudastack-absent.so.9') unmet:" in out
     assert not re.search(r"requires_gpu\(2, ", out)
+
+
+def test_snapshot_into_a_missing_directory_is_created(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile("def test_a():\n    pass\n")
+    result = pytester.runpytest(
+        "--cudastack-snapshot=out/deep/stack.json", "--cuda-driver=550.54.15", "--cuda-arch=sm_80"
+    )
+    assert result.ret == 0
+    assert (
+        json.loads((pytester.path / "out" / "deep" / "stack.json").read_text())["schema"] == "pytest-cudastack/snapshot"
+    )
+
+
+def test_snapshot_that_cannot_be_written_is_one_line_not_internalerror(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile("def test_a():\n    pass\n")
+    (pytester.path / "blocker").write_text("a file where a directory should be")
+    result = pytester.runpytest(
+        "--cudastack-snapshot=blocker/stack.json", "--cuda-driver=550.54.15", "--cuda-arch=sm_80"
+    )
+    assert "INTERNALERROR" not in result.stdout.str()
+    result.stdout.fnmatch_lines(["cudastack: --cudastack-snapshot: *blocker/stack.json: cannot write the snapshot*"])
