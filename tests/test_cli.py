@@ -351,3 +351,11 @@ def test_colour_auto_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NO_COLOR", "1")
     assert painter_for("auto", Tty()).severity("warning", "warning") == "warning"
     assert painter_for("yes", io.StringIO()).severity("warning", "warning") == "\x1b[33mwarning\x1b[0m"
+
+
+def test_readme_documents_the_exit_status() -> None:
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme.split("## The `cudastack` command")[1].split("\n## ")[0]
+    assert "| exit status | meaning |" in section
+    for code in ("0", "1", "2"):
+        assert f"\n| {code} | " in section
