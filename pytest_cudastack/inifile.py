@@ -17,6 +17,7 @@ mode (``[tool.pytest]``, ``[pytest]`` of ``pytest.toml``) the native type must m
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -54,16 +55,16 @@ class ProjectConfig:
 
     def get(self, key: str, kind: str) -> Any:
         """``key`` converted as ``Config.getini`` converts an ini option of type ``kind`` ("string",
-        "bool", "linelist"); None when the file does not set it. ``ValueError`` for a value of the wrong
-        type (pytest: a usage error)."""
+        "bool", "linelist", "args"); None when the file does not set it. ``ValueError`` for a value of the
+        wrong type (pytest: a usage error)."""
         found = dict(self.values).get(key)
         if found is None:
             return None
         value, where = found.value, self.inipath
         if found.mode == "toml":
-            expected = {"string": str, "bool": bool, "linelist": list}[kind]
+            expected = {"string": str, "bool": bool, "linelist": list, "args": list}[kind]
             if not isinstance(value, expected) or (
-                kind == "linelist" and not all(isinstance(x, str) for x in value)  # type: ignore[attr-defined]
+                kind in ("linelist", "args") and not all(isinstance(x, str) for x in value)  # type: ignore[attr-defined]
             ):
                 raise ValueError(f"{where}: config option {key!r} expects a {kind}, got {value!r}")
             return list(value) if isinstance(value, list) else value
@@ -71,6 +72,8 @@ class ProjectConfig:
             if isinstance(value, str):
                 return [stripped for line in value.split("\n") if (stripped := line.strip())]
             return list(value)  # type: ignore[call-overload]
+        if kind == "args":
+            return shlex.split(value) if isinstance(value, str) else list(value)  # type: ignore[call-overload]
         if kind == "bool":
             return strtobool(str(value).strip())
         return value

@@ -260,6 +260,29 @@ def test_check_config_options(project: pytest.Pytester, capsys: pytest.CaptureFi
 
 
 @needs_cc
+def test_check_takes_addopts_as_pytest_does(
+    project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    project.makepyprojecttoml(
+        '[tool.pytest.ini_options]\naddopts = "-ra --cuda-max=12.9 -p no:cacheprovider"\ncudastack_scan = ["bin"]\n'
+    )
+    assert _pytest(project).ret == 1
+    capsys.readouterr()
+    assert main(["check", "--json"]) == 1
+    assert set(json.loads(capsys.readouterr().out)["items"]) == {"cuda-max", "scan[bin/train_tft]"}
+    assert main(["check", "--cuda-max=13.0"]) == 0  # the command line after addopts: the last one wins
+    capsys.readouterr()
+    # PYTEST_ADDOPTS after the file's addopts; a scan path given on any command line hides the ini key
+    monkeypatch.setenv("PYTEST_ADDOPTS", "--cudastack-scan=lib --cuda-max=13.0")
+    assert main(["check", "--json"]) == 0
+    assert set(json.loads(capsys.readouterr().out)["items"]) == {"cuda-max", "scan[lib/libcublas.so.13]"}
+    assert _pytest(project).ret == 0
+    monkeypatch.setenv("PYTEST_ADDOPTS", "--cuda-max=twelve")
+    assert main(["check"]) == 2
+    assert "--cuda-max" in capsys.readouterr().err
+
+
+@needs_cc
 def test_snapshot_from_pytest_and_from_the_command_are_the_same(
     project: pytest.Pytester, capsys: pytest.CaptureFixture[str]
 ) -> None:
