@@ -27,7 +27,7 @@ from pytest_cudastack.linker.resolver import Library, Resolver, SearchConfig
 from pytest_cudastack.wheels.integrity import bytes_on_disk
 from pytest_cudastack.wheels.inventory import Inventory, installed_wheels
 
-__all__ = ["cmd_why", "consumers_of", "render_why", "searched_dirs"]
+__all__ = ["cmd_why", "consumers_of", "render_why"]
 
 logger = logging.getLogger(__name__)
 
@@ -59,17 +59,6 @@ def consumers_of(soname: str, inv: Inventory | None, reader: Callable[[str], Elf
     return tuple(out)
 
 
-def searched_dirs(tried: Sequence[str]) -> list[str]:
-    """The directories a search looked in: the existing directories of its candidate paths, once each, in
-    order (ld.so retries a directory on two lists; a directory that does not exist holds nothing to try)."""
-    out: list[str] = []
-    for t in tried:
-        d = os.path.dirname(os.path.normpath(t))
-        if d not in out and os.path.isdir(d):
-            out.append(d)
-    return out
-
-
 def _on_disk(inv: Inventory | None, path: str | None) -> dict[str, Any] | None:
     """Whose bytes are at ``path`` when two or more distributions' RECORDs list it; None otherwise."""
     if inv is None or path is None or not hasattr(inv, "owners"):
@@ -94,7 +83,7 @@ def _on_disk(inv: Inventory | None, path: str | None) -> dict[str, Any] | None:
 
 def _answer(lib: Library, inv: Inventory | None, owner: Callable[[str | None], str | None]) -> dict[str, Any]:
     data = lib.to_json()
-    data["tried"] = searched_dirs(lib.tried)
+    data["tried"] = list(lib.searched)  # directories, not the candidate file names
     data["needed_by_providers"] = [owner(p) for p in lib.needed_by]
     data["on_disk"] = _on_disk(inv, lib.path)
     return data
