@@ -27,6 +27,7 @@ __all__ = [
     "INI_TYPES",
     "UNMET_CHOICES",
     "Settings",
+    "absolute_paths",
     "add_arguments",
     "arch_list_type",
     "cuda_version_type",
@@ -202,10 +203,16 @@ class Settings:
         return resolve(cli=values)
 
     @classmethod
-    def from_namespace(cls, args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> Settings:
-        """From ``add_arguments``' parsed options, with the environment below them (``cudastack check``)."""
+    def from_namespace(
+        cls,
+        args: argparse.Namespace,
+        environ: Mapping[str, str] | None = None,
+        ini: Mapping[str, Any] | Callable[[str], Any] | None = None,
+    ) -> Settings:
+        """From ``add_arguments``' parsed options, with the environment and then ``ini`` (a getter such as
+        :meth:`pytest_cudastack.inifile.ProjectConfig.getter`'s) below them (``cudastack check``, ``snapshot``)."""
         env = os.environ if environ is None else environ
-        return resolve(cli={key: getattr(args, key, None) for key in HELP}, env=env)
+        return resolve(cli={key: getattr(args, key, None) for key in HELP}, env=env, ini=ini)
 
     # which generated items run --------------------------------------------------------------------
     @property
@@ -233,6 +240,22 @@ class Settings:
 
     def with_values(self, **values: Any) -> Settings:
         return replace(self, **values)
+
+
+def absolute_paths(settings: Settings, invocation_dir: str, ini_dir: str | None) -> Settings:
+    """``settings`` with its path options made absolute as the plugin makes them: a value from the ini file
+    relative to the file's directory, any other relative to the invocation directory."""
+
+    def absolute(key: str, path: str) -> str:
+        base = ini_dir if settings.source(key) == "ini" and ini_dir is not None else invocation_dir
+        return os.path.normpath(os.path.join(base, os.path.expanduser(path)))
+
+    changes: dict[str, Any] = {"cudastack_scan": tuple(absolute("cudastack_scan", p) for p in settings.cudastack_scan)}
+    for key in ("cudastack_snapshot", "cudastack_baseline"):
+        value = getattr(settings, key)
+        if value is not None:
+            changes[key] = absolute(key, value)
+    return settings.with_values(**changes)
 
 
 def _split_env(key: str, value: str) -> Any:

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import copy
+import os
 
 import pytest
 
@@ -27,9 +28,20 @@ def test_binary_findings_reports_every_missing_soname_at_once():
     assert [f.severity for f in findings] == [Severity.ERROR, Severity.ERROR]
     first = findings[0]
     assert first.message == "needs libcublas.so.13, which the dynamic linker does not find"
-    assert first.where == ("/app/lib/libcublas.so.13", "/usr/lib/libcublas.so.13")
+    assert first.where == (("/usr/lib",) if os.path.isdir("/usr/lib") else ())  # /app/lib does not exist
     assert first.chain == (ROOT,)
     assert "rebuild against the CUDA this image has" in first.fix
+
+
+def test_scan_where_names_the_directories_searched(tmp_path):
+    # "looked in" lists directories a loader searches: not candidate file names, not missing directories,
+    # each once (ld.so tries a directory on two lists twice)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    tried = [str(tmp_path / d / "libx.so.1") for d in ("a", "gone", "b", "a")]
+    lib = Library("libx.so.1", None, None, Route.NOT_FOUND, "", tuple(tried), (ROOT,))
+    (finding,) = binary_findings(Tree(ROOT, None, (lib,), (), {}), "bin/train")
+    assert finding.where == (str(tmp_path / "a"), str(tmp_path / "b"))
 
 
 class _Dist:

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import subprocess
@@ -9,9 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from pytest_cudastack.cli import main
+from pytest_cudastack import __version__
+from pytest_cudastack.cli import build_parser, main
+from pytest_cudastack.cli.colour import painter_for
 from pytest_cudastack.cli.diff import cmd_diff
 from pytest_cudastack.cli.snapshot import cmd_snapshot
+from pytest_cudastack.settings import ENV
 from tests.helpers.elfbuild import build_exe, build_lib, needs_cc
 from tests.helpers.sitebuild import compile_so, write_dist
 
@@ -168,7 +172,7 @@ def test_python_dash_m_runs_the_command() -> None:
 def test_cmd_snapshot_and_diff(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setenv("CUDASTACK_CUDA_DRIVER", "550.54.15")  # ignored by the command: it probes
+    monkeypatch.setenv("CUDASTACK_CUDA_DRIVER", "550.54.15")  # read as the plugin reads it
     a, b = tmp_path / "a.json", tmp_path / "b.json"
     assert cmd_snapshot(argparse.Namespace(output=str(a))) == 0
     b.write_text(a.read_text())
@@ -183,3 +187,200 @@ def test_cmd_snapshot_and_diff(
     assert "driver version:" in capsys.readouterr().out
     (tmp_path / "c.json").write_text("nope")
     assert cmd_diff(argparse.Namespace(a=str(a), b=str(tmp_path / "c.json"))) == 2
+
+
+# --- the command is the plugin: same directory, same configuration, same verdict, same snapshot -----------
+
+
+@pytest.fixture
+def project(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
+    """A project whose pyproject.toml sets cudastack_scan = ["bin"]; bin/train_tft links libcublas.so.13."""
+    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+    for var in ENV.values():
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
+    monkeypatch.setenv("CUDASTACK_CACHE_DIR", str(pytester.path / "cache"))
+    root = pytester.path
+    cublas = build_lib(root / "lib" / "libcublas.so.13", soname="libcublas.so.13")
+    build_exe(root / "bin" / "train_tft", needed=[cublas], runpath="$ORIGIN/../lib")
+    pytester.makepyprojecttoml('[tool.pytest.ini_options]\ncudastack_scan = ["bin"]\n')
+    pytester.makepyfile(test_ok="def test_ok():\n    pass\n")
+    return pytester
+
+
+def _pytest(pt: pytest.Pytester, *args: str) -> pytest.RunResult:
+    return pt.runpytest("-p", "pytest_cudastack.plugin", "-p", "no:cacheprovider", *args)
+
+
+@needs_cc
+def test_check_reads_the_config_pytest_reads(
+    project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert _pytest(project, "--cuda-max=12.9").ret == 1
+    assert main(["check", "--cuda-max=12.9"]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL cudastack::cuda-max" in out
+    assert "bin/train_tft: links libcublas.so.13 (CUDA 13.x)" in out
+    assert "ok   cudastack::scan[bin/train_tft]" in out
+    # from a subdirectory: the same file, paths from its directory, names from pytest's rootdir
+    (project.path / "tests").mkdir()
+    monkeypatch.chdir(project.path / "tests")
+    assert main(["check", "--cuda-max=12.9"]) == 1
+    assert "ok   cudastack::scan[bin/train_tft]" in capsys.readouterr().out
+    monkeypatch.chdir(project.path)
+    # precedence: the command line and the environment over the file
+    assert main(["check", "--cuda-max=13.0"]) == 0
+    capsys.readouterr()
+    monkeypatch.setenv("CUDASTACK_CUDA_MAX", "13.0")
+    assert main(["check", "--json"]) == 0
+    assert "cuda-max" in json.loads(capsys.readouterr().out)["items"]
+    assert main(["check", "--cuda-max=12.9"]) == 1
+
+
+@needs_cc
+def test_check_config_options(project: pytest.Pytester, capsys: pytest.CaptureFixture[str]) -> None:
+    other = project.path / "other.ini"
+    other.write_text("[pytest]\ncuda_max = 12.9\n")
+    assert main(["check", "-c", str(other), "--json"]) == 0  # the file's own keys, not pyproject's scan
+    assert list(json.loads(capsys.readouterr().out)["items"]) == ["cuda-max"]
+    other.write_text("[pytest]\ncuda_max = 12.9\ncudastack_scan =\n    bin\n    lib\n")
+    assert main(["check", "-c", str(other), "--json"]) == 1
+    assert set(json.loads(capsys.readouterr().out)["items"]) == {
+        "cuda-max",
+        "scan[bin/train_tft]",
+        "scan[lib/libcublas.so.13]",
+    }
+    assert main(["check", "-o", "cuda_max=12.9", "--json"]) == 1
+    assert set(json.loads(capsys.readouterr().out)["items"]) == {"cuda-max", "scan[bin/train_tft]"}
+    assert main(["check", "-c", str(project.path / "nope.ini")]) == 2
+    assert "Config file" in capsys.readouterr().err
+    assert main(["check", "--rootdir", str(project.path / "nope")]) == 2
+    assert "--rootdir" in capsys.readouterr().err
+    (project.path / "pyproject.toml").write_text('[tool.pytest.ini_options]\ncudastack = "maybe"\n')
+    assert main(["check"]) == 2
+    assert "--cudastack (from ini)" in capsys.readouterr().err
+
+
+@needs_cc
+def test_check_takes_addopts_as_pytest_does(
+    project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    project.makepyprojecttoml(
+        '[tool.pytest.ini_options]\naddopts = "-ra --cuda-max=12.9 -p no:cacheprovider"\ncudastack_scan = ["bin"]\n'
+    )
+    assert _pytest(project).ret == 1
+    capsys.readouterr()
+    assert main(["check", "--json"]) == 1
+    assert set(json.loads(capsys.readouterr().out)["items"]) == {"cuda-max", "scan[bin/train_tft]"}
+    assert main(["check", "--cuda-max=13.0"]) == 0  # the command line after addopts: the last one wins
+    capsys.readouterr()
+    # PYTEST_ADDOPTS after the file's addopts; a scan path given on any command line hides the ini key
+    monkeypatch.setenv("PYTEST_ADDOPTS", "--cudastack-scan=lib --cuda-max=13.0")
+    assert main(["check", "--json"]) == 0
+    assert set(json.loads(capsys.readouterr().out)["items"]) == {"cuda-max", "scan[lib/libcublas.so.13]"}
+    assert _pytest(project).ret == 0
+    monkeypatch.setenv("PYTEST_ADDOPTS", "--cuda-max=twelve")
+    assert main(["check"]) == 2
+    assert "--cuda-max" in capsys.readouterr().err
+
+
+@needs_cc
+def test_snapshot_from_pytest_and_from_the_command_are_the_same(
+    project: pytest.Pytester, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _pytest(project, "--cudastack-snapshot=pytest.json")
+    assert main(["snapshot", "-o", "cli.json"]) == 0
+    a = json.loads((project.path / "pytest.json").read_text())
+    b = json.loads((project.path / "cli.json").read_text())
+    assert [x["path"] for x in b["binaries"]] == ["bin/train_tft"]
+    assert b["binaries"] == a["binaries"]
+    assert b["wheels"] == a["wheels"]
+    capsys.readouterr()
+    assert main(["diff", "pytest.json", "cli.json"]) == 0
+    assert "binary" not in capsys.readouterr().out
+    # --cudastack-snapshot on the command is -o, the plugin's spelling
+    assert main(["snapshot", "--cudastack-snapshot=again.json"]) == 0
+    assert json.loads((project.path / "again.json").read_text())["binaries"] == a["binaries"]
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out.strip() == f"cudastack (pytest-cudastack) {__version__}"
+
+
+def test_help_documents_the_exit_status(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert "exit status:\n  0  clean" in out
+    assert "\n  1  findings" in out
+    assert "\n  2  usage or environment error" in out
+
+
+@needs_cc
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["tree", "--no-cache", "site/cli/lib/libcudastackcli.so.1"],
+        ["tree", "--json", "--no-cache", "site/cli/lib/libcudastackcli.so.1"],
+        ["why", "--no-cache", "--site", "site", "libcudastackcli.so.1"],
+        ["report", "--no-cache", "--site", "site"],
+        ["snapshot", "--no-cache", "--site", "site", "-o", "snap.json"],
+        ["check", "--no-cache", "--site", "site"],
+    ],
+    ids=lambda argv: argv[0],
+)
+def test_no_cache_after_the_subcommand(
+    seed: Path, argv: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("CUDASTACK_NO_CACHE", raising=False)
+    write_dist(seed / "site", "cli-wheel", "1.0", {"cli/lib/libcudastackcli.so.1": compile_so("libcudastackcli.so.1")})
+    main(argv)
+    os.environ.pop("CUDASTACK_NO_CACHE", None)  # cli sets it for the process (monkeypatch would restore it)
+    capsys.readouterr()
+    assert not (seed / "cache").exists()
+
+
+def test_no_cache_before_the_subcommand_is_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CUDASTACK_NO_CACHE", raising=False)
+    args = build_parser(check_options=False).parse_args(["--no-cache", "--color=yes", "tree", "x"])
+    assert (args.no_cache, args.color) == (True, "yes")
+    args = build_parser(check_options=False).parse_args(["tree", "--color=no", "x"])
+    assert (args.no_cache, args.color) == (False, "no")
+
+
+@needs_cc
+@pytest.mark.parametrize(("color", "coloured"), [("yes", True), ("no", False), ("auto", False)])
+def test_colour_only_when_asked_or_on_a_terminal(
+    seed: Path, color: str, coloured: bool, capsys: pytest.CaptureFixture[str]
+) -> None:
+    main(["check", f"--color={color}", "--site", "site", "--cuda-max=12.9", "--cudastack-scan=bin"])
+    out = capsys.readouterr().out
+    assert ("\x1b[31mFAIL\x1b[0m" in out) is coloured
+    assert ("\x1b[" in out) is coloured
+    main([f"--color={color}", "why", "libcudastacknowhere.so.7"])
+    assert ("\x1b[31mNOT FOUND\x1b[0m" in capsys.readouterr().out) is coloured
+
+
+def test_colour_auto_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    monkeypatch.setenv("TERM", "xterm")
+    assert painter_for("auto", Tty()).severity("error", "error") == "\x1b[31merror\x1b[0m"
+    assert painter_for("auto", io.StringIO()).severity("error", "error") == "error"
+    monkeypatch.setenv("NO_COLOR", "1")
+    assert painter_for("auto", Tty()).severity("warning", "warning") == "warning"
+    assert painter_for("yes", io.StringIO()).severity("warning", "warning") == "\x1b[33mwarning\x1b[0m"
+
+
+def test_readme_documents_the_exit_status() -> None:
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme.split("## The `cudastack` command")[1].split("\n## ")[0]
+    assert "| exit status | meaning |" in section
+    for code in ("0", "1", "2"):
+        assert f"\n| {code} | " in section

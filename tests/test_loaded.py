@@ -33,6 +33,17 @@ def test_loaded_already_imported_module_maps_nothing_new():
     assert libs == ()
 
 
+def test_loaded_json_lists_what_importing_json_adds(capsys):
+    # the child must not import json (and with it the _json extension) before its "before" picture
+    import _json
+
+    if not getattr(_json, "__file__", None):
+        pytest.skip("_json is built into this interpreter: importing json maps nothing new")
+    assert cmd_loaded(argparse.Namespace(module="json", json=True)) == 0
+    paths = [lib["path"] for lib in json.loads(capsys.readouterr().out)["libraries"]]
+    assert os.path.realpath(_json.__file__) in [os.path.realpath(p) for p in paths]
+
+
 def test_loaded_failed_import_exits_1(capsys):
     assert cmd_loaded(argparse.Namespace(module="no_such_module_cudastack", json=True)) == 1
     data = json.loads(capsys.readouterr().out)

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import glob
 import hashlib
+import json
 import os
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from pytest_cudastack.cli import main
 from pytest_cudastack.cli.report import WheelReport, wheel_report
 from pytest_cudastack.findings import Severity
 
@@ -157,3 +159,41 @@ def test_copies_left_the_original_intact(cu12_over_cu13, clean_report):
     # after all the mutations of the copies, the original still inventories clean
     again = wheel_report([_site(_venv())])
     assert again.failing == ()
+
+
+def _why(site, soname, capsys):
+    rc = main(["why", "--site", site, soname])
+    text = capsys.readouterr().out
+    assert main(["why", "--json", "--site", site, soname]) == rc
+    return rc, text, json.loads(capsys.readouterr().out)
+
+
+def test_why_libcudnn_answers_as_torch_loads_it(capsys):
+    site = _site(_venv())
+    rc, text, data = _why(site, "libcudnn.so.9", capsys)
+    assert rc == 0, text
+    assert "NOT FOUND" not in text.splitlines()[0]
+    assert os.path.realpath(data["path"]) == os.path.join(site, "nvidia/cudnn/lib/libcudnn.so.9")
+    assert data["provider"] == "nvidia-cudnn-cu13 9.24.0.43"
+    assert data["route"] in ("runpath", "rpath")
+    assert "torch/lib/libtorch" in data["route_detail"]
+    assert "torch 2.14.1" in data["needed_by_providers"]
+
+
+def test_why_says_whose_cudnn_bytes_are_on_disk(cu12_over_cu13, capsys):
+    _, site = cu12_over_cu13
+    rc, text, data = _why(site, "libcudnn.so.9", capsys)
+    assert rc == 0, text
+    assert "bytes on disk: nvidia-cudnn-cu12 9.19.0.56's" in text
+    assert data["on_disk"]["bytes_of"] == ["nvidia-cudnn-cu12 9.19.0.56"]
+
+
+def test_why_is_not_found_when_no_load_finds_it(after_uninstall, capsys):
+    _, site = after_uninstall
+    rc, text, data = _why(site, "libnccl.so.2", capsys)
+    assert rc == 1, text
+    assert text.startswith("libnccl.so.2 => NOT FOUND\n")
+    assert "needed by: " in text
+    assert "nvidia-nccl-cu13 2.30.7: " in text
+    assert "MISSING on disk" in text
+    assert all(os.path.isdir(t) for t in data["tried"])

@@ -531,3 +531,74 @@ def test_closure_cache_torch_venv(capsys: pytest.CaptureFixture[str], monkeypatc
     monkeypatch.setattr(Resolver, "tree_deps", spy)
     assert _tree(capsys, *roots) == cold
     assert len(calls) <= len(roots) // 10, calls  # all from the cache, unless a test running beside changed some
+
+
+def _consumer_venv(tmp_path: Path, *, runpath: str = "$ORIGIN/../nvidia/fake/lib") -> tuple[Path, Path]:
+    """torchish's extension module needs libcudastackfake.so.9 and finds it through its RUNPATH, as torch
+    finds libcudnn.so.9; nvidia-fake-cu13 ships it."""
+    venv, site = _venv_with_lib(tmp_path)
+    write_dist(
+        site,
+        "torchish",
+        "2.0",
+        {"torchish/_C.so": compile_so(None, needed=["libcudastackfake.so.9"], runpath=runpath, pyinit="_C")},
+    )
+    return venv, site
+
+
+def test_why_answers_as_the_consumer_loads_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    venv, site = _consumer_venv(tmp_path)
+    lib = site / "torchish/../nvidia/fake/lib/libcudastackfake.so.9"
+    assert main(["why", "--site", str(venv), "libcudastackfake.so.9"]) == 0
+    out = capsys.readouterr().out
+    consumer = site / "torchish/_C.so"
+    assert out.startswith(f"libcudastackfake.so.9 => {lib} [runpath of {consumer}] (nvidia-fake-cu13 9.1)\n")
+    assert f"needed by: {consumer} (torchish 2.0)" in out
+    assert "as a DT_NEEDED of the Python executable" in out
+    assert "NOT FOUND" in out
+    assert main(["why", "--json", "--site", str(venv), "libcudastackfake.so.9"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["found"] is True
+    assert (data["path"], data["route"], data["provider"]) == (str(lib), "runpath", "nvidia-fake-cu13 9.1")
+    assert data["needed_by"] == [str(consumer)]
+    assert data["needed_by_providers"] == ["torchish 2.0"]
+    assert data["executable"]["path"] is None
+    assert data["on_disk"] is None  # one RECORD lists the path: no question whose bytes they are
+
+
+def test_why_says_whose_bytes_are_on_disk(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    venv, site = _consumer_venv(tmp_path)
+    # pip install nvidia-fake-cu12 over it: both RECORDs list the path, the bytes are cu12's
+    rel = "nvidia/fake/lib/libcudastackfake.so.9"
+    write_dist(site, "nvidia-fake-cu12", "9.0", {rel: compile_so("libcudastackfake.so.9", payload="cu12 build")})
+    assert main(["why", "--site", str(venv), "libcudastackfake.so.9"]) == 0
+    out = capsys.readouterr().out
+    assert "bytes on disk: nvidia-fake-cu12 9.0's (the path is listed by " in out
+    assert main(["why", "--json", "--site", str(venv), "libcudastackfake.so.9"]) == 0
+    disk = json.loads(capsys.readouterr().out)["on_disk"]
+    assert disk["bytes_of"] == ["nvidia-fake-cu12 9.0"]
+    assert sorted(disk["claimed_by"]) == ["nvidia-fake-cu12 9.0", "nvidia-fake-cu13 9.1"]
+
+
+def test_why_not_found_only_when_no_load_finds_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    venv, site = _consumer_venv(tmp_path, runpath="$ORIGIN/../nowhere:$ORIGIN")
+    assert main(["why", "--site", str(venv), "libcudastackfake.so.9"]) == 1
+    out = capsys.readouterr().out
+    assert out.startswith("libcudastackfake.so.9 => NOT FOUND\n")
+    # the directories the consumer's load searched that exist: not the missing RUNPATH entry, not file names
+    tried = out.split("  tried:\n")[1].split("  needed by:")[0].split()
+    assert tried[0] == str(site / "torchish")
+    assert all(os.path.isdir(t) for t in tried)
+    assert str(site / "nowhere") not in tried
+    assert len(tried) == len(set(tried))
+
+
+def test_why_tried_lists_directories(scen: Scenarios, capsys: pytest.CaptureFixture[str], monkeypatch) -> None:
+    monkeypatch.setattr(whyview, "_inventory", lambda site, reader: None)
+    monkeypatch.setenv("LD_LIBRARY_PATH", f"{scen.d_llp}:/nonexistent/dir:{scen.d_llp}")
+    assert main(["why", "--json", "libcudastacknowhere.so.1"]) == 1
+    tried = json.loads(capsys.readouterr().out)["tried"]
+    assert tried[0] == str(scen.d_llp)
+    assert "/nonexistent/dir" not in tried
+    assert len(tried) == len(set(tried))
+    assert all(os.path.isdir(t) for t in tried)

@@ -152,7 +152,7 @@ def extension_closures(
                 cause="no NVIDIA driver is installed on this machine (no wheel ships the driver's libraries)",
                 fix="nothing to do for a build or CI machine; on a GPU machine install the NVIDIA driver",
                 chain=tuple(_rel(p, inv) for p in _best_chain(driver_missing[0])),
-                where=tuple(driver_missing[0].libs[0].tried[:12]),
+                where=driver_missing[0].libs[0].searched[:12],
             )
         )
     reported = set(missing)

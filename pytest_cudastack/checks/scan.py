@@ -94,7 +94,7 @@ def binary_findings(
                 f"needs {lib.soname}, which the dynamic linker does not find",
                 cause=lib.problem or ("; ".join(claims) if claims else "no directory searched holds it"),
                 fix=fix,
-                where=lib.tried,
+                where=lib.searched,
                 chain=chain,
                 details=claims,
             )

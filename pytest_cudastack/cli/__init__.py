@@ -1,7 +1,8 @@
 """The ``cudastack`` command: the plugin's checks for humans and scripts.
 
-Exit status: 0 clean, 1 findings, 2 usage. This module only parses arguments and dispatches: subcommand
-NAME is ``cmd_NAME`` in ``pytest_cudastack/cli/NAME.py``, which holds its work or calls the layer that does.
+Exit status: 0 clean, 1 findings, 2 usage or environment error (``EPILOG``). This module only parses
+arguments and dispatches: subcommand NAME is ``cmd_NAME`` in ``pytest_cudastack/cli/NAME.py``, which holds
+its work or calls the layer that does.
 """
 
 from __future__ import annotations
@@ -13,7 +14,16 @@ import sys
 from collections.abc import Callable, Sequence
 from types import ModuleType
 
-__all__ = ["build_parser", "main"]
+from pytest_cudastack import __version__
+
+__all__ = ["EPILOG", "build_parser", "main"]
+
+EPILOG = """exit status:
+  0  clean: no findings (tree/why: everything resolves; diff: no drift)
+  1  findings: an ERROR finding, a library not found, a failed import, drift
+  2  usage or environment error: a bad option or value, an unreadable file or configuration"""
+
+_OPTIONS_OF = ("check", "snapshot")  # subcommands that take pytest's cudastack options
 
 
 def _subcommand(name: str) -> ModuleType:
@@ -37,21 +47,59 @@ class _Formatter(argparse.HelpFormatter):
         super().__init__(prog, width=max(columns - 2, 20))
 
 
-def build_parser(check_options: bool = True) -> argparse.ArgumentParser:
-    """The whole parser; ``check_options=False`` leaves out ``check``'s pytest options, whose import the
-    other subcommands need not pay for."""
-    parser = argparse.ArgumentParser(prog="cudastack", description=__doc__.splitlines()[0], formatter_class=_Formatter)
-    parser.add_argument("--no-cache", action="store_true", help="do not read or write the on-disk ELF cache")
-    # An explicit prog keeps argparse from building a help formatter (and importing shutil) on every run.
-    sub = parser.add_subparsers(dest="command", prog="cudastack")
+class _EpilogFormatter(_Formatter, argparse.RawDescriptionHelpFormatter):
+    """Keeps the exit-status table's lines as written."""
+
+
+def _common_options(suppress: bool, no_cache: bool = True) -> argparse.ArgumentParser:
+    """``--no-cache`` and ``--color``, taken before or after the subcommand name. After it, their defaults are
+    SUPPRESS: argparse copies a subparser's defaults over the values the main parser already set."""
+    common = argparse.ArgumentParser(add_help=False, formatter_class=_Formatter)
+    if no_cache:
+        common.add_argument(
+            "--no-cache",
+            action="store_true",
+            default=argparse.SUPPRESS if suppress else False,
+            help="do not read or write the on-disk ELF cache",
+        )
+    common.add_argument(
+        "--color",
+        choices=("auto", "yes", "no"),
+        default=argparse.SUPPRESS if suppress else "auto",
+        help="colour errors red and warnings yellow: auto (on a terminal, unless NO_COLOR is set), yes, no",
+    )
+    return common
+
+
+def _site_options(common: argparse.ArgumentParser) -> argparse.ArgumentParser:
     # Which Python environment's wheels to inspect: another venv can be checked without activating it.
-    site = argparse.ArgumentParser(add_help=False, formatter_class=_Formatter)
+    site = argparse.ArgumentParser(add_help=False, formatter_class=_Formatter, parents=[common])
     site.add_argument(
         "--site",
         action="append",
         metavar="DIR",
         help="a site-packages directory or venv prefix to inspect (repeatable; default: this interpreter's)",
     )
+    return site
+
+
+def build_parser(check_options: bool = True) -> argparse.ArgumentParser:
+    """The whole parser; ``check_options=False`` leaves out ``check``'s and ``snapshot``'s pytest options,
+    whose import the other subcommands need not pay for."""
+    parser = argparse.ArgumentParser(
+        prog="cudastack",
+        description=__doc__.splitlines()[0],
+        epilog=EPILOG,
+        formatter_class=_EpilogFormatter,
+        parents=[_common_options(suppress=False)],
+    )
+    parser.add_argument("--version", action="version", version=f"cudastack (pytest-cudastack) {__version__}")
+    # An explicit prog keeps argparse from building a help formatter (and importing shutil) on every run.
+    sub = parser.add_subparsers(dest="command", prog="cudastack")
+    common = _common_options(suppress=True)
+    site = _site_options(common)
+    # check's and snapshot's --no-cache is the plugin's (--cudastack-no-cache, settings.option_specs)
+    project_site = _site_options(_common_options(suppress=True, no_cache=not check_options))
 
     report = sub.add_parser(
         "report", formatter_class=_Formatter, parents=[site], help="the stack on one screen, findings first (default)"
@@ -80,22 +128,32 @@ def build_parser(check_options: bool = True) -> argparse.ArgumentParser:
     loaded = sub.add_parser(
         "loaded",
         formatter_class=_Formatter,
+        parents=[common],
         help="import MODULE in a child process and list the shared objects it maps",
     )
     loaded.add_argument("module")
     loaded.add_argument("--json", action="store_true", help="print JSON instead of text")
 
     check = sub.add_parser(
-        "check", formatter_class=_Formatter, parents=[site], help="run the invariant checks; exit 1 on findings"
+        "check",
+        formatter_class=_Formatter,
+        parents=[project_site],
+        help="run the invariant checks as the plugin would here; exit 1 on findings",
     )
     check.add_argument("--json", action="store_true", help="print JSON instead of text")
+
+    snapshot = sub.add_parser(
+        "snapshot",
+        formatter_class=_Formatter,
+        parents=[project_site],
+        help="write the stack as JSON, as the plugin's --cudastack-snapshot would here",
+    )
+    snapshot.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of standard output")
     if check_options:
         _subcommand("check").add_options(check)
+        _subcommand("snapshot").add_options(snapshot)
 
-    snapshot = sub.add_parser("snapshot", formatter_class=_Formatter, parents=[site], help="write the stack as JSON")
-    snapshot.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of standard output")
-
-    diff = sub.add_parser("diff", formatter_class=_Formatter, help="compare two snapshots")
+    diff = sub.add_parser("diff", formatter_class=_Formatter, parents=[common], help="compare two snapshots")
     diff.add_argument("a", metavar="A")
     diff.add_argument("b", metavar="B")
     diff.add_argument("--json", action="store_true", help="print JSON instead of text")
@@ -104,9 +162,9 @@ def build_parser(check_options: bool = True) -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     words = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser(check_options="check" in words)
+    parser = build_parser(check_options=any(w in _OPTIONS_OF for w in words))
     args = parser.parse_args(words)
-    if args.no_cache:
+    if getattr(args, "no_cache", False):
         os.environ["CUDASTACK_NO_CACHE"] = "1"
     if args.command is None:
         args = parser.parse_args([*words, "report"])

@@ -1,5 +1,7 @@
 """``cudastack check [pytest's cudastack options]``: the invariant items the options turn on, run as the
-plugin runs them (:meth:`pytest_cudastack.stack.Stack.run_checks`), one verdict line per item.
+plugin runs them (:meth:`pytest_cudastack.stack.Stack.run_checks`), one verdict line per item. The options
+are resolved as the plugin resolves them in this directory, the config file pytest would pick included
+(:mod:`pytest_cudastack.cli.project`).
 
 Exit status: 0 clean, 1 on ERROR findings, 2 on bad option values or unreadable inputs.
 """
@@ -8,13 +10,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 
 from pytest_cudastack.checks import enabled_checks
+from pytest_cudastack.cli.colour import painter_for
+from pytest_cudastack.cli.project import add_project_options, project_settings
 from pytest_cudastack.cli.sites import site_dirs_from
 from pytest_cudastack.errors import CudaStackError
-from pytest_cudastack.settings import Settings, add_arguments
 from pytest_cudastack.stack import Stack, write_snapshot
 
 __all__ = ["CHECK_SCHEMA", "CHECK_VERSION", "add_options", "cmd_check"]
@@ -25,21 +27,22 @@ CHECK_VERSION = 1
 
 
 def add_options(parser: argparse.ArgumentParser) -> None:
-    """pytest's cudastack options (``--cuda-max``, ``--cudastack-scan``, ...) on ``check``'s parser."""
-    add_arguments(parser)
+    """pytest's cudastack options (``--cuda-max``, ``--cudastack-scan``, ...) and configuration options
+    (``-c``, ``--rootdir``, ``-o``) on ``check``'s parser."""
+    add_project_options(parser)
 
 
 def cmd_check(args: argparse.Namespace) -> int:
     """``cudastack check``: with none of --cudastack/--cuda-max/--cuda-min/--cudastack-scan/--cudastack-baseline,
     all the built-in items (as --cudastack)."""
     try:
-        settings = Settings.from_namespace(args)
+        settings, config = project_settings(args)
     except CudaStackError as e:
         print(f"cudastack check: error: {e}", file=sys.stderr)
         return 2
     if not settings.items and not settings.cudastack_scan:
         settings = settings.with_values(cudastack=True)
-    stack = Stack(settings, rootdir=os.getcwd(), site_paths=site_dirs_from(args))
+    stack = Stack(settings, rootdir=config.rootdir, site_paths=site_dirs_from(args))
     try:
         results = stack.run_checks()
         if settings.cudastack_snapshot:
@@ -65,13 +68,14 @@ def cmd_check(args: argparse.Namespace) -> int:
         for name, target in check.expand(stack)
         if (reason := check.skip_reason(stack, target)) is not None
     }
+    paint = painter_for(getattr(args, "color", None), sys.stdout)
     for name, found in results.items():
         if name in skipped:  # nothing to check: as the plugin's SKIPPED item, with the reason
             print(f"skip cudastack::{name}: {skipped[name]}")
             continue
         verdict = "FAIL" if any(f.failing for f in found) else "ok"
-        print(f"{verdict:4} cudastack::{name}")
+        print(f"{paint.severity(f'{verdict:4}', 'error' if verdict == 'FAIL' else '')} cudastack::{name}")
         for finding in found:
             text = finding.render().replace("\n", "\n       ")
-            print(f"     {finding.severity.value}: {text}")
+            print(f"     {paint.severity(finding.severity.value + ':', finding.severity.value)} {text}")
     return 1 if failing else 0

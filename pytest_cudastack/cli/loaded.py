@@ -32,9 +32,10 @@ LOADED_VERSION = 1
 logger = logging.getLogger(__name__)
 
 _MARK = "cudastack-loaded:"
+# The "before" picture is taken before the child imports anything a module might import (json's _json
+# extension among them): until the "after" picture only builtins and the frozen importlib are used.
 _CHILD = r"""
-import importlib, json, sys
-MARK = "cudastack-loaded:"
+import sys
 
 def mapped():
     paths = []
@@ -52,11 +53,13 @@ def mapped():
 before = set(mapped())
 error = None
 try:
+    import importlib
     importlib.import_module(sys.argv[1])
 except BaseException as e:  # report, never hide: the parent turns this into exit status 1
     error = f"{type(e).__name__}: {e}"
 after = [p for p in mapped() if p not in before]
-sys.stdout.write("\n" + MARK + json.dumps({"paths": after, "error": error}) + "\n")
+import json
+sys.stdout.write("\ncudastack-loaded:" + json.dumps({"paths": after, "error": error}) + "\n")
 """
 
 

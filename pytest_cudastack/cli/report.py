@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from pytest_cudastack.checks.closure import extension_closures, module_trees
+from pytest_cudastack.cli.colour import Painter, painter_for
 from pytest_cudastack.cli.sites import site_dirs_from
 from pytest_cudastack.findings import Finding, Severity, most_severe_first
 from pytest_cudastack.linker.elfcache import ElfCache
@@ -99,15 +100,17 @@ def wheel_report(paths: Sequence[str] | None = None, cache: ElfCache | None = No
     return WheelReport(inv, findings, len(trees), time.perf_counter() - t0)
 
 
-def render_report(rep: WheelReport, *, verbose: bool = False) -> str:
-    """Findings first (errors and warnings in full, INFO one line each), then CUDA wheels by flavour."""
+def render_report(rep: WheelReport, *, verbose: bool = False, paint: Painter | None = None) -> str:
+    """Findings first (errors and warnings in full, INFO one line each), then CUDA wheels by flavour;
+    ``paint`` colours the severity labels."""
+    paint = paint or Painter(False)
     lines: list[str] = []
     errors = [f for f in rep.findings if f.severity is Severity.ERROR]
     warnings = [f for f in rep.findings if f.severity is Severity.WARNING]
     infos = [f for f in rep.findings if f.severity is Severity.INFO]
     for title, group in (("ERROR", errors), ("WARNING", warnings)):
         for f in group:
-            lines.append(f"{title} [{f.check}] " + f.render(compact=not verbose))
+            lines.append(f"{paint.severity(title, title)} [{f.check}] " + f.render(compact=not verbose))
             lines.append("")
     for f in infos:
         lines.append(f"info [{f.check}] {f.subject}: {f.message}")
@@ -145,5 +148,6 @@ def cmd_report(args: argparse.Namespace, out: TextIO | None = None) -> int:
     if getattr(args, "json", False):
         _emit(json.dumps(rep.to_json(), indent=2), out)
     else:
-        _emit(render_report(rep, verbose=bool(getattr(args, "verbose", False))), out)
+        paint = painter_for(getattr(args, "color", None), out or sys.stdout)
+        _emit(render_report(rep, verbose=bool(getattr(args, "verbose", False)), paint=paint), out)
     return 1 if rep.failing else 0

@@ -1,21 +1,47 @@
-"""``cudastack snapshot [-o FILE]``: the stack as JSON (:meth:`pytest_cudastack.stack.Stack.to_json`), the
-file ``--cudastack-baseline`` and ``cudastack diff`` compare against."""
+"""``cudastack snapshot [-o FILE] [pytest's cudastack options]``: the stack as JSON
+(:meth:`pytest_cudastack.stack.Stack.to_json`), the file ``--cudastack-baseline`` and ``cudastack diff``
+compare against. The options are resolved as the plugin resolves them in this directory
+(:mod:`pytest_cudastack.cli.project`), so the ``cudastack_scan`` binaries are in it as they are in
+``pytest --cudastack-snapshot``'s: the two documents are the same for the same state.
+
+Exit status: 0 written, 2 on bad option values or unreadable inputs.
+"""
 
 from __future__ import annotations
 
 import argparse
+import sys
 
+from pytest_cudastack.cli.project import add_project_options, project_settings
 from pytest_cudastack.cli.sites import site_dirs_from
+from pytest_cudastack.errors import CudaStackError
 from pytest_cudastack.stack import Stack, write_snapshot
 
-__all__ = ["cmd_snapshot"]
+__all__ = ["add_options", "cmd_snapshot"]
+
+
+def add_options(parser: argparse.ArgumentParser) -> None:
+    """``check``'s options on ``snapshot``'s parser (``-o`` is the output file here: ``--override-ini``)."""
+    add_project_options(parser, short_override=False)
 
 
 def cmd_snapshot(args: argparse.Namespace) -> int:
-    """Write the snapshot to ``args.output`` (standard output when absent or ``-``); exit 0."""
-    stack = Stack(site_paths=site_dirs_from(args))
+    """Write the snapshot to ``args.output`` (else ``--cudastack-snapshot`` given on the command line, else
+    standard output)."""
     try:
-        write_snapshot(stack, getattr(args, "output", None))
+        settings, config = project_settings(args)
+    except CudaStackError as e:
+        print(f"cudastack snapshot: error: {e}", file=sys.stderr)
+        return 2
+    output = getattr(args, "output", None)
+    if output is None and settings.source("cudastack_snapshot") == "command line":
+        output = settings.cudastack_snapshot
+    stack = Stack(settings, rootdir=config.rootdir, site_paths=site_dirs_from(args))
+    try:
+        write_snapshot(stack, output)
+    except (CudaStackError, OSError) as e:
+        print(f"cudastack snapshot: error: {e}", file=sys.stderr)
+        return 2
     finally:
         stack.flush_cache()
     return 0

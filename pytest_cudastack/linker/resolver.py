@@ -133,6 +133,17 @@ class Library:
     provider: str | None = None
     problem: str | None = None
 
+    @property
+    def searched(self) -> tuple[str, ...]:
+        """The directories the search looked in: those of ``tried`` that exist, once each, in order (ld.so
+        retries a directory on two lists; one that does not exist holds nothing to search)."""
+        out: dict[str, None] = {}
+        for t in self.tried:
+            d = os.path.dirname(os.path.normpath(t))
+            if d not in out and os.path.isdir(d):
+                out[d] = None
+        return tuple(out)
+
     def to_json(self) -> dict[str, Any]:
         return {
             "soname": self.soname,

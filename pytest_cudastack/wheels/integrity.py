@@ -47,7 +47,7 @@ from pytest_cudastack.wheels.inventory import (
 )
 from pytest_cudastack.wheels.sitepaths import record_abspath
 
-__all__ = ["Requirer", "active_requirements", "check_integrity", "pip_command"]
+__all__ = ["Requirer", "active_requirements", "bytes_on_disk", "check_integrity", "pip_command"]
 
 logger = logging.getLogger(__name__)
 
@@ -356,6 +356,16 @@ def _odd_rows(d: Distribution) -> dict[str, tuple[int, RecordEntry]]:
                 if full is not None and full not in out:
                     out[full] = (i, e)
     return out
+
+
+def bytes_on_disk(inv: Inventory, path: str) -> tuple[tuple[Distribution, ...], bool]:
+    """Whose bytes are at ``path`` (absolute), decided as the overlap finding decides it: the distributions
+    whose RECORD rows for it match the file, and whether the bytes could not be attributed (no hash to
+    tell). ``((), False)`` when no RECORD lists the path or the file is gone."""
+    owners = _Listed(inv).get(os.path.normpath(path))
+    if not owners:
+        return (), False
+    return _attribute(os.path.normpath(path), owners, _Disk(False))
 
 
 def check_integrity(inv: Inventory, *, verify_hashes: bool = False) -> tuple[Finding, ...]:
