@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from pytest_cudastack.checks.facts import Target
     from pytest_cudastack.cuda.driver import DriverInfo
     from pytest_cudastack.linker.elfcache import ElfCache
+    from pytest_cudastack.linker.fatbin import Fatbin
     from pytest_cudastack.linker.resolver import Library, Resolver, Tree
     from pytest_cudastack.wheels.inventory import Distribution, Inventory
 
@@ -177,6 +178,9 @@ class Stack:
         if path not in self._trees:
             self._trees[path] = self.resolver.tree(path)
         return self._trees[path]
+
+    def fatbin(self, path: str) -> Fatbin:
+        return self.cache.fatbin(path)
 
     @cached_property
     def scan_targets(self) -> tuple[Target, ...]:

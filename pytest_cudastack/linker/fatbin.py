@@ -2,16 +2,22 @@
 
 Layout (little-endian) per NVIDIA's ``fatbinary_section.h`` and checked against nvcc 13.0 output:
 a container is a 16-byte header (magic 0xBA55ED50, version, header size, payload size) followed by
-entries, each a header of at least 0x40 bytes (kind, header size, padded payload size, arch at 0x1C,
-flags at 0x28) and its payload. Only headers are read: a multi-GB cuBLAS costs a few KB per entry.
+entries, each a header of at least 0x40 bytes (kind, header size, padded payload size, the code's version
+as minor at 0x18 and major at 0x1A, arch at 0x1C, flags at 0x28) and its payload. Only headers are read: a
+multi-GB cuBLAS costs a few KB per entry. Two payloads are looked into, and only when stored uncompressed:
+a SASS cubin's section headers (an image without a ``.text.*`` section holds no kernel: cuFFTW ships such
+an sm_75 image) and a PTX text's ``.version`` line. A compressed payload is never decompressed; its PTX ISA
+is the entry header's version (the PTX ``.version`` nvcc 13.0 writes there), or unknown when that is 0.0.
 """
 
 from __future__ import annotations
 
 import mmap
 import os
+import re
 import struct
 from dataclasses import dataclass
+from typing import Any
 
 from pytest_cudastack._sysio import open_regular
 from pytest_cudastack.errors import ElfError
@@ -31,6 +37,14 @@ _FLAG_ZSTD = 0x8000
 # A real library holds a few thousand entries; anything beyond this is a corrupt or hostile count.
 _MAX_ENTRIES = 1_000_000
 _SECTIONS = (".nv_fatbin", "__nv_relfatbin")
+_ELF64 = struct.Struct("<16sHHIQQQIHHHHHH")
+_SHDR64 = struct.Struct("<IIQQQQIIQQ")
+# The .version directive opens a PTX text after comments (PTX ISA, "PTX Module Directives"); 4 KB holds them.
+_PTX_HEAD = 4096
+_PTX_VERSION = re.compile(rb"^\s*\.version\s+(\d+)\.(\d+)", re.MULTILINE)
+_KINDS = ("sass", "ptx", "other")
+_SUFFIXES = ("", "a", "f")
+_COMPRESSIONS = (None, "lz4", "zstd")
 
 
 @dataclass(frozen=True)
@@ -41,15 +55,39 @@ class FatbinEntry:
     arch: int  # 90 for sm_90 / compute_90
     suffix: str  # "", "a" (arch-specific) or "f" (family-specific)
     compression: str | None  # None, "lz4" or "zstd"
+    ptx_isa: str | None = None  # PTX entries: the PTX ISA version ("9.0"), None when unknown
 
     @property
     def name(self) -> str:
         prefix = "compute" if self.kind == "ptx" else "sm"
         return f"{prefix}_{self.arch}{self.suffix}"
 
+    def to_json(self) -> list[Any]:
+        return [self.kind, self.arch, self.suffix, self.compression, self.ptx_isa]
+
+    @classmethod
+    def from_json(cls, raw: Any) -> FatbinEntry:
+        """The inverse of :meth:`to_json`; ElfError for anything else (a corrupt cache)."""
+        if not isinstance(raw, list) or len(raw) != 5:
+            raise ElfError(f"malformed fatbin entry {raw!r}")
+        kind, arch, suffix, compression, isa = raw
+        if (
+            kind not in _KINDS
+            or not isinstance(arch, int)
+            or isinstance(arch, bool)
+            or not 0 <= arch < 10_000
+            or suffix not in _SUFFIXES
+            or compression not in _COMPRESSIONS
+            or not (isa is None or (isinstance(isa, str) and re.fullmatch(r"\d+\.\d+", isa)))
+        ):
+            raise ElfError(f"malformed fatbin entry {raw!r}")
+        return cls(kind=kind, arch=arch, suffix=suffix, compression=compression, ptx_isa=isa)
+
 
 @dataclass(frozen=True)
 class Fatbin:
+    """The distinct code objects of one file (a library repeats one arch in many containers)."""
+
     path: str
     entries: tuple[FatbinEntry, ...]
     problems: tuple[str, ...] = ()
@@ -61,6 +99,21 @@ class Fatbin:
     @property
     def ptx(self) -> tuple[str, ...]:
         return tuple(sorted({e.name for e in self.entries if e.kind == "ptx"}))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": self.path, "entries": [e.to_json() for e in self.entries], "problems": list(self.problems)}
+
+    @classmethod
+    def from_json(cls, raw: Any) -> Fatbin:
+        """The inverse of :meth:`to_json`; ElfError for anything else (a corrupt cache)."""
+        if not isinstance(raw, dict) or set(raw) != {"path", "entries", "problems"}:
+            raise ElfError("malformed fatbin facts")
+        path, entries, problems = raw["path"], raw["entries"], raw["problems"]
+        if not isinstance(path, str) or not isinstance(entries, list) or not isinstance(problems, list):
+            raise ElfError("malformed fatbin facts")
+        if not all(isinstance(p, str) for p in problems):
+            raise ElfError("malformed fatbin problems")
+        return cls(path=path, entries=tuple(FatbinEntry.from_json(e) for e in entries), problems=tuple(problems))
 
 
 def _section_ranges(fd: int, path: str) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
@@ -149,18 +202,60 @@ def _entries(fd: int, start: int, length: int, problems: list[str]) -> list[Fatb
         while q + _ENTRY_MIN <= container_end:
             raw = os.pread(fd, _ENTRY_MIN, q)
             kind, _ev, entry_header, padded = _ENTRY.unpack_from(raw)
-            arch = struct.unpack_from("<I", raw, 0x1C)[0]
+            minor, major, arch = struct.unpack_from("<HHI", raw, 0x18)
             flags = struct.unpack_from("<Q", raw, 0x28)[0]
             if entry_header < _ENTRY_MIN or q + entry_header + padded > container_end:
                 problems.append(f"entry at offset {q} runs past its container")
                 break
-            found.append(_entry(kind, arch, flags))
+            entry = _entry(kind, arch, flags)
+            payload = q + entry_header
+            if entry.compression is None and entry.kind == "sass" and not _has_kernels(fd, payload, padded):
+                q += entry_header + padded
+                continue
+            if entry.kind == "ptx":
+                isa = _ptx_text_version(fd, payload, padded) if entry.compression is None else None
+                if isa is None and major:
+                    isa = f"{major}.{minor}"
+                entry = FatbinEntry(entry.kind, entry.arch, entry.suffix, entry.compression, isa)
+            found.append(entry)
             if len(found) > _MAX_ENTRIES:
                 problems.append("absurd number of fatbin entries")
                 return found
             q += entry_header + padded
         pos = container_end
     return found
+
+
+def _has_kernels(fd: int, start: int, length: int) -> bool:
+    """Whether an uncompressed cubin has a ``.text.*`` section (a kernel). Anything not a readable 64-bit ELF
+    counts as code: only a cubin proven empty is skipped."""
+    head = os.pread(fd, _ELF64.size, start)
+    if len(head) < _ELF64.size or head[:5] != b"\x7fELF\x02":
+        return True
+    _ident, _type, _machine, _version, _entry, _phoff, shoff, _flags, _ehsize, _phes, _phn, shes, shnum, shstrndx = (
+        _ELF64.unpack(head)
+    )
+    if shes < _SHDR64.size or not 0 < shnum <= 65_535 or shstrndx >= shnum or shoff + shes * shnum > length:
+        return True
+    table = os.pread(fd, shes * shnum, start + shoff)
+    if len(table) < shes * shnum:
+        return True
+    headers = [_SHDR64.unpack_from(table, i * shes) for i in range(shnum)]
+    strtab = headers[shstrndx]
+    if strtab[4] + strtab[5] > length:
+        return True
+    names = os.pread(fd, strtab[5], start + strtab[4])
+    return any(names.startswith(b".text.", h[0]) for h in headers)
+
+
+def _ptx_text_version(fd: int, start: int, length: int) -> str | None:
+    """The ``.version`` of an uncompressed PTX text: what the driver's JIT reads."""
+    m = _PTX_VERSION.search(os.pread(fd, min(length, _PTX_HEAD), start))
+    return f"{int(m[1])}.{int(m[2])}" if m else None
+
+
+def _distinct(entries: list[FatbinEntry]) -> tuple[FatbinEntry, ...]:
+    return tuple(dict.fromkeys(entries))
 
 
 def _entry(kind: int, arch: int, flags: int) -> FatbinEntry:
@@ -173,8 +268,8 @@ def _entry(kind: int, arch: int, flags: int) -> FatbinEntry:
 def read_fatbin(path: str | os.PathLike[str]) -> Fatbin:
     """The fatbin entries of an ELF file (``.nv_fatbin``, ``__nv_relfatbin``) or a standalone ``.fatbin``.
 
-    A file without GPU code gives no entries. A malformed container is a problem of the result; only a
-    file that cannot be read at all raises :class:`ElfError`.
+    The entries are distinct, in the order first found. A file without GPU code gives no entries. A malformed
+    container is a problem of the result; only a file that cannot be read at all raises :class:`ElfError`.
     """
     name = os.fspath(path)
     fd, _st = open_regular(name)
@@ -185,7 +280,7 @@ def read_fatbin(path: str | os.PathLike[str]) -> Fatbin:
         for start, length in named:
             entries.extend(_entries(fd, start, length, problems))
         entries.extend(_embedded(fd, other))
-        return Fatbin(path=name, entries=tuple(entries), problems=tuple(problems))
+        return Fatbin(path=name, entries=_distinct(entries), problems=tuple(problems))
     finally:
         os.close(fd)
 
