@@ -430,3 +430,11 @@ def test_real_torch_on_sm_60_fails_naming_torch_and_cuda_13(tmp_path: Path) -> N
 def test_real_torch_on_sm_90_passes(tmp_path: Path) -> None:
     findings = _arch(Path(_torch_site()), ("sm_90",))
     assert [f for f in findings if f.severity is Severity.ERROR] == []
+
+
+def test_snapshot_carries_each_cuda_wheels_gpu_code(kernels: dict[str, bytes], tmp_path: Path) -> None:
+    site = _site(tmp_path, kernels, {"nvidia-kernels-cu12": ("12.9.1", ["sm80ptx", "sm90a", "empty"])})
+    info = DriverInfo("absent", None, None)
+    stack = Stack(Settings(), driver_info=info, site_paths=(str(site),), cache=ElfCache(enabled=False))
+    (wheel,) = stack.to_json()["wheels"]
+    assert wheel["gpu_code"] == {"sass": ["sm_80", "sm_90a"], "ptx": ["compute_80"]}
