@@ -97,9 +97,7 @@ def _jit(ptx: Sequence[FatbinEntry], driver: DriverInfo | None) -> _Jit:
     if driver is None or cuda is None:
         return _Jit(False, "")
     verdict = driver_verdict(cuda, driver, subject=f"PTX {best.name} (PTX ISA {isa})")
-    if verdict.status == "compatible" or verdict.via == "forward compatibility":
-        return _Jit(False, "")
-    if verdict.status == "unknown":
+    if verdict.status in ("compatible", "unknown") or verdict.via == "forward compatibility":
         return _Jit(False, "")
     return _Jit(True, f"{verdict.message}: JIT fails with CUDA_ERROR_UNSUPPORTED_PTX_VERSION")
 
