@@ -25,7 +25,7 @@ from pytest_cudastack.checks.bounds import infer_binary, infer_shipped, infer_wh
 from pytest_cudastack.checks.integrity import integrity_findings
 from pytest_cudastack.checks.scan import scan_targets
 from pytest_cudastack.cuda.driver import declared_driver, linker_finder, probe_driver
-from pytest_cudastack.errors import DataError
+from pytest_cudastack.errors import DataError, ElfError
 from pytest_cudastack.findings import Finding
 from pytest_cudastack.linker.elfcache import ElfCache
 from pytest_cudastack.linker.resolver import Resolver, SearchConfig
@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from pytest_cudastack.checks.facts import Target
     from pytest_cudastack.cuda.driver import DriverInfo
     from pytest_cudastack.linker.elfcache import ElfCache
+    from pytest_cudastack.linker.fatbin import Fatbin
     from pytest_cudastack.linker.resolver import Library, Resolver, Tree
     from pytest_cudastack.wheels.inventory import Distribution, Inventory
 
@@ -182,6 +183,9 @@ class Stack:
             self._trees[path] = self.resolver.tree(path)
         return self._trees[path]
 
+    def fatbin(self, path: str) -> Fatbin:
+        return self.cache.fatbin(path)
+
     @cached_property
     def scan_targets(self) -> tuple[Target, ...]:
         return scan_targets(self.settings.cudastack_scan, self.rootdir)
@@ -242,6 +246,7 @@ class Stack:
                     "libraries": sorted(lib.soname or os.path.basename(lib.path) for lib in dist.libraries),
                     "missing": sorted(lib.path for lib in dist.libraries if not lib.exists),
                     "problems": list(dist.problems),
+                    "gpu_code": self._gpu_code(dist),
                 }
             )
         binaries = []
@@ -259,6 +264,29 @@ class Stack:
             "wheels": wheels,
             "binaries": binaries,
         }
+
+    def _gpu_code(self, dist: Distribution) -> dict[str, list[str]]:
+        """The SASS and PTX its present libraries carry (fatbin headers, through the ELF cache); unreadable
+        files are the integrity item's business."""
+        sass: set[str] = set()
+        ptx: set[str] = set()
+        for lib in dist.libraries:
+            if not lib.exists:
+                continue
+            try:
+                fat = self.fatbin(lib.path)
+            except ElfError:
+                continue
+            sass.update(fat.sass)
+            ptx.update(fat.ptx)
+        return {"sass": sorted(sass, key=_arch_key), "ptx": sorted(ptx, key=_arch_key)}
+
+
+def _arch_key(name: str) -> tuple[int, str]:
+    """``sm_90`` < ``sm_90a`` < ``sm_100``: by arch number, then suffix."""
+    digits = name.rsplit("_", 1)[-1]
+    number = digits.rstrip("af")
+    return (int(number) if number.isdigit() else 0, digits[len(number) :])
 
 
 def load_snapshot(path: str) -> dict[str, Any]:

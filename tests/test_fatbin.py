@@ -158,3 +158,14 @@ def test_containers_embedded_in_data_sections(built: dict[str, Path], tmp_path: 
     fat = read_fatbin(lib)
     assert fat.sass == ("sm_75",)
     assert fat.problems == ()
+
+
+def test_odd_section_headers_go_to_pyelftools_and_raise_naming_the_file(tmp_path: Path) -> None:
+    # an ELF64 header whose section table lies past the end: not for the struct reader, corrupt for pyelftools
+    head = bytearray(64)
+    head[:7] = b"\x7fELF\x02\x01\x01"
+    struct.pack_into("<HHIQQQIHHHHHH", head, 16, 3, 62, 1, 0, 0, 1 << 30, 0, 64, 0, 0, 64, 3, 1)
+    path = tmp_path / "libodd.so"
+    path.write_bytes(bytes(head) + b"\x00" * 64)
+    with pytest.raises(ElfError, match=r"libodd\.so"):
+        read_fatbin(path)

@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from pytest_cudastack.checks.bounds import Inference
     from pytest_cudastack.cuda.driver import DriverInfo
     from pytest_cudastack.findings import Finding
+    from pytest_cudastack.linker.fatbin import Fatbin
     from pytest_cudastack.linker.resolver import Resolver, Tree
     from pytest_cudastack.wheels.inventory import Inventory
 
@@ -70,6 +71,10 @@ class StackView(Protocol):
     def inferences(self) -> tuple[Inference, ...]: ...
 
     def tree(self, path: str) -> Tree: ...
+
+    def fatbin(self, path: str) -> Fatbin:
+        """The GPU code of ``path``, through the run's ELF cache; ``ElfError`` when unreadable."""
+        ...
 
     def to_json(self) -> dict[str, Any]: ...
 

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from pytest_cudastack.linker.elf import ElfInfo
+    from pytest_cudastack.linker.fatbin import Fatbin
 
 __all__ = ["CACHE_FILE", "ElfCache", "default_cache_dir"]
 
@@ -137,6 +138,44 @@ class ElfCache:
             self._dirty = True
             raise
         entries[path] = {"key": key, "info": result.to_json()}
+        self._dirty = True
+        return result
+
+    def fatbin(self, path: str) -> Fatbin:
+        """Cached :func:`~pytest_cudastack.linker.fatbin.read_fatbin`, under the same key and rules as
+        :meth:`read` (its own entry, ``fatbin:PATH``; errors cached too). Raises ElfError."""
+        # lazy: tree's warm path imports this module and never reads GPU code
+        from pytest_cudastack.linker.fatbin import Fatbin, read_fatbin
+
+        if not self.enabled:
+            return read_fatbin(path)
+        try:
+            st = os.stat(path)
+        except (OSError, ValueError):
+            return read_fatbin(path)  # raises the ElfError naming what is wrong
+        key = [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns]
+        entries = self._load()
+        slot = f"fatbin:{path}"
+        hit = entries.get(slot)
+        if hit is not None and hit.get("key") == key:
+            if isinstance(hit.get("error"), str):
+                self.hits += 1
+                raise ElfError(hit["error"])
+            try:
+                got: Fatbin | None = Fatbin.from_json(hit.get("fatbin"))
+            except ElfError:
+                got = None
+            if got is not None and got.path == path:
+                self.hits += 1
+                return got
+        self.misses += 1
+        try:
+            result = read_fatbin(path)
+        except ElfError as e:
+            entries[slot] = {"key": key, "error": str(e)}
+            self._dirty = True
+            raise
+        entries[slot] = {"key": key, "fatbin": result.to_json()}
         self._dirty = True
         return result
 

@@ -1,0 +1,175 @@
+"""Facts about GPU code builds, from ``data/gpu_code.json`` (validated on load): which CUDA first loads each PTX
+ISA version, and which archs the CUDA variants of a package's official builds carry.
+
+Every row cites a source id listed in the file's ``sources``, as in ``cuda_compat.json``. A PTX kernel can be
+JIT-compiled only by a driver whose CUDA knows its ``.version`` (PTX ISA, "Release History";
+CUDA_ERROR_UNSUPPORTED_PTX_VERSION otherwise). The variants name the way out for an installed wheel whose
+kernels do not run on a GPU: another build of the same package, not a rebuild.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+from packaging.utils import canonicalize_name
+
+from pytest_cudastack.cuda.versions import Arch, CudaVersion, parse_arch, parse_cuda
+from pytest_cudastack.errors import DataError, OptionError
+from pytest_cudastack.linker.fatbin import FatbinEntry, runs_on
+
+__all__ = [
+    "GPU_CODE_FILE",
+    "GpuCodeData",
+    "Variant",
+    "load_gpu_code",
+    "ptx_isa_cuda",
+    "validate_gpu_code",
+    "variants_for",
+]
+
+GPU_CODE_FILE = "data/gpu_code.json"
+_SCHEMA = "pytest-cudastack-gpu-code"
+_ISA = re.compile(r"(\d+)\.(\d+)")
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One CUDA variant of a package's official builds (``torch`` ``cu126``) and the code it carries."""
+
+    package: str  # canonical name
+    variant: str
+    cuda: CudaVersion
+    sass: tuple[Arch, ...]
+    ptx: tuple[Arch, ...]
+    index: str
+    source: str
+
+    def covers(self, cc: int) -> bool:
+        """Whether this build's SASS or PTX runs on compute capability ``cc`` (``fatbin.runs_on``'s rules)."""
+        entries = [FatbinEntry("sass", a.number, a.suffix, None) for a in self.sass]
+        entries += [FatbinEntry("ptx", a.number, a.suffix, None) for a in self.ptx]
+        return any(runs_on(e, cc) for e in entries)
+
+
+@dataclass(frozen=True)
+class GpuCodeData:
+    ptx_isa: tuple[tuple[tuple[int, int], CudaVersion], ...]  # ((major, minor) of the ISA, first CUDA)
+    variants: tuple[Variant, ...]
+
+
+def _row(raw: Any, table: str, index: int, keys: set[str], sources: Mapping[str, Any], source: str) -> dict[str, Any]:
+    where = f"{source}: {table}[{index}]"
+    if not isinstance(raw, dict):
+        raise DataError(f"{where}: expected an object, got {type(raw).__name__}")
+    if raw.get("source") not in sources:
+        raise DataError(f"{where}: source {raw.get('source')!r} is not listed in 'sources'")
+    extra = set(raw) - keys - {"source", "note"}
+    missing = keys - set(raw)
+    if extra or missing:
+        raise DataError(f"{where}: unknown key(s) {sorted(extra)}, missing key(s) {sorted(missing)}")
+    return raw
+
+
+def _text(row: dict[str, Any], key: str, where: str) -> str:
+    value = row[key]
+    if not isinstance(value, str) or not value:
+        raise DataError(f"{where}: {key!r} must be a non-empty string ({value!r})")
+    return value
+
+
+def _archs(row: dict[str, Any], key: str, prefix: str, where: str) -> tuple[Arch, ...]:
+    value = row[key]
+    if not isinstance(value, list) or not all(isinstance(v, str) and v.startswith(prefix) for v in value):
+        raise DataError(f"{where}: {key!r} must list {prefix}XX names ({value!r})")
+    try:
+        return tuple(parse_arch(v.replace("compute_", "sm_")) for v in value)
+    except OptionError as e:
+        raise DataError(f"{where}: {key!r}: {e}") from e
+
+
+def validate_gpu_code(raw: Any, source: str = GPU_CODE_FILE) -> GpuCodeData:
+    """The data file's facts; DataError naming the file and row for anything malformed."""
+    if not isinstance(raw, dict) or raw.get("schema") != _SCHEMA:
+        raise DataError(f"{source}: not a {_SCHEMA} file")
+    sources = raw.get("sources")
+    if not isinstance(sources, dict) or not sources:
+        raise DataError(f"{source}: top-level 'sources' must be a non-empty object")
+    isas: list[tuple[tuple[int, int], CudaVersion]] = []
+    for i, item in enumerate(_table(raw, "ptx_isa", source)):
+        row = _row(item, "ptx_isa", i, {"isa", "cuda"}, sources, source)
+        where = f"{source}: ptx_isa[{i}]"
+        m = _ISA.fullmatch(_text(row, "isa", where))
+        if m is None:
+            raise DataError(f"{where}: 'isa' must be MAJOR.MINOR ({row['isa']!r})")
+        try:
+            cuda = parse_cuda(_text(row, "cuda", where))
+        except OptionError as e:
+            raise DataError(f"{where}: 'cuda': {e}") from e
+        key = (int(m[1]), int(m[2]))
+        if isas and (key <= isas[-1][0] or cuda.mm <= isas[-1][1].mm):
+            raise DataError(f"{where}: rows must rise in both the ISA and the CUDA version")
+        isas.append((key, cuda))
+    variants: list[Variant] = []
+    for i, item in enumerate(_table(raw, "variants", source)):
+        keys = {"package", "variant", "cuda", "sass", "ptx", "index"}
+        row = _row(item, "variants", i, keys, sources, source)
+        where = f"{source}: variants[{i}]"
+        try:
+            cuda = parse_cuda(_text(row, "cuda", where))
+        except OptionError as e:
+            raise DataError(f"{where}: 'cuda': {e}") from e
+        variants.append(
+            Variant(
+                package=canonicalize_name(_text(row, "package", where)),
+                variant=_text(row, "variant", where),
+                cuda=cuda,
+                sass=_archs(row, "sass", "sm_", where),
+                ptx=_archs(row, "ptx", "compute_", where),
+                index=_text(row, "index", where),
+                source=str(row["source"]),
+            )
+        )
+    return GpuCodeData(ptx_isa=tuple(isas), variants=tuple(variants))
+
+
+def _table(raw: Mapping[str, Any], key: str, source: str) -> list[Any]:
+    value = raw.get(key)
+    if not isinstance(value, list) or not value:
+        raise DataError(f"{source}: top-level {key!r} must be a non-empty list")
+    return value
+
+
+@functools.lru_cache(maxsize=1)
+def load_gpu_code() -> GpuCodeData:
+    """Load and validate the shipped data file (cached)."""
+    ref = resources.files("pytest_cudastack.cuda").joinpath(GPU_CODE_FILE)
+    try:
+        raw = json.loads(ref.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise DataError(f"{GPU_CODE_FILE}: cannot read: {e}") from e
+    return validate_gpu_code(raw, GPU_CODE_FILE)
+
+
+def ptx_isa_cuda(isa: str) -> CudaVersion | None:
+    """The first CUDA whose driver JIT-compiles PTX ISA ``isa`` ("9.0" -> 13.0); None when not in the data."""
+    m = _ISA.fullmatch(isa)
+    if m is None:
+        return None
+    key = (int(m[1]), int(m[2]))
+    for row_isa, cuda in load_gpu_code().ptx_isa:
+        if row_isa == key:
+            return cuda
+    return None
+
+
+def variants_for(package: str, cc: int) -> tuple[Variant, ...]:
+    """The known variants of ``package`` whose code runs on compute capability ``cc``, newest CUDA first."""
+    name = canonicalize_name(package)
+    found = [v for v in load_gpu_code().variants if v.package == name and v.covers(cc)]
+    return tuple(sorted(found, key=lambda v: v.cuda, reverse=True))
