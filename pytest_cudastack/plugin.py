@@ -338,6 +338,7 @@ class Reporter:
                 # errors in full are in the failure section above; warnings and infos are only here
                 text = prop.splitlines()[0] if prop.startswith("error:") else prop
                 terminalreporter.write_line("  " + text.replace("\n", "\n    "))
+        _repair_summary(self.config, [r for r in self.reports if r.failed], terminalreporter)
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionfinish(self) -> None:
@@ -367,6 +368,21 @@ class Reporter:
             rows.append(f"| `{report.nodeid}` | {report.outcome} | {'<br>'.join(cells) or '-'} |")
         with open(path, "a", encoding="utf-8") as f:
             f.write("\n".join(rows) + "\n\n")
+
+
+def _repair_summary(config: pytest.Config, failed: list[pytest.TestReport], terminalreporter: Any) -> None:
+    """The repair plan for the failed invariant items (``checks.repair``), one per environment, at the end."""
+    names = [r.nodeid.partition("::")[2] for r in failed if r.nodeid.startswith("cudastack::")]
+    names = [n for n in names if "[" not in n]  # per-target items (scan) name binaries: nothing pip repairs
+    if not names:
+        return
+    # lazy: an unused plugin imports only pytest and the stdlib (benchmarks/bench_plugin.py)
+    from pytest_cudastack.checks.repair import plan_repairs, render_plans
+
+    stack = _stack(config)
+    text = render_plans(plan_repairs([f for n in names for f in stack.findings(n)], stack.inventory))
+    for line in text.splitlines():
+        terminalreporter.write_line(line)
 
 
 def _junit_properties(config: pytest.Config, stack: Stack) -> None:

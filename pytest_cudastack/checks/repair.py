@@ -100,6 +100,11 @@ def render_plans(plans: Sequence[RepairPlan]) -> str:
     return "\n".join(p.render() for p in plans if p.steps)
 
 
+def _sonames(f: Finding) -> list[str]:
+    """The sonames a closure finding is about (a grouped one lists several, ``", "``-separated)."""
+    return f.subject.split(", ")
+
+
 def _key(f: Finding) -> str:
     return f"{f.check}: {f.subject}"
 
@@ -186,7 +191,7 @@ def _named(f: Finding, inv: Inventory) -> set[str]:
             keys.add(canonicalize_name(Requirement(f.subject.partition(" -> ")[2]).name))
         keys.discard(f.distributions[0] if f.distributions else "")
     if f.check == "closure":
-        keys.update(d.key for d, _ in inv.shipping(f.subject))
+        keys.update(d.key for soname in _sonames(f) for d, _ in inv.shipping(soname))
     return {k for k in keys if inv.get(k) is not None}
 
 
@@ -263,7 +268,7 @@ def _plan(env: str, dists: Sequence[Distribution], findings: Sequence[Finding], 
     # 1. strays: unrequired, while their variant or their overlap partner is required
     installs: dict[str, Distribution] = {}  # absent pinned variant -> the installed sibling whose paths it takes
     for f in findings:
-        if f.check != "integrity":
+        if f.check not in ("integrity", "closure"):
             continue
         keys = named[id(f)]
         for k in sorted(keys):
@@ -271,7 +276,8 @@ def _plan(env: str, dists: Sequence[Distribution], findings: Sequence[Finding], 
             if d is None or k in drop or needed_by(k, drop):
                 continue
             sibling = variant_sibling(k)
-            partners = [p for p in keys if p != k and needed_by(p, drop)]
+            overlap = f.check == "integrity" and len(f.distributions) > 1
+            partners = [p for p in keys if p != k and needed_by(p, drop)] if overlap else []
             if sibling is not None and needed_by(sibling, drop):
                 drop.add(k)
                 if inv.get(sibling) is None:
@@ -351,10 +357,13 @@ def _plan(env: str, dists: Sequence[Distribution], findings: Sequence[Finding], 
 
 def _repaired(f: Finding, keys: set[str], model: _Model, gone: set[str], inv: Inventory) -> bool:
     if f.check == "closure":
-        claims = inv.shipping(f.subject)
-        if not claims or any(os.path.lexists(p) for _, p in claims):
-            return False  # not a gone file: the search path, not the files, is what is wrong
-        return any(model.on_disk.get(p) in model.libs for _, p in claims)
+        for soname in _sonames(f):
+            claims = inv.shipping(soname)
+            if not claims or any(os.path.lexists(p) for _, p in claims):
+                return False  # not a gone file: the search path, not the files, is what is wrong
+            if not any(model.on_disk.get(p) in model.libs for _, p in claims):
+                return False
+        return True
     if not keys:
         return False
     return all(model.intact(k) if k in model.libs else k in gone for k in keys)

@@ -11,6 +11,7 @@ import json
 import os
 import sys
 
+from pytest_cudastack.checks.repair import plan_repairs, render_plans
 from pytest_cudastack.cli.sites import site_dirs_from
 from pytest_cudastack.errors import CudaStackError
 from pytest_cudastack.settings import Settings, add_arguments
@@ -58,4 +59,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         for finding in found:
             text = finding.render().replace("\n", "\n       ")
             print(f"     {finding.severity.value}: {text}")
+    plan = render_plans(plan_repairs([f for found in results.values() for f in found], stack.inventory))
+    if plan:
+        print(plan)
     return 1 if failing else 0

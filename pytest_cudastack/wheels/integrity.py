@@ -662,7 +662,18 @@ def _missing_or_altered(
                     "one cannot be read from the files"
                 )
             needed = _who_requires(d, required())
-            fix = reinstall if needed else f"{reinstall} (or {pip} uninstall -y {d.name} if nothing needs it)"
+            sibling = variant_sibling(d.key)
+            wanted = [r for r in required().get(sibling or "", []) if r.dist is not d]
+            if not needed and wanted:
+                # reinstalling it would put its bytes where the required variant's belong (an overlap)
+                pin = next((v for r in wanted if (v := exact_pin(r)) is not None), None)
+                version = f"=={pin}" if pin else ""
+                fix = (
+                    f"{pip} uninstall -y {d.name} && {pip} install --force-reinstall --no-deps {sibling}{version} "
+                    f"({wanted[0].dist.label} requires {wanted[0].text}; nothing installed requires {d.name})"
+                )
+            else:
+                fix = reinstall if needed else f"{reinstall} (or {pip} uninstall -y {d.name} if nothing needs it)"
             findings.append(
                 Finding(
                     check="integrity",
