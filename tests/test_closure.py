@@ -84,10 +84,12 @@ def test_every_missing_soname_at_once(tmp_path):
     assert f.chain == (f"torchish/{EXT}", "torchish/lib/libtorch_x.so")
     chain = f"torchish/{EXT} -> torchish/lib/libtorch_x.so"
     assert (
-        f"libnccl.so.2: needed by {chain}; nvidia-nccl-cu13 2.30.7 lists nvidia/nccl/lib/libnccl.so.2 but the file is gone"
+        f"libnccl.so.2: needed by {chain}; "
+        "nvidia-nccl-cu13 2.30.7 lists nvidia/nccl/lib/libnccl.so.2 but the file is gone"
     ) in f.details
     assert any(d.startswith("libcudnn.so.9: ") and "nvidia-cudnn-cu13 9.24.0.43 lists" in d for d in f.details)
-    assert f"module: torchish/{EXT}" in f.details and "module: torchish/_other.abi3.so" in f.details
+    assert f"module: torchish/{EXT}" in f.details
+    assert "module: torchish/_other.abi3.so" in f.details
     assert "from 2 extension module(s) of torchish 1.0" in f.message
     assert "nvidia/nccl/lib" in f.where
     assert f.fix == "pip install --force-reinstall --no-deps nvidia-cudnn-cu13==9.24.0.43 nvidia-nccl-cu13==2.30.7"
