@@ -212,6 +212,13 @@ def test_cuda_max_torch_cuda13_build_is_one_finding(tmp_path):
     assert any("is a guess" in n for n in plan.notes)
 
 
+def test_cuda_max_from_ini_plans_the_same(tmp_path):
+    inv = installed_wheels([str(cuda13_torch(tmp_path))], reader=read_elf)
+    raw = bound_findings("max", "12.9", [infer_wheel(d) for d in inv.distributions], "--cuda-max=12.9 (from ini)")
+    (plan,) = plan_repairs(group_by_requirer(raw, inv, "max", "12.9"), inv)
+    assert plan.steps[-1].command == "pip install torch==2.14.1 --index-url https://download.pytorch.org/whl/cu129"
+
+
 def test_cuda_max_single_violation_is_not_grouped(tmp_path):
     inv = installed_wheels([str(cuda13_torch(tmp_path))], reader=read_elf)
     raw = bound_findings("max", "12.9", [infer_wheel(inv.get("nvidia-cusparselt-cu13"))], "--cuda-max=12.9")

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shlex
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -44,6 +45,7 @@ from pytest_cudastack.wheels.sitepaths import install_prefix
 
 __all__ = ["RepairPlan", "RepairStep", "plan_repairs", "render_plans"]
 
+_BOUND = re.compile(r"--cuda-(?:max|min)=([0-9][0-9.]*)")  # the bound a cuda-max/min message names
 _MODELLED = ("integrity", "closure", "cuda-max", "cuda-min")
 
 
@@ -246,10 +248,10 @@ def _plan(env: str, dists: Sequence[Distribution], findings: Sequence[Finding], 
         if f.check in ("cuda-max", "cuda-min") and f.distributions and f.distributions[0] == "torch":
             torch = by_key.get("torch")
             majors = [d.cuda_major for k in f.distributions if (d := by_key.get(k)) is not None and d.cuda_major]
-            bound = f.message.rpartition("=")[2]
             kind = f.check.rpartition("-")[2]
+            bound = _BOUND.search(f.message)
             try:
-                index = index_for(kind, bound, max(majors)) if torch and majors else None
+                index = index_for(kind, bound.group(1), max(majors)) if torch and majors and bound else None
             except ValueError:
                 index = None
             group = {k for k in f.distributions if k in by_key}
