@@ -172,7 +172,7 @@ def cuda13_torch(tmp_path: Path) -> Path:
     write_dist(
         site, "nvidia-nccl-cu13", CU13["nvidia-nccl-cu13"], {"nvidia/nccl/lib/libnccl.so.2": compile_so("libnccl.so.2")}
     )
-    write_dist(site, "nvidia-cusparselt-cu13", "0.8.1")  # required by nothing: its own finding
+    write_dist(site, "nvidia-cufile", "1.15.1.6")  # required by nothing: its own finding
     return site
 
 
@@ -181,7 +181,7 @@ def test_cuda_max_torch_cuda13_build_is_one_finding(tmp_path):
     raw = bound_findings("max", "12.9", [infer_wheel(d) for d in inv.distributions], "--cuda-max=12.9")
     assert len([f for f in raw if f.failing]) == 6
     grouped = group_by_requirer(raw, inv, "max", "12.9")
-    assert [f.subject for f in grouped if f.failing] == ["nvidia-cusparselt-cu13 0.8.1", "torch 2.14.1"]
+    assert [f.subject for f in grouped if f.failing] == ["nvidia-cufile 1.15.1.6", "torch 2.14.1"]
     torch = next(f for f in grouped if f.subject == "torch 2.14.1")
     assert torch.message == (
         "torch 2.14.1 is a CUDA 13 build; it pulls 4 CUDA 13 wheel(s): cuda-toolkit, nvidia-cublas, "
@@ -208,7 +208,7 @@ def test_cuda_max_torch_cuda13_build_is_one_finding(tmp_path):
         "pip install torch==2.14.1 --index-url https://download.pytorch.org/whl/cu129",
     ]
     assert plan.fixes == ("cuda-max: torch 2.14.1",)
-    assert plan.unresolved == ("cuda-max: nvidia-cusparselt-cu13 0.8.1",)
+    assert plan.unresolved == ("cuda-max: nvidia-cufile 1.15.1.6",)
     assert any("is a guess" in n for n in plan.notes)
 
 
@@ -219,9 +219,21 @@ def test_cuda_max_from_ini_plans_the_same(tmp_path):
     assert plan.steps[-1].command == "pip install torch==2.14.1 --index-url https://download.pytorch.org/whl/cu129"
 
 
+def test_no_torch_rebuild_while_a_variant_would_stay(tmp_path):
+    """A CUDA variant wheel outside torch's group would share its paths with the one the new build pulls."""
+    site = cuda13_torch(tmp_path)
+    write_dist(site, "nvidia-nvshmem-cu13", "3.4.5")  # required by nothing: outside torch's group
+    inv = installed_wheels([str(site)], reader=read_elf)
+    raw = bound_findings("max", "12.9", [infer_wheel(d) for d in inv.distributions], "--cuda-max=12.9")
+    grouped = group_by_requirer(raw, inv, "max", "12.9")
+    (plan,) = plan_repairs(grouped, inv)
+    assert plan.steps == ()
+    assert "cuda-max: torch 2.14.1" in plan.unresolved
+
+
 def test_cuda_max_single_violation_is_not_grouped(tmp_path):
     inv = installed_wheels([str(cuda13_torch(tmp_path))], reader=read_elf)
-    raw = bound_findings("max", "12.9", [infer_wheel(inv.get("nvidia-cusparselt-cu13"))], "--cuda-max=12.9")
+    raw = bound_findings("max", "12.9", [infer_wheel(inv.get("nvidia-cufile"))], "--cuda-max=12.9")
     assert group_by_requirer(raw, inv, "max", "12.9") == raw
 
 

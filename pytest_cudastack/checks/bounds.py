@@ -8,6 +8,8 @@ comes from its CUDA flavour and version (``flavour.wheel_cuda_requirement``).
 
 ``bound_findings`` compares requirements with ``--cuda-max`` / ``--cuda-min``: a requirement known only
 as a major (13.x) violates max 12.9; 12.x against max 12.4 is undecidable, a warning, not a failure.
+``group_by_requirer`` then makes the violating wheels one violating distribution pulls in (Requires-Dist) one
+finding about that distribution: torch's CUDA 13 build, not 17 wheels.
 """
 
 from __future__ import annotations

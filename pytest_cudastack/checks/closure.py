@@ -10,6 +10,9 @@ Findings:
 * one ERROR per missing soname (all of them, from one run), with the chain from the first module that needs
   it, how many modules need it, and which distribution's RECORD claims the file ("nvidia-nccl-cu13 2.30.7
   lists nvidia/nccl/lib/libnccl.so.2 but the file is gone");
+  the missing sonames whose every claiming RECORD lists a file that is gone share that cause: two or more
+  of them are one ERROR naming each (its chain and claim in ``details``) with one fix, the repair plan's
+  command when ``repair.plan_repairs`` models it as repairing them all;
 * driver-provided sonames (``compat.is_driver_soname``: libcuda.so.1, libnvidia-ml.so.1, ...) missing on a
   machine without a driver: one INFO fact, not a failure;
 * shipped libraries no extension module reaches (optional plugins such as NVSHMEM transports needing

@@ -256,7 +256,9 @@ def _plan(env: str, dists: Sequence[Distribution], findings: Sequence[Finding], 
                 index = None
             group = {k for k in f.distributions if k in by_key}
             outside = [r for k in group for r in needed_by(k, group)]
-            if torch is None or index is None or outside:
+            # a variant that stays would share its paths with the one the new build pulls: an overlap
+            clash = [k for k in by_key if k not in group and variant_sibling(k) is not None]
+            if torch is None or index is None or outside or clash:
                 continue
             drop |= group
             release = torch.version.split("+")[0]
@@ -316,15 +318,14 @@ def _plan(env: str, dists: Sequence[Distribution], findings: Sequence[Finding], 
 
     # verify every claim against the model
     overlapping = model.overlapping()
-    gone = drop
     fixed: list[Finding] = []
     unresolved: list[Finding] = []
     for f in findings:
         if f in torch_fixes:
             fixed.append(f)
             continue
-        ok = f.check in ("integrity", "closure") and _repaired(f, named[id(f)], model, gone, inv)
-        ok = ok and not (named[id(f)] & overlapping) and not any(needed_by(k, gone) for k in gone & named[id(f)])
+        ok = f.check in ("integrity", "closure") and _repaired(f, named[id(f)], model, drop, inv)
+        ok = ok and not (named[id(f)] & overlapping) and not any(needed_by(k, drop) for k in drop & named[id(f)])
         (fixed if ok else unresolved).append(f)
 
     steps: list[RepairStep] = []
