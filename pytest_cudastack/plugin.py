@@ -18,6 +18,7 @@ import pytest
 
 if TYPE_CHECKING:
     from pytest_cudastack.cuda.driver import DriverInfo
+    from pytest_cudastack.findings import Finding
     from pytest_cudastack.markers import Unmet
     from pytest_cudastack.settings import Settings
     from pytest_cudastack.stack import CudaLibs, CudaWheels, Stack
@@ -377,6 +378,7 @@ class Reporter:
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         # one section per concern, each printing nothing when it has nothing to say
         self.findings_section(terminalreporter)
+        _repair_summary(self.config, [r for r in self.reports if r.failed], terminalreporter)
 
     def findings_section(self, terminalreporter: Any) -> None:
         """The ``cudastack`` section: warnings (and with -v infos) of the generated items, each once.
@@ -435,6 +437,28 @@ class Reporter:
             rows.append(f"| `{report.nodeid}` | {report.outcome} | {'<br>'.join(cells) or '-'} |")
         with open(path, "a", encoding="utf-8") as f:
             f.write("\n".join(rows) + "\n\n")
+
+
+def _repair_summary(config: pytest.Config, failed: list[pytest.TestReport], terminalreporter: Any) -> None:
+    """The repair plan for the failed invariant items (``checks.repair``), one per environment, at the end."""
+    names = [r.nodeid.partition("::")[2] for r in failed if r.nodeid.startswith("cudastack::")]
+    names = [n for n in names if "[" not in n]  # per-target items (scan) name binaries: nothing pip repairs
+    if not names:
+        return
+    # lazy: an unused plugin imports only pytest and the stdlib (benchmarks/bench_plugin.py)
+    from pytest_cudastack.checks.repair import plan_repairs, render_plans
+    from pytest_cudastack.errors import CudaStackError
+
+    stack = _stack(config)
+    found: list[Finding] = []
+    for name in names:
+        try:
+            found.extend(stack.findings(name))
+        except (CudaStackError, ValueError):  # the item failed on its input (a bad baseline): nothing pip repairs
+            continue
+    text = render_plans(plan_repairs(found, stack.inventory))
+    for line in text.splitlines():
+        terminalreporter.write_line(line)
 
 
 def _junit_properties(config: pytest.Config, stack: Stack) -> None:

@@ -77,15 +77,33 @@ def test_every_missing_soname_at_once(tmp_path):
     (site / "nvidia/nccl/lib/libnccl.so.2").unlink()
     (site / "nvidia/cudnn/lib/libcudnn.so.9").unlink()
     _, _, found = run(site)
-    errs = {f.subject: f for f in found if f.failing}
-    assert set(errs) == {"libnccl.so.2", "libcudnn.so.9"}
-    nccl = errs["libnccl.so.2"]
+    # one cause (RECORD-listed files gone), one finding, one fix naming every soname
+    (f,) = [f for f in found if f.failing]
+    assert f.subject == "libcudnn.so.9, libnccl.so.2"
+    assert f.message.startswith("2 sonames are not found: libcudnn.so.9, libnccl.so.2; ")
+    assert f.chain == (f"torchish/{EXT}", "torchish/lib/libtorch_x.so")
+    chain = f"torchish/{EXT} -> torchish/lib/libtorch_x.so"
+    assert (
+        f"libnccl.so.2: needed by {chain}; "
+        "nvidia-nccl-cu13 2.30.7 lists nvidia/nccl/lib/libnccl.so.2 but the file is gone"
+    ) in f.details
+    assert any(d.startswith("libcudnn.so.9: ") and "nvidia-cudnn-cu13 9.24.0.43 lists" in d for d in f.details)
+    assert f"module: torchish/{EXT}" in f.details
+    assert "module: torchish/_other.abi3.so" in f.details
+    assert "from 2 extension module(s) of torchish 1.0" in f.message
+    assert "nvidia/nccl/lib" in f.where
+    assert f.fix == "pip install --force-reinstall --no-deps nvidia-cudnn-cu13==9.24.0.43 nvidia-nccl-cu13==2.30.7"
+
+
+def test_one_missing_soname_keeps_its_own_finding(tmp_path):
+    site = build(tmp_path)
+    (site / "nvidia/nccl/lib/libnccl.so.2").unlink()
+    _, _, found = run(site)
+    (nccl,) = [f for f in found if f.failing]
+    assert nccl.subject == "libnccl.so.2"
     assert nccl.chain == (f"torchish/{EXT}", "torchish/lib/libtorch_x.so")
     assert nccl.cause == "nvidia-nccl-cu13 2.30.7 lists nvidia/nccl/lib/libnccl.so.2 but the file is gone"
     assert "pip install --force-reinstall --no-deps nvidia-nccl-cu13==2.30.7" in nccl.fix
-    assert "from 2 extension module(s) of torchish 1.0" in nccl.message
-    assert "nvidia/nccl/lib" in nccl.where
-    assert "nvidia-cudnn-cu13 9.24.0.43 lists" in errs["libcudnn.so.9"].cause
 
 
 def test_missing_with_no_claimant(tmp_path):

@@ -12,12 +12,14 @@ import hashlib
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from pytest_cudastack.checks.repair import plan_repairs, render_plans
 from pytest_cudastack.cli import main
-from pytest_cudastack.cli.report import WheelReport, wheel_report
+from pytest_cudastack.cli.report import WheelReport, render_report, wheel_report
 from pytest_cudastack.findings import Severity
 
 # cp -al and pip in the copies change the ctime of the venv's own inodes: keep these on one xdist worker,
@@ -139,20 +141,137 @@ def test_cu12_over_cu13_reports_overlap_and_broken_pin(cu12_over_cu13):
 def test_uninstall_and_deleted_libraries_all_reported_at_once(after_uninstall):
     _, site = after_uninstall
     rep = wheel_report([site])
-    closure = {f.subject: f for f in rep.failing if f.check == "closure"}
-    assert set(closure) == {"libcudnn.so.9", "libnccl.so.2", "libcusparseLt.so.0"}
+    # one cause (the RECORD-listed files are gone), one closure finding naming every soname
+    (closure,) = [f for f in rep.failing if f.check == "closure"]
+    assert closure.subject == "libcudnn.so.9, libcusparseLt.so.0, libnccl.so.2"
+    assert closure.chain[0].startswith("torch/_C.")
+    assert closure.chain[-1].startswith("torch/lib/libtorch")
     for soname, dist, rel in (
         ("libcudnn.so.9", "nvidia-cudnn-cu13 9.24.0.43", "nvidia/cudnn/lib/libcudnn.so.9"),
         ("libnccl.so.2", "nvidia-nccl-cu13 2.30.7", "nvidia/nccl/lib/libnccl.so.2"),
         ("libcusparseLt.so.0", "nvidia-cusparselt-cu13 0.8.1", "nvidia/cusparselt/lib/libcusparseLt.so.0"),
     ):
-        f = closure[soname]
-        assert f.chain[0].startswith("torch/_C."), f.chain
-        assert f.chain[-1].startswith("torch/lib/libtorch")
-        assert f"{dist} lists {rel} but the file is gone" in f.cause
+        (detail,) = [d for d in closure.details if d.startswith(f"{soname}: needed by torch/_C.")]
+        assert " -> torch/lib/libtorch" in detail
+        assert detail.endswith(f"; {dist} lists {rel} but the file is gone")
     integrity = [f for f in rep.failing if f.check == "integrity"]
     subjects = {f.subject for f in integrity}
     assert {"nvidia-cudnn-cu13 9.24.0.43", "nvidia-nccl-cu13 2.30.7", "nvidia-cusparselt-cu13 0.8.1"} <= subjects
+
+
+def _apply(copy: Path, site: str) -> None:
+    """Take the plan ``cudastack report`` prints for the copy and run it there, step by step."""
+    rep = wheel_report([site])
+    assert rep.failing
+    (plan,) = plan_repairs(rep.findings, rep.inventory)
+    assert plan.steps
+    assert plan.unresolved == ()
+    assert render_plans((plan,)) in render_report(rep)
+    for step in plan.steps:
+        assert step.argv[:3] == (str(copy / "bin/python"), "-m", "pip"), step.command
+        subprocess.run(list(step.argv), check=True, capture_output=True)
+
+
+def _imports_torch(copy: Path) -> None:
+    done = subprocess.run(
+        [str(copy / "bin/python"), "-c", "import torch; print(torch.__version__)"], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_the_printed_plan_repairs_the_seed_venv(after_uninstall, tmp_path):
+    src, _ = after_uninstall
+    copy = tmp_path / "venv"
+    subprocess.run(["cp", "-al", str(src), str(copy)], check=True)
+    site = _site(copy)
+    (plan,) = plan_repairs(wheel_report([site]).findings, wheel_report([site]).inventory)
+    assert [s.command for s in plan.steps] == [
+        f"{copy}/bin/python -m pip install --force-reinstall --no-deps nvidia-cudnn-cu13==9.24.0.43 "
+        "nvidia-cusparselt-cu13==0.8.1 nvidia-nccl-cu13==2.30.7"
+    ]
+    _apply(copy, site)
+    _imports_torch(copy)
+    again = wheel_report([site])
+    assert again.failing == (), "\n\n".join(f.render() for f in again.failing)
+    assert plan_repairs(again.findings, again.inventory) == ()
+
+
+def test_the_plan_removes_a_metadata_only_stray_and_restores_the_pin(cu12_over_cu13, tmp_path):
+    """cu12 installed over cu13, then cu13 uninstalled: cu12 is "metadata-only" and torch's pin is gone.
+    Reinstalling cu12 would give torch the wrong cuDNN; the plan removes it and installs the pinned cu13."""
+    src, _ = cu12_over_cu13
+    copy = tmp_path / "venv"
+    subprocess.run(["cp", "-al", str(src), str(copy)], check=True)
+    subprocess.run(
+        [str(copy / "bin/python"), "-m", "pip", "uninstall", "-q", "-y", "nvidia-cudnn-cu13"],
+        check=True,
+        capture_output=True,
+    )
+    site = _site(copy)
+    rep = wheel_report([site])
+    (plan,) = plan_repairs(rep.findings, rep.inventory)
+    py = f"{copy}/bin/python -m pip"
+    assert [s.command for s in plan.steps] == [
+        f"{py} uninstall -y nvidia-cudnn-cu12",
+        f"{py} install --force-reinstall --no-deps nvidia-cudnn-cu13==9.24.0.43",
+    ]
+    _apply(copy, site)
+    _imports_torch(copy)
+    assert wheel_report([site]).failing == ()
+
+
+def test_pytest_in_the_seed_venv_names_every_soname_and_the_command_first(after_uninstall, tmp_path):
+    """Done-when of issue 9: in the closure item's failure, every missing soname and the single repair
+    command within its first 15 lines; the same command in the repair plan at the end of the run."""
+    copy, _ = after_uninstall
+    (tmp_path / "test_x.py").write_text("def test_x():\n    pass\n")
+    here = [str(Path(__file__).resolve().parents[1]), *(p for p in sys.path if p.endswith("site-packages"))]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(here))
+    env.pop("PYTEST_ADDOPTS", None)
+    done = subprocess.run(
+        [
+            str(copy / "bin/python"),
+            "-m",
+            "pytest",
+            "--cudastack",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "no:randomly",
+            "-p",
+            "no:xdist",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    out = done.stdout.splitlines()
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+    command = (
+        f"{copy}/bin/python -m pip install --force-reinstall --no-deps nvidia-cudnn-cu13==9.24.0.43 "
+        "nvidia-cusparselt-cu13==0.8.1 nvidia-nccl-cu13==2.30.7"
+    )
+    start = next(i for i, line in enumerate(out) if line.startswith("_") and "cudastack::closure" in line)
+    first = "\n".join(out[start + 1 : start + 16])
+    for soname in ("libcudnn.so.9", "libcusparseLt.so.0", "libnccl.so.2"):
+        assert soname in first, first
+    assert command in first, first
+    plan = next(i for i, line in enumerate(out) if line.startswith(f"repair plan for {copy} "))
+    assert out[plan + 1] == f"  {command}"
+
+
+def test_cuda_max_on_the_cu130_venv_is_one_finding_about_torch(capsys):
+    site = _site(_venv())
+    assert main(["check", "--site", site, "--cuda-max=12.9"]) == 1
+    out = capsys.readouterr().out
+    errors = [line for line in out.splitlines() if line.lstrip().startswith("error:")]
+    assert len(errors) == 1, out
+    assert "torch 2.14.1 is a CUDA 13 build; it pulls 16 CUDA 13 wheel(s): cuda-toolkit, nvidia-cublas" in errors[0]
+    assert "--index-url https://download.pytorch.org/whl/cu129" in out
+    assert "that it carries torch 2.14.1 is a guess" in out
+    assert f"repair plan for {_venv()}" in out
 
 
 def test_copies_left_the_original_intact(cu12_over_cu13, clean_report):

@@ -8,6 +8,8 @@ comes from its CUDA flavour and version (``flavour.wheel_cuda_requirement``).
 
 ``bound_findings`` compares requirements with ``--cuda-max`` / ``--cuda-min``: a requirement known only
 as a major (13.x) violates max 12.9; 12.x against max 12.4 is undecidable, a warning, not a failure.
+``group_by_requirer`` then makes the violating wheels one violating distribution pulls in (Requires-Dist) one
+finding about that distribution: torch's CUDA 13 build, not 17 wheels.
 """
 
 from __future__ import annotations
@@ -15,15 +17,17 @@ from __future__ import annotations
 import logging
 import os
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from pytest_cudastack.checks.torchindex import index_for
 from pytest_cudastack.cuda.compat import load_compat, soname_cuda_majors
 from pytest_cudastack.cuda.flavour import wheel_cuda_requirement
 from pytest_cudastack.cuda.versions import parse_cuda
 from pytest_cudastack.errors import ElfError
 from pytest_cudastack.findings import Finding, Severity
+from pytest_cudastack.wheels.integrity import active_requirements, pip_command
 
 if TYPE_CHECKING:
     from pytest_cudastack.checks.facts import StackView, Target
@@ -35,6 +39,7 @@ __all__ = [
     "CudaNeed",
     "Inference",
     "bound_findings",
+    "group_by_requirer",
     "infer_binary",
     "infer_shipped",
     "infer_wheel",
@@ -259,12 +264,109 @@ def _key(need: CudaNeed) -> tuple[int, int]:
     return need.key
 
 
+def group_by_requirer(findings: Sequence[Finding], inventory: Inventory, kind: str, bound: str) -> tuple[Finding, ...]:
+    """One ERROR per root cause: a violating distribution and the violating wheels it pulls in.
+
+    A wheel is pulled by a distribution whose Requires-Dist names it, directly or through other violating
+    wheels (torch -> ``cuda-toolkit[cublas]`` -> nvidia-cublas); the root is the violating distribution no
+    other violating one requires. Its finding names every wheel under it, and its fix is the root's build for
+    the bound (``torch``: PyTorch's index for that CUDA, ``torchindex``): the wheels go with it. Findings
+    about anything else (binaries, unrequired wheels) are kept as they are, in their order.
+    """
+    by_label = {d.label: d for d in inventory.distributions}
+    bad = {by_label[f.subject].key: f for f in findings if f.failing and f.subject in by_label}
+    if len(bad) < 2:
+        return tuple(findings)
+    required = active_requirements(inventory)
+    parents: dict[str, list[str]] = {}  # key -> the violating distributions that require it
+    for key in bad:
+        for r in required.get(key, ()):
+            if r.dist.key in bad and r.dist.key != key:
+                parents.setdefault(key, []).append(r.dist.key)
+
+    def root(key: str) -> tuple[str, tuple[str, ...]]:
+        path: list[str] = []
+        seen = {key}
+        while parents.get(key):
+            up = next((k for k in parents[key] if k not in seen), "")
+            if not up:
+                break
+            path.append(up)
+            seen.add(up)
+            key = up
+        return key, tuple(path)
+
+    groups: dict[str, list[tuple[str, tuple[str, ...]]]] = {}
+    for key in bad:
+        top, via = root(key)
+        if top != key:
+            groups.setdefault(top, []).append((key, via))
+    out: list[Finding] = []
+    grouped = {k for members in groups.values() for k, _ in members}
+    for f in findings:
+        dist = by_label.get(f.subject)
+        if dist is None or dist.key not in bad:
+            out.append(f)
+        elif dist.key in groups:
+            out.append(
+                _group_finding(
+                    dist, f, [(by_label[bad[k].subject], bad[k], v) for k, v in groups[dist.key]], kind, bound
+                )
+            )
+        elif dist.key not in grouped:
+            out.append(f)
+    return tuple(out)
+
+
+def _group_finding(
+    root: Distribution,
+    own: Finding,
+    members: Sequence[tuple[Distribution, Finding, tuple[str, ...]]],
+    kind: str,
+    bound: str,
+) -> Finding:
+    majors = sorted({m.cuda_major for m, _, _ in members if m.cuda_major is not None})
+    major = majors[-1] if kind == "max" and majors else (majors[0] if majors else None)
+    cuda = f"CUDA {major}" if major is not None else "CUDA"
+    names = [m.name for m, _, _ in members]
+    shown = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
+    label = own.message.rpartition(" but ")[2]
+    pip = pip_command(root)
+    uninstall = f"{pip} uninstall -y {root.name} {' '.join(names)}"
+    index = index_for(kind, bound, major) if root.key == "torch" and major is not None else None
+    if index is not None:
+        release = root.version.split("+")[0]
+        fix = (
+            f"{uninstall} && {pip} install {root.name}=={release} --index-url {index.url} "
+            f"({index.guess(release)}; source: {index.source})"
+        )
+    else:
+        word = "<=" if kind == "max" else ">="
+        fix = f"{uninstall}, then install a build of {root.name} for CUDA {word} {bound} (its CUDA wheels follow it)"
+    details = [f"{root.label}: {own.message.rpartition(' but ')[0]}"]
+    for dist, f, via in members:
+        chain = " -> ".join((*reversed(via), dist.name))
+        details.append(f"{dist.label} ({chain}): {f.message.rpartition(' but ')[0].split(': ', 1)[-1]}")
+    return Finding(
+        own.check,
+        Severity.ERROR,
+        root.label,
+        f"{root.label} is a {cuda} build; it pulls {len(members)} {cuda} wheel(s): {shown}, but {label}",
+        cause=f"{root.name} requires each of them (Requires-Dist, directly or through the others): they are "
+        f"one cause, not {len(members) + 1}; {own.cause}",
+        fix=fix,
+        details=tuple(details),
+        distributions=(root.key, *(m.key for m, _, _ in members)),
+    )
+
+
 def run_max(stack: StackView, target: Target | None = None) -> tuple[Finding, ...]:
     """The ``cuda-max`` item: ``--cuda-max`` against every inference of the stack."""
     bound = stack.settings.cuda_max
     if bound is None:
         raise ValueError("cudastack check 'cuda-max' needs --cuda-max")
-    return bound_findings("max", bound, stack.inferences, stack.settings.describe("cuda_max"))
+    found = bound_findings("max", bound, stack.inferences, stack.settings.describe("cuda_max"))
+    return group_by_requirer(found, stack.inventory, "max", bound)
 
 
 def run_min(stack: StackView, target: Target | None = None) -> tuple[Finding, ...]:
@@ -272,4 +374,5 @@ def run_min(stack: StackView, target: Target | None = None) -> tuple[Finding, ..
     bound = stack.settings.cuda_min
     if bound is None:
         raise ValueError("cudastack check 'cuda-min' needs --cuda-min")
-    return bound_findings("min", bound, stack.inferences, stack.settings.describe("cuda_min"))
+    found = bound_findings("min", bound, stack.inferences, stack.settings.describe("cuda_min"))
+    return group_by_requirer(found, stack.inventory, "min", bound)

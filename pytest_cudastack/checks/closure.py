@@ -10,6 +10,9 @@ Findings:
 * one ERROR per missing soname (all of them, from one run), with the chain from the first module that needs
   it, how many modules need it, and which distribution's RECORD claims the file ("nvidia-nccl-cu13 2.30.7
   lists nvidia/nccl/lib/libnccl.so.2 but the file is gone");
+  the missing sonames whose every claiming RECORD lists a file that is gone share that cause: two or more
+  of them are one ERROR naming each (its chain and claim in ``details``) with one fix, the repair plan's
+  command when ``repair.plan_repairs`` models it as repairing them all;
 * driver-provided sonames (``compat.is_driver_soname``: libcuda.so.1, libnvidia-ml.so.1, ...) missing on a
   machine without a driver: one INFO fact, not a failure;
 * shipped libraries no extension module reaches (optional plugins such as NVSHMEM transports needing
@@ -23,10 +26,11 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from pytest_cudastack._sysio import real_path
+from pytest_cudastack.checks.repair import plan_repairs
 from pytest_cudastack.cuda.compat import is_driver_soname
 from pytest_cudastack.findings import Finding, Severity
 from pytest_cudastack.linker.resolver import Library, Resolver, SearchConfig, Tree
@@ -134,12 +138,22 @@ def extension_closures(
                 )
             )
     driver_missing: list[_Missing] = []
+    gone: list[Finding] = []  # sonames whose every claiming RECORD lists a file that is gone: one cause
     for soname in sorted(missing):
         m = missing[soname]
         if is_driver_soname(soname):
             driver_missing.append(m)
             continue
-        findings.append(_missing_finding(inv, m))
+        finding = _missing_finding(inv, m)
+        claims = inv.shipping(soname)
+        if claims and not any(os.path.lexists(p) for _, p in claims):
+            gone.append(finding)
+        else:
+            findings.append(finding)
+    if len(gone) > 1:
+        findings.insert(0, _gone_finding(inv, gone))
+    else:
+        findings[0:0] = gone
     if driver_missing:
         names = ", ".join(m.soname for m in driver_missing)
         count = len({id(mt) for m in driver_missing for mt in m.needers})
@@ -213,6 +227,39 @@ def _missing_finding(inv: Inventory, m: _Missing) -> Finding:
         chain=tuple(_rel(p, inv) for p in chain),
         details=details,
     )
+
+
+def _gone_finding(inv: Inventory, gone: Sequence[Finding]) -> Finding:
+    """The missing sonames whose files the installed RECORDs list but are gone, as one finding with one fix:
+    the repair plan's command when its model repairs them all (``repair.plan_repairs``), else one pip
+    command reinstalling every claimer."""
+    names = [f.subject for f in gone]
+    first = gone[0]
+    details = tuple(f"{f.subject}: needed by {' -> '.join(f.chain) or '?'}; {f.cause}" for f in gone)
+    modules = sorted({d for f in gone for d in f.details if d.startswith("module: ")})
+    grouped = Finding(
+        check="closure",
+        severity=Severity.ERROR,
+        subject=", ".join(names),
+        message=f"{len(names)} sonames are not found: {', '.join(names)}; "
+        + first.message.partition(": ")[2].replace("needed by", "the first needed by", 1),
+        cause="the files the installed distributions' RECORDs list for them are gone (deleted by hand, or by "
+        "uninstalling another distribution that installs the same paths); the loader would report only the "
+        "first of them",
+        where=tuple(dict.fromkeys(w for f in gone for w in f.where))[:16],
+        chain=first.chain,
+        details=details
+        + tuple(modules[:8])
+        + ((f"... and {len(modules) - 8} more module(s)",) if len(modules) > 8 else ()),
+    )
+    plans = plan_repairs([grouped], inv)
+    if len(plans) == 1 and plans[0].steps and not plans[0].unresolved:
+        fix = plans[0].command
+    else:
+        claimers = list(dict.fromkeys((d.name, d.version, pip_command(d)) for n in names for d, _ in inv.shipping(n)))
+        specs = " ".join(f"{name}=={version}" for name, version, _ in claimers)
+        fix = f"{claimers[0][2]} install --force-reinstall --no-deps {specs}"
+    return replace(grouped, fix=fix)
 
 
 def _shipped_note(inv: Inventory, soname: str) -> str:

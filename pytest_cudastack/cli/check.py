@@ -13,6 +13,7 @@ import json
 import sys
 
 from pytest_cudastack.checks import enabled_checks
+from pytest_cudastack.checks.repair import plan_repairs, render_plans
 from pytest_cudastack.cli.colour import painter_for
 from pytest_cudastack.cli.project import add_project_options, project_settings
 from pytest_cudastack.cli.sites import site_dirs_from
@@ -53,12 +54,14 @@ def cmd_check(args: argparse.Namespace) -> int:
     finally:
         stack.flush_cache()
     failing = any(f.failing for found in results.values() for f in found)
+    plans = plan_repairs([f for found in results.values() for f in found], stack.inventory)
     if getattr(args, "json", False):
         payload = {
             "schema": CHECK_SCHEMA,
             "version": CHECK_VERSION,
             "ok": not failing,
             "items": {name: [f.to_json() for f in found] for name, found in results.items()},
+            "repair": [plan.to_json() for plan in plans],
         }
         print(json.dumps(payload, indent=2))
         return 1 if failing else 0
@@ -78,4 +81,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         for finding in found:
             text = finding.render().replace("\n", "\n       ")
             print(f"     {paint.severity(finding.severity.value + ':', finding.severity.value)} {text}")
+    plan = render_plans(plans)
+    if plan:
+        print(plan)
     return 1 if failing else 0

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from pytest_cudastack.checks.closure import extension_closures, module_trees
+from pytest_cudastack.checks.repair import plan_repairs, render_plans
 from pytest_cudastack.cli.colour import Painter, painter_for
 from pytest_cudastack.cli.sites import site_dirs_from
 from pytest_cudastack.findings import Finding, Severity, most_severe_first
@@ -135,6 +136,9 @@ def render_report(rep: WheelReport, *, verbose: bool = False, paint: Painter | N
         lines.append("  no CUDA wheels")
     status = f"{len(errors)} error(s), {len(warnings)} warning(s), {len(infos)} info" if rep.findings else "no findings"
     lines.append(f"wheels: {status}")
+    plan = render_plans(plan_repairs(rep.findings, rep.inventory))
+    if plan:
+        lines.append(plan)
     return "\n".join(lines)
 
 

@@ -47,7 +47,15 @@ from pytest_cudastack.wheels.inventory import (
 )
 from pytest_cudastack.wheels.sitepaths import record_abspath
 
-__all__ = ["Requirer", "active_requirements", "bytes_on_disk", "check_integrity", "pip_command"]
+__all__ = [
+    "Requirer",
+    "active_requirements",
+    "bytes_on_disk",
+    "check_integrity",
+    "exact_pin",
+    "pip_command",
+    "variant_sibling",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -411,7 +419,8 @@ def _pinned_version(dist: Distribution, requirers: Sequence[Requirer]) -> str:
     return dist.version
 
 
-def _exact_pin(r: Requirer) -> str | None:
+def exact_pin(r: Requirer) -> str | None:
+    """The version ``r`` pins with ``==`` (no wildcard), else None."""
     specs = list(r.requirement.specifier)
     if len(specs) == 1 and specs[0].operator in ("==", "===") and "*" not in specs[0].version:
         return specs[0].version
@@ -594,7 +603,7 @@ def _broken_pins(inv: Inventory, state: _StateFn, required: _Required) -> list[F
                 states.sort(key=lambda s: s.rel)
                 rels = [s.rel for s in states]
                 more = f" (and {len(rels) - 1} more)" if len(rels) > 1 else ""
-                exact = _exact_pin(r)
+                exact = exact_pin(r)
                 libname = _lib_name(y.name)
                 if exact is not None and z.version != exact and libname == "cuDNN" and r.dist.key == "torch":
                     # torch compares the cuDNN version it was built with to the loaded one at first use
@@ -671,7 +680,18 @@ def _missing_or_altered(
                     "one cannot be read from the files"
                 )
             needed = _who_requires(d, required())
-            fix = reinstall if needed else f"{reinstall} (or {pip} uninstall -y {d.name} if nothing needs it)"
+            sibling = variant_sibling(d.key)
+            wanted = [r for r in required().get(sibling or "", []) if r.dist is not d]
+            if not needed and wanted:
+                # reinstalling it would put its bytes where the required variant's belong (an overlap)
+                pin = next((v for r in wanted if (v := exact_pin(r)) is not None), None)
+                version = f"=={pin}" if pin else ""
+                fix = (
+                    f"{pip} uninstall -y {d.name} && {pip} install --force-reinstall --no-deps {sibling}{version} "
+                    f"({wanted[0].dist.label} requires {wanted[0].text}; nothing installed requires {d.name})"
+                )
+            else:
+                fix = reinstall if needed else f"{reinstall} (or {pip} uninstall -y {d.name} if nothing needs it)"
             findings.append(
                 Finding(
                     check="integrity",
@@ -754,13 +774,19 @@ def _missing_or_altered(
     return findings
 
 
+def variant_sibling(name: str) -> str | None:
+    """The other CUDA variant of a wheel whose -cu12 and -cu13 builds install the same paths
+    (``nvidia-cudnn-cu12`` -> ``nvidia-cudnn-cu13``; reference/cuda-facts.md §3a), else None."""
+    m = _VARIANT.match(canonicalize_name(name))
+    if m is None:
+        return None
+    return f"nvidia-{m.group(1)}-cu{'12' if m.group(2) == '13' else '13'}"
+
+
 def _variant_hint(d: Distribution) -> str:
     """`` (nvidia-cudnn-cu12 does)`` for the wheels whose other CUDA variant installs the same paths."""
-    m = _VARIANT.match(d.key)
-    if m is None:
-        return ""
-    family, major = m.group(1), m.group(2)
-    return f" (nvidia-{family}-cu{'12' if major == '13' else '13'} does)"
+    sibling = variant_sibling(d.key)
+    return f" ({sibling} does)" if sibling else ""
 
 
 def _placeholders(inv: Inventory, required: _Required) -> list[Finding]:
