@@ -30,6 +30,7 @@ resolved to and by which route, and the way out when an installed wheel ships a 
 
 from __future__ import annotations
 
+import bisect
 import os
 import sys
 from collections.abc import Callable, Iterable, Sequence
@@ -65,6 +66,7 @@ class Scope:
     objects: tuple[str, ...]
     sonames: dict[str, Library] = field(compare=False, hash=False)
     missing: frozenset[str] = frozenset()
+    needs: dict[str, tuple[Library, ...]] = field(default_factory=dict, compare=False, hash=False)
 
     def positions(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -73,33 +75,31 @@ class Scope:
         return out
 
 
-def _tree_objects(tree: Tree, dirs: dict[str, str]) -> tuple[list[str], dict[str, Library], set[str]]:
-    """The root and its libraries in load order (real paths, each once), soname -> Library, missing."""
-    objects = [real_path(tree.path, dirs)]
-    sonames: dict[str, Library] = {}
-    missing: set[str] = set()
-    for lib in tree.libraries:
-        if lib.path is None:
-            missing.add(lib.soname)
-            continue
-        real = lib.realpath or real_path(lib.path, dirs)
-        sonames.setdefault(lib.soname, lib)
-        if real not in objects:
-            objects.append(real)
-    return objects, sonames, missing - set(sonames)
-
-
 def _scope(trees: Iterable[Tree], dirs: dict[str, str]) -> Scope:
+    """The roots and their libraries in load order (real paths, each once), with soname -> Library, the
+    sonames not found and each object's direct DT_NEEDED libraries."""
     objects: list[str] = []
+    seen: set[str] = set()
     sonames: dict[str, Library] = {}
     missing: set[str] = set()
+    needs: dict[str, list[Library]] = {}
     for tree in trees:
-        objs, sons, miss = _tree_objects(tree, dirs)
-        objects.extend(o for o in objs if o not in objects)
-        for k, v in sons.items():
-            sonames.setdefault(k, v)
-        missing |= miss
-    return Scope(tuple(objects), sonames, frozenset(missing - set(sonames)))
+        root = real_path(tree.path, dirs)
+        if root not in seen:
+            seen.add(root)
+            objects.append(root)
+        for lib in tree.libraries:
+            for needer in lib.needed_by:
+                needs.setdefault(real_path(needer, dirs), []).append(lib)
+            if lib.path is None:
+                missing.add(lib.soname)
+                continue
+            real = lib.realpath or real_path(lib.path, dirs)
+            sonames.setdefault(lib.soname, lib)
+            if real not in seen:
+                seen.add(real)
+                objects.append(real)
+    return Scope(tuple(objects), sonames, frozenset(missing - set(sonames)), {k: tuple(v) for k, v in needs.items()})
 
 
 @dataclass
@@ -111,6 +111,7 @@ class _Problem:
     symbols: set[tuple[str, str | None]] = field(default_factory=set)
     versions: set[str] = field(default_factory=set)
     lazy_only: bool = True
+    guessed: bool = False  # unversioned references: the provider is the needed library nearest by name
 
 
 @dataclass
@@ -120,6 +121,13 @@ class _Run:
     read: SymbolReader
     facts: dict[str, SymbolFacts | None] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
+    _sorted: dict[str, list[str]] = field(default_factory=dict)
+
+    def sorted_names(self, facts: SymbolFacts) -> list[str]:
+        hit = self._sorted.get(facts.path)
+        if hit is None:
+            hit = self._sorted[facts.path] = sorted(facts.def_names)
+        return hit
 
     def get(self, path: str) -> SymbolFacts | None:
         if path not in self.facts:
@@ -156,6 +164,35 @@ def _unbound(
         else:
             out[(ref.name, ref.version, ref.file)] = ref.type in ("FUNC", "NOTYPE", "IFUNC")
     return out
+
+
+def _common(a: str, b: str) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def _nearest(run: _Run, name: str, needed: Sequence[Library]) -> str | None:
+    """The library among *needed* whose definitions share the longest prefix (4 characters at least, and
+    longer than any other library's) with *name*: an unversioned reference does not say which file it
+    expects, but a library that lost a symbol still defines its neighbours (``ncclCommRegister`` next to
+    ``ncclCommDeregister``)."""
+    scores: dict[str, int] = {}
+    for lib in needed:
+        if lib.path is None or lib.soname in scores:
+            continue
+        facts = run.get(lib.realpath or lib.path)
+        if facts is None or not facts.def_names:
+            continue
+        names = run.sorted_names(facts)
+        i = bisect.bisect_left(names, name)
+        scores[lib.soname] = max((_common(names[j], name) for j in (i - 1, i) if 0 <= j < len(names)), default=0)
+    ranked = sorted(scores.items(), key=lambda kv: -kv[1])
+    if not ranked or ranked[0][1] < 4 or (len(ranked) > 1 and ranked[1][1] == ranked[0][1]):
+        return None
+    return ranked[0][0]
 
 
 def _version_gaps(run: _Run, obj: str, scope: Scope) -> dict[str, list[str]]:
@@ -201,9 +238,14 @@ def _check(
     problems: dict[tuple[str, str | None], _Problem] = {}
     for obj, scopes, now in plans:
         first = scopes[0]
-        for (name, version, file), func in _unbound(run, index, obj, scopes, positions).items():
+        for (name, version, ref_file), func in _unbound(run, index, obj, scopes, positions).items():
+            file = ref_file
+            if file is None:  # its own DT_NEEDED first, then everything its scope resolved
+                file = _nearest(run, name, first.needs.get(obj, ())) or _nearest(
+                    run, name, tuple(first.sonames.values())
+                )
             lib = first.sonames.get(file) if file is not None else None
-            p = problems.setdefault((obj, file), _Problem(obj, lib))
+            p = problems.setdefault((obj, file), _Problem(obj, lib, guessed=ref_file is None))
             p.symbols.add((name, version))
             facts = run.get(obj)
             p.lazy_only &= func and not now and not (facts is not None and facts.bind_now)
@@ -270,8 +312,14 @@ def _findings(
             what.append(f"{len(p.versions)} version node(s)")
         if p.symbols:
             what.append(f"{len(p.symbols)} symbol(s)")
-        if lib is not None and lib.path is not None:
-            target = f"{file} resolved to {display(lib.path)} ({_route(lib)})"
+        owner = f", from {lib.provider}" if lib is not None and lib.provider else ""
+        if lib is not None and lib.path is not None and p.guessed:
+            target = (
+                f"{file} (the needed library defining their nearest names) resolved to {display(lib.path)} "
+                f"({_route(lib)}{owner})"
+            )
+        elif lib is not None and lib.path is not None:
+            target = f"{file} resolved to {display(lib.path)} ({_route(lib)}{owner})"
         else:
             target = "no object in its lookup scope defines them"
         details = [f"version `{v}' not found (required by {needer})" for v in sorted(p.versions)]
@@ -361,7 +409,12 @@ def extension_symbol_findings(
             scopes_of.setdefault(obj, []).append(glob)
     for mt in trees if trees is not None else module_trees(inv, resolver):
         local = _scope([mt.tree], dirs)
-        both = Scope(glob.objects + local.objects, {**local.sonames, **glob.sonames}, glob.missing | local.missing)
+        both = Scope(
+            glob.objects + local.objects,
+            {**local.sonames, **glob.sonames},
+            glob.missing | local.missing,
+            {**glob.needs, **local.needs},
+        )
         for obj in local.objects:
             if obj not in in_global:
                 scopes_of.setdefault(obj, []).append(both)
