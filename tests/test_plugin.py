@@ -411,6 +411,7 @@ def test_cudastack_items_collected_with_readable_ids(pt):
         [
             "cudastack::integrity",
             "cudastack::closure",
+            "cudastack::symbols",
             "cudastack::cuda-max",
             "cudastack::cuda-min",
             "cudastack::driver",
@@ -423,7 +424,7 @@ def test_cudastack_items_collected_with_readable_ids(pt):
 def test_items_pass_on_this_environment_and_k_selects(pt):
     pt.makepyfile("def test_x(): pass")
     result = run(pt, "--cudastack", "--cuda-driver=580.65.06", "-v")
-    result.assert_outcomes(passed=5)
+    result.assert_outcomes(passed=6)
     result = run(pt, "--cudastack", "--cuda-max=13.0", "-k", "cuda-max", "-v")
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["cudastack::cuda-max PASSED*"])
@@ -580,7 +581,7 @@ def test_xdist_workers_get_controller_driver(pt):
         """
     )
     result = run(pt, "-p", "xdist.plugin", "-n", "2", "--cudastack")
-    result.assert_outcomes(passed=8)  # 4 invariant items + 4 tests
+    result.assert_outcomes(passed=9)  # 5 invariant items + 4 tests
 
 
 # -- fixtures -----------------------------------------------------------------------------------------

@@ -112,6 +112,7 @@ class _Problem:
     versions: set[str] = field(default_factory=set)
     lazy_only: bool = True
     guessed: bool = False  # unversioned references: the provider is the needed library nearest by name
+    needs: tuple[Library, ...] = ()  # the needing object's DT_NEEDED (shown when no provider is known)
 
 
 @dataclass
@@ -245,7 +246,9 @@ def _check(
                     run, name, tuple(first.sonames.values())
                 )
             lib = first.sonames.get(file) if file is not None else None
-            p = problems.setdefault((obj, file), _Problem(obj, lib, guessed=ref_file is None))
+            p = problems.setdefault(
+                (obj, file), _Problem(obj, lib, guessed=ref_file is None, needs=first.needs.get(obj, ()))
+            )
             p.symbols.add((name, version))
             facts = run.get(obj)
             p.lazy_only &= func and not now and not (facts is not None and facts.bind_now)
@@ -328,6 +331,10 @@ def _findings(
             others = [display(x) for x in index.definers(name, version)]
             if others and lib is None:
                 details[-1] += f" (defined by {', '.join(others[:3])}, outside its lookup scope)"
+        if lib is None:
+            details.extend(
+                f"it needs {n.soname}: {display(n.path)} ({_route(n)})" for n in p.needs[:8] if n.path is not None
+            )
         if len(details) > _MAX_DETAILS:
             details = [*details[:_MAX_DETAILS], f"... and {len(details) - _MAX_DETAILS} more"]
         fix, notes = _way_out(run, p, inventory, display)
