@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
@@ -430,3 +431,30 @@ def test_the_way_out_names_the_wheel_copy_that_has_it(tmp_path: Path, libs: Path
     assert len(findings) == 1
     assert findings[0].fix == f"remove {old} from LD_LIBRARY_PATH: xlib 2.0's copy at xlib/libx.so.1 defines it"
     assert "version `VERS_2' not found" in _run(exe, llp=[old]).stderr
+
+
+@needs_loader
+def test_verdicts_are_remembered_until_a_file_changes(libs: Path, tmp_path: Path):
+    old = tmp_path / "old"
+    shutil.copytree(libs / "old", old)
+    tree = _resolver([str(old)]).tree(str(libs / "runpath_now"))
+    reads: list[str] = []
+
+    def read(path: str) -> SymbolFacts:
+        reads.append(path)
+        return read_symbols(path)
+
+    cache = ElfCache(str(tmp_path / "cache"))
+    first = binary_symbol_findings(tree, "now", read, verdicts=cache)
+    assert first
+    assert reads
+    cache.flush()
+    reads.clear()
+    warm = ElfCache(str(tmp_path / "cache"))
+    assert binary_symbol_findings(tree, "now", read, verdicts=warm) == first
+    assert reads == []
+    (old / "libx.so.1").unlink()
+    shutil.copy(libs / "new" / "libx.so.1", old / "libx.so.1")
+    again = binary_symbol_findings(tree, "now", read, verdicts=warm)
+    assert reads
+    assert "version `VERS_2' not found" not in _text(again)

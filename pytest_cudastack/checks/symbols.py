@@ -31,11 +31,13 @@ resolved to and by which route, and the way out when an installed wheel ships a 
 from __future__ import annotations
 
 import bisect
+import hashlib
+import json
 import os
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pytest_cudastack._sysio import real_path
 from pytest_cudastack.checks.closure import ModuleTree, module_trees
@@ -51,6 +53,15 @@ if TYPE_CHECKING:
 __all__ = ["GLOBAL_PRELOADS", "Scope", "binary_symbol_findings", "extension_symbol_findings", "run"]
 
 SymbolReader = Callable[[str], SymbolFacts]
+
+
+class VerdictStore(Protocol):
+    """Where verdicts are kept between runs (``ElfCache.get_extra`` / ``put_extra``)."""
+
+    def get_extra(self, key: str) -> Any: ...
+
+    def put_extra(self, key: str, value: Any) -> None: ...
+
 
 GLOBAL_PRELOADS: tuple[str, ...] = ("torch/lib/libtorch_global_deps.so",)
 """Files (relative to a site directory) that an import loads ``RTLD_GLOBAL`` before any extension module of
@@ -401,10 +412,12 @@ def extension_symbol_findings(
     *,
     interpreter: str | None = None,
     trees: Sequence[ModuleTree] | None = None,
+    verdicts: VerdictStore | None = None,
 ) -> tuple[Finding, ...]:
     """Symbol findings for every extension module of *inv*, imported by *interpreter* (default: this
     process's executable, resolved as /proc/self/exe is); ``read`` gives a file's symbols (the run's
-    ``ElfCache.read_symbols``)."""
+    ``ElfCache.read_symbols``); ``verdicts`` (the run's ElfCache) remembers the findings of these scopes
+    with the status of every file they were computed from (:func:`_recall`)."""
     exe = os.path.realpath(interpreter if interpreter is not None else sys.executable)
     dirs: dict[str, str] = {}
     glob, started = _global_scope(inv, resolver, exe, dirs)
@@ -426,26 +439,84 @@ def extension_symbol_findings(
             if obj not in in_global:
                 scopes_of.setdefault(obj, []).append(both)
     plans = [(obj, scopes, True) for obj, scopes in scopes_of.items()]
+    key = _plan_key(["extensions", exe, list(inv.site_dirs), [d.label for d in inv.distributions]], plans)
+    hit = _recall(verdicts, key)
+    if hit is not None:
+        return hit
     problems, index = _check(run, plans)
-    return tuple(_findings("symbols", run, problems, index, inv, _display(inv), "the import"))
+    found = tuple(_findings("symbols", run, problems, index, inv, _display(inv), "the import"))
+    _remember(verdicts, key, run, found)
+    return found
 
 
 def binary_symbol_findings(
-    tree: Tree, subject: str, read: SymbolReader, inventory: Inventory | None = None
+    tree: Tree,
+    subject: str,
+    read: SymbolReader,
+    inventory: Inventory | None = None,
+    verdicts: VerdictStore | None = None,
 ) -> tuple[Finding, ...]:
     """Symbol findings for one program (or library) and its closure, in its global scope."""
     dirs: dict[str, str] = {}
     scope = _scope([tree], dirs)
     run = _Run(read)
-    problems, index = _check(run, [(obj, [scope], False) for obj in scope.objects])
-    return tuple(_findings("symbols", run, problems, index, inventory, _display(inventory), subject))
+    plans = [(obj, [scope], False) for obj in scope.objects]
+    labels = [d.label for d in inventory.distributions] if inventory else []
+    key = _plan_key(["binary", subject, list(inventory.site_dirs) if inventory else [], labels], plans)
+    hit = _recall(verdicts, key)
+    if hit is not None:
+        return hit
+    problems, index = _check(run, plans)
+    found = tuple(_findings("symbols", run, problems, index, inventory, _display(inventory), subject))
+    _remember(verdicts, key, run, found)
+    return found
+
+
+_VERDICT_PREFIX = "symbols-verdict:"
+
+
+def _plan_key(head: list[Any], plans: Sequence[tuple[str, Sequence[Scope], bool]]) -> str:
+    """A digest of what is checked: every object with its scopes (their objects, in order)."""
+    body = [head, [[obj, now, [list(s.objects) for s in scopes]] for obj, scopes, now in plans]]
+    return _VERDICT_PREFIX + hashlib.sha256(json.dumps(body).encode()).hexdigest()
+
+
+def _status(path: str) -> list[int] | None:
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns]
+
+
+def _recall(verdicts: VerdictStore | None, key: str) -> tuple[Finding, ...] | None:
+    """The findings remembered for these scopes when every file they were computed from is unchanged
+    (same status as the ELF cache keys its entries by); None otherwise or on a malformed entry."""
+    if verdicts is None:
+        return None
+    hit = verdicts.get_extra(key)
+    try:
+        if not isinstance(hit, dict) or not isinstance(hit["files"], list) or not isinstance(hit["findings"], list):
+            return None
+        for path, status in hit["files"]:
+            if _status(str(path)) != status:
+                return None
+        return tuple(Finding.from_json(f) for f in hit["findings"])
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
+
+
+def _remember(verdicts: VerdictStore | None, key: str, run: _Run, found: tuple[Finding, ...]) -> None:
+    if verdicts is not None:
+        files = [[p, _status(p)] for p in sorted(run.facts)]
+        verdicts.put_extra(key, {"files": files, "findings": [f.to_json() for f in found]})
 
 
 def run(stack: StackView, target: Target | None = None) -> tuple[Finding, ...]:
     """The ``symbols`` item: every extension module of the inventory, and every scanned binary."""
-    read = stack.cache.read_symbols
-    out = list(extension_symbol_findings(stack.inventory, stack.resolver, read))
+    cache = stack.cache
+    out = list(extension_symbol_findings(stack.inventory, stack.resolver, cache.read_symbols, verdicts=cache))
     for name, path in stack.scan_targets:
         if os.path.lexists(path):
-            out.extend(binary_symbol_findings(stack.tree(path), name, read, stack.inventory))
+            out.extend(binary_symbol_findings(stack.tree(path), name, cache.read_symbols, stack.inventory, cache))
     return tuple(out)
