@@ -161,12 +161,13 @@ class SymbolFacts:
         return None
 
     def definitions(self) -> tuple[Definition, ...]:
-        names = {v.index: v for v in self.verdefs}
+        """Every exported symbol; a copy-relocated one in a program names the version it needs."""
+        names = {n.index: n.name for n in self.verneeds}
+        names.update((v.index, v.name) for v in self.verdefs if not v.base)
         out: list[Definition] = []
         for name, code in zip(self.def_names, self.def_codes, strict=True):
             versym = code >> 8
-            vd = names.get(versym & 0x7FFF)
-            version = vd.name if vd is not None and not vd.base else None
+            version = names.get(versym & 0x7FFF)
             out.append(
                 Definition(name, version, not versym & _HIDDEN, _BIND_NAMES[(code >> 4) & 0xF], _TYPE_NAMES[code & 0xF])
             )
@@ -347,8 +348,8 @@ class _Reader:
             elif ph[it] == _PT_DYNAMIC:
                 dyn_seg = (ph[io_], ph[iz])
         self.loads = loads
-        if dyn_seg is None:
-            raise ElfError(f"{p}: no PT_DYNAMIC (a static executable binds nothing)")
+        if dyn_seg is None:  # a static executable or an object file: it binds nothing, needs nothing
+            return SymbolFacts(p, False, False, (), (), (), (), (), ())
         tags: dict[int, int] = {}
         bind_now = False
         raw = self.read(dyn_seg[0], dyn_seg[1] - dyn_seg[1] % dyn.size, "dynamic table")
