@@ -481,3 +481,12 @@ def test_copy_relocated_data_binds_to_the_programs_copy(tmp_path: Path):
     tree = _resolver().tree(str(exe))
     assert binary_symbol_findings(tree, "copyreloc", read_symbols) == ()
     assert _run(exe).returncode == 0
+
+
+def test_an_unreadable_interpreter_is_one_warning_not_a_flood(tmp_path: Path, libs: Path):
+    site = site_packages(tmp_path / "venv")
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\n")
+    inv = installed_wheels([str(site)])
+    findings = extension_symbol_findings(inv, _resolver(), read_symbols, interpreter=str(fake))
+    assert [(f.severity.value, f.subject) for f in findings] == [("warning", str(fake))]

@@ -391,11 +391,11 @@ def _display(inventory: Inventory | None) -> Callable[[str], str]:
 
 
 def _global_scope(
-    inv: Inventory, resolver: Resolver, interpreter: str, dirs: dict[str, str]
+    inv: Inventory, resolver: Resolver, itree: Tree, dirs: dict[str, str]
 ) -> tuple[Scope, frozenset[str]]:
     """The interpreter's global scope after the known RTLD_GLOBAL preloads, and the objects of the
     interpreter's own closure (it runs: they bound)."""
-    trees = [resolver.tree(interpreter)]
+    trees = [itree]
     started = frozenset(_scope(trees, dirs).objects)
     for site in inv.site_dirs:
         for rel in GLOBAL_PRELOADS:
@@ -420,7 +420,11 @@ def extension_symbol_findings(
     with the status of every file they were computed from (:func:`_recall`)."""
     exe = os.path.realpath(interpreter if interpreter is not None else sys.executable)
     dirs: dict[str, str] = {}
-    glob, started = _global_scope(inv, resolver, exe, dirs)
+    itree = resolver.tree(exe)
+    if itree.info is None:  # without the interpreter's C API in scope every module would look broken
+        why = "; ".join(itree.problems) or "not an ELF file"
+        return (Finding("symbols", Severity.WARNING, exe, f"symbols not checked: cannot read the interpreter ({why})"),)
+    glob, started = _global_scope(inv, resolver, itree, dirs)
     in_global = set(glob.objects)
     run = _Run(read)
     scopes_of: dict[str, list[Scope]] = {}
