@@ -406,7 +406,7 @@ def test_module_with_an_old_wheel_copy_names_version_file_and_wheel(tmp_path: Pa
     text = _text(findings)
     assert len(findings) == 1, text
     assert "version `VERS_2' not found (required by pkg/mod.so)" in text
-    assert "libx.so.1 resolved to xlib/libx.so.1 (runpath" in text
+    assert "libx.so.1 resolved to xlib/libx.so.1 (runpath, runpath of pkg/mod.so, from xlib-old 1.0)" in text
     assert "xlib-old 1.0" in text
     proc = _dlopen(host, site, preload=True)
     assert proc.returncode == 1

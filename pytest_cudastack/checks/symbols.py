@@ -270,10 +270,15 @@ def _check(
     return problems, index
 
 
-def _route(lib: Library) -> str:
+def _route(lib: Library, display: Callable[[str], str] = str) -> str:
+    """``runpath, runpath of torch/lib/libtorch_cuda.so``: the route, with the requester's path displayed."""
+    detail = lib.route_detail
+    head, sep, path = detail.partition(" of ")
+    if sep and path.startswith("/"):
+        detail = f"{head} of {display(path)}"
     if lib.route is Route.ALREADY_LOADED:
-        return f"already loaded ({lib.route_detail})" if lib.route_detail else "already loaded"
-    return f"{lib.route.value}, {lib.route_detail}" if lib.route_detail else lib.route.value
+        return f"already loaded ({detail})" if detail else "already loaded"
+    return f"{lib.route.value}, {detail}" if detail else lib.route.value
 
 
 def _way_out(
@@ -302,7 +307,7 @@ def _way_out(
                 Route.RPATH: f"{lib.route_detail} puts {where} first",
                 Route.LD_CACHE: f"ld.so.cache gives {lib.path} first",
                 Route.DEFAULT: f"{where} is a default directory searched first",
-            }.get(lib.route, f"{lib.path} is found first ({_route(lib)})")
+            }.get(lib.route, f"{display(lib.path)} is found first ({_route(lib, display)})")
             return f"{how}: {dist.label}'s copy at {display(path)} defines it", tuple(notes)
         notes.append(f"{dist.label}'s copy at {display(path)} lacks it too")
     return "", tuple(notes)
@@ -330,10 +335,10 @@ def _findings(
         if lib is not None and lib.path is not None and p.guessed:
             target = (
                 f"{file} (the needed library defining their nearest names) resolved to {display(lib.path)} "
-                f"({_route(lib)}{owner})"
+                f"({_route(lib, display)}{owner})"
             )
         elif lib is not None and lib.path is not None:
-            target = f"{file} resolved to {display(lib.path)} ({_route(lib)}{owner})"
+            target = f"{file} resolved to {display(lib.path)} ({_route(lib, display)}{owner})"
         else:
             target = "no object in its lookup scope defines them"
         details = [f"version `{v}' not found (required by {needer})" for v in sorted(p.versions)]
@@ -344,7 +349,9 @@ def _findings(
                 details[-1] += f" (defined by {', '.join(others[:3])}, outside its lookup scope)"
         if lib is None:
             details.extend(
-                f"it needs {n.soname}: {display(n.path)} ({_route(n)})" for n in p.needs[:8] if n.path is not None
+                f"it needs {n.soname}: {display(n.path)} ({_route(n, display)})"
+                for n in p.needs[:8]
+                if n.path is not None
             )
         if len(details) > _MAX_DETAILS:
             details = [*details[:_MAX_DETAILS], f"... and {len(details) - _MAX_DETAILS} more"]
