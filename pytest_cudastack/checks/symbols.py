@@ -41,6 +41,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from pytest_cudastack._sysio import real_path
 from pytest_cudastack.checks.closure import ModuleTree, module_trees
+from pytest_cudastack.cuda.driver import DriverInfo
+from pytest_cudastack.cuda.driversyms import driver_entry_points
 from pytest_cudastack.errors import ElfError
 from pytest_cudastack.findings import Finding, Severity
 from pytest_cudastack.linker.resolver import Library, Resolver, Route, Tree
@@ -270,6 +272,66 @@ def _check(
     return problems, index
 
 
+_LIBCUDA = "libcuda.so.1"
+
+
+def _driver_findings(
+    run: _Run,
+    index: ScopeIndex,
+    plans: Sequence[tuple[str, Sequence[Scope], bool]],
+    driver: DriverInfo | None,
+    display: Callable[[str], str],
+) -> list[Finding]:
+    """Without a libcuda.so.1 here, references to driver entry points newer than the declared or probed
+    driver's CUDA (``cuda/data/driver_symbols.json``, from cudaTypedefs.h) are errors: the deployment host's
+    libcuda.so.1 will not define them. A libcuda.so.1 that is found is checked like any library: its own
+    dynamic symbol table is the truth."""
+    if driver is None or not driver.present or driver.cuda_version is None:
+        return []
+    try:
+        have = tuple(int(x) for x in driver.cuda_version.split(".")[:2])
+    except ValueError:
+        return []
+    table = driver_entry_points()
+    label = f"{driver.source} {driver.version}" if driver.version else driver.source
+    out: list[Finding] = []
+    for obj, scopes, _now in plans:
+        first = scopes[0]
+        if not any(n.soname == _LIBCUDA and n.path is None for n in first.needs.get(obj, ())):
+            continue
+        facts = run.get(obj)
+        if facts is None:
+            continue
+        positions = first.positions()
+        lines: list[str] = []
+        for ref in facts.references():
+            entry = table.get(ref.name)
+            if ref.weak or entry is None or entry.cuda <= have:
+                continue
+            if index.lookup(ref.name, ref.version, positions, ref.hidden) is not None:
+                continue
+            lines.append(
+                f"{ref.name} needs a driver for CUDA >= {entry.cuda_text}; {label} supports <= "
+                f"{driver.cuda_version} ({entry.source} in cudaTypedefs.h)"
+            )
+        if lines:
+            out.append(
+                Finding(
+                    check="symbols",
+                    severity=Severity.ERROR,
+                    subject=display(obj),
+                    message=f"{len(lines)} driver entry point(s) needed by {display(obj)} are newer than the "
+                    f"driver: {lines[0]}",
+                    cause=f"{_LIBCUDA} comes with the driver; the one for CUDA {driver.cuda_version} does not "
+                    "define them, so loading fails with 'undefined symbol'",
+                    fix="run on a driver that supports the CUDA these entry points need, or install a build "
+                    f"for CUDA {driver.cuda_version}",
+                    details=tuple(sorted(lines)),
+                )
+            )
+    return out
+
+
 def _route(lib: Library, display: Callable[[str], str] = str) -> str:
     """``runpath, runpath of torch/lib/libtorch_cuda.so``: the route, with the requester's path displayed."""
     detail = lib.route_detail
@@ -420,11 +482,13 @@ def extension_symbol_findings(
     interpreter: str | None = None,
     trees: Sequence[ModuleTree] | None = None,
     verdicts: VerdictStore | None = None,
+    driver: DriverInfo | None = None,
 ) -> tuple[Finding, ...]:
     """Symbol findings for every extension module of *inv*, imported by *interpreter* (default: this
     process's executable, resolved as /proc/self/exe is); ``read`` gives a file's symbols (the run's
     ``ElfCache.read_symbols``); ``verdicts`` (the run's ElfCache) remembers the findings of these scopes
-    with the status of every file they were computed from (:func:`_recall`)."""
+    with the status of every file they were computed from (:func:`_recall`); ``driver`` (declared or
+    probed) judges references to a libcuda.so.1 that is not here (:func:`_driver_findings`)."""
     exe = os.path.realpath(interpreter if interpreter is not None else sys.executable)
     dirs: dict[str, str] = {}
     itree = resolver.tree(exe)
@@ -450,12 +514,17 @@ def extension_symbol_findings(
             if obj not in in_global:
                 scopes_of.setdefault(obj, []).append(both)
     plans = [(obj, scopes, True) for obj, scopes in scopes_of.items()]
-    key = _plan_key(["extensions", exe, list(inv.site_dirs), [d.label for d in inv.distributions]], plans)
+    labels = [d.label for d in inv.distributions]
+    key = _plan_key(["extensions", exe, list(inv.site_dirs), labels, _driver_key(driver)], plans)
     hit = _recall(verdicts, key)
     if hit is not None:
         return hit
     problems, index = _check(run, plans)
-    found = tuple(_findings("symbols", run, problems, index, inv, _display(inv), "the import"))
+    display = _display(inv)
+    found = (
+        *_findings("symbols", run, problems, index, inv, display, "the import"),
+        *_driver_findings(run, index, plans, driver, display),
+    )
     _remember(verdicts, key, run, found)
     return found
 
@@ -466,24 +535,36 @@ def binary_symbol_findings(
     read: SymbolReader,
     inventory: Inventory | None = None,
     verdicts: VerdictStore | None = None,
+    driver: DriverInfo | None = None,
 ) -> tuple[Finding, ...]:
-    """Symbol findings for one program (or library) and its closure, in its global scope."""
+    """Symbol findings for one program (or library) and its closure, in its global scope; the other
+    arguments as for :func:`extension_symbol_findings`."""
     dirs: dict[str, str] = {}
     scope = _scope([tree], dirs)
     run = _Run(read)
     plans = [(obj, [scope], False) for obj in scope.objects]
     labels = [d.label for d in inventory.distributions] if inventory else []
-    key = _plan_key(["binary", subject, list(inventory.site_dirs) if inventory else [], labels], plans)
+    key = _plan_key(
+        ["binary", subject, list(inventory.site_dirs) if inventory else [], labels, _driver_key(driver)], plans
+    )
     hit = _recall(verdicts, key)
     if hit is not None:
         return hit
     problems, index = _check(run, plans)
-    found = tuple(_findings("symbols", run, problems, index, inventory, _display(inventory), subject))
+    display = _display(inventory)
+    found = (
+        *_findings("symbols", run, problems, index, inventory, display, subject),
+        *_driver_findings(run, index, plans, driver, display),
+    )
     _remember(verdicts, key, run, found)
     return found
 
 
 _VERDICT_PREFIX = "symbols-verdict:"
+
+
+def _driver_key(driver: DriverInfo | None) -> list[str | None]:
+    return [] if driver is None else [driver.source, driver.version, driver.cuda_version]
 
 
 def _plan_key(head: list[Any], plans: Sequence[tuple[str, Sequence[Scope], bool]]) -> str:
@@ -526,8 +607,12 @@ def _remember(verdicts: VerdictStore | None, key: str, run: _Run, found: tuple[F
 def run(stack: StackView, target: Target | None = None) -> tuple[Finding, ...]:
     """The ``symbols`` item: every extension module of the inventory, and every scanned binary."""
     cache = stack.cache
-    out = list(extension_symbol_findings(stack.inventory, stack.resolver, cache.read_symbols, verdicts=cache))
+    driver = stack.driver
+    out = list(
+        extension_symbol_findings(stack.inventory, stack.resolver, cache.read_symbols, verdicts=cache, driver=driver)
+    )
     for name, path in stack.scan_targets:
         if os.path.lexists(path):
-            out.extend(binary_symbol_findings(stack.tree(path), name, cache.read_symbols, stack.inventory, cache))
+            tree = stack.tree(path)
+            out.extend(binary_symbol_findings(tree, name, cache.read_symbols, stack.inventory, cache, driver))
     return tuple(out)
