@@ -126,6 +126,7 @@ CHECKS: Mapping[str, Check] = registry(
     Check(
         "closure", "every Python extension module resolves all its DT_NEEDED", _Lazy("closure"), lambda o: o.cudastack
     ),
+    Check("symbols", "every undefined symbol binds, with its version", _Lazy("symbols"), lambda o: o.cudastack),
     Check(
         "cuda-max",
         "nothing requires a CUDA newer than {cuda_max}",

@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from pytest_cudastack.checks.bounds import Inference
     from pytest_cudastack.cuda.driver import DriverInfo
     from pytest_cudastack.findings import Finding
+    from pytest_cudastack.linker.elfcache import ElfCache
     from pytest_cudastack.linker.fatbin import Fatbin
     from pytest_cudastack.linker.resolver import Resolver, Tree
     from pytest_cudastack.wheels.inventory import Inventory
@@ -63,6 +64,11 @@ class StackView(Protocol):
 
     @property
     def resolver(self) -> Resolver: ...
+
+    @property
+    def cache(self) -> ElfCache:
+        """The run's one ELF cache (ELF facts and dynamic symbol facts)."""
+        ...
 
     @property
     def scan_targets(self) -> tuple[Target, ...]: ...

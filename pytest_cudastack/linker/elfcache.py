@@ -8,6 +8,11 @@ broken file is not re-parsed on every run while it is unchanged. Besides ELF fac
 values other layers store and validate themselves (the owners ``cudastack tree`` looked up), so a warm run
 reads one file.
 
+A second entry kind, dynamic symbol facts (:func:`~pytest_cudastack.linker.symbols.read_symbols`, for the
+``symbols`` check), is keyed and validated the same way but kept in its own file (``symcache-v1.json``) next
+to the first, read only when symbols are first asked for: it is tens of megabytes for a torch venv, which
+``cudastack tree``'s warm path and every other check must not parse.
+
 There is no process-wide cache: the owner of a run (the pytest session's ``Stack``, a ``cudastack``
 subcommand) creates one :class:`ElfCache`, hands its :meth:`ElfCache.read` down to every layer that parses
 ELF files, and flushes it once. Two caches flushing one file would each overwrite the other's entries.
@@ -28,8 +33,9 @@ if TYPE_CHECKING:
 
     from pytest_cudastack.linker.elf import ElfInfo
     from pytest_cudastack.linker.fatbin import Fatbin
+    from pytest_cudastack.linker.symbols import SymbolFacts
 
-__all__ = ["CACHE_FILE", "ElfCache", "default_cache_dir"]
+__all__ = ["CACHE_FILE", "SYMBOL_CACHE_FILE", "ElfCache", "default_cache_dir"]
 
 
 def _log() -> logging.Logger:
@@ -42,7 +48,9 @@ def _log() -> logging.Logger:
 
 
 CACHE_FILE = "elfcache-v1.json"
+SYMBOL_CACHE_FILE = "symcache-v1.json"
 _SCHEMA = "pytest-cudastack-elfcache"
+_SYMBOL_SCHEMA = "pytest-cudastack-symcache"
 _VERSION = 1
 
 _Key = tuple[int, int, int, int]
@@ -73,6 +81,9 @@ class ElfCache:
         self._dirty = False
         self.hits = 0
         self.misses = 0
+        self.symbol_file = os.path.join(self.directory, SYMBOL_CACHE_FILE)
+        self._symbols: dict[str, dict[str, Any]] | None = None
+        self._symbols_dirty = False
 
     def _load(self) -> dict[str, dict[str, Any]]:
         if self._entries is not None:
@@ -179,6 +190,70 @@ class ElfCache:
         self._dirty = True
         return result
 
+    def _load_symbols(self) -> dict[str, dict[str, Any]]:
+        if self._symbols is not None:
+            return self._symbols
+        entries: dict[str, dict[str, Any]] = {}
+        try:
+            with open(self.symbol_file, "rb") as f:
+                raw = json.loads(f.read())
+            if (
+                isinstance(raw, dict)
+                and raw.get("schema") == _SYMBOL_SCHEMA
+                and raw.get("version") == _VERSION
+                and isinstance(raw.get("entries"), dict)
+            ):
+                entries = {k: v for k, v in raw["entries"].items() if isinstance(v, dict)}
+            else:
+                _log().info("ignoring foreign or outdated symbol cache %s", self.symbol_file)
+                self._symbols_dirty = True
+        except FileNotFoundError:
+            pass
+        except (OSError, ValueError, UnicodeDecodeError, RecursionError) as e:
+            _log().info("ignoring unreadable symbol cache %s: %s", self.symbol_file, e)
+            self._symbols_dirty = True
+        self._symbols = entries
+        return entries
+
+    def read_symbols(self, path: str) -> SymbolFacts:
+        """Cached :func:`~pytest_cudastack.linker.symbols.read_symbols`, keyed and validated as :meth:`read`
+        is; raises ElfError (errors are cached too)."""
+        # lazy: tree's warm path imports this module and never reads symbols
+        from pytest_cudastack.linker.symbols import SymbolFacts, read_symbols
+
+        if not self.enabled:
+            return read_symbols(path)
+        try:
+            st = os.stat(path)
+        except (OSError, ValueError):
+            return read_symbols(path)  # raises the ElfError naming what is wrong
+        key = [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns]
+        entries = self._load_symbols()
+        hit = entries.get(path)
+        if hit is not None and hit.get("key") == key:
+            if isinstance(hit.get("error"), str):
+                self.hits += 1
+                raise ElfError(hit["error"])
+            facts = hit.get("symbols")
+            if isinstance(facts, dict):
+                try:
+                    got = SymbolFacts.from_json(facts)
+                except ElfError:
+                    got = None
+                if got is not None and got.path == path:
+                    self.hits += 1
+                    return got
+        self.misses += 1
+        try:
+            result = read_symbols(path)
+        except ElfError as e:
+            entries[path] = {"key": key, "error": str(e)}
+            self._symbols_dirty = True
+            raise
+        entries[path] = {"key": key, "symbols": result.to_json()}
+        self._symbols_dirty = True
+        return result
+
     def get_extra(self, key: str) -> Any:
         """A JSON value stored with :meth:`put_extra` (None when absent or the cache is disabled). Callers
         validate what they get: the file may be corrupt."""
@@ -198,6 +273,13 @@ class ElfCache:
 
     def flush(self) -> None:
         """Write the cache atomically; a no-op when unchanged or disabled. Never raises on I/O errors."""
+        if self.enabled and self._symbols_dirty and self._symbols is not None:
+            payload = {"schema": _SYMBOL_SCHEMA, "version": _VERSION, "entries": self._symbols}
+            error = write_atomic(self.directory, self.symbol_file, json.dumps(payload, separators=(",", ":")))
+            if error is not None:
+                _log().warning("cannot write symbol cache %s: %s", self.symbol_file, error)
+            else:
+                self._symbols_dirty = False
         if not self.enabled or not self._dirty or self._entries is None:
             return
         payload = {"schema": _SCHEMA, "version": _VERSION, "entries": self._entries, "extra": self._extra}

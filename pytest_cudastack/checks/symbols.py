@@ -1,0 +1,618 @@
+"""Does every undefined dynamic symbol bind, with its version, before anything is imported or run?
+
+Lookup scopes are built as glibc builds them (2.36):
+
+* ``elf/rtld.c`` / ``elf/dl-deps.c`` (``_dl_map_object_deps``): a program's global scope is the program,
+  then its dependencies breadth-first in load order (the resolver's :class:`~pytest_cudastack.linker.resolver.Tree`
+  order). A scanned binary is looked up in that scope alone.
+* ``elf/dl-open.c`` (``dl_open_worker``, ``add_to_global``): ``dlopen`` gives every object it loads the
+  lookup scopes [global scope, the opened object's own search list (itself, then its dependencies
+  breadth-first)]; ``RTLD_GLOBAL`` appends the opened object's search list to the global scope. Python loads
+  an extension module with ``dlopen(RTLD_NOW)`` (``Python/dynload_shlib.c``), so every reference of the
+  module and of what it loads must bind at import time. The interpreter's global scope is the python
+  executable and its dependencies (libpython when it is shared), plus what imports load ``RTLD_GLOBAL``
+  first: torch/__init__.py's ``_load_global_deps`` loads ``torch/lib/libtorch_global_deps.so`` with
+  ``ctypes.RTLD_GLOBAL`` (``GLOBAL_PRELOADS``).
+* ``elf/dl-lookup.c`` (``_dl_lookup_symbol_x``, ``do_lookup_x``, ``check_match``) and ``elf/dl-version.c``
+  decide what binds: :mod:`pytest_cudastack.linker.symbols`.
+
+An object loaded by several extension modules is relocated once, by the first import that loads it, in that
+module's scopes; the import order is not known statically, so a reference is reported only when it binds
+in none of the scopes of the modules that load the object. A reference whose version is required from a
+soname the resolver does not find, and unversioned references of objects whose scope misses a library, are
+left to the ``closure`` check (which reports the missing file): what a missing file would define is
+unknown.
+
+Findings: one ERROR per (needing object, providing file), all at once: the unbound symbols and the version
+nodes the providing file lacks ("version `GLIBCXX_3.4.32' not found (required by X)"), where the soname
+resolved to and by which route, and the way out when an installed wheel ships a copy that has them.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import json
+import os
+import sys
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from pytest_cudastack._sysio import real_path
+from pytest_cudastack.checks.closure import ModuleTree, module_trees
+from pytest_cudastack.cuda.driver import DriverInfo
+from pytest_cudastack.cuda.driversyms import driver_entry_points
+from pytest_cudastack.errors import ElfError
+from pytest_cudastack.findings import Finding, Severity
+from pytest_cudastack.linker.resolver import Library, Resolver, Route, Tree
+from pytest_cudastack.linker.symbols import ScopeIndex, SymbolFacts
+from pytest_cudastack.wheels.inventory import Inventory
+
+if TYPE_CHECKING:
+    from pytest_cudastack.checks.facts import StackView, Target
+
+__all__ = ["GLOBAL_PRELOADS", "Scope", "binary_symbol_findings", "extension_symbol_findings", "run"]
+
+SymbolReader = Callable[[str], SymbolFacts]
+
+
+class VerdictStore(Protocol):
+    """Where verdicts are kept between runs (``ElfCache.get_extra`` / ``put_extra``)."""
+
+    def get_extra(self, key: str) -> Any: ...
+
+    def put_extra(self, key: str, value: Any) -> None: ...
+
+
+GLOBAL_PRELOADS: tuple[str, ...] = ("torch/lib/libtorch_global_deps.so",)
+"""Files (relative to a site directory) that an import loads ``RTLD_GLOBAL`` before any extension module of
+its package: torch/__init__.py ``_load_global_deps`` (``ctypes.CDLL(..., mode=ctypes.RTLD_GLOBAL)``)."""
+
+_MAX_DETAILS = 40
+
+
+@dataclass(frozen=True)
+class Scope:
+    """The objects one lookup walks, in order (real paths), and how each needed soname resolved."""
+
+    objects: tuple[str, ...]
+    sonames: dict[str, Library] = field(compare=False, hash=False)
+    missing: frozenset[str] = frozenset()
+    needs: dict[str, tuple[Library, ...]] = field(default_factory=dict, compare=False, hash=False)
+
+    def positions(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for i, p in enumerate(self.objects):
+            out.setdefault(p, i)
+        return out
+
+
+def _scope(trees: Iterable[Tree], dirs: dict[str, str]) -> Scope:
+    """The roots and their libraries in load order (real paths, each once), with soname -> Library, the
+    sonames not found and each object's direct DT_NEEDED libraries."""
+    objects: list[str] = []
+    seen: set[str] = set()
+    sonames: dict[str, Library] = {}
+    missing: set[str] = set()
+    needs: dict[str, list[Library]] = {}
+    for tree in trees:
+        root = real_path(tree.path, dirs)
+        if root not in seen:
+            seen.add(root)
+            objects.append(root)
+        for lib in tree.libraries:
+            for needer in lib.needed_by:
+                needs.setdefault(real_path(needer, dirs), []).append(lib)
+            if lib.path is None:
+                missing.add(lib.soname)
+                continue
+            real = lib.realpath or real_path(lib.path, dirs)
+            sonames.setdefault(lib.soname, lib)
+            if real not in seen:
+                seen.add(real)
+                objects.append(real)
+    return Scope(tuple(objects), sonames, frozenset(missing - set(sonames)), {k: tuple(v) for k, v in needs.items()})
+
+
+@dataclass
+class _Problem:
+    """What one needing object lacks from one providing file (None: from no known file)."""
+
+    needer: str
+    provider: Library | None
+    symbols: set[tuple[str, str | None]] = field(default_factory=set)
+    versions: set[str] = field(default_factory=set)
+    lazy_only: bool = True
+    guessed: bool = False  # unversioned references: the provider is the needed library nearest by name
+    needs: tuple[Library, ...] = ()  # the needing object's DT_NEEDED (shown when no provider is known)
+
+
+@dataclass
+class _Run:
+    """One symbol check over some scopes: the facts read, the index, the problems found."""
+
+    read: SymbolReader
+    facts: dict[str, SymbolFacts | None] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+    _sorted: dict[str, list[str]] = field(default_factory=dict)
+
+    def sorted_names(self, facts: SymbolFacts) -> list[str]:
+        hit = self._sorted.get(facts.path)
+        if hit is None:
+            hit = self._sorted[facts.path] = sorted(facts.def_names)
+        return hit
+
+    def get(self, path: str) -> SymbolFacts | None:
+        if path not in self.facts:
+            try:
+                self.facts[path] = self.read(path)
+            except ElfError as e:
+                self.facts[path] = None
+                self.errors.append(str(e))
+        return self.facts[path]
+
+
+def _unbound(
+    run: _Run,
+    index: ScopeIndex,
+    obj: str,
+    scopes: Sequence[Scope],
+    positions: dict[int, dict[str, int]],
+) -> dict[tuple[str, str | None, str | None], bool]:
+    """(name, version, file) -> lazily bound function? for every reference of *obj* no scope binds."""
+    facts = run.get(obj)
+    if facts is None:
+        return {}
+    out: dict[tuple[str, str | None, str | None], bool] = {}
+    for ref in facts.references():
+        if ref.weak:
+            continue
+        for scope in scopes:
+            if ref.file is not None and ref.file in scope.missing:
+                break  # the closure check reports the missing file
+            if ref.file is None and scope.missing:
+                break
+            if index.lookup(ref.name, ref.version, positions[id(scope)], ref.hidden) is not None:
+                break
+        else:
+            out[(ref.name, ref.version, ref.file)] = ref.type in ("FUNC", "NOTYPE", "IFUNC")
+    return out
+
+
+def _common(a: str, b: str) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def _nearest(run: _Run, name: str, needed: Sequence[Library]) -> str | None:
+    """The library among *needed* whose definitions share the longest prefix (4 characters at least, and
+    longer than any other library's) with *name*: an unversioned reference does not say which file it
+    expects, but a library that lost a symbol still defines its neighbours (``ncclCommRegister`` next to
+    ``ncclCommDeregister``)."""
+    scores: dict[str, int] = {}
+    for lib in needed:
+        if lib.path is None or lib.soname in scores:
+            continue
+        facts = run.get(lib.realpath or lib.path)
+        if facts is None or not facts.def_names:
+            continue
+        names = run.sorted_names(facts)
+        i = bisect.bisect_left(names, name)
+        scores[lib.soname] = max((_common(names[j], name) for j in (i - 1, i) if 0 <= j < len(names)), default=0)
+    ranked = sorted(scores.items(), key=lambda kv: -kv[1])
+    if not ranked or ranked[0][1] < 4 or (len(ranked) > 1 and ranked[1][1] == ranked[0][1]):
+        return None
+    return ranked[0][0]
+
+
+def _version_gaps(run: _Run, obj: str, scope: Scope) -> dict[str, list[str]]:
+    """Provider soname -> versions its file lacks, for every non-weak verneed of *obj* (dl-version.c)."""
+    facts = run.get(obj)
+    out: dict[str, list[str]] = {}
+    if facts is None:
+        return out
+    for need in facts.verneeds:
+        lib = scope.sonames.get(need.file)
+        if need.weak or lib is None or lib.path is None:
+            continue
+        prov = run.get(lib.realpath or lib.path)
+        if prov is None or not prov.verdefs:
+            continue  # "no version information available": not fatal
+        if need.name not in prov.defined_versions():
+            out.setdefault(need.file, []).append(need.name)
+    return out
+
+
+def _check(
+    run: _Run,
+    plans: Sequence[tuple[str, Sequence[Scope], bool]],
+) -> tuple[dict[tuple[str, str | None], _Problem], ScopeIndex]:
+    """Problems of every ``(object, its scopes, bound at load time?)`` of *plans*, grouped per
+    (needing object, providing soname)."""
+    wanted: set[str] = set()
+    for obj, _scopes, _now in plans:
+        f = run.get(obj)
+        if f is not None:
+            wanted.update(f.ref_names)
+    index = ScopeIndex(wanted)
+    all_scopes: dict[int, Scope] = {}
+    for _obj, scopes, _now in plans:
+        for s in scopes:
+            all_scopes[id(s)] = s
+    for s in all_scopes.values():
+        for path in s.objects:
+            f = run.get(path)
+            if f is not None:
+                index.add(f)
+    positions = {k: s.positions() for k, s in all_scopes.items()}
+    problems: dict[tuple[str, str | None], _Problem] = {}
+    for obj, scopes, now in plans:
+        first = scopes[0]
+        for (name, version, ref_file), func in _unbound(run, index, obj, scopes, positions).items():
+            file = ref_file
+            if file is None:  # its own DT_NEEDED first, then everything its scope resolved
+                file = _nearest(run, name, first.needs.get(obj, ())) or _nearest(
+                    run, name, tuple(first.sonames.values())
+                )
+            lib = first.sonames.get(file) if file is not None else None
+            p = problems.setdefault(
+                (obj, file), _Problem(obj, lib, guessed=ref_file is None, needs=first.needs.get(obj, ()))
+            )
+            p.symbols.add((name, version))
+            facts = run.get(obj)
+            p.lazy_only &= func and not now and not (facts is not None and facts.bind_now)
+        for file, versions in _version_gaps(run, obj, first).items():
+            p = problems.setdefault((obj, file), _Problem(obj, first.sonames.get(file)))
+            p.versions.update(versions)
+            p.lazy_only = False
+    return problems, index
+
+
+_LIBCUDA = "libcuda.so.1"
+
+
+def _driver_findings(
+    run: _Run,
+    index: ScopeIndex,
+    plans: Sequence[tuple[str, Sequence[Scope], bool]],
+    driver: DriverInfo | None,
+    display: Callable[[str], str],
+) -> list[Finding]:
+    """Without a libcuda.so.1 here, references to driver entry points newer than the declared or probed
+    driver's CUDA (``cuda/data/driver_symbols.json``, from cudaTypedefs.h) are errors: the deployment host's
+    libcuda.so.1 will not define them. A libcuda.so.1 that is found is checked like any library: its own
+    dynamic symbol table is the truth."""
+    if driver is None or not driver.present or driver.cuda_version is None:
+        return []
+    try:
+        have = tuple(int(x) for x in driver.cuda_version.split(".")[:2])
+    except ValueError:
+        return []
+    table = driver_entry_points()
+    label = f"{driver.source} {driver.version}" if driver.version else driver.source
+    out: list[Finding] = []
+    for obj, scopes, _now in plans:
+        first = scopes[0]
+        if not any(n.soname == _LIBCUDA and n.path is None for n in first.needs.get(obj, ())):
+            continue
+        facts = run.get(obj)
+        if facts is None:
+            continue
+        positions = first.positions()
+        lines: list[str] = []
+        for ref in facts.references():
+            entry = table.get(ref.name)
+            if ref.weak or entry is None or entry.cuda <= have:
+                continue
+            if index.lookup(ref.name, ref.version, positions, ref.hidden) is not None:
+                continue
+            lines.append(
+                f"{ref.name} needs a driver for CUDA >= {entry.cuda_text}; {label} supports <= "
+                f"{driver.cuda_version} ({entry.source} in cudaTypedefs.h)"
+            )
+        if lines:
+            out.append(
+                Finding(
+                    check="symbols",
+                    severity=Severity.ERROR,
+                    subject=display(obj),
+                    message=f"{len(lines)} driver entry point(s) needed by {display(obj)} are newer than the "
+                    f"driver: {lines[0]}",
+                    cause=f"{_LIBCUDA} comes with the driver; the one for CUDA {driver.cuda_version} does not "
+                    "define them, so loading fails with 'undefined symbol'",
+                    fix="run on a driver that supports the CUDA these entry points need, or install a build "
+                    f"for CUDA {driver.cuda_version}",
+                    details=tuple(sorted(lines)),
+                )
+            )
+    return out
+
+
+def _route(lib: Library, display: Callable[[str], str] = str) -> str:
+    """``runpath, runpath of torch/lib/libtorch_cuda.so``: the route, with the requester's path displayed."""
+    detail = lib.route_detail
+    head, sep, path = detail.partition(" of ")
+    if sep and path.startswith("/"):
+        detail = f"{head} of {display(path)}"
+    if lib.route is Route.ALREADY_LOADED:
+        return f"already loaded ({detail})" if detail else "already loaded"
+    return f"{lib.route.value}, {detail}" if detail else lib.route.value
+
+
+def _way_out(
+    run: _Run, problem: _Problem, inventory: Inventory | None, display: Callable[[str], str]
+) -> tuple[str, tuple[str, ...]]:
+    """A fix naming an installed wheel's copy of the provider that has everything missing, if there is one."""
+    lib = problem.provider
+    if lib is None or inventory is None or lib.path is None:
+        return "", ()
+    here = lib.realpath or lib.path
+    notes: list[str] = []
+    for dist, path in inventory.shipping(lib.soname):
+        if not os.path.isfile(path) or os.path.realpath(path) == here:
+            continue
+        facts = run.get(os.path.realpath(path))
+        if facts is None:
+            continue
+        index = ScopeIndex(n for n, _v in problem.symbols)
+        index.add(facts)
+        has_syms = all(index.definers(n, v) for n, v in problem.symbols)
+        has_vers = problem.versions <= facts.defined_versions()
+        if has_syms and has_vers:
+            where = os.path.dirname(lib.path)
+            how = {
+                Route.LD_LIBRARY_PATH: f"remove {where} from LD_LIBRARY_PATH",
+                Route.RPATH: f"{lib.route_detail} puts {where} first",
+                Route.LD_CACHE: f"ld.so.cache gives {lib.path} first",
+                Route.DEFAULT: f"{where} is a default directory searched first",
+            }.get(lib.route, f"{display(lib.path)} is found first ({_route(lib, display)})")
+            return f"{how}: {dist.label}'s copy at {display(path)} defines it", tuple(notes)
+        notes.append(f"{dist.label}'s copy at {display(path)} lacks it too")
+    return "", tuple(notes)
+
+
+def _findings(
+    check: str,
+    run: _Run,
+    problems: dict[tuple[str, str | None], _Problem],
+    index: ScopeIndex,
+    inventory: Inventory | None,
+    display: Callable[[str], str],
+    context: str,
+) -> list[Finding]:
+    out: list[Finding] = []
+    for (obj, file), p in sorted(problems.items(), key=lambda kv: (kv[0][0], kv[0][1] or "")):
+        lib = p.provider
+        needer = display(obj)
+        what: list[str] = []
+        if p.versions:
+            what.append(f"{len(p.versions)} version node(s)")
+        if p.symbols:
+            what.append(f"{len(p.symbols)} symbol(s)")
+        owner = f", from {lib.provider}" if lib is not None and lib.provider else ""
+        if lib is not None and lib.path is not None and p.guessed:
+            target = (
+                f"{file} (the needed library defining their nearest names) resolved to {display(lib.path)} "
+                f"({_route(lib, display)}{owner})"
+            )
+        elif lib is not None and lib.path is not None:
+            target = f"{file} resolved to {display(lib.path)} ({_route(lib, display)}{owner})"
+        else:
+            target = "no object in its lookup scope defines them"
+        details = [f"version `{v}' not found (required by {needer})" for v in sorted(p.versions)]
+        for name, version in sorted(p.symbols, key=lambda s: (s[0], s[1] or "")):
+            details.append(f"undefined symbol: {name}" + (f", version {version}" if version else ""))
+            others = [display(x) for x in index.definers(name, version)]
+            if others and lib is None:
+                details[-1] += f" (defined by {', '.join(others[:3])}, outside its lookup scope)"
+        if lib is None:
+            details.extend(
+                f"it needs {n.soname}: {display(n.path)} ({_route(n, display)})"
+                for n in p.needs[:8]
+                if n.path is not None
+            )
+        if len(details) > _MAX_DETAILS:
+            details = [*details[:_MAX_DETAILS], f"... and {len(details) - _MAX_DETAILS} more"]
+        fix, notes = _way_out(run, p, inventory, display)
+        if not fix:
+            fix = (
+                f"install a {file} that defines them (the version the needing object was built against)"
+                if file
+                else "load the library that defines them, or rebuild the needing object against what is installed"
+            )
+        when = (
+            "each fails at its first call (lazy binding, no BIND_NOW)"
+            if p.lazy_only
+            else f"{context} fails to load with the first of them"
+        )
+        out.append(
+            Finding(
+                check=check,
+                severity=Severity.ERROR,
+                subject=needer,
+                message=f"{' and '.join(what)} needed by {needer} are not defined: {target}",
+                cause=f"the dynamic linker binds every reference at load time; {when}",
+                fix=fix,
+                details=(*details, *notes),
+                where=(display(lib.path),) if lib is not None and lib.path is not None else (),
+            )
+        )
+    for e in run.errors:
+        out.append(Finding(check, Severity.WARNING, e.split(":", 1)[0], f"symbols not read: {e}"))
+    return out
+
+
+def _display(inventory: Inventory | None) -> Callable[[str], str]:
+    sites = tuple(os.path.normpath(s).rstrip(os.sep) + os.sep for s in (inventory.site_dirs if inventory else ()))
+
+    def show(path: str) -> str:
+        p = os.path.normpath(path)
+        for s in sites:
+            if p.startswith(s):
+                return p[len(s) :]
+        return p
+
+    return show
+
+
+def _global_scope(
+    inv: Inventory, resolver: Resolver, itree: Tree, dirs: dict[str, str]
+) -> tuple[Scope, frozenset[str]]:
+    """The interpreter's global scope after the known RTLD_GLOBAL preloads, and the objects of the
+    interpreter's own closure (it runs: they bound)."""
+    trees = [itree]
+    started = frozenset(_scope(trees, dirs).objects)
+    for site in inv.site_dirs:
+        for rel in GLOBAL_PRELOADS:
+            path = os.path.join(site, rel)
+            if os.path.isfile(path):
+                trees.append(resolver.tree(path))
+    return _scope(trees, dirs), started
+
+
+def extension_symbol_findings(
+    inv: Inventory,
+    resolver: Resolver,
+    read: SymbolReader,
+    *,
+    interpreter: str | None = None,
+    trees: Sequence[ModuleTree] | None = None,
+    verdicts: VerdictStore | None = None,
+    driver: DriverInfo | None = None,
+) -> tuple[Finding, ...]:
+    """Symbol findings for every extension module of *inv*, imported by *interpreter* (default: this
+    process's executable, resolved as /proc/self/exe is); ``read`` gives a file's symbols (the run's
+    ``ElfCache.read_symbols``); ``verdicts`` (the run's ElfCache) remembers the findings of these scopes
+    with the status of every file they were computed from (:func:`_recall`); ``driver`` (declared or
+    probed) judges references to a libcuda.so.1 that is not here (:func:`_driver_findings`)."""
+    exe = os.path.realpath(interpreter if interpreter is not None else sys.executable)
+    dirs: dict[str, str] = {}
+    itree = resolver.tree(exe)
+    if itree.info is None:  # without the interpreter's C API in scope every module would look broken
+        why = "; ".join(itree.problems) or "not an ELF file"
+        return (Finding("symbols", Severity.WARNING, exe, f"symbols not checked: cannot read the interpreter ({why})"),)
+    glob, started = _global_scope(inv, resolver, itree, dirs)
+    in_global = set(glob.objects)
+    run = _Run(read)
+    scopes_of: dict[str, list[Scope]] = {}
+    for obj in glob.objects:  # the preloads' closures: ctypes.CDLL adds RTLD_NOW; scope [global]
+        if obj not in started:
+            scopes_of.setdefault(obj, []).append(glob)
+    for mt in trees if trees is not None else module_trees(inv, resolver):
+        local = _scope([mt.tree], dirs)
+        both = Scope(
+            glob.objects + local.objects,
+            {**local.sonames, **glob.sonames},
+            glob.missing | local.missing,
+            {**glob.needs, **local.needs},
+        )
+        for obj in local.objects:
+            if obj not in in_global:
+                scopes_of.setdefault(obj, []).append(both)
+    plans = [(obj, scopes, True) for obj, scopes in scopes_of.items()]
+    labels = [d.label for d in inv.distributions]
+    key = _plan_key(["extensions", exe, list(inv.site_dirs), labels, _driver_key(driver)], plans)
+    hit = _recall(verdicts, key)
+    if hit is not None:
+        return hit
+    problems, index = _check(run, plans)
+    display = _display(inv)
+    found = (
+        *_findings("symbols", run, problems, index, inv, display, "the import"),
+        *_driver_findings(run, index, plans, driver, display),
+    )
+    _remember(verdicts, key, run, found)
+    return found
+
+
+def binary_symbol_findings(
+    tree: Tree,
+    subject: str,
+    read: SymbolReader,
+    inventory: Inventory | None = None,
+    verdicts: VerdictStore | None = None,
+    driver: DriverInfo | None = None,
+) -> tuple[Finding, ...]:
+    """Symbol findings for one program (or library) and its closure, in its global scope; the other
+    arguments as for :func:`extension_symbol_findings`."""
+    dirs: dict[str, str] = {}
+    scope = _scope([tree], dirs)
+    run = _Run(read)
+    plans = [(obj, [scope], False) for obj in scope.objects]
+    labels = [d.label for d in inventory.distributions] if inventory else []
+    key = _plan_key(
+        ["binary", subject, list(inventory.site_dirs) if inventory else [], labels, _driver_key(driver)], plans
+    )
+    hit = _recall(verdicts, key)
+    if hit is not None:
+        return hit
+    problems, index = _check(run, plans)
+    display = _display(inventory)
+    found = (
+        *_findings("symbols", run, problems, index, inventory, display, subject),
+        *_driver_findings(run, index, plans, driver, display),
+    )
+    _remember(verdicts, key, run, found)
+    return found
+
+
+_VERDICT_PREFIX = "symbols-verdict:"
+
+
+def _driver_key(driver: DriverInfo | None) -> list[str | None]:
+    return [] if driver is None else [driver.source, driver.version, driver.cuda_version]
+
+
+def _plan_key(head: list[Any], plans: Sequence[tuple[str, Sequence[Scope], bool]]) -> str:
+    """A digest of what is checked: every object with its scopes (their objects, in order)."""
+    body = [head, [[obj, now, [list(s.objects) for s in scopes]] for obj, scopes, now in plans]]
+    return _VERDICT_PREFIX + hashlib.sha256(json.dumps(body).encode()).hexdigest()
+
+
+def _status(path: str) -> list[int] | None:
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns]
+
+
+def _recall(verdicts: VerdictStore | None, key: str) -> tuple[Finding, ...] | None:
+    """The findings remembered for these scopes when every file they were computed from is unchanged
+    (same status as the ELF cache keys its entries by); None otherwise or on a malformed entry."""
+    if verdicts is None:
+        return None
+    hit = verdicts.get_extra(key)
+    try:
+        if not isinstance(hit, dict) or not isinstance(hit["files"], list) or not isinstance(hit["findings"], list):
+            return None
+        for path, status in hit["files"]:
+            if _status(str(path)) != status:
+                return None
+        return tuple(Finding.from_json(f) for f in hit["findings"])
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
+
+
+def _remember(verdicts: VerdictStore | None, key: str, run: _Run, found: tuple[Finding, ...]) -> None:
+    if verdicts is not None:
+        files = [[p, _status(p)] for p in sorted(run.facts)]
+        verdicts.put_extra(key, {"files": files, "findings": [f.to_json() for f in found]})
+
+
+def run(stack: StackView, target: Target | None = None) -> tuple[Finding, ...]:
+    """The ``symbols`` item: every extension module of the inventory, and every scanned binary."""
+    cache = stack.cache
+    driver = stack.driver
+    out = list(
+        extension_symbol_findings(stack.inventory, stack.resolver, cache.read_symbols, verdicts=cache, driver=driver)
+    )
+    for name, path in stack.scan_targets:
+        if os.path.lexists(path):
+            tree = stack.tree(path)
+            out.extend(binary_symbol_findings(tree, name, cache.read_symbols, stack.inventory, cache, driver))
+    return tuple(out)
