@@ -81,7 +81,7 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line("markers", line)
     # lazy: an unused plugin imports only pytest and the stdlib (benchmarks/bench_plugin.py)
     from pytest_cudastack.errors import OptionError
-    from pytest_cudastack.settings import HELP, resolve
+    from pytest_cudastack.settings import HELP, absolute_paths, resolve
 
     cli = {key: config.getoption(key) for key in HELP}
 
@@ -95,31 +95,13 @@ def pytest_configure(config: pytest.Config) -> None:
         settings = resolve(cli, os.environ, ini)
     except OptionError as e:
         raise pytest.UsageError(str(e)) from e
-    settings = config.stash[settings_key] = _absolute_paths(config, settings)
+    ini_dir = str(config.inipath.parent) if config.inipath is not None else None
+    settings = config.stash[settings_key] = absolute_paths(settings, str(config.invocation_params.dir), ini_dir)
     if settings.active:  # unused, the plugin adds no per-test reporting hooks
         config.pluginmanager.register(Reporter(config), "cudastack-reporter")
     # "xdist" when auto-loaded from its entry point, "xdist.plugin" when loaded with -p xdist.plugin
     if config.pluginmanager.hasplugin("xdist") or config.pluginmanager.hasplugin("xdist.plugin"):
         config.pluginmanager.register(XdistHooks(), "cudastack-xdist")
-
-
-def _absolute_paths(config: pytest.Config, settings: Settings) -> Settings:
-    """Paths from the command line are relative to the invocation directory, from ini to the ini file."""
-
-    def base(key: str) -> str:
-        if settings.source(key) == "ini" and config.inipath is not None:
-            return str(config.inipath.parent)
-        return str(config.invocation_params.dir)
-
-    def absolute(key: str, path: str) -> str:
-        return os.path.normpath(os.path.join(base(key), os.path.expanduser(path)))
-
-    changes: dict[str, Any] = {"cudastack_scan": tuple(absolute("cudastack_scan", p) for p in settings.cudastack_scan)}
-    for key in ("cudastack_snapshot", "cudastack_baseline"):
-        value = getattr(settings, key)
-        if value is not None:
-            changes[key] = absolute(key, value)
-    return settings.with_values(**changes)
 
 
 def _stack(config: pytest.Config) -> Stack:

@@ -25,16 +25,18 @@ import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
+from typing import TYPE_CHECKING, TypeAlias
 
-from pytest_cudastack.checks.facts import Options, StackView, Target
-from pytest_cudastack.findings import Finding
+if TYPE_CHECKING:  # types only: the registry is read in every pytest session and stays light
+    from pytest_cudastack.checks.facts import Options, StackView, Target
+    from pytest_cudastack.findings import Finding
 
 __all__ = ["CHECKS", "Check", "Run", "Skip", "enabled_checks", "lookup", "registry"]
 
-Run = Callable[[StackView, "Target | None"], tuple[Finding, ...]]
+Run: TypeAlias = "Callable[[StackView, Target | None], tuple[Finding, ...]]"
 """A check's findings from the stack's facts, for one target of a per-target check (else None)."""
 
-Skip = Callable[[StackView, "Target | None"], "str | None"]
+Skip: TypeAlias = "Callable[[StackView, Target | None], str | None]"
 """Why a check has nothing to check on this stack ("no GPU arch known: pass --cuda-arch=sm_XX"), else None."""
 
 

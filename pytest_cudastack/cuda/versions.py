@@ -28,12 +28,13 @@ import functools
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import NamedTuple
-
-from packaging.specifiers import InvalidSpecifier, SpecifierSet
-from packaging.version import Version
+from typing import TYPE_CHECKING, NamedTuple
 
 from pytest_cudastack.errors import CudaStackError, OptionError, RuleError
+
+if TYPE_CHECKING:
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import Version
 
 __all__ = [
     "Arch",
@@ -97,6 +98,10 @@ class _Release:
 
     def as_version(self) -> Version:
         """The same number as a packaging ``Version``, for ``SpecifierSet.contains``."""
+        # lazy: the plugin's option types come from this module in every pytest session; packaging (~7 ms)
+        # only when a version is compared or a specifier parsed
+        from packaging.version import Version
+
         return Version(".".join(str(n) for n in self.release))
 
 
@@ -280,6 +285,9 @@ def parse_arch_list(value: str | Iterable[str], *, error: type[CudaStackError] =
 
 
 def _version_spec(text: str, what: str, example: str, parse: Callable[[str], _Release]) -> SpecifierSet:
+    # lazy: as in _Release.as_version
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
     value = str(text).strip()
     if not value:
         raise RuleError(f"empty {what} specifier")
@@ -359,4 +367,7 @@ def parse_arch_spec(text: str) -> ArchSpec:
             clauses.append(f"{m['op']}{parse_arch(m['target'], error=RuleError).cc}")
         except RuleError as e:
             raise RuleError(f"invalid arch specifier {text!r}: {e}") from e
+    # lazy: as in _Release.as_version
+    from packaging.specifiers import SpecifierSet
+
     return ArchSpec(specifier=SpecifierSet(",".join(clauses)))
