@@ -4,9 +4,6 @@ synthesised file, and each must end in an ElfError quickly and in bounded memory
 from __future__ import annotations
 
 import struct
-import subprocess
-import sys
-import textwrap
 import time
 from pathlib import Path
 
@@ -23,37 +20,11 @@ from pytest_cudastack.linker.elf import (
     read_elf,
 )
 from tests.helpers.elfbuild import build_lib, needs_cc, synth_elf
-
-# A child with an address-space limit: without the caps these inputs need gigabytes, and a test must
-# fail (MemoryError) rather than swap the shared machine.
-_GUARDED = textwrap.dedent(
-    """
-    import resource, sys, time
-    resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
-    from pytest_cudastack.errors import ElfError
-    from pytest_cudastack.linker import elf
-    reader = getattr(elf, sys.argv[1])
-    t = time.monotonic()
-    try:
-        reader(sys.argv[2])
-        print("OK")
-    except ElfError as e:
-        print("ElfError", e)
-    print("seconds", time.monotonic() - t)
-    """
-)
+from tests.helpers.guarded import run_guarded
 
 
 def _guarded(reader: str, path: Path, timeout: float = 60) -> str:
-    proc = subprocess.run(
-        [sys.executable, "-c", _GUARDED, reader, str(path)],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc.stdout
+    return run_guarded("pytest_cudastack.linker.elf", reader, path, timeout=timeout)
 
 
 def _section(path: Path, name: str) -> tuple[int, int]:
