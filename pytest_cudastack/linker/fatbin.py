@@ -115,6 +115,8 @@ def _embedded(fd: int, ranges: list[tuple[int, int]]) -> list[FatbinEntry]:
             end = start + length
             pos = view.find(magic, start, end)
             while pos != -1:
+                if pos + _CONTAINER.size > end:  # a magic in the range's last 15 bytes: data, not a header
+                    break
                 _magic, version, header_size, files_size = _CONTAINER.unpack_from(view, pos)
                 container_end = pos + header_size + files_size
                 if version == 1 and header_size == _CONTAINER.size and files_size and container_end <= end:
