@@ -60,6 +60,14 @@ def default_cache_dir(environ: dict[str, str] | None = None) -> str:
     return os.path.join(base, "pytest-cudastack")
 
 
+def _encodes(value: Any) -> bool:
+    try:
+        json.dumps(value)
+    except (ValueError, TypeError, RecursionError):
+        return False
+    return True
+
+
 def _is_error_of(error: Any, path: str) -> bool:
     """Whether a cached error is one read_elf could have raised for *path*: it names the file, fits on a
     line and holds no control characters (the message is printed; the file could have been edited)."""
@@ -192,8 +200,14 @@ class ElfCache:
         except OSError:
             pass  # write_atomic reports it
         payload = {"schema": _SCHEMA, "version": _VERSION, "entries": self._entries, "extra": self._extra}
-        # one C-encoder call, one write
-        error = write_atomic(self.directory, self.file, json.dumps(payload, separators=(",", ":")))
+        try:  # one C-encoder call, one write
+            text = json.dumps(payload, separators=(",", ":"))
+        except (ValueError, TypeError, RecursionError):  # a value read from the file nests too deep
+            self._extra = {}
+            self._entries = {k: v for k, v in self._entries.items() if _encodes(v)}
+            payload = {"schema": _SCHEMA, "version": _VERSION, "entries": self._entries, "extra": {}}
+            text = json.dumps(payload, separators=(",", ":"))
+        error = write_atomic(self.directory, self.file, text)
         if error is not None:
             _log().warning("cannot write ELF cache %s: %s", self.file, error)
         else:

@@ -93,7 +93,7 @@ def _section_ranges(fd: int, path: str) -> tuple[list[tuple[int, int]], list[tup
                     named.append(span)
                 elif section["sh_flags"] & SH_FLAGS.SHF_ALLOC and not section["sh_flags"] & SH_FLAGS.SHF_EXECINSTR:
                     other.append(span)
-        except (PyElfError, struct.error, ValueError, IndexError, UnicodeDecodeError) as e:
+        except (PyElfError, struct.error, ValueError, IndexError, UnicodeDecodeError, OSError) as e:
             raise ElfError(f"{path}: corrupt ELF headers: {e}") from e
     if any(offset + length > size for offset, length in named):
         raise ElfError(f"{path}: fatbin section runs past the end of the file")
