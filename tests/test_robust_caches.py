@@ -118,7 +118,7 @@ def _refused(caplog: pytest.LogCaptureFixture, cache_dir: Path, lib: Path, monke
     assert len(calls) == 2  # parsed each time: nothing from the file, nothing remembered
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1, warnings
-    assert warnings[0].startswith("ELF cache disabled for this run: ")
+    assert warnings[0].startswith("cache disabled for this run: ")
     return warnings[0]
 
 
@@ -251,3 +251,27 @@ def test_tree_cache_fifo_device_or_writable_is_refused(lib: Path, tmp_path: Path
     assert t.refused is not None
     assert t.lookup([str(lib)]) == {}
     assert not t.store(str(lib), _row(lib), False, [], {"s" + str(lib)}, None, time.time_ns() + 10**11)
+
+
+@pytest.mark.parametrize("kind", ["dir-mode", "tree-fifo"])
+def test_tree_command_warns_once_and_answers(
+    lib: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, kind: str
+) -> None:
+    from pytest_cudastack.cli import main
+
+    d = tmp_path / "shared"
+    d.mkdir()
+    if kind == "dir-mode":
+        os.chmod(d, 0o777)
+    else:
+        d.chmod(0o700)
+        os.mkfifo(d / TREE_FILE, 0o600)
+    monkeypatch.setenv("CUDASTACK_CACHE_DIR", str(d))
+    monkeypatch.delenv("CUDASTACK_NO_CACHE", raising=False)
+    for _ in range(2):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING), deadline(60):
+            main(["tree", "--json", str(lib)])
+        warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+        assert len([w for w in warnings if "cache disabled for this run" in w]) == 1, warnings
+    assert not (d / CACHE_FILE).exists()

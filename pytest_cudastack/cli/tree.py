@@ -278,7 +278,7 @@ def _tree_json(paths: list[str], site: Sequence[str] | None) -> int:
         store = TreeCache(cache.directory, key, enabled=isinstance(ldcache, list))
         store.writable = not racy(ldcache, since)
         if store.refused is not None:
-            _log().warning("closure cache disabled for this run: %s", store.refused)
+            cache.refuse(store.refused)  # off for the run, with the one warning
     hits: dict[str, dict[str, Any]] = store.lookup(paths) if store is not None else {}
     todo = [p for p in dict.fromkeys(paths) if p not in hits]
     fresh: dict[str, tuple[Tree, frozenset[str]]] = {}

@@ -95,13 +95,13 @@ class ElfCache:
         entries: dict[str, dict[str, Any]] = {}
         refused = untrusted_dir(self.directory) if self.enabled else None
         if refused is not None:
-            self._refuse(refused)
+            self.refuse(refused)
         data: bytes | None = None
         if self.enabled:
             try:
                 data = read_owned(self.file, MAX_FILE)  # never blocks: a FIFO or a device is refused
             except ElfError as e:
-                self._refuse(str(e))
+                self.refuse(str(e))
         if data is not None:
             try:
                 raw = json.loads(data)
@@ -124,12 +124,13 @@ class ElfCache:
         self._entries = entries
         return entries
 
-    def _refuse(self, why: str) -> None:
+    def refuse(self, why: str) -> None:
         """The cache file or its directory is not this user's alone (or is no regular file): a forged entry
-        could decide a check, so the cache is off for this run, with one warning."""
+        could decide a check, so the cache is off for this run, with one warning (the first call's; the
+        closure cache of the same directory reports its refusal here too)."""
         if self.enabled:
             self.enabled = False
-            _log().warning("ELF cache disabled for this run: %s", why)
+            _log().warning("cache disabled for this run: %s", why)
 
     def read(self, path: str) -> ElfInfo:
         """Cached read_elf; raises ElfError (errors are cached too)."""
@@ -193,7 +194,7 @@ class ElfCache:
             return
         refused = untrusted_dir(self.directory)
         if refused is not None:
-            self._refuse(refused)
+            self.refuse(refused)
             return
         try:  # noqa: SIM105 - private from the start: a directory others can write is refused on the next load
             os.makedirs(self.directory, mode=0o700, exist_ok=True)
