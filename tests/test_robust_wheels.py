@@ -82,3 +82,15 @@ def test_symlink_out_of_the_site_dir_is_never_hashed(tmp_path: Path, monkeypatch
     (f,) = check_integrity(installed_wheels([str(site)]), verify_hashes=True)
     assert "other bytes" in f.message
     assert opened
+
+
+def test_metadata_with_lone_surrogates_never_raises() -> None:
+    """Found by fuzz/ (distinfo): compat32 returns Header objects for such values, whose str() raised
+    UnicodeEncodeError; each surrogate now reads as U+FFFD."""
+    from pytest_cudastack.wheels.distinfo import metadata_headers
+
+    assert metadata_headers("Name: p\udcff\u0435\nFrom nobody\nVersion: 1\n\n") == [
+        ("name", "p\ufffd\u0435"),
+        ("version", "1"),
+    ]
+    assert metadata_headers("Name: p\ud800x\nFrom nobody\n\n") == [("name", "p\ufffdx")]

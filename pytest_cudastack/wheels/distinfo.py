@@ -155,6 +155,12 @@ def _email_headers(text: str) -> list[tuple[str, str]]:
     import email.parser  # lazy: rare (header blocks the shortcut leaves alone), kept off tree's warm path
     import email.policy
 
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        # lone surrogates (bytes decoded with surrogateescape) make compat32 hand back Header objects
+        # whose str() raises UnicodeEncodeError: each becomes U+FFFD, as read_text reads undecodable bytes
+        text = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
     msg = email.parser.Parser(policy=email.policy.compat32).parsestr(text, headersonly=True)
     return [(k.lower(), str(v)) for k, v in msg.items()]
 
