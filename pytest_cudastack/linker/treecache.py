@@ -55,6 +55,7 @@ _VERSION = 1
 RACY_NS = 2_000_000_000  # a recorded timestamp this close to the start of the run is not trusted
 _BUCKETS_KEPT = 4  # search environments remembered
 MAX_FILE = 256 << 20  # a larger file is refused, not read
+_ENTRY_KEYS = frozenset(("deps", "row", "fail", "ctx", "paths"))
 _LIBRARY_KEYS = ["soname", "path", "needed_by", "provider"]  # a row's library object, in Tree.to_json's order
 # the modules whose code decides a row: a changed source (an upgrade, an edit of an editable install)
 # makes every stored row foreign (paths relative to the package root)
@@ -229,7 +230,7 @@ class TreeCache:
     def _entry(self, root: str) -> dict[str, Any] | None:
         """The stored entry of *root* when well formed (its row as text)."""
         e = self.roots.get(root)
-        if not isinstance(e, dict):
+        if not isinstance(e, dict) or not _ENTRY_KEYS.issubset(e):  # ctx_of and lookup index every key
             return None
         ix, row, fail, ctx, paths = e.get("deps"), e.get("row"), e.get("fail"), e.get("ctx"), e.get("paths")
         if isinstance(row, list):  # [offset, length] in the rows read
