@@ -14,7 +14,15 @@ import stat
 
 from pytest_cudastack.errors import ElfError
 
-__all__ = ["open_regular", "read_cpuinfo_block", "read_text", "real_path", "write_atomic"]
+__all__ = [
+    "open_regular",
+    "read_cpuinfo_block",
+    "read_owned",
+    "read_text",
+    "real_path",
+    "untrusted_dir",
+    "write_atomic",
+]
 
 _OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
 
@@ -60,6 +68,65 @@ def read_text(path: str, limit: int = 64 << 20) -> str | None:
         return b"".join(chunks).decode("utf-8", errors="replace")
     except OSError:
         return None
+    finally:
+        os.close(fd)
+
+
+def _foreign(st: os.stat_result) -> str | None:
+    """Why a file or directory with this status is not this user's alone (None when it is)."""
+    if st.st_uid != os.geteuid():
+        return f"owned by uid {st.st_uid}, not by this user (uid {os.geteuid()})"
+    if st.st_mode & 0o022:
+        return f"writable by its group or others (mode {stat.S_IMODE(st.st_mode):04o})"
+    return None
+
+
+def untrusted_dir(directory: str) -> str | None:
+    """Why *directory* cannot hold a cache this process trusts: it exists and is not a directory, or is owned
+    by another user, or is writable by its group or others (where anyone could plant a forged entry, or
+    replace ours). None when it is this user's alone, or does not exist (it is created private)."""
+    try:
+        st = os.stat(directory)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        return f"{directory}: cannot stat: {e}"
+    if not stat.S_ISDIR(st.st_mode):
+        return f"{directory}: not a directory"
+    why = _foreign(st)
+    return None if why is None else f"{directory}: {why}"
+
+
+def read_owned(path: str, limit: int) -> bytes | None:
+    """The bytes of a cache file this process may trust, None when it does not exist. Raises ElfError naming
+    the file otherwise: not a regular file (a FIFO or ``/dev/zero`` is refused at open, never read), owned by
+    another user or writable by its group or others (see :func:`untrusted_dir`), over *limit* bytes, or
+    unreadable. Never blocks."""
+    try:
+        fd, st = open_regular(path)
+    except ElfError as e:
+        if isinstance(e.__cause__, FileNotFoundError):
+            return None
+        raise
+    try:
+        why = _foreign(st)
+        if why is not None:
+            raise ElfError(f"{path}: {why}")
+        if st.st_size > limit:
+            raise ElfError(f"{path}: larger than {limit} bytes")
+        chunks: list[bytes] = []
+        total = 0
+        while total <= limit:
+            b = os.read(fd, min(1 << 20, limit + 1 - total))
+            if not b:
+                break
+            chunks.append(b)
+            total += len(b)
+        if total > limit:  # it grew after the fstat
+            raise ElfError(f"{path}: larger than {limit} bytes")
+        return b"".join(chunks)
+    except OSError as e:
+        raise ElfError(f"{path}: cannot read: {e.strerror or e}") from e
     finally:
         os.close(fd)
 

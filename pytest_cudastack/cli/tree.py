@@ -282,6 +282,8 @@ def _tree_json(paths: list[str], site: Sequence[str] | None) -> int:
         # no ld.so.cache: the answers come from ld.so.conf and its includes, which are not tracked
         store = TreeCache(cache.directory, key, enabled=isinstance(ldcache, list))
         store.writable = not racy(ldcache, since)
+        if store.refused is not None:
+            cache.refuse(store.refused)  # off for the run, with the one warning
     hits: dict[str, dict[str, Any]] = store.lookup(paths) if store is not None else {}
     todo = [p for p in dict.fromkeys(paths) if p not in hits]
     fresh: dict[str, tuple[Tree, frozenset[str]]] = {}

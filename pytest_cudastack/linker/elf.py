@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import os
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import IO, Any, NamedTuple
 
 from pytest_cudastack._sysio import open_regular
@@ -34,6 +34,9 @@ from pytest_cudastack.errors import ElfError
 __all__ = [
     "CUDA_SECTIONS",
     "EM_NAMES",
+    "MAX_NEEDED",
+    "MAX_PATH_ELEMENTS",
+    "MAX_STRING_BYTES",
     "ElfInfo",
     "VersionNeed",
     "exports",
@@ -121,34 +124,62 @@ class ElfInfo:
         }
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> ElfInfo:
-        """Inverse of :meth:`to_json`; raises ``ValueError`` (ElfError) on a malformed mapping."""
+    def from_json(cls, d: Any) -> ElfInfo:
+        """Inverse of :meth:`to_json`; raises ``ValueError`` (ElfError) on a malformed mapping. The mapping
+        may come from a cache file anyone could have written, so every field must have exactly the type
+        :meth:`to_json` writes: nothing is coerced (``"needed": "libc.so.6"`` is malformed, not the needed
+        names ``l``, ``i``, ``b``, ...)."""
         try:
+            if not isinstance(d, dict) or set(d) != _JSON_FIELDS:
+                raise TypeError("not a mapping of the ElfInfo fields")
+            vns = d["version_needs"]
+            if not isinstance(vns, list) or not all(
+                isinstance(v, dict) and set(v) == {"file", "versions"} and type(v["file"]) is str for v in vns
+            ):
+                raise TypeError("version_needs")
             return cls(
-                path=str(d["path"]),
-                elf_class=int(d["elf_class"]),
-                little_endian=bool(d["little_endian"]),
-                machine=int(d["machine"]),
-                osabi=int(d["osabi"]),
-                elf_type=str(d["elf_type"]),
-                interpreter=_opt_str(d["interpreter"]),
-                soname=_opt_str(d["soname"]),
-                needed=tuple(str(x) for x in d["needed"]),
-                rpath=tuple(str(x) for x in d["rpath"]),
-                runpath=tuple(str(x) for x in d["runpath"]),
-                nodeflib=bool(d["nodeflib"]),
-                version_needs=tuple(
-                    VersionNeed(str(v["file"]), tuple(str(x) for x in v["versions"])) for v in d["version_needs"]
-                ),
-                cuda_sections=tuple(str(x) for x in d["cuda_sections"]),
-                pyinit=_opt_str(d["pyinit"]),
+                path=_typed(d, "path", str),
+                elf_class=_typed(d, "elf_class", int),
+                little_endian=_typed(d, "little_endian", bool),
+                machine=_typed(d, "machine", int),
+                osabi=_typed(d, "osabi", int),
+                elf_type=_typed(d, "elf_type", str),
+                interpreter=_opt_str(d, "interpreter"),
+                soname=_opt_str(d, "soname"),
+                needed=_strs(d["needed"], "needed"),
+                rpath=_strs(d["rpath"], "rpath"),
+                runpath=_strs(d["runpath"], "runpath"),
+                nodeflib=_typed(d, "nodeflib", bool),
+                version_needs=tuple(VersionNeed(v["file"], _strs(v["versions"], "versions")) for v in vns),
+                cuda_sections=_strs(d["cuda_sections"], "cuda_sections"),
+                pyinit=_opt_str(d, "pyinit"),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise ElfError(f"malformed ElfInfo mapping: {e!r}") from e
 
 
-def _opt_str(v: Any) -> str | None:
-    return None if v is None else str(v)
+_JSON_FIELDS = frozenset(f.name for f in fields(ElfInfo))
+
+
+def _typed(d: dict[str, Any], key: str, kind: type[Any]) -> Any:
+    """``d[key]`` when its type is exactly *kind* (``True`` is not an int here), else TypeError."""
+    v = d[key]
+    if type(v) is not kind:
+        raise TypeError(f"{key}: {type(v).__name__}, not {kind.__name__}")
+    return v
+
+
+def _opt_str(d: dict[str, Any], key: str) -> str | None:
+    v = d[key]
+    if v is not None and type(v) is not str:
+        raise TypeError(f"{key}: {type(v).__name__}, not str or null")
+    return v
+
+
+def _strs(v: Any, key: str) -> tuple[str, ...]:
+    if not isinstance(v, list) or not all(type(x) is str for x in v):
+        raise TypeError(f"{key}: not a list of strings")
+    return tuple(v)
 
 
 def looks_like_elf(path: str | os.PathLike[str]) -> bool:
@@ -187,6 +218,8 @@ def exports(path: str | os.PathLike[str], symbol: str) -> bool:
         except _DECLINE:
             pass
         return _exports_pyelftools(p, fd, st.st_size, symbol)
+    except _EXHAUSTED as e:
+        raise _exhausted(p, e) from e
     finally:
         os.close(fd)
 
@@ -200,7 +233,7 @@ def _exports_pyelftools(p: str, fd: int, size: int, symbol: str) -> bool:
             elf_class, little = _check_ident(p, stream.read(16), size)
             stream.seek(0)
             elf: Any = ELFFile(stream)
-            _check_tables(p, elf.header, size)
+            _check_tables(p, elf.header, size, elf_class)
             headers = [elf._get_section_header(i) for i in range(min(elf.num_sections(), 65536))]
             gnu = [i for i, h in enumerate(headers) if h["sh_type"] == "SHT_GNU_HASH"]
             sysv = [i for i, h in enumerate(headers) if h["sh_type"] == "SHT_HASH"]
@@ -221,8 +254,18 @@ def read_elf(path: str | os.PathLike[str]) -> ElfInfo:
     try:
         info = _fast_read(p, fd, st.st_size)
         return info if info is not None else _pyelftools_read(p, fd, st.st_size)
+    except _EXHAUSTED as e:
+        raise _exhausted(p, e) from e
     finally:
         os.close(fd)
+
+
+# Input that exhausts memory or the stack is hostile input like any other: the caller gets ElfError.
+_EXHAUSTED = (MemoryError, RecursionError)
+
+
+def _exhausted(p: str, e: BaseException) -> ElfError:
+    return ElfError(f"{p}: corrupt ELF file: {type(e).__name__} while reading it")
 
 
 def _read_elf_fast(path: str | os.PathLike[str]) -> ElfInfo | None:
@@ -231,6 +274,8 @@ def _read_elf_fast(path: str | os.PathLike[str]) -> ElfInfo | None:
     fd, st = open_regular(p)
     try:
         return _fast_read(p, fd, st.st_size)
+    except _EXHAUSTED as e:
+        raise _exhausted(p, e) from e
     finally:
         os.close(fd)
 
@@ -241,6 +286,8 @@ def _read_elf_pyelftools(path: str | os.PathLike[str]) -> ElfInfo:
     fd, st = open_regular(p)
     try:
         return _pyelftools_read(p, fd, st.st_size)
+    except _EXHAUSTED as e:
+        raise _exhausted(p, e) from e
     finally:
         os.close(fd)
 
@@ -275,15 +322,19 @@ def _check_ident(p: str, ident: bytes, size: int) -> tuple[int, bool]:
     return cls, ident[5] == 1
 
 
-def _check_tables(p: str, header: Any, size: int) -> None:
-    """Reject header tables that point past EOF or have absurd counts before pyelftools walks them."""
-    for what, off, num, ent in (
-        ("program header", header["e_phoff"], header["e_phnum"], header["e_phentsize"]),
-        ("section header", header["e_shoff"], header["e_shnum"], header["e_shentsize"]),
+def _check_tables(p: str, header: Any, size: int, elf_class: int) -> None:
+    """Reject header tables that point past EOF, have absurd counts or entries smaller than the gABI's
+    before pyelftools walks them (it parses e_phnum entries e_phentsize bytes apart, even 0 bytes apart:
+    a 53-byte file with e_phnum 37,684 took it 3 s)."""
+    for what, off, num, ent, least in (
+        ("program header", header["e_phoff"], header["e_phnum"], header["e_phentsize"], 32 if elf_class == 32 else 56),
+        ("section header", header["e_shoff"], header["e_shnum"], header["e_shentsize"], 40 if elf_class == 32 else 64),
     ):
         if num == 0 or off == 0:
             continue
-        if ent == 0 or off + num * ent > size:
+        if ent < least:
+            raise ElfError(f"{p}: {what} entries of {ent} bytes (the gABI's are {least})")
+        if off + num * ent > size:
             raise ElfError(f"{p}: {what} table past end of file (offset {off}, {num} x {ent} bytes, size {size})")
 
 
@@ -299,6 +350,13 @@ _ELFOSABI_SOLARIS = 6  # pyelftools decodes Solaris dynamic tags differently (DT
 _CHECKED_TYPES = frozenset((_SHT_DYNAMIC, _SHT_STRTAB, _SHT_GNU_VERNEED, _SHT_DYNSYM, _SHT_GNU_HASH, _SHT_HASH))
 _CUDA_NAMES = {s.encode(): s for s in CUDA_SECTIONS}
 _MAX_DYN = 1_000_000
+# Caps on what one file may declare, far above any real library (libtorch_cuda.so: 30 DT_NEEDED, one
+# RPATH of 8 elements), each hit an ElfError naming the cap: 100,000 DT_NEEDED entries naming one 100 KB
+# string would otherwise be 10 GB of strings. Both readers apply them with the same words.
+MAX_NEEDED = 4096
+MAX_PATH_ELEMENTS = 4096
+MAX_STRING_BYTES = 16 << 20  # all the strings of one file together (names, paths, versions)
+_MAX_CHAIN = 1 << 16  # hash chain entries visited for one lookup (real chains hold a few)
 _MAX_VERNEED = 100_000
 _MAX_VERNAUX = 1_000_000
 # What the fast reader may trip over on input it did not foresee; it then declines and pyelftools decides.
@@ -307,6 +365,36 @@ _FAST_ERRORS: tuple[type[Exception], ...] = (struct.error, ValueError, IndexErro
 
 class _Fallback(Exception):
     """The fast reader declines this file: pyelftools reads it (and words any error)."""
+
+
+class _Capped(Exception):
+    """The file declares more than a cap allows (the message says which, as the ElfError will)."""
+
+
+class _Budget:
+    """The caps of one file's read (see MAX_NEEDED); *error* is the exception a hit raises."""
+
+    def __init__(self, p: str, error: type[Exception]) -> None:
+        self.p = p
+        self.error = error
+        self.needed = 0
+        self.bytes = 0
+
+    def need(self) -> None:
+        self.needed += 1
+        if self.needed > MAX_NEEDED:
+            raise self.error(f"{self.p}: more than {MAX_NEEDED} DT_NEEDED entries (the reader's cap)")
+
+    def text(self, s: str) -> str:
+        self.bytes += len(s)
+        if self.bytes > MAX_STRING_BYTES:
+            raise self.error(f"{self.p}: more than {MAX_STRING_BYTES} bytes of strings (the reader's cap)")
+        return s
+
+    def path_list(self, tag: str, s: str) -> tuple[str, ...]:
+        if s.count(":") >= MAX_PATH_ELEMENTS:
+            raise self.error(f"{self.p}: {tag} of more than {MAX_PATH_ELEMENTS} elements (the reader's cap)")
+        return tuple(self.text(s).split(":"))
 
 
 _DECLINE: tuple[type[Exception], ...] = (_Fallback, ElfError, *_FAST_ERRORS)
@@ -372,6 +460,8 @@ def _fast_read(p: str, fd: int, size: int) -> ElfInfo | None:
     elf_class, little = _check_ident(p, head[:16], size)
     try:
         return _Fast(p, fd, size, elf_class, little, head).info()
+    except _Capped as e:
+        raise ElfError(str(e)) from None  # pyelftools would read the same entries: no fallback
     except _DECLINE as e:
         log.debug("%s: fast ELF reader declined (%s: %s); using pyelftools", p, type(e).__name__, e)
         return None
@@ -409,6 +499,7 @@ class _Fast:
         self.secs: list[_SecHdr] = []
         self.cuda: tuple[str, ...] = ()
         self.window: tuple[int, bytes] = (0, b"")
+        self.budget = _Budget(p, _Capped)
 
     def read(self, offset: int, n: int) -> bytes:
         """Exactly *n* bytes at *offset*, inside the file, else _Fallback."""
@@ -535,15 +626,17 @@ class _Fast:
             if str_base < 0:
                 raise _Fallback("DT_STRTAB outside every PT_LOAD")
             str_limit, strict = self.size - str_base, True
+        budget = self.budget
         for tag, val in entries:
             if tag == _DT_NEEDED:
-                needed.append(self.cstr(str_base, str_limit, val, strict))
+                budget.need()
+                needed.append(budget.text(self.cstr(str_base, str_limit, val, strict)))
             elif tag == _DT_SONAME:
-                soname = self.cstr(str_base, str_limit, val, strict)
+                soname = budget.text(self.cstr(str_base, str_limit, val, strict))
             elif tag == _DT_RPATH:
-                rpath = tuple(self.cstr(str_base, str_limit, val, strict).split(":"))
+                rpath = budget.path_list("DT_RPATH", self.cstr(str_base, str_limit, val, strict))
             elif tag == _DT_RUNPATH:
-                runpath = tuple(self.cstr(str_base, str_limit, val, strict).split(":"))
+                runpath = budget.path_list("DT_RUNPATH", self.cstr(str_base, str_limit, val, strict))
             elif tag == _DT_FLAGS_1:
                 nodeflib = bool(val & _DF_1_NODEFLIB)
 
@@ -597,7 +690,9 @@ class _Fast:
     def verneeds(self, sec: _SecHdr) -> list[VersionNeed]:
         """SHT_GNU_verneed entries (sh_info of them), every record inside the section."""
         strtab = self.strtab_of(sec)
-        if sec.info > _MAX_VERNEED:
+        # every entry and every auxiliary holds 16 bytes of its own: a walk visiting more loops
+        limit = sec.size // 16
+        if sec.info > _MAX_VERNEED or sec.info > limit:
             raise _Fallback("absurd version-needs count")
         data = self.read(sec.offset, sec.size)
         vn, va = self.lay.verneed, self.lay.vernaux
@@ -611,7 +706,7 @@ class _Fast:
             if cnt == 0:
                 raise _Fallback("version-needs entry without auxiliaries")
             total += cnt
-            if total > _MAX_VERNAUX:
+            if total > _MAX_VERNAUX or total > limit:
                 raise _Fallback("absurd version-needs auxiliaries")
             versions: list[str] = []
             aoff = off + aux
@@ -619,9 +714,10 @@ class _Fast:
                 if aoff + va.size > len(data):
                     raise _Fallback("version-needs auxiliary outside its section")
                 _hash, _flags, _other, name, anext = va.unpack_from(data, aoff)
-                versions.append(self.cstr(strtab.offset, strtab.size, name, False))
+                versions.append(self.budget.text(self.cstr(strtab.offset, strtab.size, name, False)))
                 aoff += anext
-            out.append(VersionNeed(self.cstr(strtab.offset, strtab.size, vfile, False), tuple(versions)))
+            vname = self.budget.text(self.cstr(strtab.offset, strtab.size, vfile, False))
+            out.append(VersionNeed(vname, tuple(versions)))
             off += nxt
         return out
 
@@ -635,7 +731,7 @@ def _parse(p: str, stream: IO[bytes], size: int) -> ElfInfo:
     stream.seek(0)
     elf: Any = ELFFile(stream)
     header = elf.header
-    _check_tables(p, header, size)
+    _check_tables(p, header, size, elf_class)
     machine = _machine_number(header["e_machine"])
     etype = str(header["e_type"])
     if etype.startswith("ET_") is False:
@@ -643,7 +739,9 @@ def _parse(p: str, stream: IO[bytes], size: int) -> ElfInfo:
 
     interpreter: str | None = None
     dyn_seg_idx = -1
-    nseg = elf.num_segments()
+    # the gABI: e_phoff 0 means no program header table, whatever e_phnum says (pyelftools would parse
+    # e_phnum headers at offset 0)
+    nseg = elf.num_segments() if header["e_phoff"] else 0
     if nseg > 65536:
         raise ElfError(f"{p}: absurd program header count {nseg}")
     # program *headers* only: pyelftools' DynamicSegment object would build every section to find .dynstr
@@ -656,8 +754,8 @@ def _parse(p: str, stream: IO[bytes], size: int) -> ElfInfo:
                 raise ElfError(f"{p}: PT_INTERP past end of file or too long")
             stream.seek(off)
             interpreter = stream.read(n).split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
-        elif t == "PT_DYNAMIC":
-            dyn_seg_idx = i
+        elif t == "PT_DYNAMIC":  # the last one, when it holds bytes: as the fast reader takes it
+            dyn_seg_idx = i if int(ph["p_filesz"]) > 0 else -1
 
     # Walk section *headers* only: building every Section object would make pyelftools parse whole
     # hash tables (hundreds of thousands of entries in a large library). pyelftools has no public
@@ -697,19 +795,21 @@ def _parse(p: str, stream: IO[bytes], size: int) -> ElfInfo:
     dyn: Any = dyn_sec
     if dyn is None and dyn_seg_idx >= 0:  # no section headers (stripped): the segment finds .dynstr itself
         dyn = elf.get_segment(dyn_seg_idx)
+    budget = _Budget(p, ElfError)
     if dyn is not None:
         for count, tag in enumerate(dyn.iter_tags()):
             if count > _MAX_DYN:
                 raise ElfError(f"{p}: absurd dynamic section")
             d_tag = tag.entry.d_tag
             if d_tag == "DT_NEEDED":
-                needed.append(str(tag.needed))
+                budget.need()
+                needed.append(budget.text(str(tag.needed)))
             elif d_tag == "DT_SONAME":
-                soname = str(tag.soname)
+                soname = budget.text(str(tag.soname))
             elif d_tag == "DT_RPATH":
-                rpath = tuple(str(tag.rpath).split(":"))
+                rpath = budget.path_list("DT_RPATH", str(tag.rpath))
             elif d_tag == "DT_RUNPATH":
-                runpath = tuple(str(tag.runpath).split(":"))
+                runpath = budget.path_list("DT_RUNPATH", str(tag.runpath))
             elif d_tag == "DT_FLAGS_1":
                 nodeflib = bool(int(tag.entry.d_val) & _DF_1_NODEFLIB)
             elif d_tag == "DT_NULL":
@@ -718,12 +818,17 @@ def _parse(p: str, stream: IO[bytes], size: int) -> ElfInfo:
     version_needs: list[VersionNeed] = []
     if verneed_sec is not None:
         total = 0
+        # every entry and every auxiliary holds 16 bytes of its own (pyelftools walks sh_info entries,
+        # a vn_next of 0 included: 100,000 visits of one entry took it 13 s)
+        limit = int(verneed_sec["sh_size"]) // 16
+        if int(verneed_sec["sh_info"]) > limit:
+            raise ElfError(f"{p}: absurd version-needs section")
         for n, (verneed, aux_iter) in enumerate(verneed_sec.iter_versions()):
             total += int(verneed["vn_cnt"])
-            if total > _MAX_VERNAUX:
+            if total > _MAX_VERNAUX or total > limit:
                 raise ElfError(f"{p}: absurd version-needs section")
-            versions = tuple(str(aux.name) for aux in aux_iter)
-            version_needs.append(VersionNeed(str(verneed.name), versions))
+            versions = tuple(budget.text(str(aux.name)) for aux in aux_iter)
+            version_needs.append(VersionNeed(budget.text(str(verneed.name)), versions))
             if n > _MAX_VERNEED:
                 raise ElfError(f"{p}: absurd version-needs section")
 
@@ -867,6 +972,14 @@ def _hash_lookup(
         return shndx != _SHN_UNDEF and r.cstr(str_off + st_name, str_size - st_name) == want
 
     off = hsec.offset
+    hend = off + hsec.size  # every bucket and chain entry lies inside the hash section
+
+    def word_at(pos: int) -> int:
+        if pos + 4 > hend:
+            raise ElfError(f"{p}: hash chain leaves its section")
+        (v,) = r.ints("I", pos)
+        return int(v)
+
     if gnu:
         nbuckets, symoffset, bloom_size, bloom_shift = r.ints("IIII", off)
         if nbuckets == 0 or bloom_size == 0:
@@ -883,8 +996,9 @@ def _hash_lookup(
         if idx < symoffset:
             return False
         chain_off = buckets_off + 4 * nbuckets
-        for _ in range(max(nsyms, 1)):
-            (ch,) = r.ints("I", chain_off + 4 * (idx - symoffset))
+        # a chain runs over consecutive entries of the section until one has bit 0 set
+        for _ in range(min(max(nsyms, 1), _MAX_CHAIN)):
+            ch = word_at(chain_off + 4 * (idx - symoffset))
             if (ch | 1) == (h | 1) and defined_match(idx):
                 return True
             if ch & 1:
@@ -894,15 +1008,18 @@ def _hash_lookup(
     nbucket, nchain = r.ints("II", off)
     if nbucket == 0:
         return False
-    (idx,) = r.ints("I", off + 8 + 4 * (_sysv_hash(want) % nbucket))
-    for _ in range(nchain + 1):
+    if 8 + 4 * (nbucket + nchain) > hsec.size:  # the gABI: both arrays are in the section
+        raise ElfError(f"{p}: SysV hash table of {nbucket} buckets and {nchain} chains exceeds its section")
+    idx = word_at(off + 8 + 4 * (_sysv_hash(want) % nbucket))
+    # a chain that visits more entries than there are symbols (or than the cap) loops
+    for _ in range(min(nchain, max(nsyms, 1), _MAX_CHAIN) + 1):
         if idx == 0:
             return False
         if idx >= nchain:
             raise ElfError(f"{p}: SysV hash chain index {idx} out of range")
         if defined_match(idx):
             return True
-        (idx,) = r.ints("I", off + 8 + 4 * nbucket + 4 * idx)
+        idx = word_at(off + 8 + 4 * nbucket + 4 * idx)
     raise ElfError(f"{p}: SysV hash chain does not terminate")
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import os
 
-from pytest_cudastack._sysio import write_atomic
+from pytest_cudastack._sysio import read_owned, untrusted_dir, write_atomic
 from pytest_cudastack.errors import ElfError
 
 TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing (~5 ms) on tree's warm path
@@ -54,6 +54,8 @@ _SYMBOL_SCHEMA = "pytest-cudastack-symcache"
 _VERSION = 1
 
 _Key = tuple[int, int, int, int]
+MAX_FILE = 256 << 20  # a cache of 100,000 libraries is ~50 MB; a larger file is refused, not read
+_MAX_ERROR = 4096  # a cached ElfError message longer than this was not written by read_elf
 
 
 def default_cache_dir(environ: dict[str, str] | None = None) -> str:
@@ -65,6 +67,20 @@ def default_cache_dir(environ: dict[str, str] | None = None) -> str:
     xdg = env.get("XDG_CACHE_HOME")
     base = xdg if xdg and os.path.isabs(xdg) else os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(base, "pytest-cudastack")
+
+
+def _encodes(value: Any) -> bool:
+    try:
+        json.dumps(value)
+    except (ValueError, TypeError, RecursionError):
+        return False
+    return True
+
+
+def _is_error_of(error: Any, path: str) -> bool:
+    """Whether a cached error is one read_elf could have raised for *path*: it names the file, fits on a
+    line and holds no control characters (the message is printed; the file could have been edited)."""
+    return type(error) is str and len(error) <= _MAX_ERROR and error.startswith(path + ":") and error.isprintable()
 
 
 class ElfCache:
@@ -89,10 +105,18 @@ class ElfCache:
         if self._entries is not None:
             return self._entries
         entries: dict[str, dict[str, Any]] = {}
+        refused = untrusted_dir(self.directory) if self.enabled else None
+        if refused is not None:
+            self.refuse(refused)
+        data: bytes | None = None
         if self.enabled:
             try:
-                with open(self.file, "rb") as f:
-                    raw = json.loads(f.read())
+                data = read_owned(self.file, MAX_FILE)  # never blocks: a FIFO or a device is refused
+            except ElfError as e:
+                self.refuse(str(e))
+        if data is not None:
+            try:
+                raw = json.loads(data)
                 if (
                     isinstance(raw, dict)
                     and raw.get("schema") == _SCHEMA
@@ -106,13 +130,19 @@ class ElfCache:
                 else:
                     _log().info("ignoring foreign or outdated ELF cache %s", self.file)
                     self._dirty = True
-            except FileNotFoundError:
-                pass
-            except (OSError, ValueError, UnicodeDecodeError, RecursionError) as e:
+            except (ValueError, UnicodeDecodeError, RecursionError, MemoryError) as e:
                 _log().info("ignoring unreadable ELF cache %s: %s", self.file, e)
                 self._dirty = True
         self._entries = entries
         return entries
+
+    def refuse(self, why: str) -> None:
+        """The cache file or its directory is not this user's alone (or is no regular file): a forged entry
+        could decide a check, so the cache is off for this run, with one warning (the first call's; the
+        closure cache of the same directory reports its refusal here too)."""
+        if self.enabled:
+            self.enabled = False
+            _log().warning("cache disabled for this run: %s", why)
 
     def read(self, path: str) -> ElfInfo:
         """Cached read_elf; raises ElfError (errors are cached too)."""
@@ -129,9 +159,10 @@ class ElfCache:
         entries = self._load()
         hit = entries.get(path)
         if hit is not None and hit.get("key") == key:
-            if isinstance(hit.get("error"), str):
+            error = hit.get("error")
+            if _is_error_of(error, path):
                 self.hits += 1
-                raise ElfError(hit["error"])
+                raise ElfError(error)
             info = hit.get("info")
             if isinstance(info, dict):
                 try:
@@ -282,9 +313,23 @@ class ElfCache:
                 self._symbols_dirty = False
         if not self.enabled or not self._dirty or self._entries is None:
             return
+        refused = untrusted_dir(self.directory)
+        if refused is not None:
+            self.refuse(refused)
+            return
+        try:  # noqa: SIM105 - private from the start: a directory others can write is refused on the next load
+            os.makedirs(self.directory, mode=0o700, exist_ok=True)
+        except OSError:
+            pass  # write_atomic reports it
         payload = {"schema": _SCHEMA, "version": _VERSION, "entries": self._entries, "extra": self._extra}
-        # one C-encoder call, one write
-        error = write_atomic(self.directory, self.file, json.dumps(payload, separators=(",", ":")))
+        try:  # one C-encoder call, one write
+            text = json.dumps(payload, separators=(",", ":"))
+        except (ValueError, TypeError, RecursionError):  # a value read from the file nests too deep
+            self._extra = {}
+            self._entries = {k: v for k, v in self._entries.items() if _encodes(v)}
+            payload = {"schema": _SCHEMA, "version": _VERSION, "entries": self._entries, "extra": {}}
+            text = json.dumps(payload, separators=(",", ":"))
+        error = write_atomic(self.directory, self.file, text)
         if error is not None:
             _log().warning("cannot write ELF cache %s: %s", self.file, error)
         else:

@@ -198,7 +198,7 @@ def _pyelftools_ranges(fd: int, path: str) -> tuple[list[tuple[int, int]], list[
                     named.append(span)
                 elif section["sh_flags"] & SH_FLAGS.SHF_ALLOC and not section["sh_flags"] & SH_FLAGS.SHF_EXECINSTR:
                     other.append(span)
-        except (PyElfError, struct.error, ValueError, IndexError, UnicodeDecodeError) as e:
+        except (PyElfError, struct.error, ValueError, IndexError, UnicodeDecodeError, OSError) as e:
             raise ElfError(f"{path}: corrupt ELF headers: {e}") from e
     return named, other
 

@@ -128,12 +128,21 @@ class LdCache:
         return best
 
 
+# ldconfig writes sonames and paths of at most PATH_MAX bytes; a longer "string" is the file's damage, and
+# decoding one per entry is how a 680 KB file asked for gigabytes.
+MAX_STRING = 4096
+MAX_FILE = 256 << 20  # a real cache is a few MB; read_ld_cache reads no more than this
+_MAX_HWCAPS = 1 << 16  # glibc-hwcaps subdirectory names in the extension (glibc defines a handful)
+
+
 def _cstr(data: bytes, off: int, what: str, path: str) -> str:
     if off < 0 or off >= len(data):
         raise LdCacheError(f"{path}: {what} string offset {off} past end of file")
-    end = data.find(b"\0", off)
+    end = data.find(b"\0", off, off + MAX_STRING + 1)
     if end < 0:
-        raise LdCacheError(f"{path}: unterminated {what} string at {off}")
+        if data.find(b"\0", off) < 0:
+            raise LdCacheError(f"{path}: unterminated {what} string at {off}")
+        raise LdCacheError(f"{path}: {what} string at {off} longer than {MAX_STRING} bytes")
     return data[off:end].decode("utf-8", "surrogateescape")
 
 
@@ -167,6 +176,8 @@ def _parse_new(data: bytes, base: int, path: str) -> tuple[list[LdCacheEntry], s
                 if tag == 0:
                     generator = data[off : off + size].decode("utf-8", "replace")
                 elif tag == _EXT_TAG_HWCAPS:
+                    if size // 4 > _MAX_HWCAPS:
+                        raise LdCacheError(f"{path}: more than {_MAX_HWCAPS} glibc-hwcaps names")
                     for j in range(size // 4):
                         (soff,) = struct.unpack_from("<I", data, off + 4 * j)
                         hwcap_names.append(_cstr(strings, soff, "hwcaps", path))
@@ -215,6 +226,8 @@ def parse_ld_cache(data: bytes, path: str = "<bytes>") -> LdCache:
             return LdCache(path, tuple(old), "old", None)
     except struct.error as e:
         raise LdCacheError(f"{path}: truncated cache: {e}") from e
+    except (MemoryError, RecursionError) as e:  # hostile input like any other: the caller gets LdCacheError
+        raise LdCacheError(f"{path}: malformed cache: {type(e).__name__} while parsing it") from e
     raise LdCacheError(f"{path}: not an ld.so.cache file (unknown magic)")
 
 
@@ -226,9 +239,13 @@ def read_ld_cache(path: str = "/etc/ld.so.cache") -> LdCache:
         raise LdCacheError(str(e)) from e
     try:
         with os.fdopen(fd, "rb") as f:
-            data = f.read()
+            data = f.read(MAX_FILE + 1)
     except OSError as e:
         raise LdCacheError(f"{path}: cannot read: {e}") from e
+    except MemoryError as e:
+        raise LdCacheError(f"{path}: cannot read: MemoryError") from e
+    if len(data) > MAX_FILE:
+        raise LdCacheError(f"{path}: larger than {MAX_FILE} bytes")
     return parse_ld_cache(data, path)
 
 

@@ -39,7 +39,8 @@ import sys
 import zlib
 
 from pytest_cudastack import __version__
-from pytest_cudastack._sysio import real_path, write_atomic
+from pytest_cudastack._sysio import read_owned, real_path, untrusted_dir, write_atomic
+from pytest_cudastack.errors import ElfError
 from pytest_cudastack.linker.hwcaps import host_search
 
 TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing (~5 ms) on tree's warm path
@@ -53,6 +54,9 @@ _SCHEMA = "pytest-cudastack-treecache"
 _VERSION = 1
 RACY_NS = 2_000_000_000  # a recorded timestamp this close to the start of the run is not trusted
 _BUCKETS_KEPT = 4  # search environments remembered
+MAX_FILE = 256 << 20  # a larger file is refused, not read
+_ENTRY_KEYS = frozenset(("deps", "row", "fail", "ctx", "paths"))
+_LIBRARY_KEYS = ["soname", "path", "needed_by", "provider"]  # a row's library object, in Tree.to_json's order
 # the modules whose code decides a row: a changed source (an upgrade, an edit of an editable install)
 # makes every stored row foreign (paths relative to the package root)
 _SOURCES = (
@@ -153,13 +157,25 @@ class TreeCache:
         self._after: dict[str, Any] = {}  # dependency values taken when storing, after every resolution
         self._after_dirs: dict[str, str] = {}
         self._blob = ""  # the rows' text, as read
+        self.refused: str | None = None  # why the file or directory is not trusted (then: disabled)
         if enabled:
             self._load()
 
     def _load(self) -> None:
+        why = untrusted_dir(self.directory)
+        if why is None:
+            try:
+                data = read_owned(self.file, MAX_FILE)  # never blocks: a FIFO or a device is refused
+            except ElfError as e:
+                why = str(e)
+        if why is not None:
+            # not this user's alone: a forged row could decide an answer; off for this run (the ELF cache
+            # of the same directory says so: this module does not log on tree's warm path)
+            self.refused, self.enabled = why, False
+            return
         try:
-            with open(self.file, "rb") as f:
-                data = f.read()
+            if data is None:
+                raise FileNotFoundError(self.file)
             # "<crc32 of the rest>\n<JSON header>\n<rows>": a damaged file is not trusted even where it
             # still parses; rows are kept out of the JSON (as [offset, length] into <rows>), so reading the
             # file parses no row
@@ -171,7 +187,7 @@ class TreeCache:
             self._blob = blob.decode("ascii")
         except FileNotFoundError:
             return
-        except (OSError, ValueError, UnicodeDecodeError, RecursionError):
+        except (OSError, ValueError, UnicodeDecodeError, RecursionError, MemoryError):
             self._dirty = True  # unreadable: rebuilt
             return
         if not (
@@ -214,7 +230,7 @@ class TreeCache:
     def _entry(self, root: str) -> dict[str, Any] | None:
         """The stored entry of *root* when well formed (its row as text)."""
         e = self.roots.get(root)
-        if not isinstance(e, dict):
+        if not isinstance(e, dict) or not _ENTRY_KEYS.issubset(e):  # ctx_of and lookup index every key
             return None
         ix, row, fail, ctx, paths = e.get("deps"), e.get("row"), e.get("fail"), e.get("ctx"), e.get("paths")
         if isinstance(row, list):  # [offset, length] in the rows read
@@ -235,6 +251,10 @@ class TreeCache:
         for i in paths:
             if type(i) is not int or not 0 <= i < n or keys[i][:1] != "r":
                 return None
+        rebuilt = _row_of(row, root)
+        if rebuilt is None:
+            return None
+        e["row"] = rebuilt
         return e
 
     def paths_of(self, entry: dict[str, Any]) -> list[str]:
@@ -387,6 +407,33 @@ class TreeCache:
         if error is None:
             self._dirty = False
         return error
+
+
+def _row_of(text: str, root: str) -> str | None:
+    """The row ``tree --json`` prints for *root*, re-encoded from *text* when that is one (the shape of
+    Tree.to_json with providers: path, then libraries of soname, path, needed_by, provider), else None.
+    Rows are printed, and a cache file can be edited: what is printed is what we encode, never its bytes."""
+    try:
+        d = json.loads(text)
+    except (ValueError, RecursionError, MemoryError):
+        return None
+    if not (type(d) is dict and list(d) == ["path", "libraries"] and d["path"] == root):
+        return None
+    libs = d["libraries"]
+    if type(libs) is not list:
+        return None
+    for x in libs:
+        if not (
+            type(x) is dict
+            and list(x) == _LIBRARY_KEYS
+            and type(x["soname"]) is str
+            and (x["path"] is None or type(x["path"]) is str)
+            and type(x["needed_by"]) is list
+            and all(type(n) is str for n in x["needed_by"])
+            and (x["provider"] is None or type(x["provider"]) is str)
+        ):
+            return None
+    return json.dumps(d)
 
 
 def _move_rows(bucket: Any, old: str, put: Any) -> dict[str, Any] | None:

@@ -57,6 +57,8 @@ def name_version_from_dirname(dirname: str) -> tuple[str, str]:
 # RECORD
 
 _CSV_DEFAULT_FIELD_LIMIT = 131072  # csv.field_size_limit() until someone changes it (Modules/_csv.c)
+# A byte count of more digits than this is no file's size (and ``int()`` refuses 4,300 digits and more)
+_MAX_SIZE_DIGITS = 20
 
 
 def _csv_field_limit() -> int:
@@ -96,8 +98,8 @@ def parse_record(text: str, entry: Callable[[str, str | None, int | None], T]) -
             path, digest, size_s = row
             if (
                 path.strip()
-                and (not digest or ("=" in digest and digest == digest.strip()))
-                and (not size_s or (size_s.isascii() and size_s.isdigit()))
+                and (not digest or ("=" in digest and digest == digest.strip() and not _variable_length(digest)))
+                and (not size_s or (len(size_s) <= _MAX_SIZE_DIGITS and size_s.isascii() and size_s.isdigit()))
             ):
                 entries.append(entry(path, digest or None, int(size_s) if size_s else None))
                 continue
@@ -113,7 +115,11 @@ def parse_record(text: str, entry: Callable[[str, str | None, int | None], T]) -
             problems.append(f"RECORD line {lineno}: empty path")
             continue
         size: int | None = None
-        if size_s.strip():
+        if len(size_s.strip()) > _MAX_SIZE_DIGITS:
+            problems.append(
+                f"RECORD line {lineno}: size of {len(size_s.strip())} characters is not a byte count ({path})"
+            )
+        elif size_s.strip():
             try:
                 size = int(size_s)
                 if size < 0:
@@ -125,8 +131,18 @@ def parse_record(text: str, entry: Callable[[str, str | None, int | None], T]) -
         if h is not None and "=" not in h:
             problems.append(f"RECORD line {lineno}: hash {h!r} is not '<algorithm>=<digest>' ({path})")
             h = None
+        elif h is not None and _variable_length(h):
+            algorithm = h.partition("=")[0]
+            problems.append(f"RECORD line {lineno}: hash algorithm {algorithm!r} has no fixed digest length ({path})")
+            h = None
         entries.append(entry(path, h, size))
     return entries, problems
+
+
+def _variable_length(digest: str) -> bool:
+    """A SHAKE hash (``shake_128=...``): hashlib's only algorithms whose digest needs a length, so no RECORD
+    row can be checked against one (the wheel spec asks for sha256 or stronger, a fixed-length hash)."""
+    return digest[:5].lower() == "shake"
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -139,6 +155,12 @@ def _email_headers(text: str) -> list[tuple[str, str]]:
     import email.parser  # lazy: rare (header blocks the shortcut leaves alone), kept off tree's warm path
     import email.policy
 
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        # lone surrogates (bytes decoded with surrogateescape) make compat32 hand back Header objects
+        # whose str() raises UnicodeEncodeError: each becomes U+FFFD, as read_text reads undecodable bytes
+        text = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
     msg = email.parser.Parser(policy=email.policy.compat32).parsestr(text, headersonly=True)
     return [(k.lower(), str(v)) for k, v in msg.items()]
 

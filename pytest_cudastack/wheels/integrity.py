@@ -180,8 +180,9 @@ class _Disk:
         if key in self._hash:
             return self._hash[key]
         result: str | None = None
-        site_n = os.path.normpath(site).rstrip(os.sep) + os.sep
-        if os.path.normpath(path).startswith(site_n) and algorithm in hashlib.algorithms_available:
+        # realpath, not normpath: a RECORD-listed symlink into another tree must not get that tree hashed
+        site_n = os.path.realpath(site).rstrip(os.sep) + os.sep
+        if os.path.realpath(path).startswith(site_n) and algorithm in hashlib.algorithms_available:
             try:
                 fd, _st = open_regular(path)
             except ElfError:
@@ -193,7 +194,7 @@ class _Disk:
                         h.update(chunk)
                     result = algorithm + "=" + base64.urlsafe_b64encode(h.digest()).rstrip(b"=").decode()
                     self.hashed.append(path)
-                except OSError:
+                except (OSError, TypeError, ValueError):  # TypeError: SHAKE's digest() needs a length
                     result = None
                 finally:
                     os.close(fd)

@@ -1,0 +1,419 @@
+"""What each fuzz target feeds its parser, and what it may answer (issue #14, Deliver 7).
+
+A target is a seed corpus (well-formed inputs the mutators start from) and a ``check(data, scratch)``
+that runs the parser on one mutated input and returns None when the parser kept its contract, else a
+one-line description of the violation. The contract is the one each parser documents: its
+CudaStackError subclass is the only exception that may leave it (MemoryError and RecursionError
+included); for the ELF reader, where the fast reader and pyelftools both answer, the answers are equal.
+Anything else that escapes is caught by the runner and counted as uncaught.
+
+The regression tests (tests/test_robust_fuzz.py) run every saved reproducer through the same checks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import struct
+import time
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pytest_cudastack.errors import ElfError, LdCacheError
+from pytest_cudastack.linker import elf
+from pytest_cudastack.linker.elfcache import CACHE_FILE, ElfCache
+from pytest_cudastack.linker.fatbin import read_fatbin
+from pytest_cudastack.linker.ldcache import parse_ld_cache, read_ld_cache
+from pytest_cudastack.linker.treecache import CACHE_FILE as TREE_FILE
+from pytest_cudastack.linker.treecache import TreeCache
+from pytest_cudastack.wheels.distinfo import metadata_headers, name_version, parse_record
+
+__all__ = ["TARGETS", "Target", "mutate_json"]
+
+Check = Callable[[bytes, Path], "str | None"]
+Structured = Callable[[bytes, random.Random], "bytes | None"]
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    seeds: Callable[[Path], list[bytes]]
+    check: Check
+    structured: Structured | None = None  # a mutator that knows the input's structure (JSON documents)
+
+
+_ODD_VALUES: list[Any] = [
+    None, True, False, 0, -1, 1, 2**31, 2**64, 10**30, 1.5, float("inf"), "", "libc.so.6", "x" * 300,
+    "\x1b[2J", [], {}, [1, "a", None], {"a": 1}, [[[[[]]]]], ["libc.so.6"], {"needed": "libc.so.6"},
+]  # fmt: skip
+
+
+def mutate_json(value: Any, rng: random.Random) -> Any:
+    """*value* with one node replaced, deleted, duplicated or given a new key, or nested deeply."""
+    if isinstance(value, dict) and value and rng.random() < 0.7:
+        k = rng.choice(list(value))
+        op = rng.random()
+        if op < 0.1:
+            return {kk: v for kk, v in value.items() if kk != k}
+        if op < 0.2:
+            return {
+                **value,
+                rng.choice(["extra", "info", "error", "key", "row", "deps", k + "x"]): rng.choice(_ODD_VALUES),
+            }
+        return {**value, k: mutate_json(value[k], rng)}
+    if isinstance(value, list) and value and rng.random() < 0.7:
+        i = rng.randrange(len(value))
+        op = rng.random()
+        if op < 0.1:
+            return value[:i] + value[i + 1 :]
+        if op < 0.2:
+            return [*value, value[i]]
+        return [*value[:i], mutate_json(value[i], rng), *value[i + 1 :]]
+    if rng.random() < 0.03:
+        deep: Any = value
+        for _ in range(rng.choice([10, 100, 500])):
+            deep = [deep]
+        return deep
+    return rng.choice(_ODD_VALUES)
+
+
+def _dumps(doc: Any, rng: random.Random) -> bytes | None:
+    """The mutant's text; now and then nested deeper than the json module can encode or decode."""
+    try:
+        text = json.dumps(doc)
+    except (ValueError, RecursionError):
+        return None
+    if rng.random() < 0.02:
+        n = rng.choice([2000, 100_000])
+        text = "[" * n + text + "]" * n
+    return text.encode()
+
+
+def _structured_elfcache(data: bytes, rng: random.Random) -> bytes | None:
+    try:
+        doc = json.loads(data)
+    except (ValueError, RecursionError):
+        return None
+    return _dumps(mutate_json(doc, rng), rng)
+
+
+def _structured_treecache(data: bytes, rng: random.Random) -> bytes | None:
+    """A mutant of the header (or of the rows) under a checksum that holds ("!": the check adds it)."""
+    body = data.partition(b"\n")[2]
+    header, _, blob = body.partition(b"\n")
+    try:
+        doc = json.loads(header)
+    except (ValueError, RecursionError):
+        return None
+    if rng.random() < 0.3 and blob:
+        i = rng.randrange(len(blob))
+        blob = blob[:i] + rng.choice([b'"', b"}", b"]", b",", b'{"x":1}', b"\n", b"\\"]) + blob[i + 1 :]
+    else:
+        doc = mutate_json(doc, rng)
+    text = _dumps(doc, rng)
+    return None if text is None else b"!" + text + b"\n" + blob
+
+
+# ------------------------------------------------------------------------------------------------ ELF
+def _elf_seeds(work: Path) -> list[bytes]:
+    from tests.helpers.elfbuild import CC, build_lib, synth_elf
+
+    out: list[bytes] = []
+    for cls in (32, 64):
+        for little in (True, False):
+            for sections in (True, False):
+                p = synth_elf(
+                    work / f"s{cls}{little}{sections}.so",
+                    elf_class=cls,
+                    little=little,
+                    rpath="$ORIGIN/../lib:/opt/x",
+                    runpath=None if sections else "/r",
+                    interpreter="/lib64/ld-linux-x86-64.so.2" if sections else None,
+                    verneed=[("libc.so.6", ["GLIBC_2.2.5", "GLIBC_2.14"])],
+                    sections=sections,
+                    extra_sections=(".nv_fatbin",),
+                    pyinit="seed",
+                )
+                out.append(p.read_bytes())
+    if CC is not None:
+        src = "int PyInit_seed(void) { return 0; }\n" + "".join(f"int f{i}(void) {{ return {i}; }}\n" for i in range(8))
+        for style in ("gnu", "sysv"):
+            lib = build_lib(work / f"gcc-{style}" / "seed.so", source=src, extra=[f"-Wl,--hash-style={style}"])
+            out.append(lib.read_bytes())
+    return out
+
+
+def _elf_outcome(reader: Callable[[str], object], path: str) -> object:
+    try:
+        return reader(path)
+    except ElfError as e:
+        return e
+
+
+def _check_elf(data: bytes, scratch: Path) -> str | None:
+    path = scratch / "seed.so"  # the module name "seed" makes the readers look up PyInit_seed
+    path.write_bytes(data)
+    p = str(path)
+    fast = _elf_outcome(elf._read_elf_fast, p)
+    ref = _elf_outcome(elf._read_elf_pyelftools, p)
+    _elf_outcome(elf.read_elf, p)
+    with contextlib.suppress(ElfError):
+        elf.exports(p, "f1")
+    if isinstance(fast, elf.ElfInfo) and isinstance(ref, elf.ElfInfo) and fast != ref:
+        return f"readers disagree: fast {fast} != pyelftools {ref}"
+    if isinstance(fast, elf.ElfInfo) and isinstance(ref, ElfError):
+        return f"fast reader answered where pyelftools raised {ref}"
+    if isinstance(fast, ElfError) and isinstance(ref, elf.ElfInfo):
+        return f"fast reader raised {fast} where pyelftools answered"
+    return _memory(fast) or _memory(ref)
+
+
+def _memory(outcome: object) -> str | None:
+    """A parser's MemoryError is converted to its error: seen here, it means the input needed > 2 GB."""
+    if isinstance(outcome, Exception) and "MemoryError" in str(outcome):
+        return f"over the memory limit: {outcome}"
+    return None
+
+
+# ----------------------------------------------------------------------------------------- ld.so.cache
+def _ldcache_seeds(work: Path) -> list[bytes]:
+    def new(entries: list[tuple[str, str, int, int]], hwcaps: list[str]) -> bytes:
+        strings = bytearray()
+        offsets: dict[str, int] = {}
+        header_len = 48 + 24 * len(entries)
+
+        def s(x: str) -> int:
+            if x not in offsets:
+                offsets[x] = header_len + len(strings)
+                strings.extend(x.encode() + b"\0")
+            return offsets[x]
+
+        body = b"".join(struct.pack("<iIIIQ", fl, s(so), s(p), 0, hw) for so, p, fl, hw in entries)
+        hw_idx = [s(h) for h in hwcaps]
+        data = bytearray(header_len + len(strings))
+        data[48 : 48 + len(body)] = body
+        data[header_len:] = strings
+        ext = 0
+        if hwcaps:
+            while len(data) % 4:
+                data.append(0)
+            ext = len(data)
+            arr = ext + 8 + 32
+            data += struct.pack("<II", 0xEAA42174, 2) + struct.pack("<IIII", 1, 0, arr, 4 * len(hw_idx))
+            gen = b"ldconfig (GNU libc) 2.39"
+            data += struct.pack("<IIII", 0, 0, arr + 4 * len(hw_idx), len(gen))
+            data += b"".join(struct.pack("<I", i) for i in hw_idx) + gen
+        hdr = b"glibc-ld.so.cache1.1" + struct.pack("<II", len(entries), len(strings)) + bytes([2, 0, 0, 0])
+        hdr += struct.pack("<IIII", ext, 0, 0, 0)
+        data[:48] = hdr
+        return bytes(data)
+
+    entries = [
+        ("libc.so.6", "/lib/x86_64-linux-gnu/libc.so.6", 0x303, 0),
+        ("libm.so.6", "/lib/x86_64-linux-gnu/libm.so.6", 0x303, 0),
+        ("libz.so.1", "/lib/x86_64-linux-gnu/glibc-hwcaps/x86-64-v3/libz.so.1", 0x303, (1 << 62) | 0),
+        ("libcuda.so.1", "/usr/lib/x86_64-linux-gnu/libcuda.so.1", 0x303, 0),
+    ]
+    old = b"ld.so-1.7.0\0" + struct.pack("<I", 1) + struct.pack("<iII", 0x303, 0, 10) + b"libc.so.6\0/lib/libc.so\0"
+    seeds = [new(entries, ["x86-64-v3", "x86-64-v2"]), new(entries[:2], []), old]
+    pad = (len(old) + 7) & ~7
+    seeds.append(old + bytes(pad - len(old)) + new(entries[:2], []))
+    system = Path("/etc/ld.so.cache")
+    if system.is_file() and system.stat().st_size < 256 << 10:
+        seeds.append(system.read_bytes())
+    return seeds
+
+
+def _check_ldcache(data: bytes, scratch: Path) -> str | None:
+    try:
+        cache = parse_ld_cache(data, "<fuzz>")
+        for e in cache.entries[:64]:
+            cache.lookup(e.soname)
+    except LdCacheError as e:
+        return _memory(e)
+    if len(data) % 7 == 0:  # through the file reader too, now and then
+        path = scratch / "ld.so.cache"
+        path.write_bytes(data)
+        try:
+            read_ld_cache(str(path))
+        except LdCacheError as e:
+            return _memory(e)
+    return None
+
+
+# ------------------------------------------------------------------------------------ RECORD/METADATA
+_RECORD = (
+    "pkg/__init__.py,sha256=47DEQpj8HBSa-_TImW-5JCeuQeRkm5NMpJWZG3hSuFU,0\n"
+    "pkg/libx.so.1,sha256=AAAA,123\n"
+    '"pkg/with,comma.so",sha256=BBBB,5\n'
+    "../../bin/tool,,\n"
+    "pkg-1.0.dist-info/RECORD,,\n"
+)
+_METADATA = (
+    "Metadata-Version: 2.1\nName: pkg\nVersion: 1.0\nRequires-Dist: nvidia-cublas-cu12 (>=12.1); "
+    'platform_system == "Linux"\nSummary: a\n  folded line\n\nlong description\n'
+)
+
+
+def _distinfo_seeds(work: Path) -> list[bytes]:
+    return [
+        b"R" + _RECORD.encode(),
+        b"M" + _METADATA.encode(),
+        b"M" + _METADATA.replace("\n", "\r\n").encode(),
+        b"R" + _RECORD.replace(",0\n", ",0\r\n").encode(),
+    ]
+
+
+def _check_distinfo(data: bytes, scratch: Path) -> str | None:
+    text = data[1:].decode("utf-8", "surrogateescape")
+    parse_record(text, lambda p, h, s: (p, h, s))
+    headers = metadata_headers(text)
+    name_version(headers, "pkg-1.0.dist-info")
+    return None
+
+
+# --------------------------------------------------------------------------------------------- fatbin
+def _container(entries: list[tuple[int, int, int]]) -> bytes:
+    body = b""
+    for kind, arch, flags in entries:
+        payload = b"\x11" * 16
+        hdr = bytearray(0x40)
+        struct.pack_into("<HHIQ", hdr, 0, kind, 0x101, 0x40, len(payload))
+        struct.pack_into("<I", hdr, 0x1C, arch)
+        struct.pack_into("<Q", hdr, 0x28, flags)
+        body += bytes(hdr) + payload
+    return struct.pack("<IHHQ", 0xBA55ED50, 1, 16, len(body)) + body
+
+
+def _fatbin_seeds(work: Path) -> list[bytes]:
+    from tests.helpers.elfbuild import CC, build_lib
+
+    c1 = _container([(2, 80, 0), (2, 90, 0x100000), (1, 90, 0x2000)])
+    c2 = _container([(2, 120, 0x200000), (1, 75, 0x8000)])
+    seeds = [c1, c1 + bytes(8) + c2]
+    if CC is not None:
+
+        def arr(name: str, data: bytes, section: str | None) -> str:
+            attr = f'__attribute__((section("{section}"), used)) ' if section else "__attribute__((used)) "
+            return f"{attr}const unsigned char {name}[{len(data)}] = {{{','.join(str(b) for b in data)}}};\n"
+
+        src = arr("fb", c1 + bytes(8) + c2, ".nv_fatbin") + arr("ro", bytes(24) + c2 + bytes(7), None)
+        seeds.append(build_lib(work / "fatbin" / "libfb.so", source=src).read_bytes())
+    return seeds
+
+
+def _check_fatbin(data: bytes, scratch: Path) -> str | None:
+    path = scratch / "libfb.so"
+    path.write_bytes(data)
+    try:
+        fb = read_fatbin(path)
+        _ = (fb.sass, fb.ptx)
+    except ElfError as e:
+        return _memory(e)
+    return None
+
+
+# ------------------------------------------------------------------------------------------ the caches
+def _libs(work: Path) -> list[Path]:
+    from tests.helpers.elfbuild import synth_elf
+
+    return [
+        synth_elf(work / "libs" / "liba.so.1", needed=("libc.so.6",), soname="liba.so.1"),
+        synth_elf(work / "libs" / "libb.so.1", needed=("liba.so.1",), soname="libb.so.1", rpath="$ORIGIN"),
+    ]
+
+
+def _elfcache_seeds(work: Path) -> list[bytes]:
+    (work / "libs").mkdir(parents=True, exist_ok=True)
+    libs = _libs(work)
+    (work / "libs" / "libbad.so").write_bytes(b"not an ELF file")
+    d = work / "elfcache-seed"
+    d.mkdir(mode=0o700, exist_ok=True)
+    c = ElfCache(str(d), enabled=True)
+    for p in [*libs, work / "libs" / "libbad.so"]:
+        with contextlib.suppress(ElfError):
+            c.read(str(p))
+    c.put_extra("owners", {"x": ["pkg", "1.0"]})
+    c.flush()
+    return [(d / CACHE_FILE).read_bytes()]
+
+
+def _cache_dir(scratch: Path, name: str) -> Path:
+    d = scratch / name
+    d.mkdir(mode=0o700, exist_ok=True)
+    return d
+
+
+def _check_elfcache(data: bytes, scratch: Path) -> str | None:
+    d = _cache_dir(scratch, "elfcache")
+    (d / CACHE_FILE).write_bytes(data)
+    os.chmod(d / CACHE_FILE, 0o600)
+    c = ElfCache(str(d), enabled=True)
+    libs = sorted((scratch.parent / "work" / "libs").glob("lib*"))
+    for p in libs:
+        try:
+            got = c.read(str(p))
+        except ElfError:
+            continue
+        if not (isinstance(got, elf.ElfInfo) and all(type(n) is str for n in got.needed)):
+            return f"cache answered a malformed ElfInfo {got!r}"
+    c.get_extra("owners")
+    c.flush()
+    return None
+
+
+def _treecache_seeds(work: Path) -> list[bytes]:
+    libs = _libs(work)
+    d = work / "treecache-seed"
+    d.mkdir(mode=0o700, exist_ok=True)
+    t = TreeCache(str(d), "env")
+    for p in libs:
+        row = json.dumps(
+            {
+                "path": str(p),
+                "libraries": [
+                    {"soname": "libc.so.6", "path": "/lib/libc.so.6", "needed_by": [str(p)], "provider": None}
+                ],
+            }
+        )
+        t.store(str(p), row, False, [], {"s" + str(p), "c"}, "ctx", time.time_ns() + 10**12)
+    t.flush()
+    return [(d / TREE_FILE).read_bytes()]
+
+
+def _check_treecache(data: bytes, scratch: Path) -> str | None:
+    d = _cache_dir(scratch, "treecache")
+    if data[:1] == b"!":  # the runner's JSON-aware mutants: give them a valid checksum
+        body = data[1:]
+        data = b"%08x\n" % zlib.crc32(body) + body
+    (d / TREE_FILE).write_bytes(data)
+    os.chmod(d / TREE_FILE, 0o600)
+    t = TreeCache(str(d), "env")
+    libs = [str(p) for p in sorted((scratch.parent / "work" / "libs").glob("lib*.so.1"))]
+    for root, e in t.lookup(libs).items():
+        d_ = json.loads(e["row"])  # printed as is: it must be one JSON value of the row's shape
+        if not (isinstance(d_, dict) and d_.get("path") == root):
+            return f"tree cache returned a row of another shape: {e['row'][:200]!r}"
+        t.paths_of(e)
+        t.ctx_of(e)
+    t.store(libs[0], json.dumps({"path": libs[0], "libraries": []}), False, [], {"c"}, None, time.time_ns() + 10**12)
+    t.flush()
+    return None
+
+
+TARGETS: dict[str, Target] = {
+    t.name: t
+    for t in (
+        Target("elf", _elf_seeds, _check_elf),
+        Target("ldcache", _ldcache_seeds, _check_ldcache),
+        Target("distinfo", _distinfo_seeds, _check_distinfo),
+        Target("fatbin", _fatbin_seeds, _check_fatbin),
+        Target("elfcache", _elfcache_seeds, _check_elfcache, _structured_elfcache),
+        Target("treecache", _treecache_seeds, _check_treecache, _structured_treecache),
+    )
+}
