@@ -18,7 +18,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pytest_cudastack.checks import enabled_checks
-from pytest_cudastack.cuda.versions import parse_arch_list, parse_cuda, parse_driver
 from pytest_cudastack.errors import OptionError
 
 __all__ = [
@@ -87,14 +86,23 @@ _FALSE = {"", "0", "false", "no", "off"}
 
 def _cuda_option(value: str) -> str:
     """``--cuda-max`` / ``--cuda-min``: MAJOR[.MINOR] (the bounds compare no patch level)."""
+    # lazy: the option types are registered in every pytest session; the parser loads when a value is given
+    from pytest_cudastack.cuda.versions import parse_cuda
+
     return str(parse_cuda(value, patch=False))
 
 
 def _driver_option(value: str) -> str:
+    # lazy: as in _cuda_option
+    from pytest_cudastack.cuda.versions import parse_driver
+
     return str(parse_driver(value))
 
 
 def _arch_option(value: str | Iterable[str]) -> tuple[str, ...]:
+    # lazy: as in _cuda_option
+    from pytest_cudastack.cuda.versions import parse_arch_list
+
     return tuple(str(arch) for arch in parse_arch_list(value))
 
 
