@@ -18,10 +18,10 @@ import pytest
 
 from pytest_cudastack.linker import elf
 from pytest_cudastack.linker.elf import read_elf
-from pytest_cudastack.linker.elfcache import CACHE_FILE, ElfCache
+from pytest_cudastack.linker.elfcache import CACHE_FILE, SYMBOL_CACHE_FILE, ElfCache
 from pytest_cudastack.linker.treecache import CACHE_FILE as TREE_FILE
 from pytest_cudastack.linker.treecache import TreeCache
-from tests.helpers.elfbuild import synth_elf
+from tests.helpers.elfbuild import build_lib, needs_cc, synth_elf
 from tests.helpers.guarded import run_guarded
 
 ROOT = os.geteuid() == 0
@@ -275,3 +275,36 @@ def test_tree_command_warns_once_and_answers(
         warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
         assert len([w for w in warnings if "cache disabled for this run" in w]) == 1, warnings
     assert not (d / CACHE_FILE).exists()
+
+
+@pytest.fixture
+def symlib(tmp_path: Path) -> Path:
+    return build_lib(tmp_path / "libsym.so.1", soname="libsym.so.1")
+
+
+@needs_cc
+def test_fifo_as_symbol_cache_never_blocks(symlib: Path, tmp_path: Path) -> None:
+    # the symbol facts live in a file of their own; it is opened as the ELF cache is (never blocking)
+    d = tmp_path / "s"
+    d.mkdir(mode=0o700)
+    os.mkfifo(d / SYMBOL_CACHE_FILE, 0o600)
+    with deadline(10):
+        c = ElfCache(str(d), enabled=True)
+        facts = c.read_symbols(str(symlib))
+    assert facts.path == str(symlib)
+    assert not c.enabled  # refused for the run, with one warning
+
+
+@needs_cc
+def test_symbol_cache_entry_of_the_wrong_shape_is_a_miss(symlib: Path, tmp_path: Path) -> None:
+    d = tmp_path / "s"
+    d.mkdir(mode=0o700)
+    c = ElfCache(str(d), enabled=True)
+    first = c.read_symbols(str(symlib))
+    c.flush()
+    raw = json.loads((d / SYMBOL_CACHE_FILE).read_text())
+    raw["entries"][str(symlib)]["symbols"] = "not facts"
+    (d / SYMBOL_CACHE_FILE).write_text(json.dumps(raw))
+    again = ElfCache(str(d), enabled=True)
+    assert again.read_symbols(str(symlib)) == first
+    assert (again.hits, again.misses) == (0, 1)

@@ -29,11 +29,20 @@ from pytest_cudastack.errors import ElfError
 TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing (~5 ms) on tree's warm path
 if TYPE_CHECKING:
     import logging
-    from typing import Any
+    from collections.abc import Callable
+    from typing import Any, Protocol, TypeVar
 
     from pytest_cudastack.linker.elf import ElfInfo
     from pytest_cudastack.linker.fatbin import Fatbin
     from pytest_cudastack.linker.symbols import SymbolFacts
+
+    class _Storable(Protocol):
+        @property
+        def path(self) -> str: ...
+
+        def to_json(self) -> dict[str, Any]: ...
+
+    _Fact = TypeVar("_Fact", bound=_Storable)
 
 __all__ = ["CACHE_FILE", "SYMBOL_CACHE_FILE", "ElfCache", "default_cache_dir"]
 
@@ -55,6 +64,7 @@ _VERSION = 1
 
 _Key = tuple[int, int, int, int]
 MAX_FILE = 256 << 20  # a cache of 100,000 libraries is ~50 MB; a larger file is refused, not read
+MAX_SYMBOL_FILE = 1 << 30  # the torch venv's symbol facts are ~55 MB
 _MAX_ERROR = 4096  # a cached ElfError message longer than this was not written by read_elf
 
 
@@ -149,39 +159,7 @@ class ElfCache:
         # lazy: tree's warm path imports this module and never parses or logs
         from pytest_cudastack.linker.elf import ElfInfo, read_elf
 
-        if not self.enabled:
-            return read_elf(path)
-        try:
-            st = os.stat(path)
-        except (OSError, ValueError):
-            return read_elf(path)  # raises the ElfError naming what is wrong
-        key = [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns]
-        entries = self._load()
-        hit = entries.get(path)
-        if hit is not None and hit.get("key") == key:
-            error = hit.get("error")
-            if _is_error_of(error, path):
-                self.hits += 1
-                raise ElfError(error)
-            info = hit.get("info")
-            if isinstance(info, dict):
-                try:
-                    got = ElfInfo.from_json(info)
-                except ElfError:
-                    got = None
-                if got is not None and got.path == path:
-                    self.hits += 1
-                    return got
-        self.misses += 1
-        try:
-            result = read_elf(path)
-        except ElfError as e:
-            entries[path] = {"key": key, "error": str(e)}
-            self._dirty = True
-            raise
-        entries[path] = {"key": key, "info": result.to_json()}
-        self._dirty = True
-        return result
+        return self._cached(path, path, "info", read_elf, ElfInfo.from_json, symbols=False)
 
     def fatbin(self, path: str) -> Fatbin:
         """Cached :func:`~pytest_cudastack.linker.fatbin.read_fatbin`, under the same key and rules as
@@ -189,86 +167,49 @@ class ElfCache:
         # lazy: tree's warm path imports this module and never reads GPU code
         from pytest_cudastack.linker.fatbin import Fatbin, read_fatbin
 
-        if not self.enabled:
-            return read_fatbin(path)
-        try:
-            st = os.stat(path)
-        except (OSError, ValueError):
-            return read_fatbin(path)  # raises the ElfError naming what is wrong
-        key = [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns]
-        entries = self._load()
-        slot = f"fatbin:{path}"
-        hit = entries.get(slot)
-        if hit is not None and hit.get("key") == key:
-            if isinstance(hit.get("error"), str):
-                self.hits += 1
-                raise ElfError(hit["error"])
-            try:
-                got: Fatbin | None = Fatbin.from_json(hit.get("fatbin"))
-            except ElfError:
-                got = None
-            if got is not None and got.path == path:
-                self.hits += 1
-                return got
-        self.misses += 1
-        try:
-            result = read_fatbin(path)
-        except ElfError as e:
-            entries[slot] = {"key": key, "error": str(e)}
-            self._dirty = True
-            raise
-        entries[slot] = {"key": key, "fatbin": result.to_json()}
-        self._dirty = True
-        return result
-
-    def _load_symbols(self) -> dict[str, dict[str, Any]]:
-        if self._symbols is not None:
-            return self._symbols
-        entries: dict[str, dict[str, Any]] = {}
-        try:
-            with open(self.symbol_file, "rb") as f:
-                raw = json.loads(f.read())
-            if (
-                isinstance(raw, dict)
-                and raw.get("schema") == _SYMBOL_SCHEMA
-                and raw.get("version") == _VERSION
-                and isinstance(raw.get("entries"), dict)
-            ):
-                entries = {k: v for k, v in raw["entries"].items() if isinstance(v, dict)}
-            else:
-                _log().info("ignoring foreign or outdated symbol cache %s", self.symbol_file)
-                self._symbols_dirty = True
-        except FileNotFoundError:
-            pass
-        except (OSError, ValueError, UnicodeDecodeError, RecursionError) as e:
-            _log().info("ignoring unreadable symbol cache %s: %s", self.symbol_file, e)
-            self._symbols_dirty = True
-        self._symbols = entries
-        return entries
+        return self._cached(path, f"fatbin:{path}", "fatbin", read_fatbin, Fatbin.from_json, symbols=False)
 
     def read_symbols(self, path: str) -> SymbolFacts:
         """Cached :func:`~pytest_cudastack.linker.symbols.read_symbols`, keyed and validated as :meth:`read`
-        is; raises ElfError (errors are cached too)."""
+        is, in the symbol file (``symcache-v1.json``: large, so the other readers never parse it); raises
+        ElfError (errors are cached too)."""
         # lazy: tree's warm path imports this module and never reads symbols
         from pytest_cudastack.linker.symbols import SymbolFacts, read_symbols
 
+        return self._cached(path, path, "symbols", read_symbols, SymbolFacts.from_json, symbols=True)
+
+    def _cached(
+        self,
+        path: str,
+        slot: str,
+        field: str,
+        parse: Callable[[str], _Fact],
+        from_json: Callable[[Any], _Fact],
+        *,
+        symbols: bool,
+    ) -> _Fact:
+        """The one cache rule of every kind of fact: an entry is used only while (st_dev, st_ino, st_size,
+        st_mtime_ns) of *path* are unchanged, and only when it decodes (``from_json`` raises ElfError on a
+        malformed value: a miss, never coerced) to facts about *path*; errors are cached as the message
+        the parser raised, and raised again only when they name *path*."""
         if not self.enabled:
-            return read_symbols(path)
+            return parse(path)
         try:
             st = os.stat(path)
         except (OSError, ValueError):
-            return read_symbols(path)  # raises the ElfError naming what is wrong
+            return parse(path)  # raises the ElfError naming what is wrong
         key = [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns]
-        entries = self._load_symbols()
-        hit = entries.get(path)
+        entries = self._load_symbols() if symbols else self._load()
+        hit = entries.get(slot)
         if hit is not None and hit.get("key") == key:
-            if isinstance(hit.get("error"), str):
+            error = hit.get("error")
+            if _is_error_of(error, path):
                 self.hits += 1
-                raise ElfError(hit["error"])
-            facts = hit.get("symbols")
-            if isinstance(facts, dict):
+                raise ElfError(error)
+            value = hit.get(field)
+            if isinstance(value, dict):
                 try:
-                    got = SymbolFacts.from_json(facts)
+                    got = from_json(value)
                 except ElfError:
                     got = None
                 if got is not None and got.path == path:
@@ -276,14 +217,52 @@ class ElfCache:
                     return got
         self.misses += 1
         try:
-            result = read_symbols(path)
+            result = parse(path)
         except ElfError as e:
-            entries[path] = {"key": key, "error": str(e)}
-            self._symbols_dirty = True
+            entries[slot] = {"key": key, "error": str(e)}
+            self._mark(symbols)
             raise
-        entries[path] = {"key": key, "symbols": result.to_json()}
-        self._symbols_dirty = True
+        entries[slot] = {"key": key, field: result.to_json()}
+        self._mark(symbols)
         return result
+
+    def _mark(self, symbols: bool) -> None:
+        if symbols:
+            self._symbols_dirty = True
+        else:
+            self._dirty = True
+
+    def _load_symbols(self) -> dict[str, dict[str, Any]]:
+        """The symbol file's entries, read as :meth:`_load` reads the ELF file: owned by this user, never
+        blocking, size-capped; a foreign or unreadable file is a cache of nothing."""
+        if self._symbols is not None:
+            return self._symbols
+        entries: dict[str, dict[str, Any]] = {}
+        self._load()  # the directory's ownership decides for both files (refuse() turns the cache off)
+        data: bytes | None = None
+        if self.enabled:
+            try:
+                data = read_owned(self.symbol_file, MAX_SYMBOL_FILE)
+            except ElfError as e:
+                self.refuse(str(e))
+        if data is not None:
+            try:
+                raw = json.loads(data)
+                if (
+                    isinstance(raw, dict)
+                    and raw.get("schema") == _SYMBOL_SCHEMA
+                    and raw.get("version") == _VERSION
+                    and isinstance(raw.get("entries"), dict)
+                ):
+                    entries = {k: v for k, v in raw["entries"].items() if isinstance(v, dict)}
+                else:
+                    _log().info("ignoring foreign or outdated symbol cache %s", self.symbol_file)
+                    self._symbols_dirty = True
+            except (ValueError, UnicodeDecodeError, RecursionError, MemoryError) as e:
+                _log().info("ignoring unreadable symbol cache %s: %s", self.symbol_file, e)
+                self._symbols_dirty = True
+        self._symbols = entries
+        return entries
 
     def get_extra(self, key: str) -> Any:
         """A JSON value stored with :meth:`put_extra` (None when absent or the cache is disabled). Callers
