@@ -114,37 +114,43 @@ class ElfCache:
     def _load(self) -> dict[str, dict[str, Any]]:
         if self._entries is not None:
             return self._entries
-        entries: dict[str, dict[str, Any]] = {}
         refused = untrusted_dir(self.directory) if self.enabled else None
         if refused is not None:
             self.refuse(refused)
-        data: bytes | None = None
-        if self.enabled:
-            try:
-                data = read_owned(self.file, MAX_FILE)  # never blocks: a FIFO or a device is refused
-            except ElfError as e:
-                self.refuse(str(e))
-        if data is not None:
-            try:
-                raw = json.loads(data)
-                if (
-                    isinstance(raw, dict)
-                    and raw.get("schema") == _SCHEMA
-                    and raw.get("version") == _VERSION
-                    and isinstance(raw.get("entries"), dict)
-                ):
-                    entries = {k: v for k, v in raw["entries"].items() if isinstance(v, dict)}
-                    extra = raw.get("extra")
-                    if isinstance(extra, dict):
-                        self._extra = extra
-                else:
-                    _log().info("ignoring foreign or outdated ELF cache %s", self.file)
-                    self._dirty = True
-            except (ValueError, UnicodeDecodeError, RecursionError, MemoryError) as e:
-                _log().info("ignoring unreadable ELF cache %s: %s", self.file, e)
-                self._dirty = True
-        self._entries = entries
-        return entries
+        raw, self._dirty = self._read_file(self.file, _SCHEMA, MAX_FILE, "ELF cache")
+        extra = raw.get("extra")
+        if isinstance(extra, dict):
+            self._extra = extra
+        self._entries = {k: v for k, v in raw.get("entries", {}).items() if isinstance(v, dict)}
+        return self._entries
+
+    def _read_file(self, file: str, schema: str, limit: int, what: str) -> tuple[dict[str, Any], bool]:
+        """The top-level object of one cache file and whether it must be rewritten; ``{}`` (a cache of
+        nothing) when the cache is off, the file is missing, refused (not this user's alone, not a regular
+        file: the cache goes off for the run), unreadable, or of another schema or version."""
+        if not self.enabled:
+            return {}, False
+        try:
+            data = read_owned(file, limit)  # never blocks: a FIFO or a device is refused
+        except ElfError as e:
+            self.refuse(str(e))
+            return {}, False
+        if data is None:
+            return {}, False
+        try:
+            raw = json.loads(data)
+        except (ValueError, UnicodeDecodeError, RecursionError, MemoryError) as e:
+            _log().info("ignoring unreadable %s %s: %s", what, file, e)
+            return {}, True
+        if (
+            isinstance(raw, dict)
+            and raw.get("schema") == schema
+            and raw.get("version") == _VERSION
+            and isinstance(raw.get("entries"), dict)
+        ):
+            return raw, False
+        _log().info("ignoring foreign or outdated %s %s", what, file)
+        return {}, True
 
     def refuse(self, why: str) -> None:
         """The cache file or its directory is not this user's alone (or is no regular file): a forged entry
@@ -233,36 +239,14 @@ class ElfCache:
             self._dirty = True
 
     def _load_symbols(self) -> dict[str, dict[str, Any]]:
-        """The symbol file's entries, read as :meth:`_load` reads the ELF file: owned by this user, never
-        blocking, size-capped; a foreign or unreadable file is a cache of nothing."""
+        """The symbol file's entries, read as :meth:`_load` reads the ELF file (the directory's ownership,
+        checked there, decides for both files)."""
         if self._symbols is not None:
             return self._symbols
-        entries: dict[str, dict[str, Any]] = {}
-        self._load()  # the directory's ownership decides for both files (refuse() turns the cache off)
-        data: bytes | None = None
-        if self.enabled:
-            try:
-                data = read_owned(self.symbol_file, MAX_SYMBOL_FILE)
-            except ElfError as e:
-                self.refuse(str(e))
-        if data is not None:
-            try:
-                raw = json.loads(data)
-                if (
-                    isinstance(raw, dict)
-                    and raw.get("schema") == _SYMBOL_SCHEMA
-                    and raw.get("version") == _VERSION
-                    and isinstance(raw.get("entries"), dict)
-                ):
-                    entries = {k: v for k, v in raw["entries"].items() if isinstance(v, dict)}
-                else:
-                    _log().info("ignoring foreign or outdated symbol cache %s", self.symbol_file)
-                    self._symbols_dirty = True
-            except (ValueError, UnicodeDecodeError, RecursionError, MemoryError) as e:
-                _log().info("ignoring unreadable symbol cache %s: %s", self.symbol_file, e)
-                self._symbols_dirty = True
-        self._symbols = entries
-        return entries
+        self._load()
+        raw, self._symbols_dirty = self._read_file(self.symbol_file, _SYMBOL_SCHEMA, MAX_SYMBOL_FILE, "symbol cache")
+        self._symbols = {k: v for k, v in raw.get("entries", {}).items() if isinstance(v, dict)}
+        return self._symbols
 
     def get_extra(self, key: str) -> Any:
         """A JSON value stored with :meth:`put_extra` (None when absent or the cache is disabled). Callers
