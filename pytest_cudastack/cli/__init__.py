@@ -100,47 +100,47 @@ def build_parser(check_options: bool = True) -> argparse.ArgumentParser:
     site = _site_options(common)
     # check's and snapshot's --no-cache is the plugin's (--cudastack-no-cache, settings.option_specs)
     project_site = _site_options(_common_options(suppress=True, no_cache=not check_options))
+    as_json = argparse.ArgumentParser(add_help=False)  # every subcommand that prints data
+    as_json.add_argument("--json", action="store_true", help="print JSON instead of text")
 
     report = sub.add_parser(
-        "report", formatter_class=_Formatter, parents=[site], help="the stack on one screen, findings first (default)"
+        "report",
+        formatter_class=_Formatter,
+        parents=[site, as_json],
+        help="the stack on one screen, findings first (default)",
     )
-    report.add_argument("--json", action="store_true", help="print JSON instead of text")
     report.add_argument("-v", "--verbose", action="count", default=0, help="show more detail")
 
     tree = sub.add_parser(
         "tree",
         formatter_class=_Formatter,
-        parents=[site],
+        parents=[site, as_json],
         help="where the dynamic linker would load every needed library from",
     )
     tree.add_argument("paths", nargs="+", metavar="PATH")
-    tree.add_argument("--json", action="store_true", help="print JSON instead of text")
 
     why = sub.add_parser(
         "why",
         formatter_class=_Formatter,
-        parents=[site],
+        parents=[site, as_json],
         help="where SONAME would load from, and which distributions ship it",
     )
     why.add_argument("soname")
-    why.add_argument("--json", action="store_true", help="print JSON instead of text")
 
     loaded = sub.add_parser(
         "loaded",
         formatter_class=_Formatter,
-        parents=[common],
+        parents=[common, as_json],
         help="import MODULE in a child process and list the shared objects it maps",
     )
     loaded.add_argument("module")
-    loaded.add_argument("--json", action="store_true", help="print JSON instead of text")
 
     check = sub.add_parser(
         "check",
         formatter_class=_Formatter,
-        parents=[project_site],
+        parents=[project_site, as_json],
         help="run the invariant checks as the plugin would here; exit 1 on findings",
     )
-    check.add_argument("--json", action="store_true", help="print JSON instead of text")
 
     snapshot = sub.add_parser(
         "snapshot",
@@ -153,10 +153,9 @@ def build_parser(check_options: bool = True) -> argparse.ArgumentParser:
         _subcommand("check").add_options(check)
         _subcommand("snapshot").add_options(snapshot)
 
-    diff = sub.add_parser("diff", formatter_class=_Formatter, parents=[common], help="compare two snapshots")
+    diff = sub.add_parser("diff", formatter_class=_Formatter, parents=[common, as_json], help="compare two snapshots")
     diff.add_argument("a", metavar="A")
     diff.add_argument("b", metavar="B")
-    diff.add_argument("--json", action="store_true", help="print JSON instead of text")
     return parser
 
 
