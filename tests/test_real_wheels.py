@@ -7,7 +7,6 @@ assumption on one library (inode, size and checksum of the original before and a
 
 from __future__ import annotations
 
-import glob
 import hashlib
 import json
 import os
@@ -24,23 +23,11 @@ from pytest_cudastack.findings import Severity
 
 # cp -al and pip in the copies change the ctime of the venv's own inodes: keep these on one xdist worker,
 # apart from tests that rely on those inodes staying untouched (test_treeview's closure-cache test).
+from tests.helpers.realenv import torch_site, torch_venv
+
 pytestmark = [pytest.mark.real, pytest.mark.xdist_group("torch-venv")]
 
 CUDNN12 = "nvidia_cudnn_cu12-9.19.0.56-py3-none-manylinux_2_27_x86_64.whl"
-
-
-def _venv() -> Path:
-    venv = os.environ.get("CUDASTACK_TORCH_VENV")
-    if not venv or not os.path.isdir(venv):
-        pytest.skip("CUDASTACK_TORCH_VENV unset or absent")
-    return Path(venv)
-
-
-def _site(venv: Path) -> str:
-    sites = sorted(glob.glob(str(venv / "lib/python3*/site-packages")))
-    if not sites:
-        pytest.skip(f"no site-packages in {venv}")
-    return sites[0]
 
 
 def _wheel() -> Path:
@@ -63,14 +50,14 @@ def _private_cache(tmp_path_factory, monkeypatch):
 
 @pytest.fixture(scope="module")
 def clean_report() -> WheelReport:
-    return wheel_report([_site(_venv())])
+    return wheel_report([torch_site(torch_venv())])
 
 
 @pytest.fixture(scope="module")
 def cu12_over_cu13(tmp_path_factory) -> tuple[Path, str]:
     """A copy of the venv after ``pip install --no-deps nvidia-cudnn-cu12==9.19.0.56``."""
-    venv, wheel = _venv(), _wheel()
-    original = os.path.join(_site(venv), "nvidia/cudnn/lib/libcudnn.so.9")
+    venv, wheel = torch_venv(), _wheel()
+    original = os.path.join(torch_site(venv), "nvidia/cudnn/lib/libcudnn.so.9")
     before = _fingerprint(original)
     copy = tmp_path_factory.mktemp("cu12") / "venv"
     subprocess.run(["cp", "-al", str(venv), str(copy)], check=True)
@@ -80,7 +67,7 @@ def cu12_over_cu13(tmp_path_factory) -> tuple[Path, str]:
         capture_output=True,
     )
     assert _fingerprint(original) == before, "pip wrote into a hard-linked file: the original venv changed"
-    return copy, _site(copy)
+    return copy, torch_site(copy)
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +81,7 @@ def after_uninstall(cu12_over_cu13, tmp_path_factory) -> tuple[Path, str]:
         check=True,
         capture_output=True,
     )
-    site = _site(copy)
+    site = torch_site(copy)
     os.unlink(os.path.join(site, "nvidia/nccl/lib/libnccl.so.2"))
     os.unlink(os.path.join(site, "nvidia/cusparselt/lib/libcusparseLt.so.0"))
     return copy, site
@@ -183,7 +170,7 @@ def test_the_printed_plan_repairs_the_seed_venv(after_uninstall, tmp_path):
     src, _ = after_uninstall
     copy = tmp_path / "venv"
     subprocess.run(["cp", "-al", str(src), str(copy)], check=True)
-    site = _site(copy)
+    site = torch_site(copy)
     (plan,) = plan_repairs(wheel_report([site]).findings, wheel_report([site]).inventory)
     assert [s.command for s in plan.steps] == [
         f"{copy}/bin/python -m pip install --force-reinstall --no-deps nvidia-cudnn-cu13==9.24.0.43 "
@@ -207,7 +194,7 @@ def test_the_plan_removes_a_metadata_only_stray_and_restores_the_pin(cu12_over_c
         check=True,
         capture_output=True,
     )
-    site = _site(copy)
+    site = torch_site(copy)
     rep = wheel_report([site])
     (plan,) = plan_repairs(rep.findings, rep.inventory)
     py = f"{copy}/bin/python -m pip"
@@ -263,7 +250,7 @@ def test_pytest_in_the_seed_venv_names_every_soname_and_the_command_first(after_
 
 
 def test_cuda_max_on_the_cu130_venv_is_one_finding_about_torch(capsys):
-    site = _site(_venv())
+    site = torch_site(torch_venv())
     assert main(["check", "--site", site, "--cuda-max=12.9"]) == 1
     out = capsys.readouterr().out
     errors = [line for line in out.splitlines() if line.lstrip().startswith("error:")]
@@ -271,12 +258,12 @@ def test_cuda_max_on_the_cu130_venv_is_one_finding_about_torch(capsys):
     assert "torch 2.14.1 is a CUDA 13 build; it pulls 16 CUDA 13 wheel(s): cuda-toolkit, nvidia-cublas" in errors[0]
     assert "--index-url https://download.pytorch.org/whl/cu129" in out
     assert "that it carries torch 2.14.1 is a guess" in out
-    assert f"repair plan for {_venv()}" in out
+    assert f"repair plan for {torch_venv()}" in out
 
 
 def test_copies_left_the_original_intact(cu12_over_cu13, clean_report):
     # after all the mutations of the copies, the original still inventories clean
-    again = wheel_report([_site(_venv())])
+    again = wheel_report([torch_site(torch_venv())])
     assert again.failing == ()
 
 
@@ -288,7 +275,7 @@ def _why(site, soname, capsys):
 
 
 def test_why_libcudnn_answers_as_torch_loads_it(capsys):
-    site = _site(_venv())
+    site = torch_site(torch_venv())
     rc, text, data = _why(site, "libcudnn.so.9", capsys)
     assert rc == 0, text
     assert "NOT FOUND" not in text.splitlines()[0]

@@ -18,40 +18,27 @@ from pytest_cudastack.checks.symbols import extension_symbol_findings
 from pytest_cudastack.linker.elfcache import ElfCache
 from pytest_cudastack.linker.resolver import Resolver, SearchConfig
 from pytest_cudastack.wheels.inventory import installed_wheels
+from tests.helpers.realenv import torch_site, torch_venv
 
 pytestmark = [pytest.mark.real, pytest.mark.xdist_group("torch-venv")]
 
 NCCL11 = "nvidia_nccl_cu11-2.14.3-*.whl"
 
 
-def _venv() -> Path:
-    venv = os.environ.get("CUDASTACK_TORCH_VENV")
-    if not venv or not os.path.isdir(venv):
-        pytest.skip("CUDASTACK_TORCH_VENV unset or absent")
-    return Path(venv)
-
-
-def _site(venv: Path) -> str:
-    sites = sorted(glob.glob(str(venv / "lib/python3*/site-packages")))
-    if not sites:
-        pytest.skip(f"no site-packages in {venv}")
-    return sites[0]
-
-
 def _findings(venv: Path, cache_dir: Path):
     cache = ElfCache(str(cache_dir))
-    inv = installed_wheels([_site(venv)], reader=cache.read)
+    inv = installed_wheels([torch_site(venv)], reader=cache.read)
     resolver = Resolver(SearchConfig.from_environment({}), reader=cache.read, owner=inv.owner)
     return extension_symbol_findings(inv, resolver, cache.read_symbols, interpreter=str(venv / "bin/python"))
 
 
 def test_clean_torch_venv_binds_every_symbol(tmp_path: Path):
-    findings = _findings(_venv(), tmp_path)
+    findings = _findings(torch_venv(), tmp_path)
     assert findings == (), "\n\n".join(f.render() for f in findings)
 
 
 def test_older_nccl_than_torch_pins_names_symbol_soname_and_wheel(tmp_path: Path):
-    venv = _venv()
+    venv = torch_venv()
     wheels = sorted(glob.glob(os.path.join(os.environ.get("CUDASTACK_WHEELS", "/opt/cudastack-wheels"), NCCL11)))
     if not wheels:
         pytest.skip(f"no {NCCL11} in $CUDASTACK_WHEELS")
