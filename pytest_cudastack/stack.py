@@ -117,6 +117,7 @@ class Stack:
         self._cache = cache
         self._site_paths = site_paths
         self._trees: dict[str, Tree] = {}
+        self._findings: dict[tuple[str, Target | None], tuple[Finding, ...]] = {}
 
     # facts ------------------------------------------------------------------------------------------
     @cached_property
@@ -216,8 +217,12 @@ class Stack:
     # findings per invariant item ---------------------------------------------------------------------
     def findings(self, check: str, target: Target | None = None) -> tuple[Finding, ...]:
         """Findings of one invariant item ("integrity", "closure", "cuda-max", ...; ``checks.CHECKS``);
-        ``target`` is the ``(display name, path)`` of a per-target check's item (scan)."""
-        return lookup(check).run(self, target)
+        ``target`` is the ``(display name, path)`` of a per-target check's item (scan). Each is computed
+        once per stack: the item, the repair plan and ``run_checks`` read the same findings."""
+        key = (check, target)
+        if key not in self._findings:
+            self._findings[key] = lookup(check).run(self, target)
+        return self._findings[key]
 
     def run_checks(self) -> dict[str, tuple[Finding, ...]]:
         """Every invariant item the settings turn on, as the plugin names them ("integrity",
@@ -225,7 +230,7 @@ class Stack:
         out: dict[str, tuple[Finding, ...]] = {}
         for check in enabled_checks(self.settings):
             for name, target in check.expand(self):
-                out[name] = check.run(self, target)
+                out[name] = self.findings(check.name, target)
         return out
 
     def recorded_snapshot(self, path: str) -> dict[str, Any]:

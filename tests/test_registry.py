@@ -151,3 +151,20 @@ def test_reading_the_registry_imports_no_check_module():
         "pytest_cudastack.findings",
         "pytest_cudastack.settings",
     }, loaded
+
+
+def test_each_items_findings_are_computed_once_per_stack(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the item, the run's repair plan and run_checks all read one result: a check is not run again
+    calls: list[Target | None] = []
+
+    def counting(stack: StackView, target: Target | None) -> tuple[Finding, ...]:
+        calls.append(target)
+        return _dummy(stack, target)
+
+    counted = Check("dummy", "the dummy invariant holds", counting, lambda o: o.cudastack)
+    monkeypatch.setattr(checks, "CHECKS", registry(counted))
+    stack = Stack(Settings(cudastack=True), driver_info=DRIVER)
+    first = stack.findings("dummy")
+    assert stack.findings("dummy") is first
+    assert stack.run_checks() == {"dummy": first}
+    assert calls == [None]
