@@ -30,7 +30,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from pytest_cudastack._sysio import real_path
-from pytest_cudastack.checks.repair import plan_repairs
+from pytest_cudastack.checks.repair import load_facts, plan_repairs, verified_fixes
 from pytest_cudastack.cuda.compat import is_driver_soname
 from pytest_cudastack.findings import Finding, Severity
 from pytest_cudastack.linker.resolver import Library, Resolver, SearchConfig, Tree
@@ -171,7 +171,9 @@ def extension_closures(
         )
     reported = set(missing)
     findings.extend(_unreachable(inv, resolver, reached, lambda s: is_driver_soname(s) or s in reported, dirs))
-    return tuple(findings)
+    if not any(f.failing for f in findings):
+        return tuple(findings)
+    return verified_fixes(findings, inv, facts=load_facts(mt.tree for mt in mts))
 
 
 def run(stack: StackView, target: Target | None = None) -> tuple[Finding, ...]:

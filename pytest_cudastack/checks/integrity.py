@@ -1,9 +1,12 @@
-"""The integrity check: the wheels floor's verdict on the installed distributions, as one item."""
+"""The integrity check: the wheels floor's verdict on the installed distributions, as one item, each failing
+finding's fix replaced by the one the repair model verifies (``repair.verified_fixes``: the plan's command
+for the whole item where it repairs the finding)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from pytest_cudastack.checks.repair import verified_fixes
 from pytest_cudastack.wheels.integrity import check_integrity
 
 if TYPE_CHECKING:
@@ -15,8 +18,9 @@ __all__ = ["integrity_findings", "run"]
 
 
 def integrity_findings(inventory: Inventory) -> tuple[Finding, ...]:
-    """Inventory problems (malformed dist-infos, one name installed twice), then ``check_integrity``'s."""
-    return (*inventory.findings, *check_integrity(inventory))
+    """Inventory problems (malformed dist-infos, one name installed twice), then ``check_integrity``'s, with
+    verified fixes."""
+    return verified_fixes((*inventory.findings, *check_integrity(inventory)), inventory)
 
 
 def run(stack: StackView, target: Target | None = None) -> tuple[Finding, ...]:

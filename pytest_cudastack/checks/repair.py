@@ -31,7 +31,7 @@ import os
 import re
 import shlex
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from packaging.requirements import InvalidRequirement, Requirement
@@ -39,11 +39,22 @@ from packaging.utils import canonicalize_name
 
 from pytest_cudastack.checks.torchindex import index_for
 from pytest_cudastack.findings import Finding
+from pytest_cudastack.linker.resolver import Tree
 from pytest_cudastack.wheels.integrity import Requirer, active_requirements, exact_pin, pip_command, variant_sibling
 from pytest_cudastack.wheels.inventory import Distribution, Inventory
 from pytest_cudastack.wheels.sitepaths import install_prefix
 
-__all__ = ["RepairPlan", "RepairStep", "plan_repairs", "render_plans"]
+__all__ = [
+    "NO_SAFE_REPAIR",
+    "LoadFacts",
+    "RepairPlan",
+    "RepairStep",
+    "load_facts",
+    "plan_repairs",
+    "predict",
+    "render_plans",
+    "verified_fixes",
+]
 
 _BOUND = re.compile(r"--cuda-(?:max|min)=([0-9][0-9.]*)")  # the bound a cuda-max/min message names
 _MODELLED = ("integrity", "closure", "cuda-max", "cuda-min")
@@ -65,13 +76,15 @@ class RepairStep:
 class RepairPlan:
     """The steps for one environment (``environment``: its installation prefix), in order; ``fixes``: the
     findings (``check: subject``) the model says they repair; ``unresolved``: the failing findings they do
-    not; ``notes``: what the model takes on trust (an index that is a guess)."""
+    not; ``notes``: what the model takes on trust (an index that is a guess); ``refused``: when the steps
+    the plan would take are not proposed, the errors the model predicts after them."""
 
     environment: str
     steps: tuple[RepairStep, ...]
     fixes: tuple[str, ...]
     unresolved: tuple[str, ...] = ()
     notes: tuple[str, ...] = field(default=())
+    refused: tuple[str, ...] = field(default=())
 
     @property
     def command(self) -> str:
@@ -111,58 +124,187 @@ def _key(f: Finding) -> str:
     return f"{f.check}: {f.subject}"
 
 
+_Row = tuple[str | None, int | None]  # (hash, size) of a RECORD row; (None, None): not known (not on disk)
+
+
+@dataclass(frozen=True)
+class LoadFacts:
+    """What the extension modules' closures load now (``loaded``: soname, path) and what they miss
+    (``missing``: soname, every path the linker tried for it), for the model's closure check
+    (:func:`load_facts`)."""
+
+    loaded: tuple[tuple[str, str], ...] = ()
+    missing: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+
+def load_facts(trees: Iterable[Tree]) -> LoadFacts:
+    """The :class:`LoadFacts` of resolved closures (``closure.module_trees``' trees)."""
+    loaded: dict[tuple[str, str], None] = {}
+    missing: dict[str, dict[str, None]] = {}
+    for tree in trees:
+        for lib in tree.libraries:
+            if lib.path is not None:
+                loaded[(lib.soname, os.path.normpath(lib.path))] = None
+            else:
+                missing.setdefault(lib.soname, {}).update(dict.fromkeys(os.path.normpath(t) for t in lib.tried))
+    return LoadFacts(tuple(loaded), tuple((s, tuple(t)) for s, t in missing.items()))
+
+
+@dataclass(frozen=True)
+class _Err:
+    """One error the model finds; equal when ``kind`` and ``subject`` are (``about``: the distribution keys
+    and ``so:<soname>`` tokens it concerns)."""
+
+    kind: str
+    subject: str
+    about: frozenset[str] = field(compare=False)
+    text: str = field(compare=False)
+
+
 @dataclass
 class _Model:
-    """Installed distributions (key -> RECORD-listed library paths) and whose bytes each path holds."""
+    """Installed distributions (key -> RECORD-listed library paths, name, version, active requirements) and
+    whose bytes each path holds: what pip's uninstall / ``install --force-reinstall --no-deps`` change."""
 
     libs: dict[str, tuple[str, ...]]
-    rows: dict[str, dict[str, tuple[str | None, int | None]]]  # key -> path -> (hash, size) of its RECORD row
+    rows: dict[str, dict[str, _Row]]  # key -> path -> its RECORD row
     on_disk: dict[str, str | None]  # path -> key whose bytes are there, None: missing or nobody's
+    names: dict[str, str]
+    versions: dict[str, str]
+    requires: dict[str, tuple[Requirement, ...]]
+    sonames: dict[str, str]  # path -> the soname (else file name) of the library at it
+
+    def copy(self) -> _Model:
+        return _Model(
+            dict(self.libs),
+            {k: dict(v) for k, v in self.rows.items()},
+            dict(self.on_disk),
+            dict(self.names),
+            dict(self.versions),
+            dict(self.requires),
+            self.sonames,
+        )
 
     def uninstall(self, key: str) -> None:
         for path in self.libs.pop(key, ()):
             self.on_disk[path] = None
-        self.rows.pop(key, None)
+        for table in (self.rows, self.names, self.versions, self.requires):
+            table.pop(key, None)
 
-    def install(self, key: str, paths: tuple[str, ...], rows: dict[str, tuple[str | None, int | None]]) -> None:
+    def install(
+        self,
+        key: str,
+        paths: tuple[str, ...],
+        rows: dict[str, _Row],
+        name: str | None = None,
+        version: str | None = None,
+        requires: tuple[Requirement, ...] | None = None,
+    ) -> None:
+        """``pip install --force-reinstall --no-deps name==version``: its files written over whatever is there
+        (an already installed key keeps its name and requirements unless given)."""
         self.libs[key] = paths
         self.rows[key] = rows
+        self.names[key] = name or self.names.get(key, key)
+        if version is not None:
+            self.versions[key] = version
+        self.requires[key] = requires if requires is not None else self.requires.get(key, ())
         for path in paths:
             self.on_disk[path] = key
 
     def intact(self, key: str) -> bool:
         return key in self.libs and all(self.on_disk.get(p) == key for p in self.libs[key])
 
+    def label(self, key: str) -> str:
+        return f"{self.names.get(key, key)} {self.versions.get(key, '?')}"
+
     def overlapping(self) -> set[str]:
         """Installed keys that list a path another installed key lists with another RECORD row."""
+        return {k for e in self.errors(LoadFacts()) if e.kind == "overlap" for k in e.about}
+
+    def errors(self, facts: LoadFacts) -> set[_Err]:
+        """What integrity, the requirements and closure resolution would report on this state."""
+        out: set[_Err] = set()
         by_path: dict[str, list[str]] = {}
         for key, paths in self.libs.items():
             for p in paths:
                 by_path.setdefault(p, []).append(key)
-        out: set[str] = set()
+                holder = self.on_disk.get(p)
+                so = f"so:{self.sonames.get(p, os.path.basename(p))}"
+                if holder is None:
+                    out.add(_Err("gone", f"{key}:{p}", frozenset((key, so)), f"{self.label(key)} lists {p}, gone"))
+                elif holder != key and self.rows[key].get(p) != self.rows.get(holder, {}).get(p):
+                    text = f"{p} holds {self.label(holder)}'s bytes, not {self.label(key)}'s"
+                    out.add(_Err("foreign", f"{key}:{p}", frozenset((key, holder, so)), text))
         for p, keys in by_path.items():
-            if len(keys) > 1 and len({self.rows[k][p] for k in keys}) > 1:
-                out.update(keys)
+            if len(keys) > 1 and len({self.rows[k].get(p) for k in keys}) > 1:
+                text = f"{' and '.join(self.label(k) for k in keys)} install {p} with other bytes"
+                out.add(_Err("overlap", p, frozenset(keys), text))
+        for key, reqs in self.requires.items():
+            for r in reqs:
+                want = canonicalize_name(r.name)
+                if want == key:
+                    continue
+                have = self.versions.get(want)
+                if have is None:
+                    text = f"{self.label(key)} requires {r.name}{r.specifier}, which would not be installed"
+                    sibling = variant_sibling(want)
+                    if sibling is not None and sibling in self.versions:
+                        # the variants install the same paths: what it would load is the sibling's build
+                        text += f" (it would load {self.label(sibling)}'s files from the same paths)"
+                    out.add(_Err("absent", f"{key}->{want}", frozenset((want,)), text))
+                elif r.specifier and not r.specifier.contains(have, prereleases=True):
+                    text = f"{self.label(key)} requires {r.name}{r.specifier}, {have} would be installed"
+                    out.add(_Err("unmet", f"{key}->{want}", frozenset((want,)), text))
+        for soname, path in facts.loaded:
+            if path in self.on_disk and self.on_disk[path] is None:
+                text = f"{soname} would be gone from {path}, where an extension module loads it"
+                out.add(_Err("unloadable", soname, frozenset((f"so:{soname}",)), text))
+        for soname, tried in facts.missing:
+            if not any(self._present(t) for t in tried):
+                text = f"{soname} would still not be found (tried {len(tried)} path(s))"
+                out.add(_Err("not-found", soname, frozenset((f"so:{soname}",)), text))
         return out
 
+    def _present(self, path: str) -> bool:
+        if path in self.on_disk:
+            return self.on_disk[path] is not None
+        return os.path.lexists(path)
 
-def _model(dists: Sequence[Distribution]) -> _Model:
+
+def _model(dists: Sequence[Distribution], required: dict[str, list[Requirer]]) -> _Model:
     libs: dict[str, tuple[str, ...]] = {}
-    rows: dict[str, dict[str, tuple[str | None, int | None]]] = {}
+    rows: dict[str, dict[str, _Row]] = {}
     owners: dict[str, list[Distribution]] = {}
+    sonames: dict[str, str] = {}
+    requires: dict[str, list[Requirement]] = {d.key: [] for d in dists}
     for d in dists:
         listed = tuple(lib.path for lib in d.libraries if lib.record is not None)
         libs[d.key] = listed
         rows[d.key] = {lib.path: (lib.record.hash, lib.record.size) for lib in d.libraries if lib.record is not None}
+        for lib in d.libraries:
+            sonames[lib.path] = lib.soname or os.path.basename(lib.path)
         for p in listed:
             owners.setdefault(p, []).append(d)
+    mine = {id(d) for d in dists}
+    for rs in required.values():
+        for r in rs:
+            if id(r.dist) in mine:
+                requires[r.dist.key].append(r.requirement)
     on_disk: dict[str, str | None] = {}
     for p, ds in owners.items():
         size = _size(p)
         # bytes attributed by RECORD size, as integrity does when sizes decide; an owner listing no size loses
         match = [d for d in ds if size is not None and rows[d.key][p][1] == size]
         on_disk[p] = match[-1].key if match else None
-    return _Model(libs, rows, on_disk)
+    return _Model(
+        libs,
+        rows,
+        on_disk,
+        {d.key: d.name for d in dists},
+        {d.key: d.version for d in dists},
+        {k: tuple(v) for k, v in requires.items()},
+        sonames,
+    )
 
 
 def _size(path: str) -> int | None:
@@ -197,8 +339,13 @@ def _named(f: Finding, inv: Inventory) -> set[str]:
     return {k for k in keys if inv.get(k) is not None}
 
 
-def plan_repairs(findings: Iterable[Finding], inventory: Inventory) -> tuple[RepairPlan, ...]:
-    """One plan per installation prefix that has failing findings (none when nothing fails)."""
+def plan_repairs(
+    findings: Iterable[Finding], inventory: Inventory, *, facts: LoadFacts | None = None
+) -> tuple[RepairPlan, ...]:
+    """One plan per installation prefix that has failing findings (none when nothing fails).
+
+    ``facts``: the extension modules' closures (:func:`load_facts`) for the model's closure check; without
+    them it assumes the conservative :func:`_fallback_facts`."""
     failing = [f for f in findings if f.failing]
     if not failing:
         return ()
@@ -214,7 +361,7 @@ def plan_repairs(findings: Iterable[Finding], inventory: Inventory) -> tuple[Rep
             orphan.append(f)
         else:
             by_env.setdefault(env, []).append(f)
-    plans = [_plan(env, envs[env], fs, inventory) for env, fs in by_env.items()]
+    plans = [_plan(env, envs[env], fs, inventory, facts) for env, fs in by_env.items()]
     if orphan:
         if plans:
             first = plans[0]
@@ -224,13 +371,16 @@ def plan_repairs(findings: Iterable[Finding], inventory: Inventory) -> tuple[Rep
                 first.fixes,
                 first.unresolved + tuple(_key(f) for f in orphan),
                 first.notes,
+                first.refused,
             )
         else:
             plans.append(RepairPlan("this machine", (), (), tuple(_key(f) for f in orphan)))
     return tuple(plans)
 
 
-def _plan(env: str, dists: Sequence[Distribution], findings: Sequence[Finding], inv: Inventory) -> RepairPlan:
+def _plan(
+    env: str, dists: Sequence[Distribution], findings: Sequence[Finding], inv: Inventory, facts: LoadFacts | None
+) -> RepairPlan:
     required = active_requirements(inv)
     by_key = {d.key: d for d in dists}
     named = {id(f): _named(f, inv) for f in findings}
@@ -289,44 +439,54 @@ def _plan(env: str, dists: Sequence[Distribution], findings: Sequence[Finding], 
             elif partners:
                 drop.add(k)
 
-    model = _model(dists)
+    before = _model(dists, required)
+    model = before.copy()
     dropped_paths = {p for k in drop for p in model.libs.get(k, ())}
     for k in sorted(drop):
         model.uninstall(k)
 
     # 2. reinstall what the findings name and the model does not find intact, plus the absent pinned variants
     reinstall: list[tuple[str, str]] = []  # (name, version)
+
+    def put_back(d: Distribution) -> None:
+        version = _version_for(d, needed_by(d.key, drop))
+        reinstall.append((d.name, version))
+        paths = before.libs.get(d.key, ())
+        # another version than the one on disk: its RECORD rows are not known here
+        rows = before.rows.get(d.key, {}) if version == d.version else dict.fromkeys(paths, (None, None))
+        model.install(d.key, paths, rows, version=version)
+
     for d in dists:
         if d.key in drop or d.key not in touched:
             continue
         if not model.intact(d.key):
-            reinstall.append((d.name, _version_for(d, needed_by(d.key, drop))))
-            model.install(d.key, model.libs.get(d.key, ()), model.rows.get(d.key, {}))
+            put_back(d)
     for d in dists:  # a kept distribution sharing a path with a dropped one lost that file to the uninstall
         if d.key not in drop and not model.intact(d.key) and dropped_paths.intersection(model.libs[d.key]):
-            reinstall.append((d.name, _version_for(d, needed_by(d.key, drop))))
-            model.install(d.key, model.libs[d.key], model.rows[d.key])
+            if (d.name, _version_for(d, needed_by(d.key, drop))) not in reinstall:
+                put_back(d)
     for name, sib in sorted(installs.items()):
         pins = [v for r in needed_by(name, drop) if (v := exact_pin(r)) is not None]
         if not pins:
             continue
         reinstall.append((name, pins[0]))
-        sib_rows: dict[str, tuple[str | None, int | None]] = {
-            lib.path: (None, None) for lib in sib.libraries if lib.record is not None
-        }
-        model.install(name, tuple(sib_rows), sib_rows)
+        sib_rows: dict[str, _Row] = {lib.path: (None, None) for lib in sib.libraries if lib.record is not None}
+        model.install(name, tuple(sib_rows), sib_rows, name=name, version=pins[0], requires=())
 
-    # verify every claim against the model
-    overlapping = model.overlapping()
+    # verify every claim against the model: the errors the state after the steps still has
+    acted = drop | {canonicalize_name(n) for n, _ in reinstall}
+    bad, remaining = _verdict(before, model, acted, facts or _fallback_facts(findings, inv, before))
     fixed: list[Finding] = []
     unresolved: list[Finding] = []
     for f in findings:
         if f in torch_fixes:
             fixed.append(f)
             continue
-        ok = f.check in ("integrity", "closure") and _repaired(f, named[id(f)], model, drop, inv)
-        ok = ok and not (named[id(f)] & overlapping) and not any(needed_by(k, drop) for k in drop & named[id(f)])
+        about = _about(f, named[id(f)])
+        ok = f.check in ("integrity", "closure") and not bad and (drop or reinstall)
+        ok = ok and not any(e.about & about for e in remaining)
         (fixed if ok else unresolved).append(f)
+    refused = tuple(e.text for e in sorted(bad, key=lambda e: (e.kind, e.subject)))
 
     steps: list[RepairStep] = []
     if fixed:
@@ -355,22 +515,165 @@ def _plan(env: str, dists: Sequence[Distribution], findings: Sequence[Finding], 
         tuple(_key(f) for f in fixed) if steps else (),
         tuple(_key(f) for f in (unresolved if steps else findings)),
         tuple(notes) if torch_step is not None and steps else (),
+        refused=refused if not steps else (),
     )
 
 
-def _repaired(f: Finding, keys: set[str], model: _Model, gone: set[str], inv: Inventory) -> bool:
+def _about(f: Finding, keys: set[str]) -> frozenset[str]:
+    """The keys and ``so:<soname>`` tokens whose errors in the model mean that ``f`` is not repaired."""
+    about = set(keys)
     if f.check == "closure":
+        about.update(f"so:{s}" for s in _sonames(f))
+    return frozenset(about)
+
+
+def _fallback_facts(findings: Sequence[Finding], inv: Inventory, model: _Model) -> LoadFacts:
+    """Without resolved trees: a closure finding's soname is found where a RECORD lists it only if that file
+    was gone (a present one is not on the search path), and every present library may be loaded by
+    someone (an uninstall that deletes one without writing it again is not claimed as safe)."""
+    missing: dict[str, tuple[str, ...]] = {}
+    for f in findings:
+        if f.check != "closure" or not f.failing:
+            continue
         for soname in _sonames(f):
-            claims = inv.shipping(soname)
-            if not claims or any(os.path.lexists(p) for _, p in claims):
-                return False  # not a gone file: the search path, not the files, is what is wrong
-            if not any(model.on_disk.get(p) in model.libs for _, p in claims):
-                return False
-        return True
-    if not keys:
-        return False
-    return all(model.intact(k) if k in model.libs else k in gone for k in keys)
+            claims = [p for _, p in inv.shipping(soname)]
+            missing[soname] = () if any(os.path.lexists(p) for p in claims) else tuple(claims)
+    loaded = tuple((model.sonames.get(p, os.path.basename(p)), p) for p, k in model.on_disk.items() if k is not None)
+    return LoadFacts(loaded, tuple(missing.items()))
+
+
+def _verdict(before: _Model, after: _Model, acted: set[str], facts: LoadFacts) -> tuple[set[_Err], set[_Err]]:
+    """(errors that make the steps unsafe, every error left after them). Unsafe: an error the steps create,
+    or one left about what they act on (a distribution, its CUDA variant, a library whose bytes they change)."""
+    old = before.errors(facts)
+    new = after.errors(facts)
+    affected = set(acted) | {s for k in acted if (s := variant_sibling(k)) is not None}
+    for p in set(before.on_disk) | set(after.on_disk):
+        if before.on_disk.get(p) != after.on_disk.get(p):
+            affected.add(f"so:{before.sonames.get(p, os.path.basename(p))}")
+            affected.update(k for k in (before.on_disk.get(p), after.on_disk.get(p)) if k is not None)
+    bad = {e for e in new if e not in old or e.about & affected}
+    return bad, new
 
 
 def _pip(d: Distribution) -> tuple[str, ...]:
     return tuple(shlex.split(pip_command(d)))
+
+
+# --------------------------------------------------------------------------------------------------------------
+# each finding's own fix, verified
+
+
+def verified_fixes(
+    findings: Sequence[Finding], inventory: Inventory, *, facts: LoadFacts | None = None
+) -> tuple[Finding, ...]:
+    """``findings`` with the fix of each failing integrity / closure finding replaced by one the model
+    verifies: the command of the plan over all of them when it repairs that finding (one command for the
+    item, as in the run's plan), else the plan for the finding alone, else "no safe automatic repair is
+    known" with the reason the model gives (what the finding's own suggestion would leave) and what to do
+    by hand."""
+    failing = [f for f in findings if f.failing and f.check in ("integrity", "closure")]
+    if not failing:
+        return tuple(findings)
+    plans = plan_repairs(failing, inventory, facts=facts)
+    by_key = {k: p for p in plans if p.steps for k in p.fixes}
+    chosen: dict[int, str] = {}
+    for f in failing:
+        plan = by_key.get(_key(f))
+        refused: list[str] = []
+        if plan is None:
+            alone = plan_repairs([f], inventory, facts=facts)
+            plan = next((p for p in alone if p.steps and _key(f) in p.fixes), None)
+            refused = [r for p in alone for r in p.refused]
+        chosen[id(f)] = plan.command if plan is not None else _no_safe_repair(f, refused, inventory, facts)
+    return tuple(replace(f, fix=chosen[id(f)]) if id(f) in chosen else f for f in findings)
+
+
+NO_SAFE_REPAIR = "no safe automatic repair is known"
+
+
+def _no_safe_repair(f: Finding, refused: Sequence[str], inv: Inventory, facts: LoadFacts | None) -> str:
+    actions = _parse_fix(f.fix)
+    reason = ""
+    if actions:
+        left = predict(actions, inv, facts=facts, findings=[f])
+        if left:
+            reason = f"the model predicts that {f.fix.split(' (')[0]} would leave: {'; '.join(left[:2])}"
+    if not reason and refused:
+        reason = f"the model predicts that its candidate repair would leave: {'; '.join(refused[:2])}"
+    if not reason:
+        reason = "no pip command the model knows (uninstall, force-reinstall) repairs it"
+    if f.fix and not actions:
+        manual = f.fix
+    else:
+        manual = (
+            "decide which of the distributions named above the software you run needs, uninstall the others, "
+            "force-reinstall what stays with --no-deps at the versions its dependents pin, then re-run "
+            "cudastack check"
+        )
+    return f"{NO_SAFE_REPAIR}: {reason}. By hand: {manual}"
+
+
+_Action = tuple[str, str, str | None]  # ("uninstall" | "install", canonical name, version or None)
+
+
+def _parse_fix(text: str) -> list[_Action] | None:
+    """The pip commands of a fix as this package writes them (``P -m pip uninstall -y A && P -m pip install
+    --force-reinstall --no-deps X==V (why)``); None when some part is not such a command."""
+    if not text:
+        return None
+    actions: list[_Action] = []
+    for part in re.split(r" && |; |, then ", text):
+        try:
+            argv = shlex.split(part.split(" (")[0])
+        except ValueError:
+            return None
+        if "pip" not in argv:
+            return None
+        rest = argv[argv.index("pip") + 1 :]
+        if not rest or rest[0] not in ("install", "uninstall"):
+            return None
+        for arg in rest[1:]:
+            if arg.startswith("-"):
+                continue
+            name, _, version = arg.partition("==")
+            actions.append((rest[0], canonicalize_name(name), version or None))
+    return actions or None
+
+
+def predict(
+    actions: Sequence[_Action],
+    inventory: Inventory,
+    *,
+    facts: LoadFacts | None = None,
+    findings: Sequence[Finding] = (),
+) -> list[str]:
+    """What the model finds wrong after pip ``actions`` (in order, each ``(verb, name, version)``):
+    the errors they create or leave about what they act on, plus those left about ``findings``; [] when
+    none. An install of a version not on disk takes the installed version's paths (or, for an absent CUDA
+    variant, its installed sibling's) with unknown RECORD rows."""
+    required = active_requirements(inventory)
+    keys = {k for _, k, _ in actions}
+    env = next((_environment(d) for k in sorted(keys) if (d := inventory.get(k)) is not None), None)
+    dists = [d for d in inventory.distributions if env is None or _environment(d) == env]
+    before = _model(dists, required)
+    after = before.copy()
+    for verb, key, version in actions:
+        if verb == "uninstall":
+            after.uninstall(key)
+            continue
+        d = inventory.get(key)
+        source = d if d is not None else inventory.get(variant_sibling(key) or "")
+        if source is None:
+            after.install(key, (), {}, name=key, version=version, requires=())
+            continue
+        paths = before.libs.get(source.key, ())
+        same = d is not None and (version is None or version == d.version)
+        rows = before.rows.get(source.key, {}) if same else dict.fromkeys(paths, (None, None))
+        reqs = before.requires.get(key) if d is not None else ()
+        after.install(key, paths, rows, name=source.name if d else key, version=version or source.version, requires=reqs)
+    f_facts = facts or _fallback_facts(findings, inventory, before)
+    bad, remaining = _verdict(before, after, keys, f_facts)
+    about = frozenset().union(*(_about(f, _named(f, inventory)) for f in findings)) if findings else frozenset()
+    left = bad | {e for e in remaining if e.about & about}
+    return [e.text for e in sorted(left, key=lambda e: (e.kind, e.subject))]
