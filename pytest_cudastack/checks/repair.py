@@ -40,7 +40,14 @@ from packaging.utils import canonicalize_name
 from pytest_cudastack.checks.torchindex import index_for
 from pytest_cudastack.findings import Finding
 from pytest_cudastack.linker.resolver import Tree
-from pytest_cudastack.wheels.integrity import Requirer, active_requirements, exact_pin, pip_command, variant_sibling
+from pytest_cudastack.wheels.integrity import (
+    Requirer,
+    active_requirements,
+    bytes_on_disk,
+    exact_pin,
+    pip_command,
+    variant_sibling,
+)
 from pytest_cudastack.wheels.inventory import Distribution, Inventory
 from pytest_cudastack.wheels.sitepaths import install_prefix
 
@@ -271,7 +278,7 @@ class _Model:
         return os.path.lexists(path)
 
 
-def _model(dists: Sequence[Distribution], required: dict[str, list[Requirer]]) -> _Model:
+def _model(dists: Sequence[Distribution], required: dict[str, list[Requirer]], inv: Inventory) -> _Model:
     libs: dict[str, tuple[str, ...]] = {}
     rows: dict[str, dict[str, _Row]] = {}
     owners: dict[str, list[Distribution]] = {}
@@ -295,6 +302,9 @@ def _model(dists: Sequence[Distribution], required: dict[str, list[Requirer]]) -
         size = _size(p)
         # bytes attributed by RECORD size, as integrity does when sizes decide; an owner listing no size loses
         match = [d for d in ds if size is not None and rows[d.key][p][1] == size]
+        if len({rows[d.key][p] for d in match}) > 1:  # sizes cannot decide: integrity's own attribution
+            matched, _undecided = bytes_on_disk(inv, p)
+            match = [d for d in match if any(m is d for m in matched)]
         on_disk[p] = match[-1].key if match else None
     return _Model(
         libs,
@@ -439,7 +449,7 @@ def _plan(
             elif partners:
                 drop.add(k)
 
-    before = _model(dists, required)
+    before = _model(dists, required, inv)
     model = before.copy()
     dropped_paths = {p for k in drop for p in model.libs.get(k, ())}
     for k in sorted(drop):
@@ -656,7 +666,7 @@ def predict(
     keys = {k for _, k, _ in actions}
     env = next((_environment(d) for k in sorted(keys) if (d := inventory.get(k)) is not None), None)
     dists = [d for d in inventory.distributions if env is None or _environment(d) == env]
-    before = _model(dists, required)
+    before = _model(dists, required, inventory)
     after = before.copy()
     for verb, key, version in actions:
         if verb == "uninstall":
