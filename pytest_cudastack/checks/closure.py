@@ -32,10 +32,13 @@ from typing import TYPE_CHECKING
 from pytest_cudastack._sysio import real_path
 from pytest_cudastack.checks.repair import load_facts, plan_repairs, verified_fixes
 from pytest_cudastack.cuda.compat import is_driver_soname
+from pytest_cudastack.errors import ElfError
 from pytest_cudastack.findings import Finding, Severity
+from pytest_cudastack.linker.elf import read_elf
 from pytest_cudastack.linker.resolver import Library, Resolver, SearchConfig, Tree
 from pytest_cudastack.wheels.integrity import pip_command
 from pytest_cudastack.wheels.inventory import Distribution, Inventory, Reader, ShippedLib
+from pytest_cudastack.wheels.sitepaths import split_site_dirs
 
 if TYPE_CHECKING:
     from pytest_cudastack.checks.facts import StackView, Target
@@ -138,6 +141,7 @@ def extension_closures(
                 )
             )
     driver_missing: list[_Missing] = []
+    verified: list[Finding] = []  # fixes verified by resolution (the split site dirs), kept as they are
     gone: list[Finding] = []  # sonames whose every claiming RECORD lists a file that is gone: one cause
     for soname in sorted(missing):
         m = missing[soname]
@@ -145,6 +149,10 @@ def extension_closures(
             driver_missing.append(m)
             continue
         finding = _missing_finding(inv, m)
+        split = _split_site_finding(inv, resolver, m, finding)
+        if split is not None:
+            finding = split
+            verified.append(split)
         claims = inv.shipping(soname)
         if claims and not any(os.path.lexists(p) for _, p in claims):
             gone.append(finding)
@@ -173,7 +181,7 @@ def extension_closures(
     findings.extend(_unreachable(inv, resolver, reached, lambda s: is_driver_soname(s) or s in reported, dirs))
     if not any(f.failing for f in findings):
         return tuple(findings)
-    return verified_fixes(findings, inv, facts=load_facts(mt.tree for mt in mts))
+    return verified_fixes(findings, inv, facts=load_facts(mt.tree for mt in mts), keep=verified)
 
 
 def run(stack: StackView, target: Target | None = None) -> tuple[Finding, ...]:
@@ -300,3 +308,118 @@ def _unreachable(
                 )
             )
     return findings
+
+
+# --------------------------------------------------------------------------------------------------------------
+# purelib != platlib
+
+
+@dataclass(frozen=True)
+class _Split:
+    needer: str  # the object whose RUNPATH / RPATH entry is searched
+    entry: str  # that entry, as written
+    points_to: str  # the directory it names (in one site directory)
+    found: str  # where the library is (the same relative path in the other site directory)
+    dist: Distribution  # who installed it there
+    needer_site: str
+    lib_site: str
+
+
+def _site_of(path: str, inv: Inventory) -> str | None:
+    p = os.path.normpath(path)
+    for site in inv.site_dirs:
+        s = os.path.normpath(site)
+        if p.startswith(s.rstrip(os.sep) + os.sep):
+            return s
+    return None
+
+
+def _splits(inv: Inventory, m: _Missing) -> list[_Split]:
+    """The tried directories of ``m`` that are the library's directory spelt in the other site directory of
+    a purelib / platlib pair, with the search-path entry of the needing object that names them."""
+    present = [(d, os.path.normpath(p)) for d, p in inv.shipping(m.soname) if os.path.lexists(p)]
+    out: list[_Split] = []
+    for lib in m.libs:
+        for t in lib.tried:
+            tried_dir = os.path.dirname(os.path.normpath(t))
+            t_site = _site_of(tried_dir, inv)
+            for dist, path in present:
+                p_site = _site_of(path, inv)
+                if t_site is None or p_site is None or not split_site_dirs(t_site, p_site):
+                    continue
+                if os.path.relpath(tried_dir, t_site) != os.path.relpath(os.path.dirname(path), p_site):
+                    continue
+                for needer in lib.needed_by:
+                    entry = _entry_naming(needer, tried_dir)
+                    if entry is not None and not any(s.found == path for s in out):
+                        out.append(_Split(needer, entry, tried_dir, path, dist, t_site, p_site))
+    return out
+
+
+def _entry_naming(needer: str, directory: str) -> str | None:
+    """The DT_RUNPATH (else DT_RPATH) entry of ``needer`` that names ``directory`` ($ORIGIN expanded)."""
+    try:
+        info = read_elf(needer)
+    except (ElfError, OSError):
+        return None
+    origin = os.path.dirname(needer)
+    for entry in (*info.runpath, *info.rpath):
+        expanded = entry.replace("${ORIGIN}", origin).replace("$ORIGIN", origin)
+        if os.path.normpath(expanded) == os.path.normpath(directory):
+            kind = "RUNPATH" if entry in info.runpath else "RPATH"
+            return f"{kind} entry {entry}"
+    return None
+
+
+def _split_site_finding(inv: Inventory, resolver: Resolver, m: _Missing, finding: Finding) -> Finding | None:
+    """A missing soname that is installed, at the path its needer's RUNPATH names but in the other one of
+    two different site directories (platlib ``lib64/`` vs purelib ``lib/``): that cause, and the repair the
+    resolver confirms (LD_LIBRARY_PATH naming the directories where the libraries are), else None.
+
+    Why LD_LIBRARY_PATH and not pip: a force-reinstall writes the same purelib paths again; pip has no
+    option that installs a purelib wheel into platlib except ``--target``, which skips (or, with
+    ``--upgrade``, replaces whole) the shared ``nvidia/`` directory; LD_LIBRARY_PATH changes no file, is
+    searched before RUNPATH, and its effect is what the resolver computes."""
+    splits = _splits(inv, m)
+    if not splits:
+        return None
+    first = splits[0]
+    dirs = list(dict.fromkeys(os.path.dirname(s.found) for s in splits))
+    cause = (
+        f"the {first.entry} of {_rel(first.needer, inv)} points to {first.points_to}, which does not hold it; "
+        f"{first.dist.label} installed it at {first.found}: this interpreter's platlib and purelib are "
+        f"different directories ({first.needer_site} and {first.lib_site}, as on a RHEL-family system Python), "
+        f"so wheels with compiled code land in one and the wheels marked Root-Is-Purelib in the other, and a "
+        f"RUNPATH relative to one never reaches the other. Reinstalling {first.dist.name} writes the same "
+        "paths again"
+    )
+    llp = os.pathsep.join(dirs)
+    fix = f"export LD_LIBRARY_PATH={llp}${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}} before starting Python"
+    if not _resolves_with(inv, resolver, m, dirs):
+        fix = (
+            f"no safe automatic repair is known: the resolver still misses {m.soname} with LD_LIBRARY_PATH={llp}. "
+            "By hand: install into a virtual environment (python3 -m venv: one site directory, its lib64 a link "
+            "to lib)"
+        )
+    else:
+        fix += (
+            " (checked: the linker then finds it there); lasting alternative: install into a virtual "
+            "environment (python3 -m venv: one site directory)"
+        )
+    return replace(finding, cause=cause, fix=fix)
+
+
+def _resolves_with(inv: Inventory, resolver: Resolver, m: _Missing, dirs: Sequence[str]) -> bool:
+    """With ``dirs`` first on LD_LIBRARY_PATH, does every module needing ``m.soname`` find it in ``dirs``,
+    and load everything else from where it loads it now (nothing shadowed)?"""
+    config = replace(resolver.config, ld_library_path=(*dirs, *resolver.config.ld_library_path))
+    again = Resolver(config, owner=inv.owner)
+    for mt in m.needers:
+        before = {lib.soname: lib.path for lib in mt.tree.libraries if lib.path is not None}
+        for lib in again.tree(mt.module.path).libraries:
+            if lib.soname == m.soname:
+                if lib.path is None or os.path.dirname(os.path.normpath(lib.path)) not in dirs:
+                    return False
+            elif lib.soname in before and lib.path != before[lib.soname]:
+                return False
+    return True

@@ -317,6 +317,11 @@ def _model(dists: Sequence[Distribution], required: dict[str, list[Requirer]], i
     )
 
 
+def _unknown_rows(paths: Iterable[str]) -> dict[str, _Row]:
+    """RECORD rows of a version not on disk: not known, so unequal to any known row."""
+    return {p: (None, None) for p in paths}
+
+
 def _size(path: str) -> int | None:
     try:
         return os.stat(path).st_size
@@ -463,7 +468,7 @@ def _plan(
         reinstall.append((d.name, version))
         paths = before.libs.get(d.key, ())
         # another version than the one on disk: its RECORD rows are not known here
-        rows = before.rows.get(d.key, {}) if version == d.version else dict.fromkeys(paths, (None, None))
+        rows = before.rows.get(d.key, {}) if version == d.version else _unknown_rows(paths)
         model.install(d.key, paths, rows, version=version)
 
     for d in dists:
@@ -473,8 +478,7 @@ def _plan(
             put_back(d)
     for d in dists:  # a kept distribution sharing a path with a dropped one lost that file to the uninstall
         if d.key not in drop and not model.intact(d.key) and dropped_paths.intersection(model.libs[d.key]):
-            if (d.name, _version_for(d, needed_by(d.key, drop))) not in reinstall:
-                put_back(d)
+            put_back(d)
     for name, sib in sorted(installs.items()):
         pins = [v for r in needed_by(name, drop) if (v := exact_pin(r)) is not None]
         if not pins:
@@ -493,7 +497,7 @@ def _plan(
             fixed.append(f)
             continue
         about = _about(f, named[id(f)])
-        ok = f.check in ("integrity", "closure") and not bad and (drop or reinstall)
+        ok = f.check in ("integrity", "closure") and not bad and bool(drop or reinstall)
         ok = ok and not any(e.about & about for e in remaining)
         (fixed if ok else unresolved).append(f)
     refused = tuple(e.text for e in sorted(bad, key=lambda e: (e.kind, e.subject)))
@@ -575,14 +579,19 @@ def _pip(d: Distribution) -> tuple[str, ...]:
 
 
 def verified_fixes(
-    findings: Sequence[Finding], inventory: Inventory, *, facts: LoadFacts | None = None
+    findings: Sequence[Finding],
+    inventory: Inventory,
+    *,
+    facts: LoadFacts | None = None,
+    keep: Sequence[Finding] = (),
 ) -> tuple[Finding, ...]:
     """``findings`` with the fix of each failing integrity / closure finding replaced by one the model
     verifies: the command of the plan over all of them when it repairs that finding (one command for the
     item, as in the run's plan), else the plan for the finding alone, else "no safe automatic repair is
     known" with the reason the model gives (what the finding's own suggestion would leave) and what to do
-    by hand."""
-    failing = [f for f in findings if f.failing and f.check in ("integrity", "closure")]
+    by hand. ``keep``: findings whose fix the caller verified otherwise (by resolution), left as they are."""
+    kept = {id(f) for f in keep}
+    failing = [f for f in findings if f.failing and f.check in ("integrity", "closure") and id(f) not in kept]
     if not failing:
         return tuple(findings)
     plans = plan_repairs(failing, inventory, facts=facts)
@@ -679,9 +688,11 @@ def predict(
             continue
         paths = before.libs.get(source.key, ())
         same = d is not None and (version is None or version == d.version)
-        rows = before.rows.get(source.key, {}) if same else dict.fromkeys(paths, (None, None))
+        rows = before.rows.get(source.key, {}) if same else _unknown_rows(paths)
         reqs = before.requires.get(key) if d is not None else ()
-        after.install(key, paths, rows, name=source.name if d else key, version=version or source.version, requires=reqs)
+        after.install(
+            key, paths, rows, name=source.name if d else key, version=version or source.version, requires=reqs
+        )
     f_facts = facts or _fallback_facts(findings, inventory, before)
     bad, remaining = _verdict(before, after, keys, f_facts)
     about = frozenset().union(*(_about(f, _named(f, inventory)) for f in findings)) if findings else frozenset()

@@ -23,7 +23,16 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
     from typing import Any
 
-__all__ = ["OwnerIndex", "dist_info_dirs", "install_prefix", "owner_index", "record_abspath", "site_dirs"]
+__all__ = [
+    "OwnerIndex",
+    "dist_info_dirs",
+    "install_prefix",
+    "owner_index",
+    "record_abspath",
+    "site_dirs",
+    "site_twin",
+    "split_site_dirs",
+]
 
 
 @functools.lru_cache(maxsize=256)
@@ -94,12 +103,28 @@ def _expand_prefix(path: str) -> list[str]:
     return [path]
 
 
-def _twins(path: str) -> list[str]:
+def site_twin(path: str) -> str | None:
+    """The other one of a prefix's purelib / platlib pair: ``P/lib64/python3.X/site-packages`` for
+    ``P/lib/python3.X/site-packages`` and back (as spelt; whether it exists or is the same directory through
+    a ``lib64 -> lib`` link is the caller's to check), else None."""
     parts = os.path.normpath(os.path.abspath(path)).split(os.sep)
     if len(parts) >= 4 and parts[-1] == "site-packages" and parts[-3] in ("lib", "lib64"):
-        twin = [*parts[:-3], "lib64" if parts[-3] == "lib" else "lib", *parts[-2:]]
-        return [os.sep.join(twin)]
-    return []
+        return os.sep.join([*parts[:-3], "lib64" if parts[-3] == "lib" else "lib", *parts[-2:]])
+    return None
+
+
+def split_site_dirs(a: str, b: str) -> bool:
+    """Are ``a`` and ``b`` one prefix's purelib and platlib, and two different directories (a RHEL-family
+    system Python: ``lib/`` and ``lib64/``; a venv's ``lib64`` is a link to ``lib``)?"""
+    twin = site_twin(a)
+    if twin is None or os.path.normpath(twin) != os.path.normpath(os.path.abspath(b)):
+        return False
+    return os.path.isdir(a) and os.path.isdir(b) and os.path.realpath(a) != os.path.realpath(b)
+
+
+def _twins(path: str) -> list[str]:
+    twin = site_twin(path)
+    return [twin] if twin is not None else []
 
 
 def site_dirs(paths: Sequence[str] | None = None) -> tuple[str, ...]:

@@ -1,0 +1,118 @@
+"""Verified repairs (issue 12, part 5): every fix an integrity or closure finding prints is checked against the
+repair model first (checks/repair.py ``verified_fixes``, ``predict``): a fix whose predicted state still has an
+error is replaced by the one that leaves none, or by "no safe automatic repair is known"."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pytest_cudastack.checks.closure import extension_closures
+from pytest_cudastack.checks.integrity import integrity_findings
+from pytest_cudastack.checks.repair import NO_SAFE_REPAIR, plan_repairs, predict
+from pytest_cudastack.linker.elf import read_elf
+from pytest_cudastack.linker.resolver import Resolver, SearchConfig
+from pytest_cudastack.wheels.inventory import Inventory, installed_wheels
+from tests.helpers.sitebuild import HAVE_CC, write_dist
+from tests.test_repair import cudnn, venv
+
+pytestmark = pytest.mark.skipif(not HAVE_CC, reason="needs a C compiler")
+
+CU12 = ("nvidia-cudnn-cu12", "9.19.0.56")
+
+
+def items(site: Path):
+    inv = installed_wheels([str(site)], reader=read_elf)
+    resolver = Resolver(SearchConfig.from_environment({}), reader=read_elf, owner=inv.owner)
+    return integrity_findings(inv), extension_closures(inv, resolver), inv
+
+
+def metadata_only(tmp_path: Path) -> Path:
+    """The seed's state: cu12 installed over torch's pinned cu13 with --no-deps, then cu13 uninstalled (pip
+    deletes every path cu13's RECORD lists: cu12's bytes); cu12's dist-info is left, its files are not."""
+    site = venv(tmp_path)
+    write_dist(site, *CU12, cudnn("cu12"), write_files=False)
+    dist_info = site / "nvidia_cudnn_cu13-9.24.0.43.dist-info"
+    for path in dist_info.iterdir():
+        path.unlink()
+    dist_info.rmdir()
+    (site / "nvidia/cudnn/lib/libcudnn.so.9").unlink()
+    return site
+
+
+def test_closure_fix_is_not_the_naive_reinstall_of_the_stray(tmp_path):
+    """The one missing soname is claimed by cu12 only: reinstalling cu12 (what the closure item printed) would
+    give torch cu12's cuDNN where it pins cu13's; the model says so, and the fix is the verified plan."""
+    site = metadata_only(tmp_path)
+    integrity, closure, inv = items(site)
+    (missing,) = [f for f in closure if f.failing]
+    assert missing.subject == "libcudnn.so.9"
+    expected = (
+        "pip uninstall -y nvidia-cudnn-cu12 && pip install --force-reinstall --no-deps nvidia-cudnn-cu13==9.24.0.43"
+    )
+    assert missing.fix == expected
+    (stray,) = [f for f in integrity if f.failing]
+    assert stray.fix == expected
+    naive = predict([("install", "nvidia-cudnn-cu12", "9.19.0.56")], inv, findings=[missing])
+    assert naive == [
+        "torch 2.14.1 requires nvidia-cudnn-cu13==9.24.0.43, which would not be installed (it would load "
+        "nvidia-cudnn-cu12 9.19.0.56's files from the same paths)"
+    ]
+    good = predict(
+        [("uninstall", "nvidia-cudnn-cu12", None), ("install", "nvidia-cudnn-cu13", "9.24.0.43")],
+        inv,
+        findings=[missing, stray],
+    )
+    assert good == []
+
+
+def test_integrity_item_prints_the_plans_one_command(tmp_path):
+    """Two distributions lost their files: one finding each, both with the plan's single command."""
+    site = venv(tmp_path)
+    (site / "nvidia/cudnn/lib/libcudnn.so.9").unlink()
+    (site / "nvidia/nccl/lib/libnccl.so.2").unlink()
+    integrity, closure, inv = items(site)
+    failing = [f for f in integrity if f.failing]
+    assert len(failing) == 2
+    (plan,) = plan_repairs([*integrity, *closure], inv)
+    assert (
+        plan.command == "pip install --force-reinstall --no-deps nvidia-cudnn-cu13==9.24.0.43 nvidia-nccl-cu13==2.30.7"
+    )
+    assert {f.fix for f in failing} == {plan.command}
+    assert {f.fix for f in closure if f.failing} == {plan.command}
+
+
+def test_two_required_variants_have_no_safe_repair(tmp_path):
+    """old-tool pins cu12, torch pins cu13: any pip command leaves one of them with the other's cuDNN."""
+    site = venv(tmp_path)
+    write_dist(site, *CU12, cudnn("cu12"))
+    write_dist(site, "old-tool", "1.0", {"old_tool/__init__.py": ""}, requires=["nvidia-cudnn-cu12==9.19.0.56"])
+    integrity, _closure, inv = items(site)
+    failing = [f for f in integrity if f.failing]
+    assert failing
+    for f in failing:
+        assert f.fix.startswith(f"{NO_SAFE_REPAIR}: "), f.render()
+        assert "pip install" not in f.fix.partition("By hand:")[2] or "they cannot share" in f.cause, f.fix
+    (overlap,) = [f for f in failing if " / " in f.subject]
+    assert "move the other's dependents to a separate environment" in overlap.fix
+    pin = next(f for f in failing if f.subject == "torch -> nvidia-cudnn-cu13==9.24.0.43")
+    assert "the model predicts that" in pin.fix
+    assert plan_repairs(failing, inv)[0].steps == ()
+
+
+def test_uninstalling_what_a_module_loads_is_an_error_of_the_model(tmp_path):
+    site = venv(tmp_path)
+    inv: Inventory = installed_wheels([str(site)], reader=read_elf)
+    left = predict([("uninstall", "nvidia-nccl-cu13", None)], inv)
+    assert "torch 2.14.1 requires nvidia-nccl-cu13==2.30.7, which would not be installed" in left
+    assert any(t.startswith("libnccl.so.2 would be gone from ") for t in left)
+    assert predict([("install", "nvidia-nccl-cu13", "2.30.7")], inv) == []
+    unmet = predict([("install", "nvidia-nccl-cu13", "2.28.9")], inv)
+    assert unmet == ["torch 2.14.1 requires nvidia-nccl-cu13==2.30.7, 2.28.9 would be installed"]
+
+
+def test_clean_twin_keeps_its_findings_untouched(tmp_path):
+    site = venv(tmp_path)
+    integrity, closure, _inv = items(site)
+    assert not [f for f in (*integrity, *closure) if f.failing]
