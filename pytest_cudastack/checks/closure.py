@@ -13,6 +13,10 @@ Findings:
   the missing sonames whose every claiming RECORD lists a file that is gone share that cause: two or more
   of them are one ERROR naming each (its chain and claim in ``details``) with one fix, the repair plan's
   command when ``repair.plan_repairs`` models it as repairing them all;
+* a missing soname installed where its needer's RUNPATH points, but in the other one of two different site
+  directories (platlib ``lib64/`` vs purelib ``lib/``, a RHEL-family system Python): the entry, where it
+  points, where the library is, and an LD_LIBRARY_PATH fix the resolver confirms;
+* every other fix is the repair model's verified one (``repair.verified_fixes``);
 * driver-provided sonames (``compat.is_driver_soname``: libcuda.so.1, libnvidia-ml.so.1, ...) missing on a
   machine without a driver: one INFO fact, not a failure;
 * shipped libraries no extension module reaches (optional plugins such as NVSHMEM transports needing

@@ -18,10 +18,19 @@ The plan, for the distributions of one installation prefix:
 3. for a grouped ``cuda-max`` / ``cuda-min`` finding about torch (``bounds.group_by_requirer``): uninstall
    torch and the wheels it pulled, then install torch from PyTorch's index for the bound.
 
-A finding is claimed as fixed only when the model after the plan has no error for it: every file of the
-distributions it names is present with their own bytes, no two installed distributions list one path with
-different bytes (the overlap ``integrity`` flags), and nothing removed is required by what stays. What the plan
-cannot model (binaries, the driver, GPU code) stays in ``unresolved``.
+Verification (``_Model.errors``, run on the state before and after the steps): the checks the steps can
+affect, re-run over the modelled file set: integrity (a RECORD-listed library gone, or holding another
+distribution's bytes; two installed distributions listing one path with different bytes), requirements (every
+active Requires-Dist of what stays installed, at the version installed or reinstalled: a reinstall of a version
+not on disk takes its version from the requirer's pin, its RECORD rows as unknown) and closure resolution (a
+library an extension module loads must stay on disk; a missing soname must appear at one of the paths the
+linker tried: :class:`LoadFacts`). Steps that create an error, or leave one about what they act on (a
+distribution, its CUDA variant, a library whose bytes they change), are not proposed (``refused`` says why);
+a finding is claimed as fixed only when no error about it is left. What the plan cannot model (binaries, the
+driver, GPU code) stays in ``unresolved``.
+
+:func:`verified_fixes` gives the integrity and closure findings their fix from the same model: the plan's
+command where it repairs them, else "no safe automatic repair is known" with the model's reason.
 """
 
 from __future__ import annotations
