@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 
 from pytest_cudastack._sysio import real_path
 from pytest_cudastack.checks.repair import plan_repairs
+from pytest_cudastack.checks.requirements import requirement_for_soname
 from pytest_cudastack.cuda.compat import is_driver_soname
 from pytest_cudastack.findings import Finding, Severity
 from pytest_cudastack.linker.resolver import Library, Resolver, SearchConfig, Tree
@@ -201,9 +202,14 @@ def _missing_finding(inv: Inventory, m: _Missing) -> Finding:
             "no installed distribution ships it, and the dynamic linker's search (RPATH, LD_LIBRARY_PATH, "
             "RUNPATH, ld.so.cache, default directories) finds no file of that name"
         )
+    wanted = None if claimers else requirement_for_soname(inv, m.soname, [mt.dist for mt in m.needers])
+    if wanted is not None:  # the requirement that would have installed it (requirements.py)
+        cause = f"{wanted.requester} requires {wanted.text}, which is not installed; {cause}"
     if claimers:
         fixes = [f"{pip_command(d)} install --force-reinstall --no-deps {d.name}=={d.version}" for d in claimers]
         fix = "; ".join(fixes)
+    elif wanted is not None and wanted.requirer is not None:
+        fix = f"{pip_command(wanted.requirer)} install '{wanted.text}'"
     else:
         fix = f"install the package that provides {m.soname} (a wheel or a system package)"
     tried: list[str] = []  # directories searched that exist (nonexistent RPATH entries are noise)
