@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from pytest_cudastack.checks.shadow import Copy, copy_version, loaded_libraries
+from pytest_cudastack.checks.shadow import Copy, copy_version, loaded_libraries, providers, shadowing
 from pytest_cudastack.cuda.frameworks import Rule, judge, load_rules, reported_version, version_text
 from pytest_cudastack.errors import CudaStackError
 from pytest_cudastack.findings import Finding, Severity
@@ -37,11 +37,20 @@ __all__ = ["framework_findings", "run"]
 _CHECK = "requirements"
 
 
-def _runtime(stack: StackView, dist: Distribution, row: LibraryRow) -> tuple[Copy | None, Library | None]:
+def _runtime(
+    stack: StackView, dist: Distribution, row: LibraryRow, reqs: Requirements
+) -> tuple[Copy | None, Library | None]:
+    """The copy ``dist`` would load and the resolver's record of it; (None, ...) when another concern reports
+    it: a shadowed copy (shadow.py says it, with this rule's verdict), a path two RECORDs list (the integrity
+    item names whose bytes are there) or no copy at all (requirements and closure)."""
+    inv = stack.inventory
+    keys = {d.key for d in providers(dist, reqs)}
     for lib in loaded_libraries(stack, dist):
         if lib.path is not None and row.matches_soname(lib.soname):
-            return copy_version(stack.inventory, lib.path, row), lib
-    wheel = next((d for d in stack.inventory.distributions if row.matches_wheel(d.name)), None)
+            if shadowing(inv, lib, row, keys) is not None or len(inv.owners(lib.path)) > 1:
+                return None, lib
+            return copy_version(inv, lib.path, row), lib
+    wheel = next((d for d in inv.distributions if row.matches_wheel(d.name)), None)
     if wheel is None:
         return None, None
     version = reported_version(row, wheel.version)
@@ -78,9 +87,9 @@ def framework_findings(stack: StackView, reqs: Requirements | None = None) -> tu
             if rule.kind == "undecidable":
                 undecided.append(f"{row.name}: {judge(rule, None, None).text}")
                 continue
-            copy, lib = _runtime(stack, dist, row)
+            copy, lib = _runtime(stack, dist, row, reqs)
             if copy is None:
-                continue  # nothing installs it: the requirements and closure findings say so
+                continue  # another concern reports it (see _runtime)
             build, pin = _build(dist, row, reqs)
             if copy.owner is not None and any(f.installed is copy.owner and not f.met for f in reqs.of(dist)):
                 continue  # the requirements finding on that pin says it, with this rule's verdict

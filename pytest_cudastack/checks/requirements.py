@@ -12,7 +12,9 @@ when a CUDA distribution requires a distribution that ships shared libraries (to
 * a CUDA requirement unmet: ERROR, one per required distribution whose version is wrong ("torch 2.14.1
   requires nvidia-nccl-cu13==2.30.7; 2.28.9 is installed"), one per requirer for those missing (all of them
   at once), each saying what it means for the libraries the wheel ships;
-* the same through an extra that counts as installed only because its requirements all are (inferred,
+* a missing requirement of a distribution nothing uses (no extension module, nothing requires it: a
+  library wheel installed with ``--no-deps``): WARNING;
+* an unmet version through an extra that counts as installed only because its requirements all are (inferred,
   see wheels/requirements.py): WARNING (the user may never have asked for that extra);
 * every other unmet requirement (what ``pip check`` would also print, or an unparsable Requires-Dist):
   one INFO, all of them listed.
@@ -30,7 +32,7 @@ from packaging.version import InvalidVersion, Version
 
 from pytest_cudastack.cuda.compat import soname_cuda_majors
 from pytest_cudastack.cuda.flavour import wheel_cuda_flavour
-from pytest_cudastack.cuda.frameworks import LibraryRow, judge, load_rules, reported_version, version_text
+from pytest_cudastack.cuda.frameworks import LibraryRow, framework_says, load_rules, reported_version
 from pytest_cudastack.errors import CudaStackError
 from pytest_cudastack.findings import Finding, Severity
 from pytest_cudastack.wheels.integrity import pip_command
@@ -40,7 +42,15 @@ from pytest_cudastack.wheels.requirements import RequirementFact, Requirements, 
 if TYPE_CHECKING:
     from pytest_cudastack.checks.facts import StackView, Target
 
-__all__ = ["cuda_relevant", "library_of", "repair_version", "requirement_findings", "requirement_for_soname", "run"]
+__all__ = [
+    "cuda_relevant",
+    "library_of",
+    "repair_version",
+    "requirement_findings",
+    "requirement_for_soname",
+    "run",
+    "used",
+]
 
 _CHECK = "requirements"
 
@@ -86,6 +96,15 @@ def repair_version(reqs: Requirements, name: str) -> tuple[str | None, list[Requ
     return None, on
 
 
+def used(dist: Distribution, reqs: Requirements) -> bool:
+    """Is ``dist`` used by something? Not when it is a CUDA library wheel (framework_rules.json's
+    ``libraries``: nvidia-cudnn-cu12) without an extension module that no installed distribution requires:
+    a stray installed with ``--no-deps``, whose libraries only a program loading them itself would use."""
+    if library_of(dist.name) is None or any(lib.pyinit for lib in dist.libraries):
+        return True
+    return any(not f.inferred for f in reqs.on(dist.name))
+
+
 def _shipped(lib: LibraryRow) -> str:
     return f"the {lib.name} libraries ({', '.join(s + '.so.*' for s in lib.sonames)})"
 
@@ -95,15 +114,11 @@ def _framework_verdict(fact: RequirementFact, lib: LibraryRow | None) -> str:
     if lib is None or fact.requirer is None or fact.installed is None or fact.pin is None:
         return ""
     try:
-        rules = load_rules().rules_for(fact.requirer.name, fact.requirer.version)
+        data = load_rules()
     except CudaStackError:
         return ""
     build, runtime = reported_version(lib, fact.pin), reported_version(lib, fact.installed.version)
-    for rule in rules:
-        if rule.library == lib.library and judge(rule, build, runtime).ok is False:
-            shown = (version_text(v) if v is not None else "unknown" for v in (build, runtime))
-            return rule.says.format(**dict(zip(("build", "runtime"), shown, strict=True)))
-    return ""
+    return framework_says(data, fact.requirer.name, fact.requirer.version, lib.library, build, runtime)
 
 
 def _version_finding(fact: RequirementFact, reqs: Requirements, severity: Severity) -> Finding:
@@ -163,10 +178,12 @@ def _missing_finding(requirer: Distribution, facts: Sequence[RequirementFact], r
         message = f"{requirer.label} requires {len(facts)} distributions that are not installed: {', '.join(texts)}"
     if libs:
         shipped = "; ".join(_shipped(lib) for lib in libs)
-        cause = (
-            f"nothing installs what they ship ({shipped}): {requirer.name}'s extension modules that link them "
-            "fail to import (the closure item lists the sonames)"
+        users = (
+            f"{requirer.name}'s extension modules that link them fail to import (the closure item lists the sonames)"
+            if any(lib.pyinit for lib in requirer.libraries)
+            else f"{requirer.name}'s libraries that use them fail when they load them"
         )
+        cause = f"nothing installs what they ship ({shipped}): {users}"
     else:
         cause = f"{requirer.name} needs them at import or at first use; pip would have installed them with it"
     specs: list[str] = []
@@ -181,13 +198,20 @@ def _missing_finding(requirer: Distribution, facts: Sequence[RequirementFact], r
         else:
             unresolved.append(f.text)
     fix = f"{pip_command(requirer)} install {' '.join(specs)}" if specs else ""
+    severity = Severity.ERROR
+    if not used(requirer, reqs):
+        severity = Severity.WARNING
+        cause += (
+            f"; nothing installed requires {requirer.name} and it has no extension module (installed with "
+            "--no-deps?): this matters only to a program that loads its libraries itself"
+        )
     if unresolved:
         cause += (
             f"; no version satisfies every requirement on {', '.join(unresolved)}: no safe automatic repair is known"
         )
     return Finding(
         check=_CHECK,
-        severity=Severity.ERROR,
+        severity=severity,
         subject=requirer.label,
         message=message,
         cause=cause,

@@ -17,8 +17,9 @@ Versions, as readable without loading anything (:func:`copy_version`), first tha
 3. the library's version header next to it (``../include/cudnn_version.h`` of its directory, the layout
    of the wheels, tarballs and /usr/local/cuda): the macros named in the data file.
 
-Severity: ERROR when a requirement on the provider (torch's pin ``nvidia-cudnn-cu13==9.24.0.43``) rejects
-the winner's version, else WARNING; a winner whose version no rule can read is an INFO (it cannot be
+Severity: ERROR when the consumer's own rule for that library (framework_rules.json) fails on the winner's
+version (torch's cuDNN check), or, without such a rule, when a requirement on the provider (a pin) rejects
+it; else WARNING; a winner whose version no rule can read is an INFO (it cannot be
 decided statically).
 """
 
@@ -33,17 +34,25 @@ from typing import TYPE_CHECKING
 from packaging.version import Version
 
 from pytest_cudastack._sysio import read_text
-from pytest_cudastack.cuda.frameworks import LibraryRow, VersionTuple, load_rules, reported_version, version_text
+from pytest_cudastack.cuda.frameworks import (
+    LibraryRow,
+    VersionTuple,
+    framework_says,
+    load_rules,
+    reported_version,
+    version_text,
+)
 from pytest_cudastack.errors import CudaStackError
 from pytest_cudastack.findings import Finding, Severity
 from pytest_cudastack.linker.resolver import Library, Route
+from pytest_cudastack.wheels.integrity import bytes_on_disk
 from pytest_cudastack.wheels.inventory import Distribution, Inventory
 from pytest_cudastack.wheels.requirements import Requirements, requirement_facts
 
 if TYPE_CHECKING:
     from pytest_cudastack.checks.facts import StackView, Target
 
-__all__ = ["Copy", "copy_version", "loaded_libraries", "providers", "run", "shadow_findings"]
+__all__ = ["Copy", "copy_version", "loaded_libraries", "providers", "run", "shadow_findings", "shadowing"]
 
 _CHECK = "requirements"
 _SO_VERSION = re.compile(r"\.so\.(\d+(?:\.\d+)+)$")
@@ -85,6 +94,8 @@ def _header_version(libdir: str, row: LibraryRow) -> VersionTuple | None:
 def copy_version(inv: Inventory, path: str, row: LibraryRow) -> Copy:
     """The version the copy at ``path`` reports, read as the module docstring says."""
     owners = inv.owners(path)
+    if len(owners) > 1:  # two RECORDs list it (cu12 and cu13 variants): the one whose bytes are there
+        owners = bytes_on_disk(inv, path)[0] or owners
     owner = next((d for d in owners if row.matches_wheel(d.name)), owners[0] if owners else None)
     if owner is not None and row.matches_wheel(owner.name):
         version = reported_version(row, owner.version)
@@ -137,6 +148,17 @@ def _fix(lib: Library, expected: Copy) -> str:
     return f"make the consumer load {expected.path}"
 
 
+def shadowing(inv: Inventory, lib: Library, row: LibraryRow, keys: set[str]) -> tuple[Distribution, str] | None:
+    """``(provider, its copy)`` when ``lib`` (found) is not a copy of one of the providers ``keys`` (canonical
+    names) while a provider ships a present copy of that soname; None when it is theirs or none ships it."""
+    if lib.path is None or any(d.key in keys for d in inv.owners(lib.path)):
+        return None
+    theirs = [
+        (d, p) for d, p in inv.shipping(lib.soname) if d.key in keys and row.matches_wheel(d.name) and os.path.isfile(p)
+    ]
+    return theirs[0] if theirs else None
+
+
 def shadow_findings(stack: StackView, reqs: Requirements | None = None) -> tuple[Finding, ...]:
     """Shadowed-copy findings for every distribution of the stack (see the module docstring)."""
     inv = stack.inventory
@@ -150,31 +172,21 @@ def shadow_findings(stack: StackView, reqs: Requirements | None = None) -> tuple
     for dist in inv.distributions:
         if not any(lib.pyinit for lib in dist.libraries):
             continue
-        provided = providers(dist, reqs)
-        if not provided:
+        keys = {d.key for d in providers(dist, reqs)}
+        if not keys:
             continue
-        keys = {d.key for d in provided}
         for lib in loaded_libraries(stack, dist):
             row = rules.library_for_soname(lib.soname)
-            if row is None or lib.path is None:
+            theirs = shadowing(inv, lib, row, keys) if row is not None else None
+            if row is None or theirs is None or lib.path is None or (dist.key, lib.soname, lib.path) in reported:
                 continue
-            theirs = [
-                (d, p)
-                for d, p in inv.shipping(lib.soname)
-                if d.key in keys and row.matches_wheel(d.name) and os.path.isfile(p)
-            ]
-            if not theirs or any(d.key in keys for d in inv.owners(lib.path)):
-                continue
-            key = (dist.key, lib.soname, lib.path)
-            if key in reported:
-                continue
-            reported.add(key)
-            provider, path = theirs[0]
+            reported.add((dist.key, lib.soname, lib.path))
+            provider, path = theirs
             winner = copy_version(inv, lib.path, row)
             expected = copy_version(inv, path, row)
             if winner.version is not None and winner.version == expected.version:
                 continue
-            findings.append(_finding(dist, lib, row, winner, expected, provider, reqs))
+            findings.append(_finding(dist, lib, row, (winner, expected), provider, reqs))
     return tuple(findings)
 
 
@@ -182,15 +194,17 @@ def _finding(
     dist: Distribution,
     lib: Library,
     row: LibraryRow,
-    winner: Copy,
-    expected: Copy,
+    copies: tuple[Copy, Copy],
     provider: Distribution,
     reqs: Requirements,
 ) -> Finding:
-    route = lib.route.value + (f" ({lib.route_detail})" if lib.route_detail else "")
+    winner, expected = copies
+    detail = lib.route_detail if lib.route_detail not in ("", lib.route.value) else ""
+    route = lib.route.value + (f" ({detail})" if detail else "")
     message = (
         f"{dist.label} would load {lib.soname} from {lib.path} (via {route}), not the copy of its own {provider.label}"
     )
+    details = (f"winner: {winner.described}", f"expected: {expected.described}")
     if winner.version is None:
         return Finding(
             check=_CHECK,
@@ -202,13 +216,14 @@ def _finding(
             "next to it)",
             fix=_fix(lib, expected),
             where=lib.searched[:12],
-            details=(f"winner: {winner.described}", f"expected: {expected.described}"),
+            details=details,
         )
+    version = Version(".".join(map(str, winner.version)))
     rejecting = [
         f
         for f in reqs.on(provider.name)
         if not f.inferred
-        and not f.requirement.specifier.contains(Version(".".join(map(str, winner.version))), prereleases=True)
+        and not f.requirement.specifier.contains(version, prereleases=True)
         and f.requirement.specifier.contains(Version(provider.version), prereleases=True)
     ]
     shown = version_text(expected.version) if expected.version is not None else "version unknown"
@@ -217,20 +232,31 @@ def _finding(
         f"{version_text(winner.version)} would be loaded where {dist.name} expects {shown}"
     )
     if rejecting:
-        cause += (
-            "; "
-            + "; ".join(f"{f.requester} requires {f.text}" for f in rejecting)
-            + (f": {dist.name} can fail at import (symbols) or at first use (its own {row.name} version check)")
+        asks = "; ".join(f"{f.requester} requires {f.text}" for f in rejecting)
+        cause += f"; {asks}: {dist.name} can fail at import (symbols) or at first use (its own {row.name} check)"
+    build = next((reported_version(row, p) for f in reqs.of(dist) if row.matches_wheel(f.name) and (p := f.pin)), None)
+    try:
+        data = load_rules()
+    except CudaStackError:
+        says, judged = "", False
+    else:
+        says = framework_says(data, dist.name, dist.version, row.library, build, winner.version)
+        judged = any(
+            r.library == row.library and r.kind != "undecidable" for r in data.rules_for(dist.name, dist.version)
         )
+    if says:
+        cause += f'; {dist.name}\'s own check says: "{says}"'
     return Finding(
         check=_CHECK,
-        severity=Severity.ERROR if rejecting else Severity.WARNING,
+        # the framework's own rule, where there is one, decides (a newer cuDNN minor passes torch's check);
+        # else the requirement it breaks
+        severity=Severity.ERROR if (says if judged else rejecting) else Severity.WARNING,
         subject=lib.soname,
         message=message + f": {row.name} {version_text(winner.version)} instead of {shown}",
         cause=cause,
         fix=_fix(lib, expected),
         where=lib.searched[:12],
-        details=(f"winner: {winner.described}", f"expected: {expected.described}"),
+        details=details,
         distributions=(dist.key,),
     )
 

@@ -43,6 +43,7 @@ __all__ = [
     "LibraryRow",
     "Rule",
     "Verdict",
+    "framework_says",
     "judge",
     "load_rules",
     "reported_version",
@@ -174,6 +175,24 @@ def judge(rule: Rule, build: VersionTuple | None, runtime: VersionTuple | None) 
         return Verdict(None, "cannot be decided statically because a version lacks its minor")
     ok = runtime[0] == build[0] and runtime[1] >= build[1]
     return Verdict(ok, f"compiled against {version_text(build)}: needs the same major and a minor not lower")
+
+
+def framework_says(
+    data: FrameworkRules,
+    name: str,
+    version: str,
+    library: str,
+    build: VersionTuple | None,
+    runtime: VersionTuple | None,
+) -> str:
+    """The framework's own failure message when one of its rules on ``library`` fails for these versions
+    ("cuDNN version incompatibility: PyTorch was compiled against (9, 24, 0) but found runtime version
+    (9, 19, 0)"), else ""."""
+    for rule in data.rules_for(name, version):
+        if rule.library == library and judge(rule, build, runtime).ok is False:
+            shown = [version_text(v) if v is not None else "unknown" for v in (build, runtime)]
+            return rule.says.format(build=shown[0], runtime=shown[1])
+    return ""
 
 
 # --------------------------------------------------------------------------------------------- validation

@@ -314,15 +314,14 @@ def requirement_facts(inv: Inventory) -> Requirements:
                 seen.add(ident)
                 installed = inv.get(req.name)
                 facts.append(RequirementFact(d, req, extra, inferred, installed, _satisfied(req, installed)))
-    shown = {
-        k: {
-            e: ("inferred: all its requirements are installed" if inf else f"requested by {who}")
-            for e, (inf, who) in v.items()
-        }
-        for k, v in extras.items()
-        if v
-    }
+    shown = {k: {e: _why(inf, who) for e, (inf, who) in v.items()} for k, v in extras.items() if v}
     return Requirements(tuple(facts), shown, tuple(bad))
+
+
+def _why(inferred: bool, who: str) -> str:
+    if not who:
+        return "inferred: all its requirements are installed"
+    return f"requested by {who}" + (" through an inferred extra" if inferred else "")
 
 
 def evaluate_requirement(req: Requirement | str, inv: Inventory) -> tuple[RequirementFact, ...]:
