@@ -45,6 +45,7 @@ if TYPE_CHECKING:
 __all__ = [
     "cuda_relevant",
     "library_of",
+    "nothing_to_check",
     "repair_version",
     "requirement_findings",
     "requirement_for_soname",
@@ -288,6 +289,13 @@ def requirement_for_soname(
             return None
 
     return next((f for f in hits if major(f) in majors), hits[0])
+
+
+def nothing_to_check(stack: StackView, target: Target | None = None) -> str | None:
+    """Why the ``requirements`` item is skipped: no installed distribution states a requirement."""
+    if not any(d.requires for d in stack.inventory.distributions):
+        return "no installed distribution states a requirement (Requires-Dist)"
+    return None
 
 
 def run(stack: StackView, target: Target | None = None) -> tuple[Finding, ...]:
