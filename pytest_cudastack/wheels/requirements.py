@@ -25,6 +25,7 @@ Nothing here decides what a problem *means*; :mod:`pytest_cudastack.checks.requi
 from __future__ import annotations
 
 import enum
+import functools
 import logging
 import os
 import platform
@@ -177,12 +178,19 @@ def marker_environment(location: str | None = None) -> dict[str, str]:
     return env
 
 
+_EXTRA_LITERAL = re.compile(r"""extra\s*[=!]=\s*['"]([^'"]+)['"]|['"]([^'"]+)['"]\s*[=!]=\s*extra""")
+
+
 class _Markers:
-    """Marker verdicts memoised per (marker text, extra, environment); a marker that cannot be evaluated
-    (undefined name, incomparable values) is False, as pip treats it as not applying."""
+    """Marker verdicts memoised per (marker, extra, environment); a marker that cannot be evaluated
+    (undefined name, incomparable values) is False, as pip treats it as not applying.
+
+    An extra the marker never names evaluates as the empty extra does (``extra`` is only compared for
+    equality with literals), so a marker is evaluated at most once per extra it names, plus once."""
 
     def __init__(self) -> None:
-        self._memo: dict[tuple[str, str, tuple[tuple[str, str], ...]], bool] = {}
+        self._memo: dict[tuple[int, str, int], bool] = {}
+        self._named: dict[int, frozenset[str]] = {}
         self._envs: dict[str, dict[str, str]] = {}
 
     def env(self, location: str) -> dict[str, str]:
@@ -190,10 +198,20 @@ class _Markers:
             self._envs[location] = marker_environment(location)
         return self._envs[location]
 
+    def named(self, marker: Marker) -> frozenset[str]:
+        """The extras ``marker`` compares ``extra`` with, canonicalised."""
+        key = id(marker)
+        if key not in self._named:
+            found = _EXTRA_LITERAL.findall(str(marker))
+            self._named[key] = frozenset(canonicalize_name(a or b) for a, b in found)
+        return self._named[key]
+
     def holds(self, marker: Marker | None, extra: str, env: Mapping[str, str]) -> bool:
         if marker is None:
             return extra == ""
-        key = (str(marker), extra, tuple(sorted(env.items())))
+        if extra and extra not in self.named(marker):
+            extra = ""
+        key = (id(marker), extra, id(env))
         if key not in self._memo:
             try:
                 self._memo[key] = bool(marker.evaluate({**env, "extra": extra}))
@@ -218,23 +236,29 @@ def _satisfied(req: Requirement, dist: Distribution | None) -> Status:
 # evaluation
 
 
+@functools.lru_cache(maxsize=8192)
+def _requirement(text: str) -> Requirement | str:
+    """``Requirement(text)``, or why it is not one (parsed once per text: a torch venv states ~300)."""
+    try:
+        return Requirement(text)
+    except InvalidRequirement as e:
+        return str(e)
+
+
 def _parse(dist: Distribution, bad: list[tuple[Distribution, str, str]]) -> list[Requirement]:
     out: list[Requirement] = []
     for text in dist.requires:
-        try:
-            out.append(Requirement(text))
-        except InvalidRequirement as e:
-            bad.append((dist, text, str(e)))
+        got = _requirement(text)
+        if isinstance(got, str):
+            bad.append((dist, text, got))
+        else:
+            out.append(got)
     return out
 
 
-def _extras_of(reqs: Iterable[Requirement]) -> set[str]:
-    """The extras a distribution's requirements mention (``extra == "x"`` in their markers)."""
-    names: set[str] = set()
-    for req in reqs:
-        if req.marker is not None:
-            names.update(canonicalize_name(m) for m in re.findall(r"extra\s*==\s*['\"]([^'\"]+)['\"]", str(req.marker)))
-    return names
+def _extras_of(reqs: Iterable[Requirement], markers: _Markers) -> set[str]:
+    """The extras a distribution's requirements name in their markers."""
+    return {e for req in reqs if req.marker is not None for e in markers.named(req.marker)}
 
 
 def requirement_facts(inv: Inventory) -> Requirements:
@@ -250,9 +274,14 @@ def requirement_facts(inv: Inventory) -> Requirements:
     # canonical name -> extra -> (inferred, who asked)
     extras: dict[str, dict[str, tuple[bool, str]]] = {}
 
+    actives: dict[tuple[int, str], list[Requirement]] = {}
+
     def active(d: Distribution, extra: str) -> list[Requirement]:
-        env = markers.env(d.location)
-        return [r for r in parsed[id(d)] if markers.holds(r.marker, extra, env)]
+        key = (id(d), extra)
+        if key not in actives:
+            env = markers.env(d.location)
+            actives[key] = [r for r in parsed[id(d)] if markers.holds(r.marker, extra, env)]
+        return actives[key]
 
     def spread() -> None:
         """Extras asked by the active requirements, to a fixed point; a certain request replaces an
@@ -293,7 +322,7 @@ def requirement_facts(inv: Inventory) -> Requirements:
 
     for d in firsts:
         asked = extras.setdefault(d.key, {})
-        for extra in sorted(_extras_of(parsed[id(d)]) - set(asked)):
+        for extra in sorted(_extras_of(parsed[id(d)], markers) - set(asked)):
             if complete(d, extra, set()):
                 asked[extra] = (True, "")
     spread()
