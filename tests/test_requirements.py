@@ -311,3 +311,18 @@ def test_a_stray_library_wheel_missing_its_own_requirement_is_a_warning(tmp_path
     write_dist(site, "app", "1.0", requires=["nvidia-cudnn-cu12"])
     (g,) = requirement_findings(inv_of(site))
     assert g.severity is Severity.ERROR
+
+
+def test_one_requirement_stated_under_two_extras_is_reported_once(tmp_path):
+    site = site_packages(tmp_path / "venv")
+    write_dist(site, "torch", "2.14.1", requires=["cuda-toolkit[cublas,cusolver]==13.0.3"])
+    write_dist(
+        site,
+        "cuda-toolkit",
+        "13.0.3",
+        requires=['nvidia-cublas==13.1.1.3.*; extra == "cublas"', 'nvidia-cublas==13.1.1.3.*; extra == "cusolver"'],
+    )
+    write_dist(site, "nvidia-cublas", "13.0.2.14")
+    (f,) = requirement_findings(inv_of(site))
+    assert f.message == "cuda-toolkit 13.0.3 [extra cublas] requires nvidia-cublas==13.1.1.3.*; 13.0.2.14 is installed"
+    assert f.fix.endswith("install --no-deps 'nvidia-cublas==13.1.1.3.*'")  # pip picks the release

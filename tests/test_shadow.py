@@ -137,3 +137,23 @@ def test_ldd_loads_the_copy_the_finding_names(tmp_path, monkeypatch):
     line = next(x for x in out.splitlines() if "libcudnn.so.9" in x)
     assert f"=> {llp}/libcudnn.so.9 " in line
     assert f"from {llp}/libcudnn.so.9 " in f.message
+
+
+def test_another_wheels_copy_is_judged_by_that_wheels_version(tmp_path, monkeypatch):
+    # LD_LIBRARY_PATH into a second environment's nvidia-cudnn-cu12 9.19.0.56 (the incident's cu12 cuDNN)
+    site, _ = build(tmp_path, None)
+    other = site_packages(tmp_path / "other")
+    write_dist(
+        other,
+        "nvidia-cudnn-cu12",
+        "9.19.0.56",
+        {"nvidia/cudnn/lib/libcudnn.so.9": compile_so("libcudnn.so.9", payload="cu12 9.19")},
+    )
+    monkeypatch.setenv("LD_LIBRARY_PATH", str(other / "nvidia/cudnn/lib"))
+    monkeypatch.setenv("CUDASTACK_NO_CACHE", "1")
+    (f,) = shadow_findings(Stack(site_paths=(str(site), str(other))))
+    assert f.severity is Severity.ERROR
+    assert f.details[0] == (
+        f"winner: {other}/nvidia/cudnn/lib/libcudnn.so.9 (nvidia-cudnn-cu12 9.19.0.56; (9, 19, 0), from its wheel "
+        "nvidia-cudnn-cu12 9.19.0.56)"
+    )

@@ -84,16 +84,25 @@ def cuda_relevant(fact: RequirementFact) -> bool:
 
 
 def repair_version(reqs: Requirements, name: str) -> tuple[str | None, list[RequirementFact]]:
-    """A version every certain requirement on ``name`` accepts (a pin one of them states), and those
-    requirements; None when no pin satisfies them all (or none pins)."""
+    """A specifier naming one release that every certain requirement on ``name`` accepts (``==2.30.7``,
+    an exact pin one of them states, else ``==13.1.1.3.*``, a wildcard pin whose release they all accept),
+    and those requirements; None when no pin satisfies them all (or none pins)."""
     on = [f for f in reqs.on(name) if not f.inferred]
-    for pin in dict.fromkeys(p for f in on if (p := f.pin) is not None):
+    candidates: dict[str, str] = {}
+    for f in on:
+        if f.pin is not None:
+            candidates.setdefault(f"=={f.pin}", f.pin)
+    for f in on:
+        for spec in f.requirement.specifier:
+            if spec.operator == "==" and spec.version.endswith(".*"):
+                candidates.setdefault(f"=={spec.version}", spec.version[:-2])
+    for text, release in candidates.items():
         try:
-            version = Version(pin)
+            version = Version(release)
         except InvalidVersion:
             continue
         if all(f.requirement.specifier.contains(version, prereleases=True) for f in on):
-            return pin, on
+            return text, on
     return None, on
 
 
@@ -151,13 +160,11 @@ def _version_finding(fact: RequirementFact, reqs: Requirements, severity: Severi
         )
     version, on = repair_version(reqs, fact.name)
     if version is not None:
-        fix = f"{pip_command(installed)} install --no-deps '{installed.name}=={version}'"
+        fix = f"{pip_command(installed)} install --no-deps '{installed.name}{version}'"
     else:
         asks = "; ".join(f"{f.requester} requires {f.text}" for f in on)
         fix = ""
-        cause += (
-            f"; no single version is pinned that every requirement accepts ({asks}): no safe automatic repair is known"
-        )
+        cause += f"; no release is pinned that every requirement accepts ({asks}): no safe automatic repair is known"
     return Finding(
         check=_CHECK,
         severity=severity,
@@ -192,7 +199,7 @@ def _missing_finding(requirer: Distribution, facts: Sequence[RequirementFact], r
     for f in facts:
         version, on = repair_version(reqs, f.name)
         if version is not None:
-            specs.append(f"'{f.requirement.name}=={version}'")
+            specs.append(f"'{f.requirement.name}{version}'")
         elif all(g.pin is None for g in on):
             joined = ",".join(sorted({str(s) for g in on for s in g.requirement.specifier}))
             specs.append(f"'{f.requirement.name}{joined}'")
@@ -228,10 +235,14 @@ def requirement_findings(inv: Inventory, reqs: Requirements | None = None) -> tu
     findings: list[Finding] = []
     others: list[str] = []
     missing: dict[int, tuple[Distribution, list[RequirementFact]]] = {}
+    said: set[tuple[str, str, str]] = set()
     for fact in reqs.unmet:
         requirer = fact.requirer
-        if requirer is None:
+        # cuda-toolkit states nvidia-cublas==13.1.1.3.* under its cublas and its cusolver extras: once
+        said_key = (requirer.key if requirer else "", fact.name, str(fact.requirement.specifier))
+        if requirer is None or said_key in said:
             continue
+        said.add(said_key)
         if not cuda_relevant(fact) or (fact.inferred and fact.status is Status.MISSING):
             found = "not installed" if fact.installed is None else f"{fact.installed.version} is installed"
             others.append(f"{fact.requester} requires {fact.text}; {found}")
