@@ -111,6 +111,9 @@ _DELETE = object()
             id="unknown reports",
         ),
         pytest.param(_set(("rules",), {}), "'libraries' and 'rules' must be lists", id="rules not a list"),
+        pytest.param(_set(("rules", 8, "build_file"), "../../etc/passwd"), "path inside the site", id="build_file"),
+        pytest.param(_set(("rules", 8, "build_keys"), []), "'build_keys' must be a non-empty list", id="build_keys"),
+        pytest.param(_set(("rules", 0, "build_keys"), ["x"]), "'build_keys' without 'build_file'", id="keys alone"),
     ],
 )
 def test_validator_rejects_broken_copies(edit: Any, expected: str):
@@ -279,3 +282,19 @@ def test_torch_pin_met_is_quiet(tmp_path):
     assert framework_findings(stack_of(site)) == ()
     inv = installed_wheels([str(site)], reader=read_elf)
     assert inv.get("torch") is not None
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "build_info = {'cuda_version': '12.2', 'cudnn_version': '8', 'is_cuda_build': True}\n",
+        "build_info = collections.OrderedDict([('cuda_version', '12.2'), ('cudnn_version', '8')])\n",
+    ],
+    ids=["dict", "OrderedDict"],
+)
+def test_tensorflow_build_info_is_quoted_never_imported(tmp_path, text):
+    site = site_packages(tmp_path / "v")
+    write_dist(site, "tensorflow", "2.15.0", {"tensorflow/python/platform/build_info.py": "raise SystemExit\n" + text})
+    (f,) = framework_findings(stack_of(site))
+    assert f.severity is Severity.INFO
+    assert "its build_info.py says cuda_version 12.2, cudnn_version 8" in f.cause

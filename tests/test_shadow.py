@@ -8,12 +8,14 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from pytest_cudastack.checks.shadow import shadow_findings
 from pytest_cudastack.findings import Severity
+from pytest_cudastack.linker.resolver import SearchConfig
 from pytest_cudastack.stack import Stack
 from tests.helpers.elfbuild import needs_ldd
 from tests.helpers.sitebuild import HAVE_CC, compile_so, site_packages, write_dist
@@ -157,3 +159,32 @@ def test_another_wheels_copy_is_judged_by_that_wheels_version(tmp_path, monkeypa
         f"winner: {other}/nvidia/cudnn/lib/libcudnn.so.9 (nvidia-cudnn-cu12 9.19.0.56; (9, 19, 0), from its wheel "
         "nvidia-cudnn-cu12 9.19.0.56)"
     )
+
+
+def test_a_system_copy_wins_when_the_consumer_cannot_reach_its_wheel(tmp_path, monkeypatch):
+    # the consumer's RUNPATH misses its wheel's directory (a lib64/lib split): the default directory's copy
+    # (a /usr/local/cuda-style install named libcudnn.so.9.19.0) is the one loaded
+    site = site_packages(tmp_path / "venv")
+    ext = compile_so(None, pyinit="_C", needed=["libcudnn.so.9"], runpath="$ORIGIN/../nowhere")
+    write_dist(site, "torch", "2.14.1", {EXT: ext}, requires=["nvidia-cudnn-cu13==9.24.0.43"])
+    write_dist(
+        site,
+        "nvidia-cudnn-cu13",
+        "9.24.0.43",
+        {"nvidia/cudnn/lib/libcudnn.so.9": compile_so("libcudnn.so.9", payload="wheel 9.24")},
+    )
+    system = tmp_path / "usr" / "local" / "cuda" / "lib64"
+    system.mkdir(parents=True)
+    (system / "libcudnn.so.9.19.0").write_bytes(compile_so("libcudnn.so.9", payload="system 9.19"))
+    os.symlink("libcudnn.so.9.19.0", system / "libcudnn.so.9")
+    config = SearchConfig.from_environment({})
+    monkeypatch.setattr(
+        SearchConfig,
+        "from_environment",
+        classmethod(lambda cls, environ=None, root="/": replace(config, default_dirs=(str(system),), ld_cache=None)),
+    )
+    monkeypatch.setenv("CUDASTACK_NO_CACHE", "1")
+    (f,) = shadow_findings(Stack(site_paths=(str(site),)))
+    assert f.severity is Severity.ERROR
+    assert f"from {system}/libcudnn.so.9 (via default (default directories))" in f.message
+    assert f.fix.startswith(f"make {site}/nvidia/cudnn/lib reachable first")

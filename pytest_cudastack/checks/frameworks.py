@@ -17,8 +17,10 @@ a rule whose ``skip_env`` is set in this environment is an INFO saying the frame
 from __future__ import annotations
 
 import os
+import re
 from typing import TYPE_CHECKING
 
+from pytest_cudastack._sysio import read_text
 from pytest_cudastack.checks.shadow import Copy, copy_version, loaded_libraries, providers, shadowing
 from pytest_cudastack.cuda.frameworks import Rule, judge, load_rules, reported_version, version_text
 from pytest_cudastack.errors import CudaStackError
@@ -32,9 +34,10 @@ if TYPE_CHECKING:
     from pytest_cudastack.cuda.frameworks import LibraryRow
     from pytest_cudastack.wheels.inventory import Distribution
 
-__all__ = ["framework_findings", "run"]
+__all__ = ["build_info", "framework_findings", "run"]
 
 _CHECK = "requirements"
+_BUILD_FILE_LIMIT = 1 << 20  # TensorFlow's build_info.py is ~1 KiB
 
 
 def _runtime(
@@ -64,6 +67,23 @@ def _build(dist: Distribution, row: LibraryRow, reqs: Requirements) -> tuple[tup
     return None, ""
 
 
+def build_info(dist: Distribution, rule: Rule) -> str:
+    """``"; its build_info.py says cuda_version 12.2, cudnn_version 8"``: the rule's ``build_keys`` as the
+    framework's ``build_file`` states them (read as text, never imported; "" when absent or unreadable)."""
+    if rule.build_file is None:
+        return ""
+    text = read_text(os.path.join(dist.location, rule.build_file), _BUILD_FILE_LIMIT)
+    if text is None:
+        return ""
+    found = []
+    for key in rule.build_keys:
+        # a dict literal ('key': 'v') or an OrderedDict of pairs (('key', 'v')), as TensorFlow has written it
+        m = re.search(rf"""['"]{re.escape(key)}['"]\s*[:,]\s*['"]([^'"]*)['"]""", text)
+        if m is not None:
+            found.append(f"{key} {m[1]}")
+    return f"; its {os.path.basename(rule.build_file)} says {', '.join(found)}" if found else ""
+
+
 def framework_findings(stack: StackView, reqs: Requirements | None = None) -> tuple[Finding, ...]:
     """The framework rules' findings for every installed framework (see the module docstring)."""
     inv = stack.inventory
@@ -85,7 +105,7 @@ def framework_findings(stack: StackView, reqs: Requirements | None = None) -> tu
                 undecided.append(f"{row.name}: {dist.name} skips its check ({rule.skip_env} is set)")
                 continue
             if rule.kind == "undecidable":
-                undecided.append(f"{row.name}: {judge(rule, None, None).text}")
+                undecided.append(f"{row.name}: {judge(rule, None, None).text}{build_info(dist, rule)}")
                 continue
             copy, lib = _runtime(stack, dist, row, reqs)
             if copy is None:

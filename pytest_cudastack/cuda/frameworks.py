@@ -56,7 +56,19 @@ KINDS = ("build_match", "pin_floor", "floor", "undecidable")
 
 _TOP_KEYS = {"schema", "description", "sources", "libraries", "rules"}
 _LIB_KEYS = {"library", "name", "wheel", "sonames", "reports", "header", "macros", "source"}
-_RULE_KEYS = {"framework", "versions", "library", "kind", "min", "skip_env", "says", "reason", "source"}
+_RULE_KEYS = {
+    "framework",
+    "versions",
+    "library",
+    "kind",
+    "min",
+    "skip_env",
+    "says",
+    "reason",
+    "build_file",
+    "build_keys",
+    "source",
+}
 _CU_SUFFIX = re.compile(r"-cu\d+$")
 
 VersionTuple = tuple[int, ...]
@@ -103,6 +115,8 @@ class Rule:
     says: str
     reason: str
     source: str
+    build_file: str | None = None  # a file of the framework's wheel stating its build (read, never imported)
+    build_keys: tuple[str, ...] = ()  # the keys of that file worth quoting
 
     def applies(self, name: str, version: str) -> bool:
         if canonicalize_name(name) != self.framework:
@@ -280,6 +294,14 @@ def _rule(raw: Any, i: int, source: str, sources: Mapping[str, Any], libraries: 
     name = raw["framework"]
     if canonicalize_name(name) != name:
         raise DataError(f"{where}: 'framework' must be a canonical distribution name, got {name!r}")
+    build_file = raw.get("build_file")
+    build_keys: tuple[str, ...] = ()
+    if build_file is not None:
+        if not isinstance(build_file, str) or build_file.startswith("/") or ".." in build_file.split("/"):
+            raise DataError(f"{where}: 'build_file' must be a path inside the site directory, got {build_file!r}")
+        build_keys = _str_list(raw.get("build_keys"), where, "build_keys")
+    elif "build_keys" in raw:
+        raise DataError(f"{where}: 'build_keys' without 'build_file'")
     return Rule(
         name,
         versions,
@@ -290,6 +312,8 @@ def _rule(raw: Any, i: int, source: str, sources: Mapping[str, Any], libraries: 
         raw.get("says", ""),
         raw.get("reason", ""),
         raw["source"],
+        build_file,
+        build_keys,
     )
 
 
