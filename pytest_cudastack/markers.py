@@ -20,8 +20,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import Specifier
-from packaging.version import InvalidVersion, Version
+from packaging.version import Version
 
+from pytest_cudastack.checks.requirements import cuda_relevant
 from pytest_cudastack.cuda.driver import DriverInfo
 from pytest_cudastack.cuda.versions import (
     Arch,
@@ -35,6 +36,7 @@ from pytest_cudastack.cuda.versions import (
 )
 from pytest_cudastack.errors import OptionError, RuleError
 from pytest_cudastack.findings import Finding
+from pytest_cudastack.wheels.requirements import RequirementFact, Status, evaluate_requirement, requirement_facts
 
 if TYPE_CHECKING:
     from pytest_cudastack.linker.resolver import Library
@@ -208,22 +210,35 @@ def _broken(dist: Distribution, integrity: Sequence[Finding]) -> list[str]:
 
 
 def _wheel_unmet(text: str, facts: Facts) -> str | None:
+    """The requirement as pip would judge it (wheels/requirements.py: its version, then the requirements its
+    extras add), then the distribution intact: its RECORD-listed libraries present, no integrity error, its
+    own CUDA requirements met (a torch whose nvidia pins are unmet is not intact)."""
     req = Requirement(text)
     if req.marker is not None and not req.marker.evaluate():
         return None
-    dist = facts.inventory.get(req.name)
+    inv = facts.inventory
+    own, *added = evaluate_requirement(req, inv)
+    dist = own.installed
     if dist is None:
-        return f"{text}: no distribution {req.name!r} installed (searched {', '.join(facts.inventory.site_dirs)})"
-    try:
-        ok = req.specifier.contains(Version(dist.version), prereleases=True)
-    except InvalidVersion:
-        ok = False
-    if not ok:
+        return f"{text}: no distribution {req.name!r} installed (searched {', '.join(inv.site_dirs)})"
+    if own.status is Status.VERSION:
         return f"{text}: installed {dist.label} does not satisfy {req.specifier}"
+    unmet = [f for f in added if not f.met]
+    if unmet:
+        return f"{text}: " + "; ".join(f"{f.requester} requires {f.text}, {_found(f)}" for f in unmet)
     broken = _broken(dist, facts.integrity)
+    broken += [
+        f"it requires {f.text}, {_found(f)}"
+        for f in requirement_facts(inv).of(dist)
+        if not f.met and not f.inferred and cuda_relevant(f)
+    ]
     if broken:
         return f"{text}: {dist.label} is installed but not intact: " + "; ".join(broken)
     return None
+
+
+def _found(fact: RequirementFact) -> str:
+    return "which is not installed" if fact.installed is None else f"{fact.installed.version} is installed"
 
 
 def _driver_unmet(call: MarkerCall, driver: DriverInfo) -> str | None:

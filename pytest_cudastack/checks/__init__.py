@@ -156,6 +156,13 @@ CHECKS: Mapping[str, Check] = registry(
         skip=_LazySkip("arch"),
     ),
     Check(
+        "requirements",
+        "Requires-Dist present and pins met, framework version rules hold, no shadowed copy",
+        _Lazy("requirements"),
+        lambda o: o.cudastack,
+        skip=_LazySkip("requirements"),
+    ),
+    Check(
         "baseline",
         "the stack matches the snapshot {cudastack_baseline}",
         _Lazy("baseline"),

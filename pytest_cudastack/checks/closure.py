@@ -34,7 +34,8 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from pytest_cudastack._sysio import real_path
-from pytest_cudastack.checks.repair import load_facts, plan_repairs, verified_fixes
+from pytest_cudastack.checks.repair import load_facts, plan_repairs, predict, verified_fixes
+from pytest_cudastack.checks.requirements import requirement_for_soname
 from pytest_cudastack.cuda.compat import is_driver_soname
 from pytest_cudastack.errors import ElfError
 from pytest_cudastack.findings import Finding, Severity
@@ -157,6 +158,8 @@ def extension_closures(
         if split is not None:
             finding = split
             verified.append(split)
+        else:
+            finding = _required_install(inv, m, finding, verified)
         claims = inv.shipping(soname)
         if claims and not any(os.path.lexists(p) for _, p in claims):
             gone.append(finding)
@@ -215,9 +218,14 @@ def _missing_finding(inv: Inventory, m: _Missing) -> Finding:
             "no installed distribution ships it, and the dynamic linker's search (RPATH, LD_LIBRARY_PATH, "
             "RUNPATH, ld.so.cache, default directories) finds no file of that name"
         )
+    wanted = None if claimers else requirement_for_soname(inv, m.soname, [mt.dist for mt in m.needers])
+    if wanted is not None:  # the requirement that would have installed it (requirements.py)
+        cause = f"{wanted.requester} requires {wanted.text}, which is not installed; {cause}"
     if claimers:
         fixes = [f"{pip_command(d)} install --force-reinstall --no-deps {d.name}=={d.version}" for d in claimers]
         fix = "; ".join(fixes)
+    elif wanted is not None and wanted.requirer is not None:
+        fix = f"{pip_command(wanted.requirer)} install '{wanted.text}'"
     else:
         fix = f"install the package that provides {m.soname} (a wheel or a system package)"
     tried: list[str] = []  # directories searched that exist (nonexistent RPATH entries are noise)
@@ -241,6 +249,27 @@ def _missing_finding(inv: Inventory, m: _Missing) -> Finding:
         chain=tuple(_rel(p, inv) for p in chain),
         details=details,
     )
+
+
+def _required_install(inv: Inventory, m: _Missing, finding: Finding, verified: list[Finding]) -> Finding:
+    """A missing soname that a missing requirement's wheel would ship: its fix installs that requirement,
+    kept (``verified``) when the repair model predicts the install breaks nothing installed. The model holds
+    no files of a wheel that is not on disk, so that the wheel ships the soname rests on the requirer's pin
+    and the library table (``framework_rules.json``); the fix says so."""
+    if inv.shipping(m.soname):
+        return finding
+    wanted = requirement_for_soname(inv, m.soname, [mt.dist for mt in m.needers])
+    if wanted is None or wanted.requirer is None or wanted.pin is None:
+        return finding
+    if predict([("install", wanted.name, wanted.pin)], inv):
+        return finding
+    fixed = replace(
+        finding,
+        fix=f"{finding.fix} (checked: it changes no installed file; {wanted.name} {wanted.pin} is the wheel "
+        f"{wanted.requester} pins for {m.soname})",
+    )
+    verified.append(fixed)
+    return fixed
 
 
 def _gone_finding(inv: Inventory, gone: Sequence[Finding]) -> Finding:

@@ -1,0 +1,184 @@
+"""Framework version rules (framework_rules.json's ``rules``) applied to the copies each framework loads.
+
+For an installed framework distribution (torch, jax-cuda12-plugin, ...) and each of its rules:
+
+* the *runtime* version: the copy of the library its extension modules' closures load (the resolver's
+  winner, shadowing included), read by :func:`pytest_cudastack.checks.shadow.copy_version`; a library no
+  closure reaches (loaded by name at run time, as the JAX plugin preloads the nvidia wheels) is the
+  installed wheel of that library, first in search order;
+* the *build* version: the version the framework's own Requires-Dist pins for that library's wheel (torch
+  2.14.1 pins nvidia-cudnn-cu13==9.24.0.43: built against (9, 24, 0)).
+
+A rule the framework breaks is an ERROR quoting the framework's own message; an undecidable rule, or one
+whose versions are not readable, is an INFO that says why ("cannot be decided statically because ...");
+a rule whose ``skip_env`` is set in this environment is an INFO saying the framework skips it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import TYPE_CHECKING
+
+from pytest_cudastack._sysio import read_text
+from pytest_cudastack.checks.shadow import Copy, copy_version, loaded_libraries, providers, shadowing
+from pytest_cudastack.cuda.frameworks import Rule, judge, load_rules, reported_version, version_text
+from pytest_cudastack.errors import CudaStackError
+from pytest_cudastack.findings import Finding, Severity
+from pytest_cudastack.linker.resolver import Library
+from pytest_cudastack.wheels.integrity import pip_command
+from pytest_cudastack.wheels.requirements import Requirements, requirement_facts
+
+if TYPE_CHECKING:
+    from pytest_cudastack.checks.facts import StackView, Target
+    from pytest_cudastack.cuda.frameworks import LibraryRow
+    from pytest_cudastack.wheels.inventory import Distribution
+
+__all__ = ["build_info", "framework_findings", "run"]
+
+_CHECK = "requirements"
+_BUILD_FILE_LIMIT = 1 << 20  # TensorFlow's build_info.py is ~1 KiB
+
+
+def _runtime(
+    stack: StackView, dist: Distribution, row: LibraryRow, reqs: Requirements
+) -> tuple[Copy | None, Library | None]:
+    """The copy ``dist`` would load and the resolver's record of it; (None, ...) when another concern reports
+    it: a shadowed copy (shadow.py says it, with this rule's verdict), a path two RECORDs list (the integrity
+    item names whose bytes are there) or no copy at all (requirements and closure)."""
+    inv = stack.inventory
+    keys = {d.key for d in providers(dist, reqs)}
+    for lib in loaded_libraries(stack, dist):
+        if lib.path is not None and row.matches_soname(lib.soname):
+            if shadowing(inv, lib, row, keys) is not None or len(inv.owners(lib.path)) > 1:
+                return None, lib
+            return copy_version(inv, lib.path, row), lib
+    wheel = next((d for d in inv.distributions if row.matches_wheel(d.name)), None)
+    if wheel is None:
+        return None, None
+    version = reported_version(row, wheel.version)
+    return Copy(wheel.dist_info, wheel, version, f"its wheel {wheel.label} (loaded by name at run time)"), None
+
+
+def _build(dist: Distribution, row: LibraryRow, reqs: Requirements) -> tuple[tuple[int, ...] | None, str]:
+    for fact in reqs.of(dist):
+        if row.matches_wheel(fact.name) and fact.pin is not None:
+            return reported_version(row, fact.pin), fact.text
+    return None, ""
+
+
+def build_info(dist: Distribution, rule: Rule) -> str:
+    """``"; its build_info.py says cuda_version 12.2, cudnn_version 8"``: the rule's ``build_keys`` as the
+    framework's ``build_file`` states them (read as text, never imported; "" when absent or unreadable)."""
+    if rule.build_file is None:
+        return ""
+    text = read_text(os.path.join(dist.location, rule.build_file), _BUILD_FILE_LIMIT)
+    if text is None:
+        return ""
+    found = []
+    for key in rule.build_keys:
+        # a dict literal ('key': 'v') or an OrderedDict of pairs (('key', 'v')), as TensorFlow has written it
+        m = re.search(rf"""['"]{re.escape(key)}['"]\s*[:,]\s*['"]([^'"]*)['"]""", text)
+        if m is not None:
+            found.append(f"{key} {m[1]}")
+    return f"; its {os.path.basename(rule.build_file)} says {', '.join(found)}" if found else ""
+
+
+def framework_findings(stack: StackView, reqs: Requirements | None = None) -> tuple[Finding, ...]:
+    """The framework rules' findings for every installed framework (see the module docstring)."""
+    inv = stack.inventory
+    reqs = reqs if reqs is not None else requirement_facts(inv)
+    try:
+        data = load_rules()
+    except CudaStackError as e:
+        return (Finding(_CHECK, Severity.WARNING, "framework rules", f"framework rules not loaded: {e}"),)
+    findings: list[Finding] = []
+    for dist in inv.distributions:
+        if inv.get(dist.name) is not dist:
+            continue
+        undecided: list[str] = []
+        for rule in data.rules_for(dist.name, dist.version):
+            row = data.library(rule.library)
+            if row is None:
+                continue
+            if rule.skip_env and os.environ.get(rule.skip_env, "") not in ("", "0"):
+                undecided.append(f"{row.name}: {dist.name} skips its check ({rule.skip_env} is set)")
+                continue
+            if rule.kind == "undecidable":
+                undecided.append(f"{row.name}: {judge(rule, None, None).text}{build_info(dist, rule)}")
+                continue
+            copy, lib = _runtime(stack, dist, row, reqs)
+            if copy is None:
+                continue  # another concern reports it (see _runtime)
+            build, pin = _build(dist, row, reqs)
+            if copy.owner is not None and any(f.installed is copy.owner and not f.met for f in reqs.of(dist)):
+                continue  # the requirements finding on that pin says it, with this rule's verdict
+            verdict = judge(rule, build, copy.version)
+            if verdict.ok is None:
+                undecided.append(f"{row.name}: {verdict.text}")
+            elif not verdict.ok:
+                findings.append(_broken(dist, rule, row, copy, lib, build, pin, verdict.text, reqs))
+        if undecided:
+            findings.append(
+                Finding(
+                    check=_CHECK,
+                    severity=Severity.INFO,
+                    subject=dist.label,
+                    message=f"{len(undecided)} of {dist.name}'s own version checks not judged here",
+                    cause="; ".join(undecided),
+                    where=(dist.dist_info,),
+                    details=tuple(undecided),
+                )
+            )
+    return tuple(findings)
+
+
+def _broken(
+    dist: Distribution,
+    rule: Rule,
+    row: LibraryRow,
+    copy: Copy,
+    lib: Library | None,
+    build: tuple[int, ...] | None,
+    pin: str,
+    why: str,
+    reqs: Requirements,
+) -> Finding:
+    runtime = version_text(copy.version) if copy.version is not None else "unknown"
+    built = version_text(build) if build is not None else "unknown"
+    says = rule.says.format(build=built, runtime=runtime)
+    route = f" via {lib.route.value}" if lib is not None else ""
+    cause = f"{dist.name} {why}; it would load {copy.described}{route}"
+    if pin:
+        cause += f"; its metadata pins {pin}"
+    fix = ""
+    if lib is not None and lib.route.value == "LD_LIBRARY_PATH":
+        fix = f"remove {os.path.dirname(lib.path or '')} from LD_LIBRARY_PATH"
+    elif pin and copy.owner is not None and row.matches_wheel(copy.owner.name):
+        same = [f for f in reqs.on(copy.owner.name) if f.pin is not None]
+        if same and all(f.pin == same[0].pin for f in same):
+            fix = f"{pip_command(copy.owner)} install --no-deps '{copy.owner.name}=={same[0].pin}'"
+    return Finding(
+        check=_CHECK,
+        severity=Severity.ERROR,
+        subject=f"{dist.name} {row.name}",
+        message=f'{dist.label} would fail its {row.name} check: "{says}"',
+        cause=cause,
+        fix=fix,
+        where=(copy.path, dist.dist_info),
+        distributions=(dist.key,),
+        details=(f"rule: {rule.kind} ({rule.source}: {_source_url(rule)})",),
+    )
+
+
+def _source_url(rule: Rule) -> str:
+    """The URL of a rule's source."""
+    try:
+        return str(load_rules().sources[rule.source].get("url", rule.source))
+    except (CudaStackError, KeyError):
+        return rule.source
+
+
+def run(stack: StackView, target: Target | None = None) -> tuple[Finding, ...]:
+    """Framework rules alone (the ``requirements`` item runs them with the other two concerns)."""
+    return framework_findings(stack)

@@ -1,0 +1,320 @@
+"""The ``requirements`` item: Requires-Dist present and pins met, framework version rules, shadowed copies.
+
+One item (design.md's ``cudastack::requirements``) over three concerns, each its own module: this one
+(requirements as pip's resolver evaluates them, :mod:`pytest_cudastack.wheels.requirements`),
+:mod:`~pytest_cudastack.checks.frameworks` (how each framework judges the libraries it loads) and
+:mod:`~pytest_cudastack.checks.shadow` (a copy other than the one the consumer's own wheel provides wins).
+
+A requirement *matters for the CUDA stack* (:func:`cuda_relevant`) when the required distribution is a CUDA
+wheel (by its name and pinned version, :mod:`pytest_cudastack.cuda.flavour`, or by the installed copy), or
+when a CUDA distribution requires a distribution that ships shared libraries (torch and triton). Findings:
+
+* a CUDA requirement unmet: ERROR, one per required distribution whose version is wrong ("torch 2.14.1
+  requires nvidia-nccl-cu13==2.30.7; 2.28.9 is installed"), one per requirer for those missing (all of them
+  at once), each saying what it means for the libraries the wheel ships;
+* a missing requirement of a distribution nothing uses (no extension module, nothing requires it: a
+  library wheel installed with ``--no-deps``): WARNING;
+* an unmet version through an extra that counts as installed only because its requirements all are (inferred,
+  see wheels/requirements.py): WARNING (the user may never have asked for that extra);
+* every other unmet requirement (what ``pip check`` would also print, or an unparsable Requires-Dist):
+  one INFO, all of them listed.
+
+A fix is given only when one version satisfies every requirement on that distribution (a pin of one of
+them); otherwise the finding says no safe automatic repair is known.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from packaging.version import InvalidVersion, Version
+
+from pytest_cudastack.cuda.compat import soname_cuda_majors
+from pytest_cudastack.cuda.flavour import wheel_cuda_flavour
+from pytest_cudastack.cuda.frameworks import LibraryRow, framework_says, load_rules, reported_version
+from pytest_cudastack.errors import CudaStackError
+from pytest_cudastack.findings import Finding, Severity
+from pytest_cudastack.wheels.integrity import pip_command
+from pytest_cudastack.wheels.inventory import Distribution, Inventory
+from pytest_cudastack.wheels.requirements import RequirementFact, Requirements, Status, requirement_facts
+
+if TYPE_CHECKING:
+    from pytest_cudastack.checks.facts import StackView, Target
+
+__all__ = [
+    "cuda_relevant",
+    "library_of",
+    "nothing_to_check",
+    "repair_version",
+    "requirement_findings",
+    "requirement_for_soname",
+    "run",
+    "used",
+]
+
+_CHECK = "requirements"
+
+
+def library_of(name: str) -> LibraryRow | None:
+    """The CUDA library a wheel of this name ships (framework_rules.json's ``libraries``), if known."""
+    try:
+        return load_rules().library_for_wheel(name)
+    except CudaStackError:
+        return None
+
+
+def cuda_relevant(fact: RequirementFact) -> bool:
+    """Does this requirement matter for the CUDA stack (see the module docstring)?"""
+    if fact.installed is not None and fact.installed.cuda_major is not None:
+        return True
+    try:
+        major, _ = wheel_cuda_flavour(fact.requirement.name, fact.pin or "", (), ())
+    except CudaStackError:
+        major = None
+    if major is not None:
+        return True
+    requirer = fact.requirer
+    return (
+        requirer is not None
+        and requirer.cuda_major is not None
+        and fact.installed is not None
+        and bool(fact.installed.libraries)
+    )
+
+
+def repair_version(reqs: Requirements, name: str) -> tuple[str | None, list[RequirementFact]]:
+    """A specifier naming one release that every certain requirement on ``name`` accepts (``==2.30.7``,
+    an exact pin one of them states, else ``==13.1.1.3.*``, a wildcard pin whose release they all accept),
+    and those requirements; None when no pin satisfies them all (or none pins)."""
+    on = [f for f in reqs.on(name) if not f.inferred]
+    candidates: dict[str, str] = {}
+    for f in on:
+        if f.pin is not None:
+            candidates.setdefault(f"=={f.pin}", f.pin)
+    for f in on:
+        for spec in f.requirement.specifier:
+            if spec.operator == "==" and spec.version.endswith(".*"):
+                candidates.setdefault(f"=={spec.version}", spec.version[:-2])
+    for text, release in candidates.items():
+        try:
+            version = Version(release)
+        except InvalidVersion:
+            continue
+        if all(f.requirement.specifier.contains(version, prereleases=True) for f in on):
+            return text, on
+    return None, on
+
+
+def used(dist: Distribution, reqs: Requirements) -> bool:
+    """Is ``dist`` used by something? Not when it is a CUDA library wheel (framework_rules.json's
+    ``libraries``: nvidia-cudnn-cu12) without an extension module that no installed distribution requires:
+    a stray installed with ``--no-deps``, whose libraries only a program loading them itself would use."""
+    if library_of(dist.name) is None or any(lib.pyinit for lib in dist.libraries):
+        return True
+    return any(not f.inferred for f in reqs.on(dist.name))
+
+
+def _shipped(lib: LibraryRow) -> str:
+    return f"the {lib.name} libraries ({', '.join(s + '.so.*' for s in lib.sonames)})"
+
+
+def _framework_verdict(fact: RequirementFact, lib: LibraryRow | None) -> str:
+    """The requirer's own failing check on the installed version of a pinned library wheel, quoted."""
+    if lib is None or fact.requirer is None or fact.installed is None or fact.pin is None:
+        return ""
+    try:
+        data = load_rules()
+    except CudaStackError:
+        return ""
+    build, runtime = reported_version(lib, fact.pin), reported_version(lib, fact.installed.version)
+    return framework_says(data, fact.requirer.name, fact.requirer.version, lib.library, build, runtime)
+
+
+def _version_finding(fact: RequirementFact, reqs: Requirements, severity: Severity) -> Finding:
+    installed = fact.installed
+    requirer = fact.requirer
+    if installed is None or requirer is None:
+        raise ValueError(f"not an installed version of a stated requirement: {fact}")
+    lib = library_of(fact.name)
+    who = requirer.name
+    if lib is not None:
+        cause = (
+            f"{who} was built against {lib.name} {fact.pin or fact.requirement.specifier} and loads {lib.name} "
+            f"{installed.version} instead: a release older than its build can lack symbols {who} binds (an "
+            f"ImportError or undefined symbol at import), a different one can fail {who}'s own version check "
+            "at first use"
+        )
+    else:
+        cause = (
+            f"{who}'s binaries were built and tested with {fact.text}; {installed.label} may not provide the "
+            "interface they call"
+        )
+    verdict = _framework_verdict(fact, lib)
+    if verdict:
+        cause += f'; {who}\'s own check says: "{verdict}"'
+    if fact.inferred:
+        cause += (
+            f" (this requirement comes from {requirer.name}'s extra {fact.extra!r}, counted as installed "
+            "because all its requirements are; ignore it if you never installed that extra)"
+        )
+    version, on = repair_version(reqs, fact.name)
+    if version is not None:
+        fix = f"{pip_command(installed)} install --no-deps '{installed.name}{version}'"
+    else:
+        asks = "; ".join(f"{f.requester} requires {f.text}" for f in on)
+        fix = ""
+        cause += f"; no release is pinned that every requirement accepts ({asks}): no safe automatic repair is known"
+    return Finding(
+        check=_CHECK,
+        severity=severity,
+        subject=installed.name,
+        message=f"{fact.requester} requires {fact.text}; {installed.version} is installed",
+        cause=cause,
+        fix=fix,
+        where=(installed.dist_info, requirer.dist_info),
+        distributions=(installed.key, requirer.key),
+    )
+
+
+def _missing_finding(requirer: Distribution, facts: Sequence[RequirementFact], reqs: Requirements) -> Finding:
+    texts = [f.text for f in facts]
+    libs = [lib for f in facts if (lib := library_of(f.name)) is not None]
+    if len(facts) == 1:
+        message = f"{facts[0].requester} requires {texts[0]}, which is not installed"
+    else:
+        message = f"{requirer.label} requires {len(facts)} distributions that are not installed: {', '.join(texts)}"
+    if libs:
+        shipped = "; ".join(_shipped(lib) for lib in libs)
+        users = (
+            f"{requirer.name}'s extension modules that link them fail to import (the closure item lists the sonames)"
+            if any(lib.pyinit for lib in requirer.libraries)
+            else f"{requirer.name}'s libraries that use them fail when they load them"
+        )
+        cause = f"nothing installs what they ship ({shipped}): {users}"
+    else:
+        cause = f"{requirer.name} needs them at import or at first use; pip would have installed them with it"
+    specs: list[str] = []
+    unresolved: list[str] = []
+    for f in facts:
+        version, on = repair_version(reqs, f.name)
+        if version is not None:
+            specs.append(f"'{f.requirement.name}{version}'")
+        elif all(g.pin is None for g in on):
+            joined = ",".join(sorted({str(s) for g in on for s in g.requirement.specifier}))
+            specs.append(f"'{f.requirement.name}{joined}'")
+        else:
+            unresolved.append(f.text)
+    fix = f"{pip_command(requirer)} install {' '.join(specs)}" if specs else ""
+    severity = Severity.ERROR
+    if not used(requirer, reqs):
+        severity = Severity.WARNING
+        cause += (
+            f"; nothing installed requires {requirer.name} and it has no extension module (installed with "
+            "--no-deps?): this matters only to a program that loads its libraries itself"
+        )
+    if unresolved:
+        cause += (
+            f"; no version satisfies every requirement on {', '.join(unresolved)}: no safe automatic repair is known"
+        )
+    return Finding(
+        check=_CHECK,
+        severity=severity,
+        subject=requirer.label,
+        message=message,
+        cause=cause,
+        fix=fix,
+        where=(requirer.dist_info,),
+        distributions=(requirer.key,),
+    )
+
+
+def requirement_findings(inv: Inventory, reqs: Requirements | None = None) -> tuple[Finding, ...]:
+    """The requirement findings of ``inv`` (see the module docstring)."""
+    reqs = reqs if reqs is not None else requirement_facts(inv)
+    findings: list[Finding] = []
+    others: list[str] = []
+    missing: dict[int, tuple[Distribution, list[RequirementFact]]] = {}
+    said: set[tuple[str, str, str]] = set()
+    for fact in reqs.unmet:
+        requirer = fact.requirer
+        # cuda-toolkit states nvidia-cublas==13.1.1.3.* under its cublas and its cusolver extras: once
+        said_key = (requirer.key if requirer else "", fact.name, str(fact.requirement.specifier))
+        if requirer is None or said_key in said:
+            continue
+        said.add(said_key)
+        if not cuda_relevant(fact) or (fact.inferred and fact.status is Status.MISSING):
+            found = "not installed" if fact.installed is None else f"{fact.installed.version} is installed"
+            others.append(f"{fact.requester} requires {fact.text}; {found}")
+        elif fact.status is Status.VERSION:
+            findings.append(_version_finding(fact, reqs, Severity.WARNING if fact.inferred else Severity.ERROR))
+        else:
+            missing.setdefault(id(requirer), (requirer, []))[1].append(fact)
+    findings[0:0] = [_missing_finding(d, facts, reqs) for d, facts in missing.values()]
+    others += [f"{d.label}: unparsable Requires-Dist {text!r} ({err})" for d, text, err in reqs.unparsable]
+    if others:
+        findings.append(
+            Finding(
+                check=_CHECK,
+                severity=Severity.INFO,
+                subject="requirements",
+                message=f"{len(others)} requirement(s) outside the CUDA stack unmet (as pip check reports them)",
+                cause="they do not change which CUDA libraries load; the distributions may still fail when used",
+                fix="pip install the versions named, if you use those distributions",
+                details=tuple(others[:24]) + ((f"... and {len(others) - 24} more",) if len(others) > 24 else ()),
+            )
+        )
+    return tuple(findings)
+
+
+def requirement_for_soname(
+    inv: Inventory, soname: str, requirers: Sequence[Distribution] = (), reqs: Requirements | None = None
+) -> RequirementFact | None:
+    """The missing requirement of one of ``requirers`` (any distribution when empty) whose wheel would ship
+    ``soname`` (``libcublas.so.11`` -> torch's ``nvidia-cublas-cu11==11.10.3.66``), else None. Among several,
+    the one whose CUDA major is the soname's."""
+    try:
+        lib = load_rules().library_for_soname(soname)
+        majors = soname_cuda_majors(soname) or frozenset()
+    except CudaStackError:
+        return None
+    if lib is None:
+        return None
+    reqs = reqs if reqs is not None else requirement_facts(inv)
+    keys = {d.key for d in requirers}
+    hits = [
+        f
+        for f in reqs.unmet
+        if f.status is Status.MISSING
+        and not f.inferred
+        and lib.matches_wheel(f.name)
+        and (not keys or (f.requirer is not None and f.requirer.key in keys))
+    ]
+    if not hits:
+        return None
+
+    def major(f: RequirementFact) -> int | None:
+        try:
+            return wheel_cuda_flavour(f.requirement.name, f.pin or "", (), ())[0]
+        except CudaStackError:
+            return None
+
+    return next((f for f in hits if major(f) in majors), hits[0])
+
+
+def nothing_to_check(stack: StackView, target: Target | None = None) -> str | None:
+    """Why the ``requirements`` item is skipped: no installed distribution states a requirement."""
+    if not any(d.requires for d in stack.inventory.distributions):
+        return "no installed distribution states a requirement (Requires-Dist)"
+    return None
+
+
+def run(stack: StackView, target: Target | None = None) -> tuple[Finding, ...]:
+    """The ``requirements`` item: requirements, framework rules and shadowed copies of the stack."""
+    # lazy: frameworks and shadow import this module (cuda_relevant, library_of); importing them at the top
+    # would make the cycle
+    from pytest_cudastack.checks.frameworks import framework_findings
+    from pytest_cudastack.checks.shadow import shadow_findings
+
+    reqs = requirement_facts(stack.inventory)
+    return requirement_findings(stack.inventory, reqs) + framework_findings(stack, reqs) + shadow_findings(stack, reqs)

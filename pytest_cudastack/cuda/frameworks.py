@@ -1,0 +1,374 @@
+"""Framework version rules and the versions CUDA libraries report, from ``data/framework_rules.json``.
+
+Two tables, every row citing a source listed in the file's ``sources`` (validated on load, as
+:mod:`pytest_cudastack.cuda.compat` validates its file):
+
+* ``libraries``: one CUDA library each (cuDNN, NCCL, cuBLAS, ...): the wheel that ships it (``nvidia-cudnn``
+  stands for ``nvidia-cudnn`` and every ``nvidia-cudnn-cuNN``), the stems of its sonames (``libcudnn``
+  matches ``libcudnn.so.9`` and ``libcudnn_ops.so.9``: the stem itself or the stem then ``_``), and how many
+  leading components of the wheel's version the library reports at run time (``reports``: nvidia-cudnn-cu12
+  9.19.0.56 reports (9, 19, 0)), plus the header and macros that state it in an unowned install;
+* ``rules``: how a framework judges one library, of four kinds, each judged on reported versions:
+
+  - ``build_match`` (torch and cuDNN): same major as the build, minor not lower;
+  - ``pin_floor`` (torch and NCCL): not older than the build;
+  - ``floor``: not older than ``min``;
+  - ``undecidable``: the framework's check needs a fact no file states; its ``reason`` says which.
+
+  The *build* version is what the framework's own metadata pins (torch pins the nvidia wheels it was built
+  against); the checks find it and the copy the framework would load. ``skip_env`` names the environment
+  variable that turns the framework's check off.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
+
+from pytest_cudastack.errors import DataError
+
+__all__ = [
+    "DATA_FILE",
+    "KINDS",
+    "FrameworkRules",
+    "LibraryRow",
+    "Rule",
+    "Verdict",
+    "framework_says",
+    "judge",
+    "load_rules",
+    "reported_version",
+    "validate_rules",
+    "version_text",
+]
+
+DATA_FILE = "data/framework_rules.json"
+KINDS = ("build_match", "pin_floor", "floor", "undecidable")
+
+_TOP_KEYS = {"schema", "description", "sources", "libraries", "rules"}
+_LIB_KEYS = {"library", "name", "wheel", "sonames", "reports", "header", "macros", "source"}
+_RULE_KEYS = {
+    "framework",
+    "versions",
+    "library",
+    "kind",
+    "min",
+    "skip_env",
+    "says",
+    "reason",
+    "build_file",
+    "build_keys",
+    "source",
+}
+_CU_SUFFIX = re.compile(r"-cu\d+$")
+
+VersionTuple = tuple[int, ...]
+
+
+def version_text(v: VersionTuple) -> str:
+    """``(9, 24, 0)`` as torch prints it."""
+    return "(" + ", ".join(str(x) for x in v) + ")"
+
+
+@dataclass(frozen=True)
+class LibraryRow:
+    """One CUDA library: ``library`` id, display ``name``, its wheel, soname stems, what it reports."""
+
+    library: str
+    name: str
+    wheel: str
+    sonames: tuple[str, ...]
+    reports: int | None  # leading components of the wheel version the library reports; None: unknown
+    header: str | None
+    macros: tuple[str, ...]
+    source: str
+
+    def matches_wheel(self, name: str) -> bool:
+        """``nvidia-cudnn-cu12`` and ``nvidia-cudnn`` for the row ``nvidia-cudnn``."""
+        return _CU_SUFFIX.sub("", canonicalize_name(name)) == self.wheel
+
+    def matches_soname(self, soname: str) -> bool:
+        """``libcudnn.so.9``, ``libcudnn_ops.so.9`` for the stem ``libcudnn``; not ``libcudnnx.so``."""
+        stem = soname.split(".so", 1)[0]
+        return any(stem == s or stem.startswith(s + "_") for s in self.sonames)
+
+
+@dataclass(frozen=True)
+class Rule:
+    """How ``framework`` (a distribution name, within ``versions``) judges ``library``."""
+
+    framework: str
+    versions: SpecifierSet
+    library: str
+    kind: str
+    minimum: VersionTuple | None
+    skip_env: str | None
+    says: str
+    reason: str
+    source: str
+    build_file: str | None = None  # a file of the framework's wheel stating its build (read, never imported)
+    build_keys: tuple[str, ...] = ()  # the keys of that file worth quoting
+
+    def applies(self, name: str, version: str) -> bool:
+        if canonicalize_name(name) != self.framework:
+            return False
+        try:
+            return self.versions.contains(Version(version), prereleases=True)
+        except InvalidVersion:
+            return not str(self.versions)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A rule judged: ``ok`` True/False, or None when it cannot be decided; ``text`` says why."""
+
+    ok: bool | None
+    text: str
+
+
+@dataclass(frozen=True)
+class FrameworkRules:
+    libraries: tuple[LibraryRow, ...]
+    rules: tuple[Rule, ...]
+    sources: Mapping[str, Mapping[str, str]]
+
+    def library(self, library_id: str) -> LibraryRow | None:
+        return next((row for row in self.libraries if row.library == library_id), None)
+
+    def library_for_soname(self, soname: str) -> LibraryRow | None:
+        """The library whose soname stems match ``soname`` (the longest stem wins)."""
+        hits = [(max(len(s) for s in row.sonames), row) for row in self.libraries if row.matches_soname(soname)]
+        return max(hits, key=lambda h: h[0])[1] if hits else None
+
+    def library_for_wheel(self, name: str) -> LibraryRow | None:
+        return next((row for row in self.libraries if row.matches_wheel(name)), None)
+
+    def rules_for(self, name: str, version: str) -> tuple[Rule, ...]:
+        return tuple(r for r in self.rules if r.applies(name, version))
+
+
+def reported_version(row: LibraryRow, wheel_version: str) -> VersionTuple | None:
+    """What the library of a wheel of ``wheel_version`` reports at run time (None: unknown)."""
+    if row.reports is None:
+        return None
+    try:
+        release = Version(wheel_version).release
+    except InvalidVersion:
+        return None
+    return tuple((*release, 0, 0, 0)[: row.reports])
+
+
+def judge(rule: Rule, build: VersionTuple | None, runtime: VersionTuple | None) -> Verdict:
+    """``rule`` for a framework built against ``build`` that would load ``runtime`` (reported versions)."""
+    if rule.kind == "undecidable":
+        return Verdict(None, f"cannot be decided statically because {rule.reason}")
+    if runtime is None:
+        return Verdict(None, "cannot be decided statically because the loaded copy's version is not readable")
+    if rule.kind == "floor":
+        floor = rule.minimum or ()
+        return Verdict(runtime[: len(floor)] >= floor, f"needs at least {version_text(floor)}")
+    if build is None:
+        return Verdict(
+            None,
+            "cannot be decided statically because its metadata pins no wheel of it (the build version is "
+            "compiled into its binaries)",
+        )
+    if rule.kind == "pin_floor":
+        return Verdict(runtime >= build[: len(runtime)], f"built against {version_text(build)}")
+    # build_match: torch/backends/cudnn/__init__.py _init(), for cuDNN >= 7 on CUDA
+    if len(runtime) < 2 or len(build) < 2:
+        return Verdict(None, "cannot be decided statically because a version lacks its minor")
+    ok = runtime[0] == build[0] and runtime[1] >= build[1]
+    return Verdict(ok, f"compiled against {version_text(build)}: needs the same major and a minor not lower")
+
+
+def framework_says(
+    data: FrameworkRules,
+    name: str,
+    version: str,
+    library: str,
+    build: VersionTuple | None,
+    runtime: VersionTuple | None,
+) -> str:
+    """The framework's own failure message when one of its rules on ``library`` fails for these versions
+    ("cuDNN version incompatibility: PyTorch was compiled against (9, 24, 0) but found runtime version
+    (9, 19, 0)"), else ""."""
+    for rule in data.rules_for(name, version):
+        if rule.library == library and judge(rule, build, runtime).ok is False:
+            shown = [version_text(v) if v is not None else "unknown" for v in (build, runtime)]
+            return rule.says.format(build=shown[0], runtime=shown[1])
+    return ""
+
+
+# --------------------------------------------------------------------------------------------- validation
+
+
+def _tuple(text: Any, where: str) -> VersionTuple:
+    if not isinstance(text, str) or not re.fullmatch(r"\d+(\.\d+){0,3}", text):
+        raise DataError(f"{where}: 'min' must be a dotted version such as '12.1.0', got {text!r}")
+    return tuple(int(x) for x in text.split("."))
+
+
+def _str_list(value: Any, where: str, key: str) -> tuple[str, ...]:
+    if not isinstance(value, list) or not value or not all(isinstance(x, str) and x for x in value):
+        raise DataError(f"{where}: '{key}' must be a non-empty list of strings")
+    return tuple(value)
+
+
+def _library(raw: Any, i: int, source: str, sources: Mapping[str, Any]) -> LibraryRow:
+    where = f"{source}: libraries[{i}]"
+    if not isinstance(raw, dict):
+        raise DataError(f"{where}: must be an object")
+    unknown = set(raw) - _LIB_KEYS
+    if unknown:
+        raise DataError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}")
+    for key in ("library", "name", "wheel", "source"):
+        if not isinstance(raw.get(key), str) or not raw[key]:
+            raise DataError(f"{where}: '{key}' must be a non-empty string")
+    if raw["source"] not in sources:
+        raise DataError(f"{where}: source {raw['source']!r} is not listed in 'sources'")
+    if canonicalize_name(raw["wheel"]) != raw["wheel"] or _CU_SUFFIX.search(raw["wheel"]):
+        raise DataError(f"{where}: 'wheel' must be a canonical name without -cuNN, got {raw['wheel']!r}")
+    stems = _str_list(raw.get("sonames"), where, "sonames")
+    if any(not s.startswith("lib") or ".so" in s for s in stems):
+        raise DataError(f"{where}: 'sonames' are stems such as 'libcudnn' (no '.so')")
+    reports = raw.get("reports")
+    if reports is not None and (isinstance(reports, bool) or not isinstance(reports, int) or not 1 <= reports <= 4):
+        raise DataError(f"{where}: 'reports' must be 1..4 (leading version components), got {reports!r}")
+    header = raw.get("header")
+    macros: tuple[str, ...] = ()
+    if header is not None:
+        if not isinstance(header, str) or "/" in header or not header.endswith(".h"):
+            raise DataError(f"{where}: 'header' must be a header file name, got {header!r}")
+        macros = _str_list(raw.get("macros"), where, "macros")
+        if reports is None or len(macros) != reports:
+            raise DataError(f"{where}: 'macros' must name one macro per reported component ({reports})")
+    elif "macros" in raw:
+        raise DataError(f"{where}: 'macros' without 'header'")
+    return LibraryRow(raw["library"], raw["name"], raw["wheel"], stems, reports, header, macros, raw["source"])
+
+
+def _rule(raw: Any, i: int, source: str, sources: Mapping[str, Any], libraries: Mapping[str, LibraryRow]) -> Rule:
+    where = f"{source}: rules[{i}]"
+    if not isinstance(raw, dict):
+        raise DataError(f"{where}: must be an object")
+    unknown = set(raw) - _RULE_KEYS
+    if unknown:
+        raise DataError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}")
+    for key in ("framework", "library", "kind", "source"):
+        if not isinstance(raw.get(key), str) or not raw[key]:
+            raise DataError(f"{where}: '{key}' must be a non-empty string")
+    if raw["source"] not in sources:
+        raise DataError(f"{where}: source {raw['source']!r} is not listed in 'sources'")
+    if raw["library"] not in libraries:
+        raise DataError(f"{where}: library {raw['library']!r} is not in 'libraries'")
+    kind = raw["kind"]
+    if kind not in KINDS:
+        raise DataError(f"{where}: kind {kind!r} is not one of {', '.join(KINDS)}")
+    try:
+        versions = SpecifierSet(raw.get("versions", ""))
+    except (InvalidSpecifier, TypeError) as e:
+        raise DataError(f"{where}: 'versions' is not a version specifier: {e}") from e
+    minimum = _tuple(raw.get("min"), where) if kind == "floor" else None
+    if kind != "floor" and "min" in raw:
+        raise DataError(f"{where}: 'min' belongs to kind 'floor' only")
+    if kind == "undecidable":
+        if not isinstance(raw.get("reason"), str) or not raw["reason"]:
+            raise DataError(f"{where}: an undecidable rule needs its 'reason'")
+    elif not isinstance(raw.get("says"), str) or not raw["says"]:
+        raise DataError(f"{where}: a decidable rule needs 'says' (the framework's own message)")
+    if kind in ("build_match", "pin_floor") and libraries[raw["library"]].reports is None:
+        raise DataError(f"{where}: kind {kind!r} needs a library whose reported version is known ('reports')")
+    skip_env = raw.get("skip_env")
+    if skip_env is not None and (not isinstance(skip_env, str) or not re.fullmatch(r"[A-Z_][A-Z0-9_]*", skip_env)):
+        raise DataError(f"{where}: 'skip_env' must be an environment variable name, got {skip_env!r}")
+    name = raw["framework"]
+    if canonicalize_name(name) != name:
+        raise DataError(f"{where}: 'framework' must be a canonical distribution name, got {name!r}")
+    build_file = raw.get("build_file")
+    build_keys: tuple[str, ...] = ()
+    if build_file is not None:
+        if not isinstance(build_file, str) or build_file.startswith("/") or ".." in build_file.split("/"):
+            raise DataError(f"{where}: 'build_file' must be a path inside the site directory, got {build_file!r}")
+        build_keys = _str_list(raw.get("build_keys"), where, "build_keys")
+    elif "build_keys" in raw:
+        raise DataError(f"{where}: 'build_keys' without 'build_file'")
+    return Rule(
+        name,
+        versions,
+        raw["library"],
+        kind,
+        minimum,
+        skip_env,
+        raw.get("says", ""),
+        raw.get("reason", ""),
+        raw["source"],
+        build_file,
+        build_keys,
+    )
+
+
+def validate_rules(raw: Any, source: str = DATA_FILE) -> FrameworkRules:
+    """Check the raw JSON object of the rules file and build :class:`FrameworkRules`; ``DataError`` naming
+    ``source`` and the row otherwise (unknown keys, unlisted sources, bad kinds, versions or names, a library
+    or rule given twice)."""
+    if not isinstance(raw, dict):
+        raise DataError(f"{source}: top level must be an object")
+    unknown = set(raw) - _TOP_KEYS
+    if unknown:
+        raise DataError(f"{source}: unknown top-level key(s) {', '.join(sorted(unknown))}")
+    if raw.get("schema") != 1:
+        raise DataError(f"{source}: unsupported schema {raw.get('schema')!r} (expected 1)")
+    sources = raw.get("sources")
+    if not isinstance(sources, dict) or not sources:
+        raise DataError(f"{source}: 'sources' must be a non-empty object")
+    for sid, entry in sources.items():
+        if (
+            not isinstance(entry, dict)
+            or not isinstance(entry.get("url"), str)
+            or not isinstance(entry.get("retrieved"), str)
+            or not re.fullmatch(r"\d{4}-\d{2}-\d{2}", entry["retrieved"])
+        ):
+            raise DataError(f"{source}: sources[{sid!r}] needs 'url' and 'retrieved' (YYYY-MM-DD)")
+    raw_libs, raw_rules = raw.get("libraries"), raw.get("rules")
+    if not isinstance(raw_libs, list) or not isinstance(raw_rules, list):
+        raise DataError(f"{source}: 'libraries' and 'rules' must be lists")
+    libraries: dict[str, LibraryRow] = {}
+    for i, item in enumerate(raw_libs):
+        row = _library(item, i, source, sources)
+        if row.library in libraries:
+            raise DataError(f"{source}: libraries[{i}]: library {row.library!r} given twice")
+        clash = next((o for o in libraries.values() if o.wheel == row.wheel or set(o.sonames) & set(row.sonames)), None)
+        if clash is not None:
+            raise DataError(f"{source}: libraries[{i}]: wheel or soname stem already claimed by {clash.library!r}")
+        libraries[row.library] = row
+    rules: list[Rule] = []
+    seen: set[tuple[str, str, str]] = set()
+    for i, item in enumerate(raw_rules):
+        rule = _rule(item, i, source, sources, libraries)
+        key = (rule.framework, str(rule.versions), rule.library)
+        if key in seen:
+            raise DataError(f"{source}: rules[{i}]: a rule for {rule.framework} and {rule.library} given twice")
+        seen.add(key)
+        rules.append(rule)
+    return FrameworkRules(tuple(libraries.values()), tuple(rules), sources)
+
+
+@functools.lru_cache(maxsize=1)
+def load_rules() -> FrameworkRules:
+    """Load and validate the shipped rules file (cached)."""
+    ref = resources.files("pytest_cudastack.cuda").joinpath(DATA_FILE)
+    try:
+        raw = json.loads(ref.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise DataError(f"{DATA_FILE}: cannot read: {e}") from e
+    return validate_rules(raw, DATA_FILE)

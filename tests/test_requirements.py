@@ -1,0 +1,329 @@
+"""wheels/requirements.py (Requires-Dist as pip's resolver evaluates it) and checks/requirements.py (what an
+unmet one means), on synthetic site directories; the closure hook and requires_wheel on the same facts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+
+from pytest_cudastack.checks.closure import extension_closures
+from pytest_cudastack.checks.requirements import cuda_relevant, requirement_findings, requirement_for_soname
+from pytest_cudastack.findings import Severity
+from pytest_cudastack.linker.elf import read_elf
+from pytest_cudastack.linker.resolver import Resolver, SearchConfig
+from pytest_cudastack.markers import check_marker, evaluate
+from pytest_cudastack.wheels.inventory import Inventory, installed_wheels
+from pytest_cudastack.wheels.requirements import (
+    Status,
+    evaluate_requirement,
+    marker_environment,
+    requirement_facts,
+)
+from tests.helpers.sitebuild import HAVE_CC, compile_so, site_packages, write_dist
+
+TORCH_PINS = ["nvidia-nccl-cu13==2.30.7", "nvidia-cudnn-cu13==9.24.0.43", "filelock"]
+
+
+def inv_of(site: Path) -> Inventory:
+    return installed_wheels([str(site)], reader=read_elf)
+
+
+def torch_site(tmp_path: Path, nccl: str | None = "2.30.7", *, requires: list[str] | None = None) -> Path:
+    site = site_packages(tmp_path / "venv")
+    write_dist(site, "torch", "2.14.1", requires=requires if requires is not None else TORCH_PINS)
+    write_dist(site, "filelock", "3.0")
+    write_dist(site, "nvidia-cudnn-cu13", "9.24.0.43")
+    if nccl is not None:
+        write_dist(site, "nvidia-nccl-cu13", nccl)
+    return site
+
+
+def errors(inv: Inventory):
+    return [f for f in requirement_findings(inv) if f.severity is Severity.ERROR]
+
+
+# ---------------------------------------------------------------------------------------------- facts
+
+
+def test_clean_pins_give_no_finding(tmp_path):
+    inv = inv_of(torch_site(tmp_path))
+    facts = requirement_facts(inv)
+    assert {f.text for f in facts.facts} == {"nvidia-nccl-cu13==2.30.7", "nvidia-cudnn-cu13==9.24.0.43", "filelock"}
+    assert all(f.met for f in facts.facts)
+    assert requirement_findings(inv) == ()
+
+
+def test_unmet_pin_is_an_error_saying_what_it_means(tmp_path):
+    inv = inv_of(torch_site(tmp_path, "2.28.9"))
+    (f,) = errors(inv)
+    assert f.message == "torch 2.14.1 requires nvidia-nccl-cu13==2.30.7; 2.28.9 is installed"
+    assert "torch was built against NCCL 2.30.7 and loads NCCL 2.28.9 instead" in f.cause
+    assert "torch's own check says" in f.cause
+    assert "NCCL (2, 30, 7) or later" in f.cause
+    assert f.fix.endswith("install --no-deps 'nvidia-nccl-cu13==2.30.7'")
+    assert f.distributions == ("nvidia-nccl-cu13", "torch")
+
+
+def test_newer_than_the_pin_is_unmet_too(tmp_path):
+    # an exact pin is exact: pip check reports 2.30.8 as well
+    inv = inv_of(torch_site(tmp_path, "2.30.8"))
+    (f,) = errors(inv)
+    assert "2.30.8 is installed" in f.message
+    assert "own check" not in f.cause  # torch's NCCL floor holds for a newer NCCL
+
+
+def test_torch_201_without_its_nvidia_wheels(tmp_path):
+    site = site_packages(tmp_path / "venv")
+    write_dist(
+        site,
+        "torch",
+        "2.0.1",
+        requires=[
+            'nvidia-cublas-cu11==11.10.3.66; platform_system == "Linux" and platform_machine == "x86_64"',
+            'nvidia-cudnn-cu11==8.5.0.96; platform_system == "Linux" and platform_machine == "x86_64"',
+            'nvidia-cublas-cu11==99; platform_system == "Windows"',  # not for this machine
+        ],
+    )
+    inv = inv_of(site)
+    (f,) = errors(inv)
+    assert f.message == (
+        "torch 2.0.1 requires 2 distributions that are not installed: nvidia-cublas-cu11==11.10.3.66, "
+        "nvidia-cudnn-cu11==8.5.0.96"
+    )
+    assert "cuBLAS libraries (libcublas.so.*" in f.cause
+    assert "'nvidia-cublas-cu11==11.10.3.66' 'nvidia-cudnn-cu11==8.5.0.96'" in f.fix
+    got = requirement_for_soname(inv, "libcublas.so.11", [inv.get("torch")])
+    assert got is not None
+    assert got.text == "nvidia-cublas-cu11==11.10.3.66"
+    assert requirement_for_soname(inv, "libcudnn_ops_infer.so.8").text == "nvidia-cudnn-cu11==8.5.0.96"
+    assert requirement_for_soname(inv, "libnccl.so.2") is None
+
+
+def test_one_missing_requirement_is_one_sentence(tmp_path):
+    inv = inv_of(torch_site(tmp_path, None))
+    (f,) = errors(inv)
+    assert f.message == "torch 2.14.1 requires nvidia-nccl-cu13==2.30.7, which is not installed"
+    assert f.fix.endswith("install 'nvidia-nccl-cu13==2.30.7'")
+
+
+def test_conflicting_pins_give_no_fix(tmp_path):
+    site = torch_site(tmp_path, "2.28.9")
+    write_dist(site, "other", "1.0", requires=["nvidia-nccl-cu13==2.27.0"])
+    inv = inv_of(site)
+    found = errors(inv)
+    assert len(found) == 2
+    for f in found:
+        assert f.fix == ""
+        assert "no safe automatic repair is known" in f.cause
+
+
+def test_non_cuda_problems_are_one_info(tmp_path):
+    site = torch_site(tmp_path, requires=[*TORCH_PINS, "jinja2>=3", "sympy"])
+    write_dist(site, "jinja2", "2.11")
+    write_dist(site, "broken", "1.0", requires=["not a requirement !!"])
+    found = requirement_findings(inv_of(site))
+    assert [f.severity for f in found] == [Severity.INFO]
+    assert "3 requirement(s) outside the CUDA stack unmet" in found[0].message
+    details = "\n".join(found[0].details)
+    assert "torch 2.14.1 requires jinja2>=3; 2.11 is installed" in details
+    assert "torch 2.14.1 requires sympy; not installed" in details
+    assert "unparsable Requires-Dist 'not a requirement !!'" in details
+
+
+def test_prerelease_and_bad_versions(tmp_path):
+    site = site_packages(tmp_path / "venv")
+    write_dist(site, "a", "1.0", requires=["b>=1.0", "c>=1"])
+    write_dist(site, "b", "2.0rc1")
+    write_dist(site, "c", "not-a-version")
+    by = {f.name: f.status for f in requirement_facts(inv_of(site)).facts}
+    assert by == {"b": Status.MET, "c": Status.VERSION}  # pip check: prereleases count, non-PEP 440 never does
+
+
+# ---------------------------------------------------------------------------------------------- extras
+
+
+def test_extras_requested_by_another_distribution_count(tmp_path):
+    site = site_packages(tmp_path / "venv")
+    write_dist(site, "app", "1.0", requires=["jax[cuda12]>=0.4"])
+    write_dist(site, "jax", "0.4.30", requires=['jaxlib==0.4.30; extra == "cuda12"', 'pytest; extra == "dev"'])
+    write_dist(site, "jaxlib", "0.4.29")
+    facts = requirement_facts(inv_of(site))
+    assert facts.extras == {"jax": {"cuda12": "requested by app 1.0"}}
+    (unmet,) = facts.unmet
+    assert (unmet.requester, unmet.text, unmet.status, unmet.inferred) == (
+        "jax 0.4.30 [extra cuda12]",
+        "jaxlib==0.4.30",
+        Status.VERSION,
+        False,
+    )
+
+
+def test_extras_inferred_when_all_their_requirements_are_installed(tmp_path):
+    site = site_packages(tmp_path / "venv")
+    write_dist(
+        site,
+        "jax",
+        "0.4.30",
+        requires=[
+            'jaxlib==0.4.30; extra == "cuda12"',
+            'jax-cuda12-plugin[with-cuda]==0.4.30; extra == "cuda12"',
+            'pytest; extra == "dev"',
+        ],
+    )
+    write_dist(site, "jaxlib", "0.4.30")
+    write_dist(site, "jax-cuda12-plugin", "0.4.30", requires=['nvidia-cudnn-cu12<10.0,>=9.1; extra == "with-cuda"'])
+    write_dist(site, "nvidia-cudnn-cu12", "8.9.7.29")
+    inv = inv_of(site)
+    facts = requirement_facts(inv)
+    assert facts.extras["jax"] == {"cuda12": "inferred: all its requirements are installed"}
+    assert "dev" not in facts.extras["jax"]  # pytest is not installed: the extra is not counted
+    assert facts.extras["jax-cuda12-plugin"] == {"with-cuda": "inferred: all its requirements are installed"}
+    (unmet,) = facts.unmet
+    assert unmet.inferred
+    assert unmet.text == "nvidia-cudnn-cu12<10.0,>=9.1"
+    (f,) = requirement_findings(inv)
+    assert f.severity is Severity.WARNING  # the user may never have asked for jax[cuda12]
+    assert "counted as installed because all its requirements are" in f.cause
+
+
+def test_an_extra_is_inferred_only_when_what_it_asks_for_is_complete(tmp_path):
+    # cuda-bindings[all] -> cuda-toolkit[nvvm] whose nvidia-nvvm is absent: pip never installed [all]
+    site = site_packages(tmp_path / "venv")
+    write_dist(site, "cuda-bindings", "13.0", requires=['cuda-toolkit[nvvm]==13.*; extra == "all"'])
+    write_dist(site, "cuda-toolkit", "13.0.3", requires=['nvidia-nvvm==13.0.88.*; extra == "nvvm"'])
+    facts = requirement_facts(inv_of(site))
+    assert facts.extras.get("cuda-bindings", {}) == {}
+    assert facts.unmet == ()
+    write_dist(site, "nvidia-nvvm", "13.0.88")
+    facts = requirement_facts(inv_of(site))
+    assert facts.extras["cuda-bindings"] == {"all": "inferred: all its requirements are installed"}
+    assert facts.unmet == ()
+
+
+def test_a_certain_request_wins_over_an_inferred_one(tmp_path):
+    site = site_packages(tmp_path / "venv")
+    write_dist(site, "b", "1.0", requires=['c==1; extra == "x"'])
+    write_dist(site, "c", "2")
+    write_dist(site, "a", "1.0", requires=["b[x]"])
+    facts = requirement_facts(inv_of(site))
+    assert facts.extras["b"] == {"x": "requested by a 1.0"}
+    assert [f.inferred for f in facts.unmet] == [False]
+
+
+# ---------------------------------------------------------------------------------------------- markers
+
+
+def test_marker_environment_is_the_inspected_interpreters(tmp_path):
+    site = site_packages(tmp_path / "venv", python="python3.9")
+    assert marker_environment(str(site))["python_version"] == "3.9"
+    (tmp_path / "venv" / "pyvenv.cfg").write_text("home = /usr/bin\nversion = 3.9.18\n")
+    assert marker_environment(str(site))["python_full_version"] == "3.9.18"
+    write_dist(site, "a", "1.0", requires=['old-only; python_version < "3.10"'])
+    (fact,) = requirement_facts(inv_of(site)).facts
+    assert fact.status is Status.MISSING
+
+
+def test_cuda_relevance(tmp_path):
+    site = torch_site(tmp_path, requires=[*TORCH_PINS, "triton"])
+    write_dist(site, "triton", "3.8.0")
+    facts = {f.name: f for f in requirement_facts(inv_of(site)).facts}
+    assert cuda_relevant(facts["nvidia-nccl-cu13"])
+    assert not cuda_relevant(facts["filelock"])
+    assert not cuda_relevant(facts["triton"])  # torch here has no CUDA evidence and triton ships nothing
+
+
+# ---------------------------------------------------------------------------------------------- requires_wheel
+
+
+class _Facts:
+    def __init__(self, inv: Inventory) -> None:
+        self.inventory = inv
+        self.integrity = ()
+
+    driver = None
+
+    def find(self, soname):
+        raise AssertionError("not used")
+
+
+def test_requires_wheel_reads_the_same_facts(tmp_path):
+    site = torch_site(tmp_path, "2.28.9")
+    write_dist(site, "jax", "0.4.30", requires=['jaxlib==0.4.30; extra == "cuda12"'])
+    facts = _Facts(inv_of(site))
+
+    def unmet(text: str) -> str | None:
+        got = evaluate(check_marker("requires_wheel", (text,), {}), facts)  # type: ignore[arg-type]
+        return None if got is None else got.reason
+
+    assert unmet("nvidia-nccl-cu13>=2") is None
+    assert "installed nvidia-nccl-cu13 2.28.9 does not satisfy ==2.30.7" in (unmet("nvidia-nccl-cu13==2.30.7") or "")
+    reason = unmet("torch") or ""
+    assert (
+        "torch 2.14.1 is installed but not intact: it requires nvidia-nccl-cu13==2.30.7, 2.28.9 is installed" in reason
+    )
+    assert unmet("jax") is None
+    assert "jax 0.4.30 [extra cuda12] requires jaxlib==0.4.30, which is not installed" in (unmet("jax[cuda12]") or "")
+    (own, added) = evaluate_requirement(Requirement("jax[cuda12]"), facts.inventory)
+    assert own.met
+    assert added.status is Status.MISSING
+
+
+# ---------------------------------------------------------------------------------------------- closure hook
+
+
+@pytest.mark.skipif(not HAVE_CC, reason="needs a C compiler")
+def test_closure_names_the_requirement_that_would_ship_the_missing_soname(tmp_path):
+    site = site_packages(tmp_path / "venv")
+    ext = compile_so(None, pyinit="_C", needed=["libcublas.so.11"], rpath="$ORIGIN/../nvidia/cublas/lib")
+    write_dist(
+        site,
+        "torch",
+        "2.0.1",
+        {"torch/_C.cpython-311-x86_64-linux-gnu.so": ext},
+        requires=["nvidia-cublas-cu11==11.10.3.66"],
+    )
+    inv = inv_of(site)
+    resolver = Resolver(SearchConfig.from_environment({}), reader=read_elf, owner=inv.owner)
+    (f,) = [f for f in extension_closures(inv, resolver) if f.failing]
+    assert f.subject == "libcublas.so.11"
+    assert f.cause.startswith("torch 2.0.1 requires nvidia-cublas-cu11==11.10.3.66, which is not installed; ")
+    # kept by the repair model: installing the pinned wheel changes no installed file
+    assert "install 'nvidia-cublas-cu11==11.10.3.66' (checked: it changes no installed file;" in f.fix
+    # the twin without the requirement keeps the generic cause
+    site2 = site_packages(tmp_path / "venv2")
+    write_dist(site2, "torch", "2.0.1", {"torch/_C.cpython-311-x86_64-linux-gnu.so": ext})
+    inv2 = inv_of(site2)
+    resolver2 = Resolver(SearchConfig.from_environment({}), reader=read_elf, owner=inv2.owner)
+    (g,) = [f for f in extension_closures(inv2, resolver2) if f.failing]
+    assert g.cause.startswith("no installed distribution ships it")
+
+
+def test_a_stray_library_wheel_missing_its_own_requirement_is_a_warning(tmp_path):
+    # pip install --no-deps nvidia-cudnn-cu12 (the seed venv): nothing requires it, it has no extension module
+    site = torch_site(tmp_path)
+    write_dist(site, "nvidia-cudnn-cu12", "9.19.0.56", requires=["nvidia-cublas-cu12"])
+    (f,) = requirement_findings(inv_of(site))
+    assert f.severity is Severity.WARNING
+    assert f.message == "nvidia-cudnn-cu12 9.19.0.56 requires nvidia-cublas-cu12, which is not installed"
+    assert "nothing installed requires nvidia-cudnn-cu12" in f.cause
+    # the same wheel required by another distribution is used: its missing requirement is an error
+    write_dist(site, "app", "1.0", requires=["nvidia-cudnn-cu12"])
+    (g,) = requirement_findings(inv_of(site))
+    assert g.severity is Severity.ERROR
+
+
+def test_one_requirement_stated_under_two_extras_is_reported_once(tmp_path):
+    site = site_packages(tmp_path / "venv")
+    write_dist(site, "torch", "2.14.1", requires=["cuda-toolkit[cublas,cusolver]==13.0.3"])
+    write_dist(
+        site,
+        "cuda-toolkit",
+        "13.0.3",
+        requires=['nvidia-cublas==13.1.1.3.*; extra == "cublas"', 'nvidia-cublas==13.1.1.3.*; extra == "cusolver"'],
+    )
+    write_dist(site, "nvidia-cublas", "13.0.2.14")
+    (f,) = requirement_findings(inv_of(site))
+    assert f.message == "cuda-toolkit 13.0.3 [extra cublas] requires nvidia-cublas==13.1.1.3.*; 13.0.2.14 is installed"
+    assert f.fix.endswith("install --no-deps 'nvidia-cublas==13.1.1.3.*'")  # pip picks the release

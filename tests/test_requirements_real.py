@@ -1,0 +1,64 @@
+"""The requirements item on the real torch CUDA venv ($CUDASTACK_TORCH_VENV) and hard-linked copies of it
+(``cp -al``, changed only through the copy's own ``python -m pip``): clean, one pin unmet (another
+nvidia-nccl-cu13 from $CUDASTACK_WHEELS installed with ``--no-deps``), one required wheel uninstalled."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from pytest_cudastack.findings import Severity
+from pytest_cudastack.stack import Stack
+from tests.helpers.realenv import torch_site, torch_venv
+
+# cp -al and pip in the copies change the ctime of the venv's own inodes: on the torch-venv xdist worker
+pytestmark = [pytest.mark.real, pytest.mark.xdist_group("torch-venv")]
+
+NCCL = "nvidia_nccl_cu13-2.28.9-py3-none-manylinux_2_18_x86_64.whl"
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("CUDASTACK_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "elfcache"))
+    for var in ("LD_LIBRARY_PATH", "PYTORCH_SKIP_CUDNN_COMPATIBILITY_CHECK"):
+        monkeypatch.delenv(var, raising=False)
+
+
+def _copy(tmp_path: Path, *pip: str) -> str:
+    copy = tmp_path / "venv"
+    subprocess.run(["cp", "-al", str(torch_venv()), str(copy)], check=True)
+    subprocess.run([str(copy / "bin/python"), "-m", "pip", *pip], check=True, capture_output=True)
+    return torch_site(copy)
+
+
+def _findings(site: str, check: str = "requirements"):
+    return Stack(site_paths=(site,)).findings(check)
+
+
+def test_the_clean_torch_venv_gives_no_error_or_warning():
+    found = _findings(torch_site(torch_venv()))
+    assert not [f for f in found if f.severity is not Severity.INFO], "\n\n".join(f.render() for f in found)
+
+
+def test_one_pin_unmet(tmp_path):
+    wheel = Path(os.environ.get("CUDASTACK_WHEELS", "/opt/cudastack-wheels")) / NCCL
+    if not wheel.is_file():
+        pytest.skip(f"{wheel} absent")
+    site = _copy(tmp_path, "install", "-q", "--no-deps", "--no-index", str(wheel))
+    (f,) = [f for f in _findings(site) if f.failing]
+    assert f.message == "torch 2.14.1 requires nvidia-nccl-cu13==2.30.7; 2.28.9 is installed"
+    assert "torch's own check says" in f.cause
+    assert f.fix == f"{tmp_path}/venv/bin/python -m pip install --no-deps 'nvidia-nccl-cu13==2.30.7'"
+
+
+def test_one_required_wheel_uninstalled(tmp_path):
+    site = _copy(tmp_path, "uninstall", "-q", "-y", "nvidia-nvshmem-cu13")
+    (f,) = [f for f in _findings(site) if f.failing]
+    assert f.message == "torch 2.14.1 requires nvidia-nvshmem-cu13==3.4.5, which is not installed"
+    assert f.fix == f"{tmp_path}/venv/bin/python -m pip install 'nvidia-nvshmem-cu13==3.4.5'"
+    closure = [g for g in _findings(site, "closure") if g.failing]
+    assert [g.subject for g in closure] == ["libnvshmem_host.so.3"]
+    assert closure[0].cause.startswith("torch 2.14.1 requires nvidia-nvshmem-cu13==3.4.5, which is not installed")
