@@ -202,7 +202,9 @@ def _stored_tree(tmp_path: Path, lib: Path, row: str) -> Path:
 def _row(lib: Path, **extra: object) -> str:
     return json.dumps(
         {"path": str(lib), "libraries": [{"soname": "libc.so.6", "path": "/lib/libc.so.6", "needed_by": [str(lib)]}]}
-    ).replace('"needed_by": ["' + str(lib) + '"]', '"needed_by": ["' + str(lib) + '"], "provider": null')
+    ).replace(
+        '"needed_by": ["' + str(lib) + '"]', '"needed_by": ["' + str(lib) + '"], "provider": null, "gpu_code": null'
+    )
 
 
 def _forge(file: Path, root: str, row: str) -> None:
@@ -225,6 +227,8 @@ def test_tree_row_is_reencoded_and_a_forged_one_is_a_miss(lib: Path, tmp_path: P
         good.replace('"provider": null', '"provider": 5'),
         good.replace('"provider": null', '"provider": null, "soname2": 1'),
         good.replace('"needed_by": [', '"needed_by": [1, '),
+        good.replace('"gpu_code": null', '"gpu_code": {"sass": [1], "ptx": []}'),
+        good.replace('"gpu_code": null', '"gpu_code": {"ptx": [], "sass": []}'),
         good + "\n$(rm -rf ~)",  # not one JSON value
         good.replace('"libraries": [', '"libraries": [' * 5000).replace("]}", "]" * 5000 + "}"),  # deep
     ]:

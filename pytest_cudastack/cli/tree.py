@@ -2,8 +2,11 @@
 
 ``tree PATH...`` prints, for each file, the whole closure the dynamic linker would load (not the file itself,
 not the vDSO; the program interpreter is listed when something needs it, as ``ldd`` lists it), with each
-library's route, owning distribution, and every place tried for a missing one. ``--json`` prints design.md's
-list ``[{"path", "libraries": [{"soname", "path", "needed_by", "provider"}]}]`` as the ``"trees"`` of
+library's route, owning distribution, GPU code (``{SASS ...; PTX ...}`` after a library that carries device
+code) and every place tried for a missing one. ``--json`` prints design.md's list ``[{"path", "libraries":
+[{"soname", "path", "needed_by", "provider"}]}]``, each library with its ``"gpu_code"`` (``{"sass":
+[...], "ptx": [...]}`` as ``report --json`` and the snapshot list it; null for a library not found), as the
+``"trees"`` of
 ``{"schema": "pytest-cudastack/tree", "version": 1, "trees": [...]}`` (``schemas/tree.schema.json``; a constant
 prefix and suffix, so cached rows are still written verbatim). ``tree --site DIR...`` takes owners from those
 directories instead of the site directories the closures touch.
@@ -12,6 +15,7 @@ Exit status: 0 when everything resolves, 1 when something is missing or unreadab
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import sys
@@ -177,45 +181,57 @@ def _tag(lib: Library) -> str:
     return str(lib.route.value)
 
 
-def render_tree(tree: Tree, out: TextIO) -> None:
-    """The human view: an indented tree, one line per library, missing ones marked, with tried paths."""
+def render_tree(tree: Tree, out: TextIO, gpu_code: Callable[[str], str] | None = None) -> None:
+    """The human view: an indented tree, one line per library, missing ones marked, with tried paths.
+
+    Depth-first with an explicit stack of (children, next index, prefix) frames, not recursion: a chain of
+    thousands of libraries renders line by line (a 1,000-deep chain overflowed Python's recursion limit).
+    ``gpu_code`` gives the text shown after a library that carries device code ("SASS sm_80, sm_90; PTX
+    compute_90"), "" for none."""
     # lazy: a warm `tree --json` imports no resolver, ELF reader, dataclasses or logging
     from pytest_cudastack.linker.resolver import Route
 
     out.write(f"{tree.path}\n")
     for p in tree.problems:
         out.write(f"  ! {p}\n")
+    root_code = gpu_code(tree.path) if gpu_code is not None else ""
+    if root_code:
+        out.write(f"  GPU code: {root_code}\n")
     children: dict[str, list[Library]] = {}
     for lib in tree.libraries:
         for parent in lib.needed_by:
             children.setdefault(parent, []).append(lib)
     expanded: set[str] = set()
-
-    def walk(parent: str, prefix: str) -> None:
-        kids = children.get(parent, [])
-        for i, lib in enumerate(kids):
-            last = i == len(kids) - 1
-            branch = "└── " if last else "├── "
-            more = "    " if last else "│   "
-            if lib.path is None:
-                out.write(f"{prefix}{branch}{lib.soname} => NOT FOUND\n")
-                if lib.problem:
-                    out.write(f"{prefix}{more}  problem: {lib.problem}\n")
-                if lib.tried:
-                    tried = list(dict.fromkeys(lib.tried))  # ld.so retries a directory on two lists
-                    out.write(f"{prefix}{more}  tried: {', '.join(tried)}\n")
-                continue
-            owner = f" ({lib.provider})" if lib.provider else ""
-            seen = lib.path in expanded
-            note = " (see above)" if seen and lib.route != Route.ALREADY_LOADED else ""
-            out.write(f"{prefix}{branch}{lib.soname} => {lib.path} [{_tag(lib)}]{owner}{note}\n")
+    frames: list[tuple[list[Library], int, str]] = [(children.get(tree.path, []), 0, "")]
+    while frames:
+        kids, i, prefix = frames[-1]
+        if i == len(kids):
+            frames.pop()
+            continue
+        frames[-1] = (kids, i + 1, prefix)
+        lib = kids[i]
+        last = i == len(kids) - 1
+        branch = "└── " if last else "├── "
+        more = "    " if last else "│   "
+        if lib.path is None:
+            out.write(f"{prefix}{branch}{lib.soname} => NOT FOUND\n")
             if lib.problem:
-                out.write(f"{prefix}{more}  note: {lib.problem}\n")
-            if not seen and lib.route != Route.ALREADY_LOADED:
-                expanded.add(lib.path)
-                walk(lib.path, prefix + more)
-
-    walk(tree.path, "")
+                out.write(f"{prefix}{more}  problem: {lib.problem}\n")
+            if lib.tried:
+                tried = list(dict.fromkeys(lib.tried))  # ld.so retries a directory on two lists
+                out.write(f"{prefix}{more}  tried: {', '.join(tried)}\n")
+            continue
+        owner = f" ({lib.provider})" if lib.provider else ""
+        seen = lib.path in expanded
+        note = " (see above)" if seen and lib.route != Route.ALREADY_LOADED else ""
+        code = gpu_code(lib.path) if gpu_code is not None and not seen else ""
+        code = f" {{{code}}}" if code else ""
+        out.write(f"{prefix}{branch}{lib.soname} => {lib.path} [{_tag(lib)}]{owner}{note}{code}\n")
+        if lib.problem:
+            out.write(f"{prefix}{more}  note: {lib.problem}\n")
+        if not seen and lib.route != Route.ALREADY_LOADED:
+            expanded.add(lib.path)
+            frames.append((children.get(lib.path, []), 0, prefix + more))
     missing = tree.missing
     if missing:
         out.write(f"  {len(missing)} missing: {', '.join(m.soname for m in missing)}\n")
@@ -236,9 +252,21 @@ def cmd_tree(args: argparse.Namespace) -> int:
     prov = _providers(trees, site, cache)
     trees = _with_providers(trees, prov)
     prov.save()
-    cache.flush()
+    # lazy: a warm `tree --json` imports no resolver, ELF reader, dataclasses or logging
+    from pytest_cudastack.cuda.gpucode import gpu_code_text, path_gpu_code
+
+    def code(path: str) -> str:
+        got = path_gpu_code(path, cache.fatbin)
+        return gpu_code_text(got) if got is not None else ""
+
+    texts = []
     for t in trees:
-        render_tree(t, sys.stdout)
+        buf = io.StringIO()
+        render_tree(t, buf, code)
+        texts.append(buf.getvalue())
+    cache.flush()  # after the fatbin reads: they are cached too
+    for text in texts:
+        sys.stdout.write(text)
     return 1 if any(t.missing or t.problems for t in trees) else 0
 
 
@@ -324,6 +352,11 @@ def _tree_json(paths: list[str], site: Sequence[str] | None) -> int:
             deps = set(got)
         if prov is None:
             prov = _Providers(index, cache if index is not None else None)
+        if entry is None:  # a cached row already holds the GPU code of its files, unchanged since
+            # lazy: a warm `tree --json` imports no resolver, ELF reader, dataclasses or logging
+            from pytest_cudastack.cuda.gpucode import with_gpu_code
+
+            with_gpu_code(d, cache.fatbin)
         for lib in d["libraries"]:
             lib["provider"] = prov(lib["path"])
         text = json.dumps(d)

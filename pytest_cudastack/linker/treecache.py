@@ -56,7 +56,7 @@ RACY_NS = 2_000_000_000  # a recorded timestamp this close to the start of the r
 _BUCKETS_KEPT = 4  # search environments remembered
 MAX_FILE = 256 << 20  # a larger file is refused, not read
 _ENTRY_KEYS = frozenset(("deps", "row", "fail", "ctx", "paths"))
-_LIBRARY_KEYS = ["soname", "path", "needed_by", "provider"]  # a row's library object, in Tree.to_json's order
+_LIBRARY_KEYS = ["soname", "path", "needed_by", "provider", "gpu_code"]  # a row's library object (cli/tree.py)
 # the modules whose code decides a row: a changed source (an upgrade, an edit of an editable install)
 # makes every stored row foreign (paths relative to the package root)
 _SOURCES = (
@@ -69,6 +69,8 @@ _SOURCES = (
     "wheels/sitepaths.py",
     "linker/treecache.py",
     "cli/tree.py",
+    "linker/fatbin.py",  # the rows carry each library's GPU code (cli/tree.py)
+    "cuda/gpucode.py",
 )
 
 
@@ -431,9 +433,19 @@ def _row_of(text: str, root: str) -> str | None:
             and type(x["needed_by"]) is list
             and all(type(n) is str for n in x["needed_by"])
             and (x["provider"] is None or type(x["provider"]) is str)
+            and _is_gpu_code(x["gpu_code"])
         ):
             return None
     return json.dumps(d)
+
+
+def _is_gpu_code(v: Any) -> bool:
+    """A library's ``"gpu_code"`` as cli/tree.py writes it: null, or SASS and PTX lists of arch names."""
+    return v is None or (
+        type(v) is dict
+        and list(v) == ["sass", "ptx"]
+        and all(type(a) is list and all(type(n) is str and n.isprintable() for n in a) for a in v.values())
+    )
 
 
 def _move_rows(bucket: Any, old: str, put: Any) -> dict[str, Any] | None:
