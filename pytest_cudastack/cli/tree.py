@@ -22,6 +22,7 @@ import sys
 
 # Everything else is imported in the function that needs it: a warm `tree --json` (answered from the closure
 # cache) must import no resolver, ELF reader, dataclasses, typing or logging (tests/test_treeview.py).
+from pytest_cudastack.errors import ElfError  # loaded with elfcache anyway
 from pytest_cudastack.linker.elfcache import ElfCache
 
 TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing (~5 ms) on tree's warm path
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
     from typing import Any, TextIO
 
+    from pytest_cudastack.linker.fatbin import Fatbin
     from pytest_cudastack.linker.resolver import Library, Tree
 
 __all__ = ["TREE_SCHEMA", "TREE_VERSION", "cmd_tree", "render_tree"]
@@ -170,6 +172,25 @@ def _with_providers(trees: list[Tree], prov: Callable[[str | None], str | None])
     ]
 
 
+def _memo_fatbin(cache: ElfCache) -> Callable[[str], Fatbin]:
+    """``cache.fatbin`` answered once per path in this run: closures share most libraries, and each cache
+    hit re-stats the file and decodes its entry."""
+    memo: dict[str, Fatbin | ElfError] = {}
+
+    def read(path: str) -> Fatbin:
+        got = memo.get(path)
+        if got is None:
+            try:
+                got = memo[path] = cache.fatbin(path)
+            except ElfError as e:
+                got = memo[path] = e
+        if isinstance(got, ElfError):
+            raise got
+        return got
+
+    return read
+
+
 def _tag(lib: Library) -> str:
     # lazy: a warm `tree --json` imports no resolver, ELF reader, dataclasses or logging
     from pytest_cudastack.linker.resolver import Route
@@ -255,8 +276,10 @@ def cmd_tree(args: argparse.Namespace) -> int:
     # lazy: a warm `tree --json` imports no resolver, ELF reader, dataclasses or logging
     from pytest_cudastack.cuda.gpucode import gpu_code_text, path_gpu_code
 
+    fatbins = _memo_fatbin(cache)
+
     def code(path: str) -> str:
-        got = path_gpu_code(path, cache.fatbin)
+        got = path_gpu_code(path, fatbins)
         return gpu_code_text(got) if got is not None else ""
 
     texts = []
@@ -315,6 +338,7 @@ def _tree_json(paths: list[str], site: Sequence[str] | None) -> int:
     hits: dict[str, dict[str, Any]] = store.lookup(paths) if store is not None else {}
     todo = [p for p in dict.fromkeys(paths) if p not in hits]
     fresh: dict[str, tuple[Tree, frozenset[str]]] = {}
+    fatbins = _memo_fatbin(cache)
     cacheable = True
     if todo:
         # lazy: a warm `tree --json` imports no resolver, ELF reader, dataclasses or logging
@@ -356,7 +380,7 @@ def _tree_json(paths: list[str], site: Sequence[str] | None) -> int:
             # lazy: a warm `tree --json` imports no resolver, ELF reader, dataclasses or logging
             from pytest_cudastack.cuda.gpucode import with_gpu_code
 
-            with_gpu_code(d, cache.fatbin)
+            with_gpu_code(d, fatbins)
         for lib in d["libraries"]:
             lib["provider"] = prov(lib["path"])
         text = json.dumps(d)
