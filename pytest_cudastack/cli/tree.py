@@ -2,11 +2,11 @@
 
 ``tree PATH...`` prints, for each file, the whole closure the dynamic linker would load (not the file itself,
 not the vDSO; the program interpreter is listed when something needs it, as ``ldd`` lists it), with each
-library's route, owning distribution, GPU code (``{SASS ...; PTX ...}`` after a library that carries device
-code) and every place tried for a missing one. ``--json`` prints design.md's list ``[{"path", "libraries":
-[{"soname", "path", "needed_by", "provider"}]}]``, each library with its ``"gpu_code"`` (``{"sass":
-[...], "ptx": [...]}`` as ``report --json`` and the snapshot list it; null for a library not found), as the
-``"trees"`` of
+library's route, owning distribution and every place tried for a missing one; with ``--gpu-code``, the GPU
+code of each library that carries some (``{SASS ...; PTX ...}``). ``--json`` prints design.md's list
+``[{"path", "libraries": [{"soname", "path", "needed_by", "provider"}]}]`` (with ``--gpu-code`` each library
+also has ``"gpu_code"``, ``{"sass": [...], "ptx": [...]}`` as ``report --json`` and the snapshot list it,
+null for a library not found) as the ``"trees"`` of
 ``{"schema": "pytest-cudastack/tree", "version": 1, "trees": [...]}`` (``schemas/tree.schema.json``; a constant
 prefix and suffix, so cached rows are still written verbatim). ``tree --site DIR...`` takes owners from those
 directories instead of the site directories the closures touch.
@@ -191,6 +191,20 @@ def _memo_fatbin(cache: ElfCache) -> Callable[[str], Fatbin]:
     return read
 
 
+def _gpu_text(cache: ElfCache) -> Callable[[str], str]:
+    """The text ``tree --gpu-code`` shows after a library: "SASS sm_80; PTX compute_80", "" for none."""
+    # lazy: only `tree --gpu-code` reads GPU code
+    from pytest_cudastack.cuda.gpucode import gpu_code_text, path_gpu_code
+
+    fatbins = _memo_fatbin(cache)
+
+    def code(path: str) -> str:
+        got = path_gpu_code(path, fatbins)
+        return gpu_code_text(got) if got is not None else ""
+
+    return code
+
+
 def _tag(lib: Library) -> str:
     # lazy: a warm `tree --json` imports no resolver, ELF reader, dataclasses or logging
     from pytest_cudastack.linker.resolver import Route
@@ -262,8 +276,11 @@ def cmd_tree(args: argparse.Namespace) -> int:
     """``cudastack tree PATH... [--json] [--site DIR]``."""
     paths: list[str] = list(args.paths)
     site: Sequence[str] | None = getattr(args, "site", None)
+    # opt-in: fatbin headers of a CUDA closure are most of a cold run's reading (the data sections that may
+    # hold containers are searched); the facts are cached like the ELF facts
+    gpu: bool = getattr(args, "gpu_code", False)
     if getattr(args, "json", False):
-        return _tree_json(paths, site)
+        return _tree_json(paths, site, gpu)
     # lazy: a warm `tree --json` imports no resolver, ELF reader, dataclasses or logging
     from pytest_cudastack.linker.resolver import Resolver, SearchConfig
 
@@ -273,16 +290,8 @@ def cmd_tree(args: argparse.Namespace) -> int:
     prov = _providers(trees, site, cache)
     trees = _with_providers(trees, prov)
     prov.save()
-    # lazy: a warm `tree --json` imports no resolver, ELF reader, dataclasses or logging
-    from pytest_cudastack.cuda.gpucode import gpu_code_text, path_gpu_code
-
-    fatbins = _memo_fatbin(cache)
-
-    def code(path: str) -> str:
-        got = path_gpu_code(path, fatbins)
-        return gpu_code_text(got) if got is not None else ""
-
     texts = []
+    code = _gpu_text(cache) if gpu else None
     for t in trees:
         buf = io.StringIO()
         render_tree(t, buf, code)
@@ -316,7 +325,7 @@ def _provider_context(index: Any | None, since_ns: int) -> tuple[str, bool]:
     return json.dumps([dirs, stamp], separators=(",", ":")), fresh
 
 
-def _tree_json(paths: list[str], site: Sequence[str] | None) -> int:
+def _tree_json(paths: list[str], site: Sequence[str] | None, gpu: bool = False) -> int:
     """``tree --json``: rows from the closure cache where every file and directory they were read from is
     unchanged (see :mod:`pytest_cudastack.linker.treecache`), the resolver for the rest."""
     # lazy: a warm `tree --json` imports no resolver, ELF reader, dataclasses or logging
@@ -331,7 +340,8 @@ def _tree_json(paths: list[str], site: Sequence[str] | None) -> int:
 
         key, ldcache = environment_key()
         # no ld.so.cache: the answers come from ld.so.conf and its includes, which are not tracked
-        store = TreeCache(cache.directory, key, enabled=isinstance(ldcache, list))
+        # rows with GPU code are another bucket: a row of one kind is never printed for the other
+        store = TreeCache(cache.directory, key + (" gpu_code" if gpu else ""), enabled=isinstance(ldcache, list))
         store.writable = not racy(ldcache, since)
         if store.refused is not None:
             cache.refuse(store.refused)  # off for the run, with the one warning
@@ -376,7 +386,7 @@ def _tree_json(paths: list[str], site: Sequence[str] | None) -> int:
             deps = set(got)
         if prov is None:
             prov = _Providers(index, cache if index is not None else None)
-        if entry is None:  # a cached row already holds the GPU code of its files, unchanged since
+        if gpu and entry is None:  # a cached row already holds the GPU code of its files, unchanged since
             # lazy: a warm `tree --json` imports no resolver, ELF reader, dataclasses or logging
             from pytest_cudastack.cuda.gpucode import with_gpu_code
 

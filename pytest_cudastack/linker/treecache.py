@@ -56,7 +56,8 @@ RACY_NS = 2_000_000_000  # a recorded timestamp this close to the start of the r
 _BUCKETS_KEPT = 4  # search environments remembered
 MAX_FILE = 256 << 20  # a larger file is refused, not read
 _ENTRY_KEYS = frozenset(("deps", "row", "fail", "ctx", "paths"))
-_LIBRARY_KEYS = ["soname", "path", "needed_by", "provider", "gpu_code"]  # a row's library object (cli/tree.py)
+_LIBRARY_KEYS = ["soname", "path", "needed_by", "provider"]  # a row's library object, in Tree.to_json's order
+_GPU_LIBRARY_KEYS = [*_LIBRARY_KEYS, "gpu_code"]  # ... with `tree --gpu-code`
 # the modules whose code decides a row: a changed source (an upgrade, an edit of an editable install)
 # makes every stored row foreign (paths relative to the package root)
 _SOURCES = (
@@ -427,20 +428,19 @@ def _row_of(text: str, root: str) -> str | None:
     for x in libs:
         if not (
             type(x) is dict
-            and list(x) == _LIBRARY_KEYS
+            and (list(x) == _LIBRARY_KEYS or (list(x) == _GPU_LIBRARY_KEYS and _is_gpu_code(x["gpu_code"])))
             and type(x["soname"]) is str
             and (x["path"] is None or type(x["path"]) is str)
             and type(x["needed_by"]) is list
             and all(type(n) is str for n in x["needed_by"])
             and (x["provider"] is None or type(x["provider"]) is str)
-            and _is_gpu_code(x["gpu_code"])
         ):
             return None
     return json.dumps(d)
 
 
 def _is_gpu_code(v: Any) -> bool:
-    """A library's ``"gpu_code"`` as cli/tree.py writes it: null, or SASS and PTX lists of arch names."""
+    """A library's ``"gpu_code"`` as ``tree --gpu-code`` writes it: null, or SASS and PTX lists of names."""
     return v is None or (
         type(v) is dict
         and list(v) == ["sass", "ptx"]
