@@ -25,7 +25,7 @@ from pytest_cudastack.checks.bounds import infer_binary, infer_shipped, infer_wh
 from pytest_cudastack.checks.integrity import integrity_findings
 from pytest_cudastack.checks.scan import scan_targets
 from pytest_cudastack.cuda.driver import declared_driver, linker_finder, probe_driver
-from pytest_cudastack.errors import DataError, ElfError
+from pytest_cudastack.errors import DataError
 from pytest_cudastack.findings import Finding
 from pytest_cudastack.linker.elfcache import ElfCache
 from pytest_cudastack.linker.resolver import Resolver, SearchConfig
@@ -257,7 +257,10 @@ class Stack:
         binaries = []
         for name, path in self.scan_targets:
             if os.path.isfile(path):
-                tree = self.tree(path).to_json()
+                # lazy: the GPU-code lists load with the first snapshot
+                from pytest_cudastack.cuda.gpucode import with_gpu_code
+
+                tree = with_gpu_code(self.tree(path).to_json(), self.fatbin)
                 tree["path"] = name
                 binaries.append(tree)
         return {
@@ -271,27 +274,12 @@ class Stack:
         }
 
     def _gpu_code(self, dist: Distribution) -> dict[str, list[str]]:
-        """The SASS and PTX its present libraries carry (fatbin headers, through the ELF cache); unreadable
-        files are the integrity item's business."""
-        sass: set[str] = set()
-        ptx: set[str] = set()
-        for lib in dist.libraries:
-            if not lib.exists:
-                continue
-            try:
-                fat = self.fatbin(lib.path)
-            except ElfError:
-                continue
-            sass.update(fat.sass)
-            ptx.update(fat.ptx)
-        return {"sass": sorted(sass, key=_arch_key), "ptx": sorted(ptx, key=_arch_key)}
+        """The SASS and PTX its present libraries carry (fatbin headers, through the ELF cache), as
+        ``cudastack report`` and ``tree`` list them (``checks.arch.dist_gpu_code``)."""
+        # lazy: the arch rules (compat data, verdicts) load only when a snapshot is written
+        from pytest_cudastack.checks.arch import dist_gpu_code
 
-
-def _arch_key(name: str) -> tuple[int, str]:
-    """``sm_90`` < ``sm_90a`` < ``sm_100``: by arch number, then suffix."""
-    digits = name.rsplit("_", 1)[-1]
-    number = digits.rstrip("af")
-    return (int(number) if number.isdigit() else 0, digits[len(number) :])
+        return dist_gpu_code(dist, self.fatbin)
 
 
 def load_snapshot(path: str) -> dict[str, Any]:

@@ -430,9 +430,9 @@ def test_cudastack_items_collected_with_readable_ids(pt):
 def test_items_pass_on_this_environment_and_k_selects(pt):
     pt.makepyfile("def test_x(): pass")
     result = run(pt, "--cudastack", "--cuda-driver=580.65.06", "-v")
-    # driver: nothing here names a CUDA version; arch: no arch known (nothing to check: skipped);
-    # requirements: this environment's Requires-Dist are met
-    result.assert_outcomes(passed=5, skipped=2)
+    result.assert_outcomes(
+        passed=5, skipped=3
+    )  # integrity, closure, symbols, requirements, the test; driver, arch, toolchain skip
     result = run(pt, "--cudastack", "--cuda-max=13.0", "-k", "cuda-max", "-v")
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["cudastack::cuda-max PASSED*"])
@@ -589,7 +589,9 @@ def test_xdist_workers_get_controller_driver(pt):
         """
     )
     result = run(pt, "-p", "xdist.plugin", "-n", "2", "--cudastack")
-    result.assert_outcomes(passed=8, skipped=2)  # 6 invariant items (driver and arch: nothing to check) + 4 tests
+    result.assert_outcomes(
+        passed=8, skipped=3
+    )  # 7 invariant items (driver, arch, toolchain: nothing to check) + 4 tests
 
 
 # -- fixtures -----------------------------------------------------------------------------------------

@@ -79,8 +79,8 @@ def test_green_run_adds_only_the_header_and_the_items_line(pt):
     plain.assert_outcomes(passed=1)
     result = run(pt, "--cudastack")
     result.assert_outcomes(
-        passed=5, skipped=2
-    )  # integrity, closure, symbols, requirements, the test; driver, arch skip
+        passed=5, skipped=3
+    )  # integrity, closure, symbols, requirements, the test; driver, arch, toolchain skip
     lines = result.stdout.lines
     assert len(lines) <= len(plain.stdout.lines) + 2, "\n".join(lines)  # the header, the items' progress line
     assert [line for line in lines if line.startswith("cudastack: ")] == [lines[2]]
@@ -256,6 +256,8 @@ def test_node_id_runs_only_that_test(ini_project):
             [
                 "SKIPPED [1] cudastack::driver: no driver known: pass --cuda-driver=VER to check a deployment target",
                 "SKIPPED [1] cudastack::arch: no GPU arch known: pass --cuda-arch=sm_XX",
+                "SKIPPED [1] cudastack::toolchain: no framework that runs a CUDA compiler tool is installed "
+                "(jax, triton, torch)",
             ],
             id="no driver",
         ),
@@ -275,8 +277,8 @@ def test_items_with_nothing_to_check_are_skipped_with_the_reason(pt, conftest, a
     pt.makepyfile("def test_x(): pass")
     result = run(pt, "--cudastack", "-rs", "-v", *args)
     result.assert_outcomes(
-        passed=5, skipped=2
-    )  # integrity, closure, symbols, requirements, the test; driver, arch skip
+        passed=5, skipped=3
+    )  # integrity, closure, symbols, requirements, the test; driver, arch, toolchain skip
     result.stdout.fnmatch_lines(["cudastack::driver SKIPPED*", "cudastack::arch SKIPPED*"], consecutive=False)
     result.stdout.fnmatch_lines(skips, consecutive=False)
 

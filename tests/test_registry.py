@@ -55,6 +55,7 @@ def test_registry_order_and_descriptions_are_the_items():
         "driver": "the driver supports the CUDA the stack requires",
         "arch": "GPU code runs on the target architectures",
         "requirements": "Requires-Dist present and pins met, framework version rules hold, no shadowed copy",
+        "toolchain": "the compiler tools each framework runs accept what the stack emits",
         "baseline": "the stack matches the snapshot b.json",
         "scan": "every DT_NEEDED resolves here",
     }
@@ -76,6 +77,7 @@ def test_a_registered_check_is_in_settings_items_and_stack(dummy: None, tmp_path
         "driver",
         "arch",
         "requirements",
+        "toolchain",
         "dummy",
     )
     assert Settings(cuda_max="12.9").items == ("cuda-max",)
@@ -88,6 +90,7 @@ def test_a_registered_check_is_in_settings_items_and_stack(dummy: None, tmp_path
         "driver",
         "arch",
         "requirements",
+        "toolchain",
         "dummy",
         "each[a]",
         "each[b]",
@@ -112,6 +115,7 @@ def test_a_registered_check_is_in_cudastack_check(dummy: None, tmp_path: Path, m
         "driver",
         "arch",
         "requirements",
+        "toolchain",
         "dummy",
         "each[a]",
         "each[b]",
@@ -158,6 +162,7 @@ def test_every_builtin_check_runs_from_the_registry(tmp_path: Path):
         "driver",
         "arch",
         "requirements",
+        "toolchain",
         "baseline",
         "scan[gone]",
     ]

@@ -116,3 +116,101 @@ def test_wheel_report_object(tmp_path):
     assert rep.failing == ()
     assert rep.modules == 1
     assert rep.to_json()["ok"] is True
+
+
+# -- GPU code: report, tree and the snapshot list the same SASS/PTX per library and distribution ------------
+GK = {"sass": ["sm_80", "sm_90a"], "ptx": ["compute_80"]}
+
+
+@pytest.fixture(scope="module")
+def gpulib(tmp_path_factory: pytest.TempPathFactory) -> bytes:
+    """``libgk.so`` built by nvcc: SASS sm_80 and sm_90a, PTX compute_80."""
+    import shutil
+    import subprocess
+
+    if shutil.which("nvcc") is None:
+        pytest.skip("needs nvcc")
+    tmp = tmp_path_factory.mktemp("gk")
+    (tmp / "k.cu").write_text("__global__ void k(float *x) { x[threadIdx.x] *= 2.0f; }\n")
+    gencode = ["arch=compute_80,code=sm_80", "arch=compute_80,code=compute_80", "arch=compute_90a,code=sm_90a"]
+    args = [a for g in gencode for a in ("-gencode", g)]
+    out = tmp / "libgk.so"
+    cmd = ["nvcc", "-shared", "-Xcompiler", "-fPIC", "-Xlinker", "-soname=libgk.so", "-o", str(out)]
+    subprocess.run([*cmd, str(tmp / "k.cu"), *args], check=True, capture_output=True)
+    return out.read_bytes()
+
+
+def _schema(name: str) -> dict:
+    from importlib import resources
+
+    return json.loads(resources.files("pytest_cudastack").joinpath(f"schemas/{name}.schema.json").read_text())
+
+
+def _gpu_setup(tmp_path: Path, gpulib: bytes) -> tuple[Path, Path]:
+    from tests.helpers.elfbuild import build_exe
+
+    site = site_packages(tmp_path / "venv")
+    write_dist(site, "nvidia-gk-cu12", "12.9.1", {"nvidia/gk/lib/libgk.so": gpulib})
+    lib = site / "nvidia" / "gk" / "lib" / "libgk.so"
+    exe = build_exe(tmp_path / "bin" / "app", needed=[lib], runpath=str(lib.parent))
+    return site, exe
+
+
+def test_tree_report_and_snapshot_list_the_same_gpu_code(gpulib: bytes, tmp_path: Path, capsys) -> None:
+    import jsonschema
+
+    from pytest_cudastack.cuda.driver import DriverInfo
+    from pytest_cudastack.linker.elfcache import ElfCache
+    from pytest_cudastack.settings import Settings
+    from pytest_cudastack.stack import Stack
+
+    site, exe = _gpu_setup(tmp_path, gpulib)
+    # tree --json: per library, null for none found, empty lists for a library without device code
+    assert main(["tree", "--json", str(exe)]) == 0  # opt-in: a plain tree reads no GPU code
+    assert all("gpu_code" not in x for x in json.loads(capsys.readouterr().out)["trees"][0]["libraries"])
+    for _ in ("cold", "warm"):  # the warm run answers from the closure cache: the same GPU code
+        assert main(["tree", "--json", "--gpu-code", str(exe)]) == 0
+        doc = json.loads(capsys.readouterr().out)
+        jsonschema.validate(doc, _schema("tree"))
+        libs = {x["soname"]: x for x in doc["trees"][0]["libraries"]}
+        assert libs["libgk.so"]["gpu_code"] == GK
+        assert libs["libc.so.6"]["gpu_code"] == {"sass": [], "ptx": []}
+    assert main(["tree", "--json", str(exe)]) == 0  # the plain rows are another bucket of the cache
+    assert all("gpu_code" not in x for x in json.loads(capsys.readouterr().out)["trees"][0]["libraries"])
+    # tree, text: after the library that carries device code
+    assert main(["tree", str(exe)]) == 0
+    assert "{SASS" not in capsys.readouterr().out
+    assert main(["tree", "--gpu-code", str(exe)]) == 0
+    text = capsys.readouterr().out
+    (line,) = [x for x in text.splitlines() if "libgk.so =>" in x]
+    assert line.endswith("(nvidia-gk-cu12 12.9.1) {SASS sm_80, sm_90a; PTX compute_80}")
+    assert "{" not in next(x for x in text.splitlines() if "libc.so.6 =>" in x)
+    # report: per distribution, JSON and text
+    out = io.StringIO()
+    cmd_report(argparse.Namespace(json=True, site=[str(site)]), out)
+    (dist,) = [d for d in json.loads(out.getvalue())["distributions"] if d["name"] == "nvidia-gk-cu12"]
+    assert dist["gpu_code"] == GK
+    out = io.StringIO()
+    cmd_report(argparse.Namespace(json=False, site=[str(site)]), out)
+    assert "  nvidia-gk-cu12 12.9.1: SASS sm_80, sm_90a; PTX compute_80" in out.getvalue().splitlines()
+    # snapshot: the CUDA wheel and the scanned binary's libraries
+    stack = Stack(
+        Settings(cudastack_scan=(str(exe),)),
+        driver_info=DriverInfo("absent", None, None),
+        site_paths=(str(site),),
+        rootdir=str(tmp_path),
+        cache=ElfCache(enabled=False),
+    )
+    snap = stack.to_json()
+    jsonschema.validate(snap, _schema("snapshot"))
+    assert snap["wheels"][0]["gpu_code"] == GK
+    (binary,) = snap["binaries"]
+    assert {x["soname"]: x["gpu_code"] for x in binary["libraries"]}["libgk.so"] == GK
+
+
+def test_report_without_device_code_prints_no_gpu_section(tmp_path: Path) -> None:
+    rep = wheel_report([str(clean_site(tmp_path))])
+    from pytest_cudastack.cli.report import render_report
+
+    assert "GPU code" not in render_report(rep)
+    assert all(d["gpu_code"] == {"sass": [], "ptx": []} for d in rep.to_json()["distributions"])

@@ -225,11 +225,16 @@ def test_tree_row_is_reencoded_and_a_forged_one_is_a_miss(lib: Path, tmp_path: P
         good.replace('"provider": null', '"provider": 5'),
         good.replace('"provider": null', '"provider": null, "soname2": 1'),
         good.replace('"needed_by": [', '"needed_by": [1, '),
+        good.replace('"provider": null', '"provider": null, "gpu_code": {"sass": [1], "ptx": []}'),
+        good.replace('"provider": null', '"provider": null, "gpu_code": {"ptx": [], "sass": []}'),
         good + "\n$(rm -rf ~)",  # not one JSON value
         good.replace('"libraries": [', '"libraries": [' * 5000).replace("]}", "]" * 5000 + "}"),  # deep
     ]:
         _forge(f, str(lib), forged)
         assert TreeCache(str(f.parent), "env").lookup([str(lib)]) == {}, forged[:200]
+    with_gpu = good.replace('"provider": null', '"provider": null, "gpu_code": {"sass": ["sm_80"], "ptx": []}')
+    _forge(f, str(lib), with_gpu)  # `tree --gpu-code`'s row shape
+    assert TreeCache(str(f.parent), "env").lookup([str(lib)])[str(lib)]["row"] == with_gpu
     # a valid value in other bytes: printed as we encode it, not as the file holds it
     _forge(f, str(lib), good.replace('"soname": ', '"soname":    '))
     (entry,) = TreeCache(str(f.parent), "env").lookup([str(lib)]).values()

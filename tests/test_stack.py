@@ -96,6 +96,7 @@ def test_run_checks_names_items_like_the_plugin(tmp_path):
         "driver",
         "arch",
         "requirements",
+        "toolchain",
         "scan[gone]",
     ]
     assert results["scan[gone]"][0].message == "no such file"

@@ -59,7 +59,7 @@ def test_tree_json_schema_and_exit_status(scen: Scenarios, capsys: pytest.Captur
     for tree in data:
         assert set(tree) == {"path", "libraries"}
         for lib in tree["libraries"]:
-            assert set(lib) == {"soname", "path", "needed_by", "provider"}
+            assert set(lib) == {"soname", "path", "needed_by", "provider"}  # "gpu_code" only with --gpu-code
             assert lib["path"] != tree["path"]
             assert "vdso" not in lib["soname"]
     sonames = [x["soname"] for x in data[0]["libraries"]]
@@ -602,3 +602,22 @@ def test_why_tried_lists_directories(scen: Scenarios, capsys: pytest.CaptureFixt
     assert "/nonexistent/dir" not in tried
     assert len(tried) == len(set(tried))
     assert all(os.path.isdir(t) for t in tried)
+
+
+def test_text_tree_of_a_1000_deep_chain_renders_without_recursion() -> None:
+    # issue 14: the recursive renderer ended in RecursionError; the view is now an explicit stack
+    import io
+
+    from pytest_cudastack.cli.tree import render_tree
+    from pytest_cudastack.linker.resolver import Library, Route, Tree
+
+    depth = 1000
+    paths = [f"/deep/lib{i}.so" for i in range(depth + 1)]
+    libs = tuple(
+        Library(f"lib{i}.so", paths[i], paths[i], Route.RUNPATH, "", (), (paths[i - 1],)) for i in range(1, depth + 1)
+    )
+    buf = io.StringIO()
+    render_tree(Tree(paths[0], None, libs, ()), buf)
+    lines = buf.getvalue().splitlines()
+    assert len(lines) == depth + 1
+    assert lines[-1] == "    " * (depth - 1) + f"└── lib{depth}.so => {paths[depth]} [runpath]"

@@ -163,6 +163,13 @@ CHECKS: Mapping[str, Check] = registry(
         skip=_LazySkip("requirements"),
     ),
     Check(
+        "toolchain",
+        "the compiler tools each framework runs accept what the stack emits",
+        _Lazy("toolchain"),
+        lambda o: o.cudastack,
+        skip=_LazySkip("toolchain"),
+    ),
+    Check(
         "baseline",
         "the stack matches the snapshot {cudastack_baseline}",
         _Lazy("baseline"),

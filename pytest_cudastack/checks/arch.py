@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from pytest_cudastack.cuda.compat import arch_cuda_range
-from pytest_cudastack.cuda.gpucode import ptx_isa_cuda, variants_for
+from pytest_cudastack.cuda.gpucode import gpu_code_json, ptx_isa_cuda, variants_for
 from pytest_cudastack.cuda.verdicts import driver_verdict, gpu_verdict
 from pytest_cudastack.cuda.versions import parse_arch
 from pytest_cudastack.errors import ElfError
@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 __all__ = [
     "arch_coverage",
     "arch_findings",
+    "dist_gpu_code",
     "nothing_to_check",
     "run",
     "stack_cuda_major",
@@ -228,6 +229,13 @@ def _dist_fatbins(dist: Distribution, reader: FatbinReader, skip: frozenset[str]
         if fat.entries:
             fats.append(fat)
     return fats, problems
+
+
+def dist_gpu_code(dist: Distribution, reader: FatbinReader = read_fatbin) -> dict[str, list[str]]:
+    """The SASS and PTX a distribution's present libraries carry (``gpucode.gpu_code_json``): what the
+    snapshot, ``cudastack report`` and the arch item's summary list for it. Unreadable files are left out
+    (the integrity item reports them)."""
+    return gpu_code_json(_dist_fatbins(dist, reader, frozenset())[0])
 
 
 def wheel_arch_findings(

@@ -118,6 +118,11 @@ def build_parser(check_options: bool = True) -> argparse.ArgumentParser:
         help="where the dynamic linker would load every needed library from",
     )
     tree.add_argument("paths", nargs="+", metavar="PATH")
+    tree.add_argument(
+        "--gpu-code",
+        action="store_true",
+        help="also list each library's SASS and PTX (fatbin headers, cached; a cold run reads much more)",
+    )
 
     why = sub.add_parser(
         "why",

@@ -1,4 +1,5 @@
-"""``cudastack report``: the installed wheels (inventory + integrity + closure) on one screen, findings first.
+"""``cudastack report``: the installed wheels (inventory + integrity + closure) on one screen, findings first,
+then each distribution's GPU code (the SASS and PTX its libraries carry, as the snapshot and ``tree`` list it).
 
 The site directories are :func:`pytest_cudastack.cli.sites.site_dirs_from`'s.
 """
@@ -10,14 +11,16 @@ import json
 import logging
 import sys
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, TextIO
 
+from pytest_cudastack.checks.arch import dist_gpu_code
 from pytest_cudastack.checks.closure import extension_closures, module_trees
 from pytest_cudastack.checks.repair import plan_repairs, render_plans
 from pytest_cudastack.cli.colour import Painter, painter_for
 from pytest_cudastack.cli.sites import site_dirs_from
+from pytest_cudastack.cuda.gpucode import gpu_code_text
 from pytest_cudastack.findings import Finding, Severity, most_severe_first
 from pytest_cudastack.linker.elfcache import ElfCache
 from pytest_cudastack.linker.resolver import Resolver, SearchConfig
@@ -47,6 +50,7 @@ class WheelReport:
     findings: tuple[Finding, ...]
     modules: int  # extension modules whose closure was resolved
     seconds: float
+    gpu_code: Mapping[str, dict[str, list[str]]] = field(default_factory=dict)  # by distribution label
 
     @property
     def failing(self) -> tuple[Finding, ...]:
@@ -75,6 +79,7 @@ class WheelReport:
                     "cuda_evidence": d.cuda_evidence,
                     "libraries": len(d.libraries),
                     "extension_modules": sum(1 for lib in d.libraries if lib.pyinit),
+                    "gpu_code": self.gpu_code.get(d.label, {"sass": [], "ptx": []}),
                 }
                 for d in self.inventory.distributions
             ],
@@ -96,9 +101,10 @@ def wheel_report(paths: Sequence[str] | None = None, cache: ElfCache | None = No
     trees = module_trees(inv, resolver)
     found = (*inv.findings, *check_integrity(inv), *extension_closures(inv, resolver, trees=trees))
     findings = most_severe_first(found)
+    gpu = {d.label: dist_gpu_code(d, elf_cache.fatbin) for d in inv.distributions}
     if cache is None:
         elf_cache.flush()
-    return WheelReport(inv, findings, len(trees), time.perf_counter() - t0)
+    return WheelReport(inv, findings, len(trees), time.perf_counter() - t0, gpu)
 
 
 def render_report(rep: WheelReport, *, verbose: bool = False, paint: Painter | None = None) -> str:
@@ -134,6 +140,10 @@ def render_report(rep: WheelReport, *, verbose: bool = False, paint: Painter | N
             lines.append(f"  note: wheels for {len(flavours)} CUDA majors are installed together")
     else:
         lines.append("  no CUDA wheels")
+    coded = [(label, text) for label, code in rep.gpu_code.items() if (text := gpu_code_text(code))]
+    if coded:
+        lines.append(f"GPU code: {len(coded)} distribution(s) carry device code")
+        lines.extend(f"  {label}: {text}" for label, text in coded)
     status = f"{len(errors)} error(s), {len(warnings)} warning(s), {len(infos)} info" if rep.findings else "no findings"
     lines.append(f"wheels: {status}")
     plan = render_plans(plan_repairs(rep.findings, rep.inventory))

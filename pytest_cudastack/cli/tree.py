@@ -2,8 +2,11 @@
 
 ``tree PATH...`` prints, for each file, the whole closure the dynamic linker would load (not the file itself,
 not the vDSO; the program interpreter is listed when something needs it, as ``ldd`` lists it), with each
-library's route, owning distribution, and every place tried for a missing one. ``--json`` prints design.md's
-list ``[{"path", "libraries": [{"soname", "path", "needed_by", "provider"}]}]`` as the ``"trees"`` of
+library's route, owning distribution and every place tried for a missing one; with ``--gpu-code``, the GPU
+code of each library that carries some (``{SASS ...; PTX ...}``). ``--json`` prints design.md's list
+``[{"path", "libraries": [{"soname", "path", "needed_by", "provider"}]}]`` (with ``--gpu-code`` each library
+also has ``"gpu_code"``, ``{"sass": [...], "ptx": [...]}`` as ``report --json`` and the snapshot list it,
+null for a library not found) as the ``"trees"`` of
 ``{"schema": "pytest-cudastack/tree", "version": 1, "trees": [...]}`` (``schemas/tree.schema.json``; a constant
 prefix and suffix, so cached rows are still written verbatim). ``tree --site DIR...`` takes owners from those
 directories instead of the site directories the closures touch.
@@ -12,12 +15,14 @@ Exit status: 0 when everything resolves, 1 when something is missing or unreadab
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import sys
 
 # Everything else is imported in the function that needs it: a warm `tree --json` (answered from the closure
 # cache) must import no resolver, ELF reader, dataclasses, typing or logging (tests/test_treeview.py).
+from pytest_cudastack.errors import ElfError  # loaded with elfcache anyway
 from pytest_cudastack.linker.elfcache import ElfCache
 
 TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing (~5 ms) on tree's warm path
@@ -27,6 +32,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
     from typing import Any, TextIO
 
+    from pytest_cudastack.linker.fatbin import Fatbin
     from pytest_cudastack.linker.resolver import Library, Tree
 
 __all__ = ["TREE_SCHEMA", "TREE_VERSION", "cmd_tree", "render_tree"]
@@ -166,6 +172,39 @@ def _with_providers(trees: list[Tree], prov: Callable[[str | None], str | None])
     ]
 
 
+def _memo_fatbin(cache: ElfCache) -> Callable[[str], Fatbin]:
+    """``cache.fatbin`` answered once per path in this run: closures share most libraries, and each cache
+    hit re-stats the file and decodes its entry."""
+    memo: dict[str, Fatbin | ElfError] = {}
+
+    def read(path: str) -> Fatbin:
+        got = memo.get(path)
+        if got is None:
+            try:
+                got = memo[path] = cache.fatbin(path)
+            except ElfError as e:
+                got = memo[path] = e
+        if isinstance(got, ElfError):
+            raise got
+        return got
+
+    return read
+
+
+def _gpu_text(cache: ElfCache) -> Callable[[str], str]:
+    """The text ``tree --gpu-code`` shows after a library: "SASS sm_80; PTX compute_80", "" for none."""
+    # lazy: only `tree --gpu-code` reads GPU code
+    from pytest_cudastack.cuda.gpucode import gpu_code_text, path_gpu_code
+
+    fatbins = _memo_fatbin(cache)
+
+    def code(path: str) -> str:
+        got = path_gpu_code(path, fatbins)
+        return gpu_code_text(got) if got is not None else ""
+
+    return code
+
+
 def _tag(lib: Library) -> str:
     # lazy: a warm `tree --json` imports no resolver, ELF reader, dataclasses or logging
     from pytest_cudastack.linker.resolver import Route
@@ -177,45 +216,57 @@ def _tag(lib: Library) -> str:
     return str(lib.route.value)
 
 
-def render_tree(tree: Tree, out: TextIO) -> None:
-    """The human view: an indented tree, one line per library, missing ones marked, with tried paths."""
+def render_tree(tree: Tree, out: TextIO, gpu_code: Callable[[str], str] | None = None) -> None:
+    """The human view: an indented tree, one line per library, missing ones marked, with tried paths.
+
+    Depth-first with an explicit stack of (children, next index, prefix) frames, not recursion: a chain of
+    thousands of libraries renders line by line (a 1,000-deep chain overflowed Python's recursion limit).
+    ``gpu_code`` gives the text shown after a library that carries device code ("SASS sm_80, sm_90; PTX
+    compute_90"), "" for none."""
     # lazy: a warm `tree --json` imports no resolver, ELF reader, dataclasses or logging
     from pytest_cudastack.linker.resolver import Route
 
     out.write(f"{tree.path}\n")
     for p in tree.problems:
         out.write(f"  ! {p}\n")
+    root_code = gpu_code(tree.path) if gpu_code is not None else ""
+    if root_code:
+        out.write(f"  GPU code: {root_code}\n")
     children: dict[str, list[Library]] = {}
     for lib in tree.libraries:
         for parent in lib.needed_by:
             children.setdefault(parent, []).append(lib)
     expanded: set[str] = set()
-
-    def walk(parent: str, prefix: str) -> None:
-        kids = children.get(parent, [])
-        for i, lib in enumerate(kids):
-            last = i == len(kids) - 1
-            branch = "└── " if last else "├── "
-            more = "    " if last else "│   "
-            if lib.path is None:
-                out.write(f"{prefix}{branch}{lib.soname} => NOT FOUND\n")
-                if lib.problem:
-                    out.write(f"{prefix}{more}  problem: {lib.problem}\n")
-                if lib.tried:
-                    tried = list(dict.fromkeys(lib.tried))  # ld.so retries a directory on two lists
-                    out.write(f"{prefix}{more}  tried: {', '.join(tried)}\n")
-                continue
-            owner = f" ({lib.provider})" if lib.provider else ""
-            seen = lib.path in expanded
-            note = " (see above)" if seen and lib.route != Route.ALREADY_LOADED else ""
-            out.write(f"{prefix}{branch}{lib.soname} => {lib.path} [{_tag(lib)}]{owner}{note}\n")
+    frames: list[tuple[list[Library], int, str]] = [(children.get(tree.path, []), 0, "")]
+    while frames:
+        kids, i, prefix = frames[-1]
+        if i == len(kids):
+            frames.pop()
+            continue
+        frames[-1] = (kids, i + 1, prefix)
+        lib = kids[i]
+        last = i == len(kids) - 1
+        branch = "└── " if last else "├── "
+        more = "    " if last else "│   "
+        if lib.path is None:
+            out.write(f"{prefix}{branch}{lib.soname} => NOT FOUND\n")
             if lib.problem:
-                out.write(f"{prefix}{more}  note: {lib.problem}\n")
-            if not seen and lib.route != Route.ALREADY_LOADED:
-                expanded.add(lib.path)
-                walk(lib.path, prefix + more)
-
-    walk(tree.path, "")
+                out.write(f"{prefix}{more}  problem: {lib.problem}\n")
+            if lib.tried:
+                tried = list(dict.fromkeys(lib.tried))  # ld.so retries a directory on two lists
+                out.write(f"{prefix}{more}  tried: {', '.join(tried)}\n")
+            continue
+        owner = f" ({lib.provider})" if lib.provider else ""
+        seen = lib.path in expanded
+        note = " (see above)" if seen and lib.route != Route.ALREADY_LOADED else ""
+        code = gpu_code(lib.path) if gpu_code is not None and not seen else ""
+        code = f" {{{code}}}" if code else ""
+        out.write(f"{prefix}{branch}{lib.soname} => {lib.path} [{_tag(lib)}]{owner}{note}{code}\n")
+        if lib.problem:
+            out.write(f"{prefix}{more}  note: {lib.problem}\n")
+        if not seen and lib.route != Route.ALREADY_LOADED:
+            expanded.add(lib.path)
+            frames.append((children.get(lib.path, []), 0, prefix + more))
     missing = tree.missing
     if missing:
         out.write(f"  {len(missing)} missing: {', '.join(m.soname for m in missing)}\n")
@@ -225,8 +276,11 @@ def cmd_tree(args: argparse.Namespace) -> int:
     """``cudastack tree PATH... [--json] [--site DIR]``."""
     paths: list[str] = list(args.paths)
     site: Sequence[str] | None = getattr(args, "site", None)
+    # opt-in: fatbin headers of a CUDA closure are most of a cold run's reading (the data sections that may
+    # hold containers are searched); the facts are cached like the ELF facts
+    gpu: bool = getattr(args, "gpu_code", False)
     if getattr(args, "json", False):
-        return _tree_json(paths, site)
+        return _tree_json(paths, site, gpu)
     # lazy: a warm `tree --json` imports no resolver, ELF reader, dataclasses or logging
     from pytest_cudastack.linker.resolver import Resolver, SearchConfig
 
@@ -236,9 +290,15 @@ def cmd_tree(args: argparse.Namespace) -> int:
     prov = _providers(trees, site, cache)
     trees = _with_providers(trees, prov)
     prov.save()
-    cache.flush()
+    texts = []
+    code = _gpu_text(cache) if gpu else None
     for t in trees:
-        render_tree(t, sys.stdout)
+        buf = io.StringIO()
+        render_tree(t, buf, code)
+        texts.append(buf.getvalue())
+    cache.flush()  # after the fatbin reads: they are cached too
+    for text in texts:
+        sys.stdout.write(text)
     return 1 if any(t.missing or t.problems for t in trees) else 0
 
 
@@ -265,7 +325,7 @@ def _provider_context(index: Any | None, since_ns: int) -> tuple[str, bool]:
     return json.dumps([dirs, stamp], separators=(",", ":")), fresh
 
 
-def _tree_json(paths: list[str], site: Sequence[str] | None) -> int:
+def _tree_json(paths: list[str], site: Sequence[str] | None, gpu: bool = False) -> int:
     """``tree --json``: rows from the closure cache where every file and directory they were read from is
     unchanged (see :mod:`pytest_cudastack.linker.treecache`), the resolver for the rest."""
     # lazy: a warm `tree --json` imports no resolver, ELF reader, dataclasses or logging
@@ -280,13 +340,15 @@ def _tree_json(paths: list[str], site: Sequence[str] | None) -> int:
 
         key, ldcache = environment_key()
         # no ld.so.cache: the answers come from ld.so.conf and its includes, which are not tracked
-        store = TreeCache(cache.directory, key, enabled=isinstance(ldcache, list))
+        # rows with GPU code are another bucket: a row of one kind is never printed for the other
+        store = TreeCache(cache.directory, key + (" gpu_code" if gpu else ""), enabled=isinstance(ldcache, list))
         store.writable = not racy(ldcache, since)
         if store.refused is not None:
             cache.refuse(store.refused)  # off for the run, with the one warning
     hits: dict[str, dict[str, Any]] = store.lookup(paths) if store is not None else {}
     todo = [p for p in dict.fromkeys(paths) if p not in hits]
     fresh: dict[str, tuple[Tree, frozenset[str]]] = {}
+    fatbins = _memo_fatbin(cache)
     cacheable = True
     if todo:
         # lazy: a warm `tree --json` imports no resolver, ELF reader, dataclasses or logging
@@ -324,6 +386,11 @@ def _tree_json(paths: list[str], site: Sequence[str] | None) -> int:
             deps = set(got)
         if prov is None:
             prov = _Providers(index, cache if index is not None else None)
+        if gpu and entry is None:  # a cached row already holds the GPU code of its files, unchanged since
+            # lazy: a warm `tree --json` imports no resolver, ELF reader, dataclasses or logging
+            from pytest_cudastack.cuda.gpucode import with_gpu_code
+
+            with_gpu_code(d, fatbins)
         for lib in d["libraries"]:
             lib["provider"] = prov(lib["path"])
         text = json.dumps(d)

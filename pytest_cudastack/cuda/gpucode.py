@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -20,17 +20,22 @@ from typing import Any
 from packaging.utils import canonicalize_name
 
 from pytest_cudastack.cuda.versions import Arch, CudaVersion, parse_arch, parse_cuda
-from pytest_cudastack.errors import DataError, OptionError
-from pytest_cudastack.linker.fatbin import FatbinEntry, runs_on
+from pytest_cudastack.errors import DataError, ElfError, OptionError
+from pytest_cudastack.linker.fatbin import Fatbin, FatbinEntry, runs_on
 
 __all__ = [
     "GPU_CODE_FILE",
     "GpuCodeData",
     "Variant",
+    "arch_key",
+    "gpu_code_json",
+    "gpu_code_text",
     "load_gpu_code",
+    "path_gpu_code",
     "ptx_isa_cuda",
     "validate_gpu_code",
     "variants_for",
+    "with_gpu_code",
 ]
 
 GPU_CODE_FILE = "data/gpu_code.json"
@@ -173,3 +178,50 @@ def variants_for(package: str, cc: int) -> tuple[Variant, ...]:
     name = canonicalize_name(package)
     found = [v for v in load_gpu_code().variants if v.package == name and v.covers(cc)]
     return tuple(sorted(found, key=lambda v: v.cuda, reverse=True))
+
+
+def arch_key(name: str) -> tuple[int, str]:
+    """``sm_90`` < ``sm_90a`` < ``sm_100``: by arch number, then suffix (the order GPU code is listed in)."""
+    digits = name.rsplit("_", 1)[-1]
+    number = digits.rstrip("af")
+    return (int(number) if number.isdigit() else 0, digits[len(number) :])
+
+
+def gpu_code_json(fats: Iterable[Fatbin]) -> dict[str, list[str]]:
+    """``{"sass": [...], "ptx": [...]}``: the SASS and PTX ``fats`` carry together, ordered by arch; the one
+    shape ``cudastack tree --json``, ``cudastack report --json`` and the snapshot list GPU code in."""
+    sass: set[str] = set()
+    ptx: set[str] = set()
+    for fat in fats:
+        sass.update(fat.sass)
+        ptx.update(fat.ptx)
+    return {"sass": sorted(sass, key=arch_key), "ptx": sorted(ptx, key=arch_key)}
+
+
+def gpu_code_text(code: Mapping[str, list[str]]) -> str:
+    """``"SASS sm_80, sm_90a; PTX compute_80"`` (``"SASS sm_80; no PTX"``); "" when there is no GPU code."""
+    sass, ptx = code.get("sass", []), code.get("ptx", [])
+    if not sass and not ptx:
+        return ""
+    parts = ["SASS " + ", ".join(sass) if sass else "no SASS", "PTX " + ", ".join(ptx) if ptx else "no PTX"]
+    return "; ".join(parts)
+
+
+def path_gpu_code(path: str | None, read: Callable[[str], Fatbin]) -> dict[str, list[str]] | None:
+    """:func:`gpu_code_json` of one file (``read``: the run's ``ElfCache.fatbin``); None for no path (a
+    library not found); empty lists for a file whose fatbins cannot be read (its problem is reported where
+    the file is)."""
+    if path is None:
+        return None
+    try:
+        return gpu_code_json([read(path)])
+    except ElfError:
+        return {"sass": [], "ptx": []}
+
+
+def with_gpu_code(tree: dict[str, Any], read: Callable[[str], Fatbin]) -> dict[str, Any]:
+    """A ``Tree.to_json`` document with ``"gpu_code"`` on each library (``path_gpu_code``), its last key:
+    ``cudastack tree --json`` and the snapshot's binaries, one definition."""
+    for lib in tree.get("libraries", ()):
+        lib["gpu_code"] = path_gpu_code(lib.get("path"), read)
+    return tree

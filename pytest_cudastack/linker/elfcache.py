@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from pytest_cudastack.linker.elf import ElfInfo
     from pytest_cudastack.linker.fatbin import Fatbin
     from pytest_cudastack.linker.symbols import SymbolFacts
+    from pytest_cudastack.linker.toolversion import ToolVersion
 
     class _Storable(Protocol):
         @property
@@ -174,6 +175,14 @@ class ElfCache:
         from pytest_cudastack.linker.fatbin import Fatbin, read_fatbin
 
         return self._cached(path, f"fatbin:{path}", "fatbin", read_fatbin, Fatbin.from_json, symbols=False)
+
+    def tool_version(self, path: str) -> ToolVersion:
+        """Cached :func:`~pytest_cudastack.linker.toolversion.read_tool_version` (the version line a CUDA tool
+        embeds), under the same key and rules as :meth:`read` (its own entry, ``tool:PATH``). Raises ElfError."""
+        # lazy: tree's warm path imports this module and never reads compiler tools
+        from pytest_cudastack.linker.toolversion import ToolVersion, read_tool_version
+
+        return self._cached(path, f"tool:{path}", "tool", read_tool_version, ToolVersion.from_json, symbols=False)
 
     def read_symbols(self, path: str) -> SymbolFacts:
         """Cached :func:`~pytest_cudastack.linker.symbols.read_symbols`, keyed and validated as :meth:`read`

@@ -57,6 +57,7 @@ _BUCKETS_KEPT = 4  # search environments remembered
 MAX_FILE = 256 << 20  # a larger file is refused, not read
 _ENTRY_KEYS = frozenset(("deps", "row", "fail", "ctx", "paths"))
 _LIBRARY_KEYS = ["soname", "path", "needed_by", "provider"]  # a row's library object, in Tree.to_json's order
+_GPU_LIBRARY_KEYS = [*_LIBRARY_KEYS, "gpu_code"]  # ... with `tree --gpu-code`
 # the modules whose code decides a row: a changed source (an upgrade, an edit of an editable install)
 # makes every stored row foreign (paths relative to the package root)
 _SOURCES = (
@@ -69,6 +70,8 @@ _SOURCES = (
     "wheels/sitepaths.py",
     "linker/treecache.py",
     "cli/tree.py",
+    "linker/fatbin.py",  # the rows carry each library's GPU code (cli/tree.py)
+    "cuda/gpucode.py",
 )
 
 
@@ -425,7 +428,7 @@ def _row_of(text: str, root: str) -> str | None:
     for x in libs:
         if not (
             type(x) is dict
-            and list(x) == _LIBRARY_KEYS
+            and (list(x) == _LIBRARY_KEYS or (list(x) == _GPU_LIBRARY_KEYS and _is_gpu_code(x["gpu_code"])))
             and type(x["soname"]) is str
             and (x["path"] is None or type(x["path"]) is str)
             and type(x["needed_by"]) is list
@@ -434,6 +437,15 @@ def _row_of(text: str, root: str) -> str | None:
         ):
             return None
     return json.dumps(d)
+
+
+def _is_gpu_code(v: Any) -> bool:
+    """A library's ``"gpu_code"`` as ``tree --gpu-code`` writes it: null, or SASS and PTX lists of names."""
+    return v is None or (
+        type(v) is dict
+        and list(v) == ["sass", "ptx"]
+        and all(type(a) is list and all(type(n) is str and n.isprintable() for n in a) for a in v.values())
+    )
 
 
 def _move_rows(bucket: Any, old: str, put: Any) -> dict[str, Any] | None:

@@ -1,0 +1,244 @@
+"""Compiler tools a framework will run: does the first ``ptxas``/``nvlink``/``fatbinary``/``nvcc`` each
+installed framework finds accept what the stack's compiler emits?
+
+jax's XLA compiles its kernels to PTX of the CUDA it was built for (pinned by the ``nvidia-cuda-nvcc`` wheel
+it installs) and hands them to the ``ptxas`` it finds first: an older one fails with "Unsupported .version 8.5;
+current version is '8.2'". torch's C++ extension builder refuses an ``nvcc`` of another CUDA major. triton
+picks its PTX version from the ``ptxas`` it finds, so there is nothing to compare (its lookup is listed at
+``-v``). Lookup orders come from ``cuda/data/toolchain.json`` (``cuda.toolchain``); tool versions are read from
+the files, never by running them, through the run's ELF cache.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from pytest_cudastack.cuda.toolchain import (
+    Candidate,
+    Context,
+    Framework,
+    Lookup,
+    find_tool,
+    load_toolchain,
+    max_ptx_isa,
+    release_key,
+)
+from pytest_cudastack.errors import ElfError
+from pytest_cudastack.findings import Finding, Severity
+
+if TYPE_CHECKING:
+    from pytest_cudastack.checks.facts import StackView, Target
+    from pytest_cudastack.linker.toolversion import ToolVersion
+    from pytest_cudastack.wheels.inventory import Distribution, Inventory
+
+__all__ = ["Emitter", "framework_lookups", "nothing_to_check", "run", "toolchain_findings"]
+
+_NVCC_WHEEL = re.compile(r"nvidia-cuda-nvcc(-cu\d+)?")
+_RELEASE = re.compile(r"(\d+)\.(\d+)")
+
+
+@dataclass(frozen=True)
+class Emitter:
+    """What the stack's compiler emits for a framework: its CUDA release, where that comes from, and the
+    directory holding the matching tools (the wheel's ``bin`` parent), when known."""
+
+    release: str
+    label: str
+    tools_dir: str | None
+
+
+def _reader(read: Callable[[str], ToolVersion]) -> Callable[[str], ToolVersion | None]:
+    def safe(path: str) -> ToolVersion | None:
+        try:
+            return read(path)
+        except ElfError:
+            return None
+
+    return safe
+
+
+def _installed(framework: Framework, inventory: Inventory) -> Distribution | None:
+    for name in framework.distributions:
+        dist = inventory.get(name)
+        if dist is not None:
+            return dist
+    return None
+
+
+def _nvcc_wheel(inventory: Inventory) -> Emitter | None:
+    """The newest installed nvidia-cuda-nvcc wheel: its CUDA release and the directory of its ``bin``."""
+    best: tuple[tuple[int, int], Emitter] | None = None
+    for dist in inventory.distributions:
+        m = _RELEASE.match(dist.version)
+        if not _NVCC_WHEEL.fullmatch(dist.key) or m is None:
+            continue
+        tools_dir = None
+        for entry in dist.records:
+            if entry.path.endswith("/bin/ptxas"):
+                path = dist.abspath(entry)
+                tools_dir = os.path.dirname(os.path.dirname(path)) if path is not None else None
+                break
+        key = (int(m[1]), int(m[2]))
+        if best is None or key > best[0]:
+            best = (key, Emitter(f"{key[0]}.{key[1]}", dist.label, tools_dir))
+    return best[1] if best is not None else None
+
+
+def _emitter(framework: Framework, dist: Distribution, inventory: Inventory) -> Emitter | None:
+    if framework.rule == "ptx-isa":
+        return _nvcc_wheel(inventory)
+    if framework.rule == "same-major" and dist.cuda_major is not None:
+        return Emitter(str(dist.cuda_major), f"{dist.label} ({dist.cuda_evidence})", None)
+    return None
+
+
+def _context(inventory: Inventory, environ: Mapping[str, str], root: str) -> Context:
+    locations = {d.key: d.location for d in reversed(inventory.distributions)}  # the first in search order wins
+    return Context(environ=dict(environ), site_dirs=tuple(inventory.site_dirs), locations=locations, root=root)
+
+
+def framework_lookups(
+    inventory: Inventory, environ: Mapping[str, str], read: Callable[[str], ToolVersion], root: str = ""
+) -> tuple[tuple[Distribution, Lookup], ...]:
+    """Every tool of every installed framework, as that framework would find it."""
+    ctx = _context(inventory, environ, root)
+    safe = _reader(read)
+    out: list[tuple[Distribution, Lookup]] = []
+    for framework in load_toolchain():
+        dist = _installed(framework, inventory)
+        if dist is not None:
+            out.extend((dist, find_tool(framework, tool, ctx, safe)) for tool in framework.tools)
+    return tuple(out)
+
+
+def _bad(framework: Framework, lookup: Lookup, emitter: Emitter) -> bool:
+    found = lookup.found
+    if found is None or found.release is None:
+        return False
+    if framework.rule == "ptx-isa":
+        return release_key(found.release) < release_key(emitter.release)
+    return release_key(found.release)[0] != int(emitter.release)
+
+
+def _failing(
+    framework: Framework, ctx: Context, read: Callable[[str], ToolVersion | None], em: Emitter
+) -> list[Lookup]:
+    return [lk for tool in framework.tools if _bad(framework, lk := find_tool(framework, tool, ctx, read), em)]
+
+
+def _fixes(framework: Framework, found: Candidate, ctx: Context, emitter: Emitter) -> Iterable[tuple[str, Context]]:
+    """Candidate fixes for the taken candidate ``found``, most direct first, each with the context it leads to."""
+    env = dict(ctx.environ)
+    if found.via.startswith("$"):
+        name = found.via[1:]
+        yield f"unset {name}", replace(ctx, environ={k: v for k, v in env.items() if k != name})
+    if emitter.tools_dir is not None:
+        value = emitter.tools_dir
+        yield (
+            f"export {framework.fix_env}={value}  # {emitter.label}'s tools",
+            replace(ctx, environ={**env, framework.fix_env: value}),
+        )
+        if found.via == "PATH":
+            bin_dir = os.path.join(value, "bin")
+            path = bin_dir + os.pathsep + env.get("PATH", "")
+            after = replace(ctx, environ={**env, "PATH": path})
+            yield f"export PATH={bin_dir}:$PATH  # {emitter.label}'s bin first", after
+    tool_dir = os.path.dirname(found.path)
+    yield (
+        f"remove or update the old tools in {tool_dir}",
+        replace(ctx, hidden=ctx.hidden | {os.path.join(tool_dir, t) for t in framework.tools}),
+    )
+
+
+def _tool_text(lookup: Lookup, found: Candidate) -> str:
+    version = found.version or "(states no version)"
+    return f"{lookup.tool} {version} ({found.path}, via {found.via})"
+
+
+def _where(lookup: Lookup) -> tuple[str, ...]:
+    return tuple(f"{c.path} ({c.skipped or 'taken'})" for c in lookup.candidates)
+
+
+def toolchain_findings(
+    inventory: Inventory, environ: Mapping[str, str], read: Callable[[str], ToolVersion], root: str = ""
+) -> tuple[Finding, ...]:
+    """One finding per installed framework whose first-found tools are older than (jax) or of another CUDA
+    major than (torch) what the stack emits, with the fix the model verifies; an INFO per framework
+    listing the tools it would run."""
+    ctx = _context(inventory, environ, root)
+    safe = _reader(read)
+    findings: list[Finding] = []
+    for framework in load_toolchain():
+        dist = _installed(framework, inventory)
+        if dist is None:
+            continue
+        lookups = [find_tool(framework, tool, ctx, safe) for tool in framework.tools]
+        shown = [_tool_text(lk, lk.found) for lk in lookups if lk.found is not None]
+        if shown:
+            findings.append(
+                Finding("toolchain", Severity.INFO, dist.label, f"{framework.name} runs " + "; ".join(shown))
+            )
+        emitter = _emitter(framework, dist, inventory)
+        if emitter is None:
+            continue
+        bad = [(lk, lk.found) for lk in lookups if lk.found is not None and _bad(framework, lk, emitter)]
+        if not bad:
+            continue
+        first, found = bad[0]
+        release = found.release or ""  # _bad is True only for a found tool that states its release
+        fix = ""
+        for text, after in _fixes(framework, found, ctx, emitter):
+            if not _failing(framework, after, safe, emitter):
+                fix = text
+                break
+        tools = _tool_text(first, found)
+        details = tuple(f"also {_tool_text(lk, c)}" for lk, c in bad[1:])
+        if framework.rule == "ptx-isa":
+            accepts, emits = max_ptx_isa(release), max_ptx_isa(emitter.release)
+            message = (
+                f"{framework.name} would run {tools}; it accepts PTX ISA <= {accepts}, but {framework.name}'s "
+                f"compiler stack emits PTX ISA {emits} (CUDA {emitter.release}, {emitter.label}): compiling "
+                f"fails with \"Unsupported .version {emits}; current version is '{accepts}'\""
+            )
+            severity = Severity.ERROR
+            cause = f"{found.path} comes first in {framework.name}'s lookup (via {found.via})"
+        else:
+            message = (
+                f"{framework.name} would run {tools}, CUDA {release}, but {emitter.label} is CUDA "
+                f'{emitter.release}: building a C++/CUDA extension fails with "The detected CUDA version '
+                f'({release}) mismatches the version that was used to compile PyTorch"'
+            )
+            severity = Severity.WARNING  # only extension builds run nvcc
+            cause = f"{found.path} is the nvcc {framework.name} finds first (via {found.via})"
+        findings.append(
+            Finding(
+                "toolchain",
+                severity,
+                dist.label,
+                message,
+                cause=cause,
+                fix=fix,
+                where=_where(first),
+                details=details,
+                distributions=(dist.key,),
+            )
+        )
+    return tuple(findings)
+
+
+def run(stack: StackView, target: Target | None = None) -> tuple[Finding, ...]:
+    """The ``toolchain`` item, over this process's environment."""
+    return toolchain_findings(stack.inventory, os.environ, stack.cache.tool_version)
+
+
+def nothing_to_check(stack: StackView, target: Target | None = None) -> str | None:
+    """Why the ``toolchain`` item is skipped: no installed framework runs a CUDA compiler tool."""
+    frameworks = load_toolchain()
+    if any(_installed(f, stack.inventory) is not None for f in frameworks):
+        return None
+    names = ", ".join(f.name for f in frameworks)
+    return f"no framework that runs a CUDA compiler tool is installed ({names})"

@@ -1,0 +1,338 @@
+"""Compiler tools a framework will run (cuda/toolchain.py, checks/toolchain.py, linker/toolversion.py).
+
+Every fake tool is a shell script holding the version line a real tool embeds, with the executable bit, that
+would create a marker file if anything ran it: each test ends by checking no marker exists.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from pytest_cudastack.checks.toolchain import framework_lookups, nothing_to_check, toolchain_findings
+from pytest_cudastack.cuda.toolchain import load_toolchain, max_ptx_isa, validate_toolchain
+from pytest_cudastack.errors import DataError
+from pytest_cudastack.findings import Severity
+from pytest_cudastack.linker.elfcache import ElfCache
+from pytest_cudastack.linker.toolversion import ToolVersion, read_tool_version
+from pytest_cudastack.wheels.inventory import installed_wheels
+from tests.helpers.sitebuild import site_packages, write_dist
+
+DATA = Path(__file__).resolve().parent.parent / "pytest_cudastack" / "cuda" / "data" / "toolchain.json"
+JAX_TOOLS = ("ptxas", "nvlink", "fatbinary")
+
+
+def fake_tool(path: Path, version: str, marker: Path) -> Path:
+    """A script stating ``version`` as CUDA tools do; running it would create ``marker``."""
+    major, minor = version.split(".")[:2]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"#!/bin/sh\ntouch {marker}\necho 'Cuda compilation tools, release {major}.{minor}, V{version}'\n")
+    path.chmod(0o755)
+    return path
+
+
+@pytest.fixture
+def marker(tmp_path: Path):
+    m = tmp_path / "RAN"
+    yield m
+    assert not m.exists(), "a fake tool was executed"
+
+
+def _tools(version: str, marker: Path) -> dict[str, str]:
+    line = f"Cuda compilation tools, release {version[:4]}, V{version}"
+    return {t: f"#!/bin/sh\ntouch {marker}\necho '{line}'\n" for t in JAX_TOOLS}
+
+
+def _site(tmp_path: Path, marker: Path, *, jax: bool = True, nvcc: str | None = "12.6.85") -> Path:
+    site = site_packages(tmp_path / "venv")
+    if jax:
+        write_dist(site, "jaxlib", "0.4.35", {"jaxlib/__init__.py": ""})
+        write_dist(site, "jax", "0.4.35", {"jax/__init__.py": ""})
+    if nvcc is not None:
+        files = {f"nvidia/cuda_nvcc/bin/{t}": text for t, text in _tools(nvcc, marker).items()}
+        files["nvidia/cuda_nvcc/__init__.py"] = ""
+        write_dist(site, "nvidia-cuda-nvcc-cu12", nvcc, files)
+        for t in JAX_TOOLS:
+            (site / "nvidia" / "cuda_nvcc" / "bin" / t).chmod(0o755)
+    return site
+
+
+def _old_bin(tmp_path: Path, marker: Path, version: str = "12.2.140") -> Path:
+    for t in JAX_TOOLS:
+        fake_tool(tmp_path / "old" / "bin" / t, version, marker)
+    return tmp_path / "old"
+
+
+def _findings(site: Path, env: dict[str, str], root: Path, cache: ElfCache | None = None):
+    c = cache or ElfCache(enabled=False)
+    inv = installed_wheels([str(site)], reader=c.read)
+    return toolchain_findings(inv, env, c.tool_version, root=str(root))
+
+
+def _errors(found):
+    return [f for f in found if f.severity is not Severity.INFO]
+
+
+# the version line ---------------------------------------------------------------------------------------
+def test_version_read_from_a_script_never_run(tmp_path: Path, marker: Path) -> None:
+    tool = fake_tool(tmp_path / "ptxas", "12.2.140", marker)
+    assert read_tool_version(str(tool)) == ToolVersion(str(tool), "12.2", "12.2.140")
+
+
+def test_version_line_split_across_read_chunks(tmp_path: Path) -> None:
+    line = b"Cuda compilation tools, release 12.4, V12.4.131"
+    data = b"\0" * ((1 << 20) - 20) + line + b"\0" * 100
+    (tmp_path / "ptxas").write_bytes(data)
+    assert read_tool_version(str(tmp_path / "ptxas")).version == "12.4.131"
+
+
+def test_a_file_without_a_version_line_states_none(tmp_path: Path) -> None:
+    (tmp_path / "ptxas").write_bytes(b"\x7fELF" + b"\0" * 5000)
+    assert read_tool_version(str(tmp_path / "ptxas")) == ToolVersion(str(tmp_path / "ptxas"), None, None)
+
+
+def test_a_wrapper_script_states_the_version_of_what_it_execs(tmp_path: Path, marker: Path) -> None:
+    real = fake_tool(tmp_path / "cuda-13.0" / "bin" / "nvcc", "13.0.88", marker)
+    wrapper = tmp_path / "nvcc"
+    wrapper.write_text(f'#!/bin/sh\nexec {real} "$@"\n')
+    assert read_tool_version(str(wrapper)) == ToolVersion(str(wrapper), "13.0", "13.0.88")
+    loop = tmp_path / "loop"
+    loop.write_text(f'#!/bin/sh\nexec {loop} "$@"\n')  # one hop only: no recursion
+    assert read_tool_version(str(loop)).version is None
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory", "missing"])
+def test_unreadable_tool_is_an_elf_error_naming_it(tmp_path: Path, kind: str) -> None:
+    from pytest_cudastack.errors import ElfError
+
+    path = tmp_path / "ptxas"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "directory":
+        path.mkdir()
+    with pytest.raises(ElfError, match="ptxas"):
+        read_tool_version(str(path))
+
+
+def test_version_cached_in_the_elf_cache(tmp_path: Path, marker: Path) -> None:
+    tool = fake_tool(tmp_path / "ptxas", "12.2.140", marker)
+    cache = ElfCache(str(tmp_path / "cache"), enabled=True)
+    assert cache.tool_version(str(tool)).version == "12.2.140"
+    cache.flush()
+    warm = ElfCache(str(tmp_path / "cache"), enabled=True)
+    assert warm.tool_version(str(tool)).version == "12.2.140"
+    assert (warm.hits, warm.misses) == (1, 0)
+    fake_tool(tool, "12.6.85", marker)  # changed file: the entry's key no longer matches
+    assert ElfCache(str(tmp_path / "cache"), enabled=True).tool_version(str(tool)).version == "12.6.85"
+
+
+@pytest.mark.skipif(not os.path.isfile("/usr/local/cuda/bin/ptxas"), reason="needs a CUDA toolkit")
+def test_real_toolkit_versions() -> None:
+    import subprocess
+
+    for tool in ("ptxas", "nvlink", "fatbinary", "nvcc"):
+        path = f"/usr/local/cuda/bin/{tool}"
+        got = read_tool_version(path)
+        out = subprocess.run([path, "--version"], capture_output=True, text=True, check=True).stdout  # oracle
+        assert got.version is not None
+        assert f"V{got.version}" in out
+        assert f"release {got.release}," in out
+
+
+# the PTX ISA a tool accepts ----------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("release", "isa"), [("12.2", "8.2"), ("12.6", "8.5"), ("12.8", "8.7"), ("13.0", "9.0"), ("0.9", None)]
+)
+def test_max_ptx_isa(release: str, isa: str | None) -> None:
+    assert max_ptx_isa(release) == isa
+
+
+# the lookups ------------------------------------------------------------------------------------------------
+def test_jax_takes_the_wheel_before_an_old_ptxas_first_on_path(tmp_path: Path, marker: Path) -> None:
+    site = _site(tmp_path, marker)
+    old = _old_bin(tmp_path, marker)
+    env = {"PATH": f"{old / 'bin'}:/usr/bin"}
+    found = _findings(site, env, tmp_path / "root")
+    assert _errors(found) == []  # XLA's preferred dir (jax's cuda_path: the wheel) comes before PATH
+    info = [f for f in found if f.subject == "jaxlib 0.4.35"]
+    assert info
+    assert "ptxas 12.6.85" in info[0].message
+    assert "nvidia/cuda_nvcc" in info[0].message
+
+
+def test_jax_with_cuda_root_at_an_old_toolkit_fails_naming_it(tmp_path: Path, marker: Path) -> None:
+    site = _site(tmp_path, marker)
+    old = _old_bin(tmp_path, marker)
+    env = {"PATH": "/usr/bin", "CUDA_ROOT": str(old)}
+    (err,) = _errors(_findings(site, env, tmp_path / "root"))
+    assert err.severity is Severity.ERROR
+    assert err.subject == "jaxlib 0.4.35"
+    assert err.check == "toolchain"
+    assert "ptxas 12.2.140" in err.message
+    assert str(old / "bin" / "ptxas") in err.message
+    assert "Unsupported .version 8.5; current version is '8.2'" in err.message
+    assert "nvidia-cuda-nvcc-cu12 12.6.85" in err.message
+    assert "$CUDA_ROOT" in err.cause
+    assert err.fix == "unset CUDA_ROOT"
+    assert any("taken" in w for w in err.where)
+    # nvlink and fatbinary from the same directory are in the same finding, not three
+    assert [d.split(" (")[0] for d in err.details] == ["also nvlink 12.2.140", "also fatbinary 12.2.140"]
+
+
+def test_clean_twin_cuda_root_at_a_matching_toolkit_is_silent(tmp_path: Path, marker: Path) -> None:
+    site = _site(tmp_path, marker)
+    new = _old_bin(tmp_path, marker, "12.6.85")
+    assert _errors(_findings(site, {"PATH": "/usr/bin", "CUDA_ROOT": str(new)}, tmp_path / "root")) == []
+
+
+def test_jax_without_the_wheel_has_nothing_to_compare(tmp_path: Path, marker: Path) -> None:
+    site = _site(tmp_path, marker, nvcc=None)
+    old = _old_bin(tmp_path, marker)
+    assert _errors(_findings(site, {"PATH": str(old / "bin")}, tmp_path / "root")) == []
+
+
+def test_xla_flags_data_dir_when_jax_has_no_path_of_its_own(tmp_path: Path, marker: Path) -> None:
+    # the wheel is the stack's compiler, but installed elsewhere than jax imports it from: only XLA_FLAGS
+    site = _site(tmp_path, marker, nvcc=None)
+    other = _site(tmp_path / "other", marker, jax=False)
+    old = _old_bin(tmp_path, marker)
+    env = {"PATH": "/usr/bin", "XLA_FLAGS": f"--xla_gpu_cuda_data_dir={old}"}
+    c = ElfCache(enabled=False)
+    inv = installed_wheels([str(site), str(other)], reader=c.read)
+    lookups = {lk.tool: lk for d, lk in framework_lookups(inv, env, c.tool_version, root=str(tmp_path / "r"))}
+    # jax's cuda_path is the first site dir holding nvidia/cuda_nvcc: the other venv's (XLA_FLAGS then ignored)
+    assert lookups["ptxas"].found is not None
+    assert lookups["ptxas"].found.version == "12.6.85"
+
+
+def test_old_ptxas_on_path_wins_when_jax_finds_no_wheel_dir(tmp_path: Path, marker: Path) -> None:
+    # the nvcc wheel's files are gone (its RECORD still says 12.6): XLA goes on to PATH
+    site = _site(tmp_path, marker)
+    shutil.rmtree(site / "nvidia")
+    old = _old_bin(tmp_path, marker)
+    (err,) = _errors(_findings(site, {"PATH": f"{old / 'bin'}:/usr/bin"}, tmp_path / "root"))
+    assert "via PATH" in err.message
+    assert "PTX ISA 8.5" in err.message
+    assert err.fix.startswith(f"remove or update the old tools in {old / 'bin'}")
+
+
+def test_xla_skips_a_too_old_or_excluded_ptxas(tmp_path: Path, marker: Path) -> None:
+    site = _site(tmp_path, marker, nvcc=None)
+    fake_tool(tmp_path / "a" / "ptxas", "11.4.48", marker)
+    fake_tool(tmp_path / "b" / "ptxas", "12.3.103", marker)
+    fake_tool(tmp_path / "c" / "ptxas", "12.4.131", marker)
+    env = {"PATH": ":".join(str(tmp_path / d) for d in "abc")}
+    c = ElfCache(enabled=False)
+    inv = installed_wheels([str(site)], reader=c.read)
+    lk = next(lk for d, lk in framework_lookups(inv, env, c.tool_version, root=str(tmp_path)) if lk.tool == "ptxas")
+    assert [x.skipped for x in lk.candidates][:3] == ["older than 11.8.0", "version 12.3.103 is excluded", None]
+    assert lk.found is not None
+    assert lk.found.version == "12.4.131"
+
+
+def test_torch_nvcc_of_another_major_first_on_path(tmp_path: Path, marker: Path) -> None:
+    site = site_packages(tmp_path / "venv")
+    write_dist(site, "torch", "2.14.1+cu130", {"torch/__init__.py": ""})
+    old = fake_tool(tmp_path / "old" / "bin" / "nvcc", "12.2.140", marker)
+    fake_tool(tmp_path / "root" / "usr" / "local" / "cuda" / "bin" / "nvcc", "13.0.88", marker)
+    (warn,) = _errors(_findings(site, {"PATH": str(old.parent)}, tmp_path / "root"))
+    assert warn.severity is Severity.WARNING
+    assert warn.subject == "torch 2.14.1+cu130"
+    assert "nvcc 12.2.140" in warn.message
+    assert "CUDA 13" in warn.message
+    assert warn.fix.startswith("remove or update")  # then torch takes /usr/local/cuda's 13.0: verified
+    # clean twin: the CUDA 13 nvcc first
+    env = {"PATH": f"{tmp_path / 'root/usr/local/cuda/bin'}:{old.parent}"}
+    assert _errors(_findings(site, env, tmp_path / "root")) == []
+
+
+def test_triton_lookup_env_then_bundled(tmp_path: Path, marker: Path) -> None:
+    site = site_packages(tmp_path / "venv")
+    write_dist(site, "triton", "3.8.0", {"triton/__init__.py": ""})
+    fake_tool(site / "triton" / "backends" / "nvidia" / "bin" / "ptxas", "12.9.86", marker)
+    mine = fake_tool(tmp_path / "mine" / "ptxas", "12.8.93", marker)
+    c = ElfCache(enabled=False)
+    inv = installed_wheels([str(site)], reader=c.read)
+    for env, want in (({}, "12.9.86"), ({"TRITON_PTXAS_PATH": str(mine)}, "12.8.93")):
+        lks = {lk.tool: lk for d, lk in framework_lookups(inv, env, c.tool_version)}
+        assert lks["ptxas"].found is not None
+        assert lks["ptxas"].found.version == want
+    # a pointer to a missing file falls back to the bundled copy, as triton does
+    lks = {lk.tool: lk for d, lk in framework_lookups(inv, {"TRITON_PTXAS_PATH": "/nope"}, c.tool_version)}
+    assert lks["ptxas"].found is not None
+    assert lks["ptxas"].found.version == "12.9.86"
+    assert lks["ptxas-blackwell"].found is None  # this triton bundles none: nothing reported
+    assert _errors(toolchain_findings(inv, {}, c.tool_version)) == []
+
+
+def test_nothing_to_check_without_a_framework(tmp_path: Path) -> None:
+    site = site_packages(tmp_path / "venv")
+    write_dist(site, "numpy", "2.0.0", {"numpy/__init__.py": ""})
+    inv = installed_wheels([str(site)])
+    reason = nothing_to_check(SimpleNamespace(inventory=inv))  # type: ignore[arg-type]
+    assert reason is not None
+    assert "jax" in reason
+    assert "torch" in reason
+    write_dist(site, "triton", "3.8.0", {"triton/__init__.py": ""})
+    assert nothing_to_check(SimpleNamespace(inventory=installed_wheels([str(site)]))) is None  # type: ignore[arg-type]
+
+
+def test_toolchain_item_through_the_plugin(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, marker: Path
+) -> None:
+    site = _site(tmp_path, marker)
+    old = _old_bin(tmp_path, marker)
+    pytester.makepyfile("def test_ok(): pass")
+    monkeypatch.setenv("CUDASTACK_NO_CACHE", "1")
+    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+    monkeypatch.setenv("CUDA_ROOT", str(old))
+    pytester.syspathinsert(site)
+    args = ("-p", "pytest_cudastack.plugin", "-W", "ignore::pytest.PytestAssertRewriteWarning", "--cudastack")
+    result = pytester.runpytest(*args, "-k", "toolchain")
+    result.stdout.fnmatch_lines(["*cudastack::toolchain*", "*Unsupported .version 8.5*", "*fix: unset CUDA_ROOT*"])
+    result.assert_outcomes(failed=1, passed=1)
+    monkeypatch.setenv("CUDA_ROOT", str(site / "nvidia" / "cuda_nvcc"))  # clean twin
+    pytester.runpytest(*args, "-k", "toolchain").assert_outcomes(passed=2)
+
+
+# the data file ----------------------------------------------------------------------------------------------
+def test_shipped_data_loads() -> None:
+    names = [f.name for f in load_toolchain()]
+    assert names == ["jax", "triton", "torch"]
+
+
+def _broken(change):
+    raw = json.loads(DATA.read_text())
+    out = copy.deepcopy(raw)
+    change(out)
+    return out
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        pytest.param(lambda d: d.update(schema="x"), "not a pytest-cudastack-toolchain", id="schema"),
+        pytest.param(lambda d: d["frameworks"][0].update(source="nope"), "not listed", id="source"),
+        pytest.param(lambda d: d["frameworks"][0].pop("rule"), "missing key", id="missing key"),
+        pytest.param(lambda d: d["frameworks"][0].update(rule="guess"), "'rule' one of", id="rule"),
+        pytest.param(lambda d: d["frameworks"][0]["lookup"].append({"cwd": True}), "unknown lookup step", id="step"),
+        pytest.param(
+            lambda d: d["frameworks"][0]["lookup"][0]["first_dir_of"].append({"path": True}),
+            "first_dir_of takes only",
+            id="first_dir_of path",
+        ),
+        pytest.param(lambda d: d["frameworks"][0]["minimum"].update(ptxas="new"), "not a version", id="minimum"),
+        pytest.param(lambda d: d["frameworks"][0]["minimum"].update(nvcc="12.0"), "map tools", id="minimum tool"),
+        pytest.param(lambda d: d["frameworks"][0].update(tools=[]), "non-empty list", id="tools"),
+        pytest.param(lambda d: d.update(frameworks=[1]), "expected an object", id="row type"),
+    ],
+)
+def test_broken_data_file_names_the_row(change, match: str) -> None:
+    with pytest.raises(DataError, match=match):
+        validate_toolchain(_broken(change), "toolchain.json")
