@@ -78,7 +78,7 @@ def test_green_run_adds_only_the_header_and_the_items_line(pt):
     plain = run(pt, "-p", "no:cudastack")  # the plugin module loaded, no option: what "without" prints
     plain.assert_outcomes(passed=1)
     result = run(pt, "--cudastack")
-    result.assert_outcomes(passed=4, skipped=2)  # integrity, closure, symbols, the test; driver and arch skip
+    result.assert_outcomes(passed=5, skipped=2)  # integrity, closure, dlopen, symbols, the test; driver and arch skip
     lines = result.stdout.lines
     assert len(lines) <= len(plain.stdout.lines) + 2, "\n".join(lines)  # the header, the items' progress line
     assert [line for line in lines if line.startswith("cudastack: ")] == [lines[2]]
@@ -272,7 +272,7 @@ def test_items_with_nothing_to_check_are_skipped_with_the_reason(pt, conftest, a
     pt.makeconftest(conftest)
     pt.makepyfile("def test_x(): pass")
     result = run(pt, "--cudastack", "-rs", "-v", *args)
-    result.assert_outcomes(passed=4, skipped=2)  # integrity, closure, symbols, the test; driver and arch skip
+    result.assert_outcomes(passed=5, skipped=2)  # integrity, closure, dlopen, symbols, the test; driver and arch skip
     result.stdout.fnmatch_lines(["cudastack::driver SKIPPED*", "cudastack::arch SKIPPED*"], consecutive=False)
     result.stdout.fnmatch_lines(skips, consecutive=False)
 

@@ -49,6 +49,7 @@ def test_registry_order_and_descriptions_are_the_items():
     assert {name: check.describe(options) for name, check in CHECKS.items()} == {
         "integrity": "every RECORD-listed shared library is present, intact and owned by one distribution",
         "closure": "every Python extension module resolves all its DT_NEEDED",
+        "dlopen": "every library loaded at run time (dlopen) is found, for the CUDA its caller is built for",
         "symbols": "every undefined symbol binds, with its version",
         "cuda-max": "nothing requires a CUDA newer than 12.9",
         "cuda-min": "nothing is built for a CUDA older than 12.0",
@@ -68,11 +69,21 @@ def test_registry_rejects_a_name_twice_and_is_read_only():
 
 
 def test_a_registered_check_is_in_settings_items_and_stack(dummy: None, tmp_path: Path):
-    assert Settings(cudastack=True).items == ("integrity", "closure", "symbols", "driver", "arch", "dummy")
+    assert Settings(cudastack=True).items == ("integrity", "closure", "dlopen", "symbols", "driver", "arch", "dummy")
     assert Settings(cuda_max="12.9").items == ("cuda-max",)
     stack = Stack(Settings(cudastack=True), driver_info=DRIVER, rootdir=str(tmp_path), site_paths=(str(tmp_path),))
     results = stack.run_checks()
-    assert list(results) == ["integrity", "closure", "symbols", "driver", "arch", "dummy", "each[a]", "each[b]"]
+    assert list(results) == [
+        "integrity",
+        "closure",
+        "dlopen",
+        "symbols",
+        "driver",
+        "arch",
+        "dummy",
+        "each[a]",
+        "each[b]",
+    ]
     assert results["each[b]"][0].message == "looked at /t/b"
     assert stack.findings("dummy")[0].message == "dummy says no"
 
@@ -86,7 +97,7 @@ def test_a_registered_check_is_in_cudastack_check(dummy: None, tmp_path: Path, m
     assert "ok   cudastack::each[a]\n     info: a: looked at /t/a" in out
     assert main(["check", "--site", str(tmp_path), "--cuda-driver=580.65.06", "--json"]) == 1  # as --cudastack
     items = json.loads(capsys.readouterr().out)["items"]
-    assert list(items) == ["integrity", "closure", "symbols", "driver", "arch", "dummy", "each[a]", "each[b]"]
+    assert list(items) == ["integrity", "closure", "dlopen", "symbols", "driver", "arch", "dummy", "each[a]", "each[b]"]
 
 
 def test_a_registered_check_is_a_pytest_item(dummy: None, pytester: pytest.Pytester, monkeypatch, tmp_path: Path):
@@ -113,7 +124,18 @@ def test_every_builtin_check_runs_from_the_registry(tmp_path: Path):
     )
     stack = Stack(settings, driver_info=DRIVER, rootdir=str(tmp_path), site_paths=site)
     results = stack.run_checks()
-    order = ["integrity", "closure", "symbols", "cuda-max", "cuda-min", "driver", "arch", "baseline", "scan[gone]"]
+    order = [
+        "integrity",
+        "closure",
+        "dlopen",
+        "symbols",
+        "cuda-max",
+        "cuda-min",
+        "driver",
+        "arch",
+        "baseline",
+        "scan[gone]",
+    ]
     assert list(results) == order
     assert results["baseline"] == ()  # the same empty stack as recorded
     assert stack.findings("scan", ("gone", str(tmp_path / "gone")))[0].message == "no such file"

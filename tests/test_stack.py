@@ -88,7 +88,7 @@ def test_run_checks_names_items_like_the_plugin(tmp_path):
         site_paths=(str(tmp_path),),
     )
     results = s.run_checks()
-    assert list(results) == ["integrity", "closure", "symbols", "cuda-max", "driver", "arch", "scan[gone]"]
+    assert list(results) == ["integrity", "closure", "dlopen", "symbols", "cuda-max", "driver", "arch", "scan[gone]"]
     assert results["scan[gone]"][0].message == "no such file"
 
 
