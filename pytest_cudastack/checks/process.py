@@ -37,11 +37,10 @@ import importlib.machinery
 import os
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pytest_cudastack._sysio import read_text, real_path
-from pytest_cudastack.checks.dlopen import loads_of
 from pytest_cudastack.cuda.dlopen import Preload, load_preloads
 from pytest_cudastack.errors import ElfError
 from pytest_cudastack.linker.elf import ElfInfo
@@ -49,7 +48,7 @@ from pytest_cudastack.linker.elfcache import ElfCache
 from pytest_cudastack.linker.resolver import Resolver, Route
 from pytest_cudastack.linker.strings import StringFacts
 
-__all__ = ["Interpreter", "Mapped", "Process", "predict_import"]
+__all__ = ["Interpreter", "Mapped", "Process", "import_contexts", "module_name", "predict_import"]
 
 MAX_MODULES = 20_000  # torch's import executes ~1,500 modules; a cap keeps a hostile tree finite
 _MAX_SOURCE = 16 << 20
@@ -146,6 +145,7 @@ class _State:
     dirs: dict[str, str] = field(default_factory=dict)
     preloads: tuple[Preload, ...] = ()
     cache: ElfCache | None = None
+    before: dict[str, tuple[str, ...]] = field(default_factory=dict)  # realpath -> what was mapped before it
 
 
 # --------------------------------------------------------------------------------------------- finding modules
@@ -370,9 +370,10 @@ def _map(st: _State, path: str, route: str, reason: str) -> None:
         st.problems.append(str(e))
         return
     st.real.add(key)
+    st.before[key] = tuple(st.loaded)
     st.loaded.append(path)
     st.objects.append(Mapped(path, key, info.soname, st.owner(path), route, reason))
-    tree = st.resolver.tree(path, preloaded=[p for p in st.loaded if p != path])
+    tree = st.resolver.tree(path, loaded=st.loaded[:-1])
     for lib in tree.libraries:
         if lib.path is None:
             if lib.soname not in st.missing:
@@ -509,6 +510,92 @@ def _run_body(
     return ok
 
 
+def _new_state(
+    interp: Interpreter,
+    resolver: Resolver,
+    read: Callable[[str], ElfInfo],
+    owner: Callable[[str], str | None],
+    preloads: Sequence[Preload] | None,
+    cache: ElfCache | None,
+) -> _State:
+    st = _State(
+        interp, resolver, read, owner, preloads=tuple(load_preloads() if preloads is None else preloads), cache=cache
+    )
+    exe = resolver.tree(interp.executable)
+    st.loaded.append(interp.executable)
+    st.real.add(real_path(interp.executable, st.dirs))
+    for lib in exe.libraries:
+        if lib.path is not None:
+            st.loaded.append(lib.path)
+            st.real.add(lib.realpath or real_path(lib.path, st.dirs))
+    return st
+
+
+def _copy(st: _State) -> _State:
+    """A copy of a model process whose later imports leave ``st`` as it is."""
+    return replace(
+        st,
+        objects=list(st.objects),
+        loaded=list(st.loaded),
+        real=set(st.real),
+        imported=dict(st.imported),
+        order=list(st.order),
+        missing=list(st.missing),
+        problems=list(st.problems),
+        before=dict(st.before),
+    )
+
+
+def module_name(path: str, site_dirs: Sequence[str], suffixes: Sequence[str]) -> str | None:
+    """The dotted name an extension module at ``path`` is imported as from ``site_dirs``, else None."""
+    for site in site_dirs:
+        prefix = os.path.normpath(site).rstrip(os.sep) + os.sep
+        p = os.path.normpath(path)
+        if not p.startswith(prefix):
+            continue
+        rel = p[len(prefix) :]
+        for suffix in sorted(suffixes, key=len, reverse=True):
+            if rel.endswith(suffix):
+                parts = rel[: -len(suffix)].split(os.sep)
+                if all(x.isidentifier() for x in parts):
+                    return ".".join(parts)
+    return None
+
+
+def import_contexts(
+    modules: Sequence[str],
+    interp: Interpreter,
+    resolver: Resolver,
+    read: Callable[[str], ElfInfo],
+    owner: Callable[[str], str | None],
+    cache: ElfCache | None = None,
+) -> dict[str, tuple[str, ...]]:
+    """For each extension module path of ``modules``, the objects already mapped when the import that loads
+    it reaches it: one model process per top-level package, which imports the package (as ``import P``
+    does) and then each of its modules that import did not reach, in order. A module the model cannot
+    import (its package's code is not found) is absent from the answer."""
+    names: dict[str, list[tuple[str, str]]] = {}
+    for path in modules:
+        name = module_name(path, interp.path, interp.suffixes)
+        if name is not None:
+            names.setdefault(name.split(".")[0], []).append((name, path))
+    out: dict[str, tuple[str, ...]] = {}
+    for top, members in names.items():
+        st = _new_state(interp, resolver, read, owner, None, cache)
+        finder = _Finder(interp)  # caches the file system only: shared by the copies
+        _import(st, finder, top)
+        for name, path in members:
+            key = real_path(path, st.dirs)
+            got = st.before.get(key)
+            if got is None:
+                alone = _copy(st)
+                _import(alone, finder, name)
+                got = alone.before.get(key)
+            if got is not None:
+                out[path] = got
+    return out
+
+
 def predict_import(
     module: str,
     interp: Interpreter,
@@ -523,21 +610,15 @@ def predict_import(
     interpreter's own executable (mapped before any import). ``strings``: the run's
     ``ElfCache.read_strings``, for the run-time loads (dlopen table rows that read names from data);
     ``cache``: the run's ELF cache, which keeps each Python file's imports (parsed once while unchanged)."""
-    st = _State(
-        interp, resolver, read, owner, preloads=tuple(load_preloads() if preloads is None else preloads), cache=cache
-    )
-    exe = resolver.tree(interp.executable)
-    st.loaded.append(interp.executable)
-    st.real.add(real_path(interp.executable, st.dirs))
-    for lib in exe.libraries:
-        if lib.path is not None:
-            st.loaded.append(lib.path)
-            st.real.add(lib.realpath or real_path(lib.path, st.dirs))
+    st = _new_state(interp, resolver, read, owner, preloads, cache)
     finder = _Finder(interp)
     if not _import(st, finder, module):
         st.problems.append(f"No module named {module!r} on {os.pathsep.join(interp.path)}")
     later: list[Mapped] = []
     if strings is not None:
+        # lazy: checks.dlopen imports checks.closure, which imports this module for import contexts
+        from pytest_cudastack.checks.dlopen import loads_of
+
         seen = set(st.real)
         for obj in list(st.objects):
             try:

@@ -677,14 +677,18 @@ class Resolver:
         origin = ap.rsplit("/", 1)[0] or "/"
         return _Obj(path, info, loader, origin, self._file_id(path))
 
-    def tree(self, path: str, preloaded: Sequence[str] = ()) -> Tree:
-        """The whole closure of *path* in load order; problems (not exceptions) for bad input."""
+    def tree(self, path: str, preloaded: Sequence[str] = (), loaded: Sequence[str] = ()) -> Tree:
+        """The whole closure of *path* in load order; problems (not exceptions) for bad input.
+
+        ``loaded``: objects already in the process (mapped by earlier imports): they satisfy a request by
+        their path or DT_SONAME, or a found file by its inode, as ``_dl_map_object`` matches the namespace's
+        loaded objects, without being searched or resolved again themselves (unlike ``preloaded``)."""
         path = os.fspath(path)
         got = self._info(path)
         if isinstance(got, ElfError):
             return Tree(path, None, (), (str(got),))
         main = self._new_obj(path, got, None)
-        return self._closure(main, got, list(preloaded))
+        return self._closure(main, got, list(preloaded), loaded)
 
     def tree_deps(self, path: str) -> tuple[Tree, frozenset[str]]:
         """:meth:`tree`, and what its answer depends on: ``"s" + path`` for every file or directory whose
@@ -703,7 +707,7 @@ class Resolver:
             outer |= deps
         return tree, frozenset(deps)
 
-    def _closure(self, main: _Obj, want: ElfInfo, preloaded: list[str]) -> Tree:
+    def _closure(self, main: _Obj, want: ElfInfo, preloaded: list[str], loaded: Sequence[str] = ()) -> Tree:
         problems: list[str] = []
         by_name: dict[str, _Obj] = {}  # names (DT_NEEDED strings, sonames, paths) of loaded objects
         by_id: dict[tuple[int, int], _Obj] = {}
@@ -730,6 +734,10 @@ class Resolver:
                     by_name[n] = rtld
             if rtld.file_id is not None:
                 by_id.setdefault(rtld.file_id, rtld)
+        for p in loaded:
+            li = self._info(p)
+            if isinstance(li, ElfInfo):
+                register(self._new_obj(p, li, None))
         for p in preloaded:
             pi = self._info(p)
             if isinstance(pi, ElfError):
