@@ -30,6 +30,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from pytest_cudastack._sysio import real_path
+from pytest_cudastack.checks.majors import majors_findings
 from pytest_cudastack.checks.process import Interpreter, import_contexts
 from pytest_cudastack.checks.repair import plan_repairs
 from pytest_cudastack.cuda.compat import is_driver_soname
@@ -201,9 +202,11 @@ def extension_closures(
 
 def run(stack: StackView, target: Target | None = None) -> tuple[Finding, ...]:
     """The ``closure`` item: every extension module of the stack's inventory through its resolver, each in
-    its import context."""
-    trees = module_trees(stack.inventory, stack.resolver, stack.cache.read, stack.cache)
-    return extension_closures(stack.inventory, stack.resolver, trees=trees)
+    its import context, and the mixed CUDA majors (:mod:`~pytest_cudastack.checks.majors`)."""
+    inv = stack.inventory
+    trees = module_trees(inv, stack.resolver, stack.cache.read, stack.cache)
+    mixed = majors_findings(inv, stack.cache.read, lambda p: _rel(p, inv))
+    return (*mixed, *extension_closures(inv, stack.resolver, trees=trees))
 
 
 def _best_chain(m: _Missing) -> tuple[str, ...]:
