@@ -125,12 +125,13 @@ def static_document(module: str, site_paths: Sequence[str] | None = None) -> tup
     # lazy: the import model (ast, the resolver) only for --static
     from pytest_cudastack.checks.process import Interpreter, predict_import
     from pytest_cudastack.linker.resolver import Resolver, SearchConfig
+    from pytest_cudastack.wheels.sitepaths import owner_index
 
     cache = ElfCache()
-    inventory = installed_wheels(site_paths, reader=cache.read)
-    resolver = Resolver(SearchConfig.from_environment(), reader=cache.read, owner=inventory.owner)
-    interp = Interpreter.for_sites(inventory.site_dirs)
-    process = predict_import(module, interp, resolver, cache.read, inventory.owner, cache.read_strings, cache=cache)
+    owners = owner_index(site_paths)  # RECORDs only: no ELF read or flavour rule for the provider column
+    resolver = Resolver(SearchConfig.from_environment(), reader=cache.read, owner=owners.owner)
+    interp = Interpreter.for_sites(owners.site_dirs)
+    process = predict_import(module, interp, resolver, cache.read, owners.owner, cache.read_strings, cache=cache)
     cache.flush()
 
     def row(o: Any) -> dict[str, Any]:
