@@ -157,3 +157,29 @@ def test_unknown_module_is_a_problem_and_imports_are_cached(tmp_path: Path):
     first = predict(tmp_path, site, "pkg", cache=cache)
     assert cache.get_extra(f"pyimports:{site / 'pkg/__init__.py'}")["items"] == [["i", ["helper"]]]
     assert predict(tmp_path, site, "pkg", cache=cache).modules == first.modules == ("pkg", "helper")
+
+
+def test_function_bodies_are_not_parsed_but_top_level_code_is(tmp_path: Path):
+    """The top-level scan drops def bodies before parsing (cost); one-line defs, multi-line headers and a body
+    whose string runs at column 0 (the stripped text does not parse: the original is parsed) keep every
+    top-level import."""
+    site = site_packages(tmp_path / "venv")
+    _put(
+        site,
+        {
+            "pkg/__init__.py": (
+                "def one(): return 1\n"
+                "if True:\n    import after_one_liner\n"
+                "def multi(a,\n          b=(1, 2)):\n    import in_body\n    return a\n"
+                "import after_multi\n"
+                "def doc():\n    x = '''\nimport in_string\n'''\n    return x\n"
+                "import after_doc\n"
+                "class K:\n    import in_class\n    def m(self):\n        import in_method\n"
+            ),
+            **{f"{m}.py": "" for m in ("after_one_liner", "in_body", "after_multi", "in_string", "after_doc")},
+            "in_class.py": "",
+            "in_method.py": "",
+        },
+    )
+    p = predict(tmp_path, site, "pkg")
+    assert p.modules == ("pkg", "after_one_liner", "after_multi", "after_doc", "in_class")

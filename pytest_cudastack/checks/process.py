@@ -5,7 +5,8 @@ The model:
 
 * **Python's imports, statically.** A module's top-level statements are read with :mod:`ast` (never run):
   each ``import X`` / ``from X import a`` is followed depth first, in statement order, as the interpreter
-  executes them (``from P import a`` imports ``P.a`` when that is a submodule); ``if`` tests on
+  executes them (``from P import a`` imports ``P.a`` when that is a submodule; class bodies run, function
+  bodies do not); ``if`` tests on
   ``TYPE_CHECKING``, ``sys.platform``, ``sys.version_info`` and ``os.name`` are evaluated, others take
   both branches; a ``try`` takes its body, and its ``except`` handlers only when an import of the body is
   not found. Code in functions and classes runs later (or never) and is not followed. Modules are found
@@ -35,6 +36,7 @@ import ast
 import fnmatch
 import importlib.machinery
 import os
+import re
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -50,6 +52,7 @@ from pytest_cudastack.linker.strings import StringFacts
 
 __all__ = ["Interpreter", "Mapped", "Process", "import_contexts", "module_name", "predict_import"]
 
+_MODEL = 2  # the version of the import-list rules, part of each cached list's key
 MAX_MODULES = 20_000  # torch's import executes ~1,500 modules; a cap keeps a hostile tree finite
 _MAX_SOURCE = 16 << 20
 
@@ -304,7 +307,7 @@ def _imports(body: Sequence[ast.stmt], module: str, is_package: bool) -> Items:
             out.append(["t", _imports(t.body, module, is_package), handlers])
             out.extend(_imports(t.orelse, module, is_package))
             out.extend(_imports(t.finalbody, module, is_package))
-        elif isinstance(node, ast.With):
+        elif isinstance(node, (ast.With, ast.ClassDef)):  # a class body runs when the class statement does
             out.extend(_imports(node.body, module, is_package))
         elif isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) and isinstance(node.value.func, ast.Name):
             out.append(["c", node.value.func.id])
@@ -343,12 +346,21 @@ def _skeleton(path: str, module: str, is_package: bool, cache: ElfCache | None) 
             st = os.stat(path)
         except OSError:
             return []
-        key = [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, module, sys.platform, list(sys.version_info[:3])]
+        key = [
+            _MODEL,
+            st.st_dev,
+            st.st_ino,
+            st.st_size,
+            st.st_mtime_ns,
+            module,
+            sys.platform,
+            list(sys.version_info[:3]),
+        ]
         hit = cache.get_extra(f"pyimports:{path}")
         if isinstance(hit, dict) and hit.get("key") == key and _valid_items(hit.get("items")):
             items: Items = hit["items"]
             return items
-    tree = _read_module_source(path)
+    tree = _read_module_source(path, strip=True)
     items = [] if tree is None else _imports(tree.body, module, is_package)
     if cache is not None and key is not None:
         cache.put_extra(f"pyimports:{path}", {"key": key, "items": items})
@@ -396,10 +408,66 @@ def _map(st: _State, path: str, route: str, reason: str) -> None:
         )
 
 
-def _read_module_source(path: str) -> ast.Module | None:
+_DEF = re.compile(r"^([ \t]*)(?:async[ \t]+)?def[ \t]")
+_OPEN = str.maketrans("", "", "".join(chr(c) for c in range(128) if chr(c) not in "([{)]}"))
+
+
+def _strip_defs(text: str) -> str:
+    """``text`` with the body of every ``def`` replaced by ``pass``: the import model never follows function
+    bodies, and parsing them is most of the cost (torch's sources: 3x). The header (up to the line where its
+    brackets close) is kept; a one-line ``def f(): ...`` is kept whole. A body line is one indented deeper than
+    the ``def`` (blank and comment lines included). Text this mangles (a triple-quoted string at a shallower
+    indent inside a body) fails to parse, and the caller parses the original instead."""
+    lines = text.split("\n")
+    out: list[str] = []
+    i, n = 0, len(lines)
+    while i < n:
+        line = lines[i]
+        m = _DEF.match(line)
+        if m is None:
+            out.append(line)
+            i += 1
+            continue
+        indent = len(m.group(1).expandtabs())
+        depth = 0
+        j = i
+        while True:
+            code = lines[j].split("#", 1)[0].rstrip()
+            brackets = code.translate(_OPEN)
+            depth += sum(brackets.count(c) for c in "([{") - sum(brackets.count(c) for c in ")]}")
+            out.append(lines[j])
+            if depth <= 0 or j + 1 >= n:
+                break
+            j += 1
+        if not code.endswith(":"):  # a one-line def (its body follows the colon): nothing to drop
+            i = j + 1
+            continue
+        out.append(" " * (indent + 1) + "pass")
+        j += 1
+        while j < n:
+            body = lines[j]
+            stripped = body.strip()
+            if (
+                stripped
+                and not stripped.startswith("#")
+                and len(body.expandtabs()) - len(body.expandtabs().lstrip()) <= indent
+            ):
+                break
+            out.append("")
+            j += 1
+        i = j
+    return "\n".join(out)
+
+
+def _read_module_source(path: str, strip: bool = False) -> ast.Module | None:
     text = read_text(path, _MAX_SOURCE)
     if text is None:
         return None
+    if strip:
+        try:
+            return ast.parse(_strip_defs(text), filename=path)
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
+            pass  # mangled by the stripping (or not Python): the original decides
     try:
         return ast.parse(text, filename=path)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
