@@ -433,3 +433,21 @@ def test_string_discovered_names_are_info(tmp_path: Path):
     _write(site / "pkg/libfancyplugin.so.3", compile_so("libfancyplugin.so.3"))
     _write(site / "pkg/libhelper.so.1", compile_so("libhelper.so.1", payload="libfancyplugin.so.3", rpath="$ORIGIN"))
     assert not [f for f in _check(site) if "may load at run time" in f.message]
+
+
+@needs_cc
+def test_tree_with_loaded_objects_matches_them_without_resolving_them(tmp_path: Path):
+    """``Resolver.tree(loaded=)``: an object already in the process satisfies a DT_NEEDED by its soname, and its
+    own (here: unresolvable) needs are not the new object's."""
+    mapped = _write(tmp_path / "elsewhere/libdep.so.1", compile_so("libdep.so.1", needed=["libgone.so.7"]))
+    module = _write(tmp_path / "pkg/_m.so", compile_so(None, needed=["libdep.so.1"]))
+    r = _resolver()
+    alone = r.tree(str(module))
+    assert "libdep.so.1" in {x.soname for x in alone.missing}
+    ctx = r.tree(str(module), loaded=[str(mapped)])
+    assert [(x.soname, x.route) for x in ctx.libraries if x.soname.startswith("lib")][:1] == [
+        ("libdep.so.1", Route.ALREADY_LOADED)
+    ]
+    assert not [x for x in ctx.missing if x.soname in ("libdep.so.1", "libgone.so.7")]
+    with_preload = r.tree(str(module), preloaded=[str(mapped)])
+    assert "libgone.so.7" in {x.soname for x in with_preload.missing}  # LD_PRELOAD-like: resolved too

@@ -96,24 +96,12 @@ def loads_of(
                 found = ()
         for name in row.targets(m, found):
             if row.search == "paths":
-                lib: Library | None = None
-                for d in row.paths:
-                    full = os.path.join(_expand_origin(d, path), name)
-                    lib = resolver.dlopen(full, path, loaded, loaders)
-                    if lib.path is not None:
-                        break
-                assert lib is not None  # validated: paths is non-empty
-                lib = Library(
-                    name,
-                    lib.path,
-                    lib.realpath,
-                    lib.route,
-                    lib.route_detail,
-                    lib.tried,
-                    lib.needed_by,
-                    lib.provider,
-                    lib.problem,
-                )
+                tries = [
+                    resolver.dlopen(os.path.join(_expand_origin(d, path), name), path, loaded, loaders)
+                    for d in row.paths
+                ]
+                hit = next((t for t in tries if t.path is not None), tries[-1])  # paths: non-empty (validated)
+                lib = replace(hit, soname=name, tried=tuple(x for t in tries for x in t.tried))
             else:
                 lib = resolver.dlopen(name, path, loaded, loaders)
             out.append(Load(path, row, name, lib))
