@@ -183,3 +183,11 @@ def test_function_bodies_are_not_parsed_but_top_level_code_is(tmp_path: Path):
     )
     p = predict(tmp_path, site, "pkg")
     assert p.modules == ("pkg", "after_one_liner", "after_multi", "after_doc", "in_class")
+
+
+def test_a_deep_import_chain_is_a_problem_not_a_crash(tmp_path: Path):
+    site = site_packages(tmp_path / "venv")
+    _put(site, {f"m{i}.py": f"import m{i + 1}\n" for i in range(400)})
+    p = predict(tmp_path, site, "m0")
+    assert p.problems
+    assert "levels" in p.problems[0] or "nest too deeply" in p.problems[0]

@@ -33,6 +33,7 @@ the current directory at the head of ``sys.path``, and ctypes loads other than t
 from __future__ import annotations
 
 import ast
+import contextlib
 import fnmatch
 import importlib.machinery
 import os
@@ -53,7 +54,8 @@ from pytest_cudastack.linker.strings import StringFacts
 __all__ = ["Interpreter", "Mapped", "Process", "import_contexts", "module_name", "predict_import"]
 
 _MODEL = 2  # the version of the import-list rules, part of each cached list's key
-MAX_MODULES = 20_000  # torch's import executes ~1,500 modules; a cap keeps a hostile tree finite
+MAX_MODULES = 20_000  # torch's import executes ~1,000 modules; a cap keeps a hostile tree finite
+_MAX_DEPTH = 100  # nested imports; each level costs ~3 Python frames of the model (recursion limit 1000)
 _MAX_SOURCE = 16 << 20
 
 
@@ -536,8 +538,8 @@ def _import(st: _State, finder: _Finder, name: str, depth: int = 0) -> bool:
         return True
     if not finder.find(name):
         return False
-    if len(st.imported) >= MAX_MODULES or depth > 200:
-        st.problems.append(f"import model stopped at {name}: more than {MAX_MODULES} modules or 200 levels")
+    if len(st.imported) >= MAX_MODULES or depth > _MAX_DEPTH:
+        st.problems.append(f"import model stopped at {name}: more than {MAX_MODULES} modules or {_MAX_DEPTH} levels")
         return True
     file = finder.files.get(name)
     st.imported[name] = file
@@ -651,13 +653,15 @@ def import_contexts(
     for top, members in names.items():
         st = _new_state(interp, resolver, read, owner, None, cache)
         finder = _Finder(interp)  # caches the file system only: shared by the copies
-        _import(st, finder, top)
+        with contextlib.suppress(RecursionError):  # too deep a chain: what was reached still counts
+            _import(st, finder, top)
         for name, path in members:
             key = real_path(path, st.dirs)
             got = st.before.get(key)
             if got is None:
                 alone = _copy(st)
-                _import(alone, finder, name)
+                with contextlib.suppress(RecursionError):
+                    _import(alone, finder, name)
                 got = alone.before.get(key)
             if got is not None:
                 out[path] = got
@@ -680,7 +684,12 @@ def predict_import(
     ``cache``: the run's ELF cache, which keeps each Python file's imports (parsed once while unchanged)."""
     st = _new_state(interp, resolver, read, owner, preloads, cache)
     finder = _Finder(interp)
-    if not _import(st, finder, module):
+    try:
+        found = _import(st, finder, module)
+    except RecursionError:  # a deeper chain than _MAX_DEPTH allows for (nested try blocks): a problem, not a crash
+        found = True
+        st.problems.append(f"import model stopped: {module}'s imports nest too deeply")
+    if not found:
         st.problems.append(f"No module named {module!r} on {os.pathsep.join(interp.path)}")
     later: list[Mapped] = []
     if strings is not None:
