@@ -406,6 +406,73 @@ def _check_treecache(data: bytes, scratch: Path) -> str | None:
     return None
 
 
+# ------------------------------------------------------------------------------------------ strings, dlopen data
+def _strings_seeds(work: Path) -> list[bytes]:
+    from tests.helpers.elfbuild import synth_elf
+
+    out = [
+        synth_elf(work / f"str{cls}.so", elf_class=cls, little=True, extra_sections=(".rodata",)).read_bytes()
+        for cls in (32, 64)
+    ]
+    head = out[-1]
+    out.append(head + b"\0libnvrtc-builtins.so.13.0\0libcudnn_graph.so\0")  # names past the sections
+    return out
+
+
+def _check_strings(data: bytes, scratch: Path) -> str | None:
+    from pytest_cudastack.linker.strings import MAX_NAMES, StringFacts, read_strings
+
+    path = scratch / "libstr.so"
+    path.write_bytes(data)
+    try:
+        facts = read_strings(str(path))
+    except ElfError as e:
+        return _memory(e)
+    if len(facts.names) > MAX_NAMES:
+        return f"read_strings returned {len(facts.names)} names, over MAX_NAMES"
+    try:
+        if StringFacts.from_json(json.loads(json.dumps(facts.to_json()))) != facts:
+            return "string facts do not survive the cache round trip"
+    except ElfError as e:
+        return f"the cache rejects what read_strings returned: {e}"
+    return None
+
+
+def _dlopen_seeds(work: Path) -> list[bytes]:
+    from importlib import resources
+
+    return [resources.files("pytest_cudastack.cuda").joinpath("data/dlopen_targets.json").read_bytes()]
+
+
+def _structured_dlopen(data: bytes, rng: random.Random) -> bytes | None:
+    try:
+        doc = json.loads(data)
+    except (ValueError, RecursionError, MemoryError):
+        return None
+    return _dumps(mutate_json(doc, rng), rng)
+
+
+def _check_dlopen(data: bytes, scratch: Path) -> str | None:
+    from pytest_cudastack.cuda.dlopen import validate_dlopen_targets, validate_preloads
+    from pytest_cudastack.errors import DataError
+
+    try:
+        raw = json.loads(data)
+    except (ValueError, RecursionError, MemoryError):
+        return None  # not JSON: load_dlopen_targets turns that into a DataError naming the file
+    with contextlib.suppress(DataError):
+        validate_preloads(raw, "fuzz.json")
+    try:
+        rows = validate_dlopen_targets(raw, "fuzz.json")
+    except DataError:
+        return None
+    for row in rows:  # a validated row answers without raising
+        m = row.match("libcudnn.so.9", "libnvrtc.so.13")
+        if m is not None:
+            row.targets(m, ["libnvrtc-builtins.so.13.0"])
+    return None
+
+
 TARGETS: dict[str, Target] = {
     t.name: t
     for t in (
@@ -415,5 +482,7 @@ TARGETS: dict[str, Target] = {
         Target("fatbin", _fatbin_seeds, _check_fatbin),
         Target("elfcache", _elfcache_seeds, _check_elfcache, _structured_elfcache),
         Target("treecache", _treecache_seeds, _check_treecache, _structured_treecache),
+        Target("strings", _strings_seeds, _check_strings),
+        Target("dlopen", _dlopen_seeds, _check_dlopen, _structured_dlopen),
     )
 }

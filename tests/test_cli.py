@@ -68,7 +68,16 @@ def test_check_with_no_item_option_runs_the_builtin_items(
     rc = main(["check", "--site", str(tmp_path), "--cuda-driver=580.65.06", "--json"])
     payload = json.loads(capsys.readouterr().out)
     assert rc == 0
-    assert list(payload["items"]) == ["integrity", "closure", "symbols", "driver", "arch", "requirements", "toolchain"]
+    assert list(payload["items"]) == [
+        "integrity",
+        "closure",
+        "dlopen",
+        "symbols",
+        "driver",
+        "arch",
+        "requirements",
+        "toolchain",
+    ]
 
 
 def test_report_on_an_empty_site(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -79,8 +79,8 @@ def test_green_run_adds_only_the_header_and_the_items_line(pt):
     plain.assert_outcomes(passed=1)
     result = run(pt, "--cudastack")
     result.assert_outcomes(
-        passed=5, skipped=3
-    )  # integrity, closure, symbols, requirements, the test; driver, arch, toolchain skip
+        passed=6, skipped=3
+    )  # integrity, closure, dlopen, symbols, requirements, the test; driver, arch, toolchain skip
     lines = result.stdout.lines
     assert len(lines) <= len(plain.stdout.lines) + 2, "\n".join(lines)  # the header, the items' progress line
     assert [line for line in lines if line.startswith("cudastack: ")] == [lines[2]]
@@ -277,8 +277,8 @@ def test_items_with_nothing_to_check_are_skipped_with_the_reason(pt, conftest, a
     pt.makepyfile("def test_x(): pass")
     result = run(pt, "--cudastack", "-rs", "-v", *args)
     result.assert_outcomes(
-        passed=5, skipped=3
-    )  # integrity, closure, symbols, requirements, the test; driver, arch, toolchain skip
+        passed=6, skipped=3
+    )  # integrity, closure, dlopen, symbols, requirements, the test; driver, arch, toolchain skip
     result.stdout.fnmatch_lines(["cudastack::driver SKIPPED*", "cudastack::arch SKIPPED*"], consecutive=False)
     result.stdout.fnmatch_lines(skips, consecutive=False)
 

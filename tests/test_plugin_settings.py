@@ -108,7 +108,17 @@ def test_bad_ini_value_names_option_and_source():
 def test_from_values_for_the_cli():
     s = Settings.from_values(cudastack=True, cuda_max="12.9", cuda_arch="sm_90", cudastack_scan=["bin"], cuda_min=None)
     assert s == Settings(cudastack=True, cuda_max="12.9", cuda_arch=("sm_90",), cudastack_scan=("bin",))
-    assert s.items == ("integrity", "closure", "symbols", "cuda-max", "driver", "arch", "requirements", "toolchain")
+    assert s.items == (
+        "integrity",
+        "closure",
+        "dlopen",
+        "symbols",
+        "cuda-max",
+        "driver",
+        "arch",
+        "requirements",
+        "toolchain",
+    )
     with pytest.raises(OptionError, match="--cuda-max"):
         Settings.from_values(cuda_max="twelve")
 

@@ -49,6 +49,7 @@ def test_registry_order_and_descriptions_are_the_items():
     assert {name: check.describe(options) for name, check in CHECKS.items()} == {
         "integrity": "every RECORD-listed shared library is present, intact and owned by one distribution",
         "closure": "every Python extension module resolves all its DT_NEEDED",
+        "dlopen": "every library loaded at run time (dlopen) is found, for the CUDA its caller is built for",
         "symbols": "every undefined symbol binds, with its version",
         "cuda-max": "nothing requires a CUDA newer than 12.9",
         "cuda-min": "nothing is built for a CUDA older than 12.0",
@@ -73,6 +74,7 @@ def test_a_registered_check_is_in_settings_items_and_stack(dummy: None, tmp_path
     assert Settings(cudastack=True).items == (
         "integrity",
         "closure",
+        "dlopen",
         "symbols",
         "driver",
         "arch",
@@ -86,6 +88,7 @@ def test_a_registered_check_is_in_settings_items_and_stack(dummy: None, tmp_path
     assert list(results) == [
         "integrity",
         "closure",
+        "dlopen",
         "symbols",
         "driver",
         "arch",
@@ -111,6 +114,7 @@ def test_a_registered_check_is_in_cudastack_check(dummy: None, tmp_path: Path, m
     assert list(items) == [
         "integrity",
         "closure",
+        "dlopen",
         "symbols",
         "driver",
         "arch",
@@ -156,6 +160,7 @@ def test_every_builtin_check_runs_from_the_registry(tmp_path: Path):
     order = [
         "integrity",
         "closure",
+        "dlopen",
         "symbols",
         "cuda-max",
         "cuda-min",

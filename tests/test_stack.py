@@ -91,6 +91,7 @@ def test_run_checks_names_items_like_the_plugin(tmp_path):
     assert list(results) == [
         "integrity",
         "closure",
+        "dlopen",
         "symbols",
         "cuda-max",
         "driver",

@@ -128,6 +128,12 @@ CHECKS: Mapping[str, Check] = registry(
     Check(
         "closure", "every Python extension module resolves all its DT_NEEDED", _Lazy("closure"), lambda o: o.cudastack
     ),
+    Check(
+        "dlopen",
+        "every library loaded at run time (dlopen) is found, for the CUDA its caller is built for",
+        _Lazy("dlopen"),
+        lambda o: o.cudastack,
+    ),
     Check("symbols", "every undefined symbol binds, with its version", _Lazy("symbols"), lambda o: o.cudastack),
     Check(
         "cuda-max",

@@ -139,6 +139,12 @@ def build_parser(check_options: bool = True) -> argparse.ArgumentParser:
         help="import MODULE in a child process and list the shared objects it maps",
     )
     loaded.add_argument("module")
+    loaded.add_argument(
+        "--static",
+        action="store_true",
+        help="predict the objects the import maps from the files (import order, preloads, DT_NEEDED, already "
+        "loaded by SONAME) without importing anything; each with its route and reason",
+    )
 
     check = sub.add_parser(
         "check",

@@ -3,7 +3,8 @@
 The import runs in a child process (``sys.executable``, on purpose: importing may dlopen CUDA libraries,
 which the inspecting process must never do). The child lists ``/proc/self/maps`` before and after the
 import and prints the new file-backed mappings as JSON; the parent adds each file's soname (``read_elf``)
-and owning distribution (``Inventory.owner``).
+and owning distribution (``Inventory.owner``). ``--static`` imports nothing: the objects are predicted from
+the files (:mod:`pytest_cudastack.checks.process`), each with its route and reason.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from pytest_cudastack.linker.elf import looks_like_elf, read_elf
 from pytest_cudastack.linker.elfcache import ElfCache
 from pytest_cudastack.wheels.inventory import installed_wheels
 
-__all__ = ["LOADED_SCHEMA", "LOADED_VERSION", "LoadedLibrary", "cmd_loaded", "loaded_libraries"]
+__all__ = ["LOADED_SCHEMA", "LOADED_VERSION", "LoadedLibrary", "cmd_loaded", "loaded_libraries", "static_document"]
 
 # --json's document: pytest_cudastack/schemas/loaded.schema.json
 LOADED_SCHEMA = "pytest-cudastack/loaded"
@@ -116,8 +117,70 @@ def loaded_libraries(
     return tuple(out), error
 
 
+def static_document(module: str, site_paths: Sequence[str] | None = None) -> tuple[dict[str, Any], bool]:
+    """``loaded MODULE --static --json``'s document (the ``loaded`` schema with ``route`` and ``reason`` per
+    library, ``run_time`` and ``missing``), and whether the prediction is clean (module found, nothing
+    missing). Predicted by :func:`~pytest_cudastack.checks.process.predict_import` for this interpreter
+    with the site directories of ``site_paths`` (default: ``sys.path``); nothing is imported."""
+    # lazy: the import model (ast, the resolver) only for --static
+    from pytest_cudastack.checks.process import Interpreter, predict_import
+    from pytest_cudastack.linker.resolver import Resolver, SearchConfig
+    from pytest_cudastack.wheels.sitepaths import owner_index
+
+    cache = ElfCache()
+    owners = owner_index(site_paths)  # RECORDs only: no ELF read or flavour rule for the provider column
+    resolver = Resolver(SearchConfig.from_environment(), reader=cache.read, owner=owners.owner)
+    interp = Interpreter.for_sites(owners.site_dirs)
+    process = predict_import(module, interp, resolver, cache.read, owners.owner, cache.read_strings, cache=cache)
+    cache.flush()
+
+    def row(o: Any) -> dict[str, Any]:
+        return {"path": o.path, "soname": o.soname, "provider": o.provider, "route": o.route, "reason": o.reason}
+
+    data: dict[str, Any] = {
+        "schema": LOADED_SCHEMA,
+        "version": LOADED_VERSION,
+        "module": module,
+        "static": True,
+        "libraries": [row(o) for o in process.objects],
+        "run_time": [row(o) for o in process.run_time],
+        "missing": list(process.missing),
+    }
+    if process.problems:
+        data["error"] = "; ".join(process.problems[:4])
+    return data, not process.problems and not process.missing
+
+
+def _print_static(data: dict[str, Any]) -> None:
+    libs = data["libraries"]
+    print(f"{data['module']}: {len(libs)} shared objects the import would map (predicted, nothing imported)")
+    for lib in libs:
+        extra = f"  ({lib['provider']})" if lib["provider"] else ""
+        print(f"  {lib['soname'] or os.path.basename(lib['path'])} => {lib['path']}{extra}  [{lib['reason']}]")
+    if data["run_time"]:
+        print(f"later, when used ({len(data['run_time'])} loaded by dlopen):")
+        for lib in data["run_time"]:
+            print(f"  {lib['soname']} => {lib['path']}  [{lib['reason']}]")
+    for soname in data["missing"]:
+        print(f"  {soname} => not found", file=sys.stderr)
+    if "error" in data:
+        print(f"prediction incomplete: {data['error']}", file=sys.stderr)
+
+
+def _cmd_static(args: argparse.Namespace) -> int:
+    doc, clean = static_document(args.module)
+    if getattr(args, "json", False):
+        print(json.dumps(doc, indent=2))
+    else:
+        _print_static(doc)
+    return 0 if clean else 1
+
+
 def cmd_loaded(args: argparse.Namespace) -> int:
-    """``cudastack loaded MODULE [--json]``: exit 0, or 1 when the import failed."""
+    """``cudastack loaded MODULE [--static] [--json]``: exit 0, or 1 when the import failed (with
+    ``--static``: when the module is not found or a soname would be missing)."""
+    if getattr(args, "static", False):
+        return _cmd_static(args)
     libs, error = loaded_libraries(args.module)
     if getattr(args, "json", False):
         data: dict[str, Any] = {

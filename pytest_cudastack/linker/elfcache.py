@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
     from pytest_cudastack.linker.elf import ElfInfo
     from pytest_cudastack.linker.fatbin import Fatbin
+    from pytest_cudastack.linker.strings import StringFacts
     from pytest_cudastack.linker.symbols import SymbolFacts
     from pytest_cudastack.linker.toolversion import ToolVersion
 
@@ -183,6 +184,15 @@ class ElfCache:
         from pytest_cudastack.linker.toolversion import ToolVersion, read_tool_version
 
         return self._cached(path, f"tool:{path}", "tool", read_tool_version, ToolVersion.from_json, symbols=False)
+
+    def read_strings(self, path: str) -> StringFacts:
+        """Cached :func:`~pytest_cudastack.linker.strings.read_strings` (library names in read-only data),
+        under the same key and rules as :meth:`read` (its own entry, ``strings:PATH``; errors cached too): a
+        multi-GB library is scanned once while unchanged. Raises ElfError."""
+        # lazy: tree's warm path imports this module and never scans strings
+        from pytest_cudastack.linker.strings import StringFacts, read_strings
+
+        return self._cached(path, f"strings:{path}", "strings", read_strings, StringFacts.from_json, symbols=False)
 
     def read_symbols(self, path: str) -> SymbolFacts:
         """Cached :func:`~pytest_cudastack.linker.symbols.read_symbols`, keyed and validated as :meth:`read`

@@ -28,10 +28,11 @@ Also modelled: a name not found for one requester is searched again for a later 
 its placeholder for a missing object, so ``ldd`` may list a soname as "not found" and later as found); an
 open error other than ENOENT/EACCES (e.g. a symlink loop) abandons the rest of that search list; the program
 interpreter is already loaded, so ``ld-linux-x86-64.so.2`` in DT_NEEDED is satisfied by it (and listed, as
-``ldd`` lists it); ``preloaded`` objects behave like LD_PRELOAD. ``Library.tried`` lists every candidate
-opened, in order, except glibc-hwcaps/legacy hwcap subdirectories that do not exist (ld.so tries those once
-and then remembers them as missing). Not modelled: secure-execution (setuid) rules, ``--inhibit-cache``,
-audit modules, dlopen.
+``ldd`` lists it); ``preloaded`` objects behave like LD_PRELOAD; :meth:`Resolver.dlopen` is one run-time
+load by name from a calling object (dlopen). ``Library.tried`` lists every candidate opened, in order,
+except glibc-hwcaps/legacy hwcap subdirectories that do not exist (ld.so tries those once and then
+remembers them as missing). Not modelled: secure-execution (setuid) rules, ``--inhibit-cache``,
+audit modules.
 """
 
 from __future__ import annotations
@@ -676,14 +677,18 @@ class Resolver:
         origin = ap.rsplit("/", 1)[0] or "/"
         return _Obj(path, info, loader, origin, self._file_id(path))
 
-    def tree(self, path: str, preloaded: Sequence[str] = ()) -> Tree:
-        """The whole closure of *path* in load order; problems (not exceptions) for bad input."""
+    def tree(self, path: str, preloaded: Sequence[str] = (), loaded: Sequence[str] = ()) -> Tree:
+        """The whole closure of *path* in load order; problems (not exceptions) for bad input.
+
+        ``loaded``: objects already in the process (mapped by earlier imports): they satisfy a request by
+        their path or DT_SONAME, or a found file by its inode, as ``_dl_map_object`` matches the namespace's
+        loaded objects, without being searched or resolved again themselves (unlike ``preloaded``)."""
         path = os.fspath(path)
         got = self._info(path)
         if isinstance(got, ElfError):
             return Tree(path, None, (), (str(got),))
         main = self._new_obj(path, got, None)
-        return self._closure(main, got, list(preloaded))
+        return self._closure(main, got, list(preloaded), loaded)
 
     def tree_deps(self, path: str) -> tuple[Tree, frozenset[str]]:
         """:meth:`tree`, and what its answer depends on: ``"s" + path`` for every file or directory whose
@@ -702,7 +707,7 @@ class Resolver:
             outer |= deps
         return tree, frozenset(deps)
 
-    def _closure(self, main: _Obj, want: ElfInfo, preloaded: list[str]) -> Tree:
+    def _closure(self, main: _Obj, want: ElfInfo, preloaded: list[str], loaded: Sequence[str] = ()) -> Tree:
         problems: list[str] = []
         by_name: dict[str, _Obj] = {}  # names (DT_NEEDED strings, sonames, paths) of loaded objects
         by_id: dict[tuple[int, int], _Obj] = {}
@@ -729,6 +734,10 @@ class Resolver:
                     by_name[n] = rtld
             if rtld.file_id is not None:
                 by_id.setdefault(rtld.file_id, rtld)
+        for p in loaded:
+            li = self._info(p)
+            if isinstance(li, ElfInfo):
+                register(self._new_obj(p, li, None))
         for p in preloaded:
             pi = self._info(p)
             if isinstance(pi, ElfError):
@@ -803,6 +812,84 @@ class Resolver:
             for r in ordered
         )
         return Tree(main.path, main.info, libs, tuple(problems), parents)
+
+    def dlopen(self, name: str, caller: str, loaded: Sequence[str] = (), loaders: Sequence[str] = ()) -> Library:
+        """Where ``dlopen(name)`` called from the object at ``caller`` would load from (glibc 2.36
+        ``dlfcn/dlopen.c`` -> ``elf/dl-open.c`` ``dl_open_worker``, which calls ``_dl_map_object`` with the
+        caller's link map as the loader, found from the return address):
+
+        * an object already loaded (``caller``, the program interpreter, each of ``loaded``) whose path or
+          DT_SONAME equals ``name`` is the answer without a search (``_dl_map_object``'s first loop,
+          ``_dl_name_match_p`` and ``l_soname``);
+        * a name containing ``/`` is opened as is after DST expansion, ``$ORIGIN`` being the caller's
+          directory (``expand_dynamic_string_token`` with the caller as loader);
+        * otherwise the search of a DT_NEEDED of the caller: the caller's DT_RPATH (unless it has a
+          DT_RUNPATH) and the main program's, LD_LIBRARY_PATH, the caller's DT_RUNPATH, ld.so.cache, the
+          default directories (``_dl_map_object``'s ``cache_rpath``/``open_path`` sequence). The RPATH
+          chain goes up ``loaders``: the objects that loaded the caller, nearest first (``l_loader``, as a
+          closure's ``Tree.chain`` gives them; empty: a caller loaded by the program itself). The main
+          program is ``sys.executable`` (its resolved path);
+        * a file found that is the same inode as a loaded object is that object (``_dl_map_object_from_fd``
+          compares ``l_file_id``).
+
+        ``needed_by`` is ``(caller,)``; a caller that is not a readable ELF file gives NOT_FOUND with the
+        reason in ``problem``."""
+        caller = os.fspath(caller)
+        got = self._info(caller)
+        if isinstance(got, ElfError):
+            return Library(name, None, None, Route.NOT_FOUND, "", (), (caller,), None, str(got))
+        up: _Obj | None = None
+        for lp in reversed(loaders):
+            li = self._info(lp)
+            if isinstance(li, ElfInfo):
+                up = self._new_obj(lp, li, up)
+        req = self._new_obj(caller, got, up)
+        interp = got.interpreter or self.config.interpreter
+        objs: list[tuple[str, ElfInfo]] = [(caller, got)]
+        for p in (*loaded, interp):
+            info = self._info(p)
+            if isinstance(info, ElfInfo):
+                objs.append((p, info))
+        for p, info in objs:
+            if name in (p, info.soname):
+                return Library(
+                    name, p, self._realpath(p), Route.ALREADY_LOADED, f"as {p}", (), (caller,), self._owner_of(p)
+                )
+        lpath = os.path.realpath(sys.executable)
+        exe = self._info(lpath)
+        main = self._new_obj(lpath, exe, None) if isinstance(exe, ElfInfo) else req
+        if "/" in name:
+            exp = self._expand(name, req.origin)
+            if exp is None:
+                return Library(name, None, None, Route.NOT_FOUND, "cannot expand dynamic string token", (), (caller,))
+            r = self._search(exp, req, main, got)
+        else:
+            r = self._search(name, req, main, got)
+        if r.path is not None:
+            fid = self._file_id(r.path)
+            for p, _info in objs:
+                if fid is not None and self._file_id(p) == fid:
+                    return Library(
+                        name,
+                        p,
+                        self._realpath(p),
+                        Route.ALREADY_LOADED,
+                        f"same file as {p}",
+                        tuple(r.tried),
+                        (caller,),
+                        self._owner_of(p),
+                    )
+        return Library(
+            soname=name,
+            path=r.path,
+            realpath=self._realpath(r.path) if r.path is not None else None,
+            route=r.route,
+            route_detail=r.detail,
+            tried=tuple(r.tried),
+            needed_by=(caller,),
+            provider=self._owner_of(r.path),
+            problem=r.problem,
+        )
 
     def find(self, soname: str, loader: str | None = None) -> Library:
         """Where *soname* would load from as a DT_NEEDED of *loader* (default: ``sys.executable``, whose

@@ -1,0 +1,94 @@
+"""Cost of ``cudastack loaded torch --static`` (the import model) against the real ``import torch``, same run.
+
+Usage: python benchmarks/bench_process.py [VENV] [--module torch] [--runs N] [--json]
+(default: $CUDASTACK_TORCH_VENV). Target (issue #10): the static prediction <= 0.25x the real import.
+
+Each measurement runs in a fresh child process, so no in-memory state carries over:
+
+* ``real``: the venv's own interpreter runs ``import MODULE`` (interpreter start-up included, as
+  ``cudastack loaded`` pays it);
+* ``static cold``: ``static_document`` with an empty CUDASTACK_CACHE_DIR (every ELF file and Python source
+  parsed);
+* ``static warm``: the same cache directory again (facts and import lists read from the cache; the state a
+  second ``cudastack`` run or a pytest session after the first finds).
+
+The static children import this package (pytest_cudastack) and are timed from their own start too. The page
+cache is not dropped: all figures are with warm pages. Every figure is the best of ``--runs``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+CHILD = r"""
+import sys
+from pytest_cudastack.cli.loaded import static_document
+doc, clean = static_document(sys.argv[1], [sys.argv[2]])
+print(len(doc["libraries"]), clean)
+"""
+
+
+def _site(venv: str) -> str:
+    lib = os.path.join(venv, "lib")
+    for name in sorted(os.listdir(lib)):
+        site = os.path.join(lib, name, "site-packages")
+        if name.startswith("python") and os.path.isdir(site):
+            return site
+    raise SystemExit(f"no site-packages under {venv}")
+
+
+def _timed(cmd: list[str], env: dict[str, str]) -> float:
+    start = time.perf_counter()
+    subprocess.run(cmd, env=env, check=True, capture_output=True)
+    return time.perf_counter() - start
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("venv", nargs="?", default=os.environ.get("CUDASTACK_TORCH_VENV"))
+    ap.add_argument("--module", default="torch")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    if not args.venv:
+        raise SystemExit("pass a venv or set CUDASTACK_TORCH_VENV")
+    site = _site(args.venv)
+    env = dict(os.environ)
+    real = min(
+        _timed([os.path.join(args.venv, "bin", "python"), "-c", f"import {args.module}"], env) for _ in range(args.runs)
+    )
+    cold: list[float] = []
+    warm: list[float] = []
+    for _ in range(args.runs):
+        with tempfile.TemporaryDirectory() as cache:
+            env["CUDASTACK_CACHE_DIR"] = cache
+            cold.append(_timed([sys.executable, "-c", CHILD, args.module, site], env))
+            warm.append(_timed([sys.executable, "-c", CHILD, args.module, site], env))
+    result: dict[str, Any] = {
+        "module": args.module,
+        "real_s": round(real, 3),
+        "static_cold_s": round(min(cold), 3),
+        "static_warm_s": round(min(warm), 3),
+        "cold_ratio": round(min(cold) / real, 3),
+        "warm_ratio": round(min(warm) / real, 3),
+        "target_ratio": 0.25,
+    }
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(f"import {args.module} (real, child):       {result['real_s']:.3f} s")
+        print(f"static prediction, cold cache:   {result['static_cold_s']:.3f} s  ({result['cold_ratio']:.2f}x)")
+        print(f"static prediction, warm cache:   {result['static_warm_s']:.3f} s  ({result['warm_ratio']:.2f}x)")
+        print("target: <= 0.25x the real import")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,304 @@
+"""Does every library that loads others at run time (dlopen) find them, and the right version?
+
+The callers are every present, RECORD-listed shared library of the inventory. For each, the rows of
+``cuda/data/dlopen_targets.json`` whose ``caller`` matches it (:mod:`pytest_cudastack.cuda.dlopen`) give
+the names it opens; each is resolved the way that caller would (``Resolver.dlopen``: glibc's search from
+the calling object, or the row's explicit paths). Findings, the caller named in each:
+
+* a miss: ERROR for a ``fatal`` row, WARNING for a ``fallback`` row (saying what silently happens
+  instead), INFO for an ``optional`` row; a driver soname (``libcuda.so.1``) missing on a machine without
+  the driver is INFO, as in the closure check;
+* a wrong-version hit: the file found is built for another CUDA major than the caller (its soname or
+  DT_NEEDED majors, ``compat.soname_cuda_majors``), at the row's severity;
+* library names written in the read-only data (``linker/strings.py``) of a library loaded at import that no
+  row, no DT_NEEDED, no driver and no file here accounts for: INFO, one per distribution, "may load at run
+  time".
+
+A caller that an extension module's closure maps is resolved with the chain that loaded it (glibc searches
+the RPATHs of the loader chain: libnvrtc.so.13, with no RPATH of its own, finds its builtins through
+libtorch_cuda.so's); a shipped library that no extension module loads is judged alone, its misses INFO.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from pytest_cudastack._sysio import real_path
+from pytest_cudastack.checks.closure import ModuleTree, module_trees
+from pytest_cudastack.cuda.compat import is_driver_soname, soname_cuda_majors
+from pytest_cudastack.cuda.dlopen import DlopenRow, Miss, load_dlopen_targets
+from pytest_cudastack.errors import ElfError
+from pytest_cudastack.findings import Finding, Severity
+from pytest_cudastack.linker.elf import ElfInfo
+from pytest_cudastack.linker.resolver import Library, Resolver, Route
+from pytest_cudastack.linker.strings import StringFacts
+
+if TYPE_CHECKING:
+    from pytest_cudastack.checks.facts import StackView, Target
+    from pytest_cudastack.wheels.inventory import Inventory
+
+__all__ = ["Caller", "Load", "caller_majors", "callers", "dlopen_findings", "loads_of", "run"]
+
+_SEVERITY = {Miss.FATAL: Severity.ERROR, Miss.FALLBACK: Severity.WARNING, Miss.OPTIONAL: Severity.INFO}
+
+
+@dataclass(frozen=True)
+class Load:
+    """One run-time load a caller performs: the row that says so, the name opened and where it resolves."""
+
+    caller: str
+    row: DlopenRow
+    name: str
+    library: Library
+
+
+def caller_majors(info: ElfInfo) -> frozenset[int]:
+    """The CUDA majors a file is built for: those its soname and its DT_NEEDED sonames all allow (cuDNN 8's
+    soname allows CUDA 11 and 12; its libcublas.so.11 decides), or all they name when they disagree."""
+    sets = [m for name in (info.soname, *info.needed) if name and (m := soname_cuda_majors(name))]
+    if not sets:
+        return frozenset()
+    common = frozenset.intersection(*sets)
+    return common or frozenset().union(*sets)
+
+
+def _expand_origin(directory: str, caller: str) -> str:
+    origin = os.path.dirname(caller) or "."
+    return directory.replace("${ORIGIN}", origin).replace("$ORIGIN", origin)
+
+
+def loads_of(
+    path: str,
+    info: ElfInfo,
+    resolver: Resolver,
+    strings: Callable[[str], StringFacts],
+    loaded: Sequence[str] = (),
+    rows: Sequence[DlopenRow] | None = None,
+    loaders: Sequence[str] = (),
+) -> tuple[Load, ...]:
+    """The run-time loads the data table gives ``path`` (``info`` its ELF facts), each resolved as that
+    caller would with ``loaded`` already in the process and ``loaders`` the objects that loaded it (nearest
+    first: their RPATHs are searched); ``strings`` reads its read-only data (the run's
+    ``ElfCache.read_strings``), only for a row that names targets by pattern."""
+    out: list[Load] = []
+    for row in load_dlopen_targets() if rows is None else rows:
+        m = row.match(info.soname, os.path.basename(path))
+        if m is None:
+            continue
+        found: Sequence[str] = ()
+        if row.strings is not None:
+            try:
+                found = strings(path).names
+            except ElfError:
+                found = ()
+        for name in row.targets(m, found):
+            if row.search == "paths":
+                tries = [
+                    resolver.dlopen(os.path.join(_expand_origin(d, path), name), path, loaded, loaders)
+                    for d in row.paths
+                ]
+                hit = next((t for t in tries if t.path is not None), tries[-1])  # paths: non-empty (validated)
+                lib = replace(hit, soname=name, tried=tuple(x for t in tries for x in t.tried))
+            else:
+                lib = resolver.dlopen(name, path, loaded, loaders)
+            out.append(Load(path, row, name, lib))
+    return tuple(out)
+
+
+def _rel(path: str, inv: Inventory) -> str:
+    p = os.path.normpath(path)
+    for site in inv.site_dirs:
+        s = os.path.normpath(site).rstrip(os.sep) + os.sep
+        if p.startswith(s):
+            return p[len(s) :]
+    return p
+
+
+def _read(resolver_read: Callable[[str], ElfInfo], path: str) -> ElfInfo | None:
+    try:
+        return resolver_read(path)
+    except ElfError:
+        return None
+
+
+@dataclass(frozen=True)
+class Caller:
+    """A library that may dlopen: its path, the objects that loaded it at import (nearest first; None when
+    no extension module's closure reaches it) and the distribution shipping it."""
+
+    path: str
+    loaders: tuple[str, ...] | None
+    owner: str
+    loaded: tuple[str, ...] = ()  # what the import has mapped when the caller runs: its module's closure
+
+
+def callers(inv: Inventory, resolver: Resolver, trees: Sequence[ModuleTree] | None = None) -> tuple[Caller, ...]:
+    """Every extension module and every library its closure maps (with the chain that loaded it, first
+    occurrence), then every other present shipped library (loaded by nothing at import)."""
+    out: dict[str, Caller] = {}
+    dirs: dict[str, str] = {}
+    for mt in module_trees(inv, resolver) if trees is None else trees:
+        key = real_path(mt.module.path, dirs)
+        mapped = (mt.module.path, *(x.path for x in mt.tree.libraries if x.path is not None))
+        out.setdefault(key, Caller(mt.module.path, (), mt.dist.label, mapped))
+        for lib in mt.tree.libraries:
+            if lib.path is None or lib.route is Route.ALREADY_LOADED:
+                continue
+            key = lib.realpath or real_path(lib.path, dirs)
+            if key not in out:
+                chain = mt.tree.chain(lib.soname)
+                out[key] = Caller(lib.path, tuple(reversed(chain)), inv.owner(lib.path) or "", mapped)
+    for dist in inv.distributions:
+        for shipped in dist.libraries:
+            if shipped.exists and not shipped.problem:
+                out.setdefault(real_path(shipped.path, dirs), Caller(shipped.path, None, dist.label))
+    return tuple(out.values())
+
+
+def dlopen_findings(
+    inv: Inventory,
+    resolver: Resolver,
+    read: Callable[[str], ElfInfo],
+    strings: Callable[[str], StringFacts],
+    trees: Sequence[ModuleTree] | None = None,
+) -> tuple[Finding, ...]:
+    """The ``dlopen`` findings for every caller of ``inv`` (module docstring). A caller no extension module
+    loads is judged alone (its loader chain unknown): its misses are INFO."""
+    findings: list[Finding] = []
+    unexplained: dict[str, list[str]] = {}
+    for c in callers(inv, resolver, trees):
+        info = _read(read, c.path)
+        if info is None:
+            continue
+        loads = loads_of(c.path, info, resolver, strings, c.loaded, loaders=c.loaders or ())
+        for ld in loads:
+            f = _load_finding(ld, info, inv, read)
+            if f is not None:
+                if c.loaders is None and f.severity is not Severity.INFO:
+                    f = replace(
+                        f,
+                        severity=Severity.INFO,
+                        message=f.message + " (judged alone: no extension module loads the caller)",
+                    )
+                findings.append(f)
+        if c.loaders is not None:
+            covered = {ld.name for ld in loads}
+            notes = _unexplained(c.path, info, covered, resolver, strings, inv, c)
+            if notes:
+                unexplained.setdefault(c.owner, []).extend(notes)
+    for owner, notes in unexplained.items():
+        findings.append(
+            Finding(
+                check="dlopen",
+                severity=Severity.INFO,
+                subject=owner or "unowned libraries",
+                message=f"{len(notes)} library name(s) in the read-only data of libraries "
+                f"{'of ' + owner + ' ' if owner else ''}loaded at import may load at run time and are not found here",
+                cause="a name written in a library's data is what it can pass to dlopen; no DT_NEEDED lists "
+                "it, so only the feature that opens it fails, when used",
+                fix="install the library that provides the name only if you use that feature",
+                details=tuple(notes[:12]) + ((f"... and {len(notes) - 12} more",) if len(notes) > 12 else ()),
+            )
+        )
+    return tuple(findings)
+
+
+def _unexplained(
+    path: str,
+    info: ElfInfo,
+    covered: set[str],
+    resolver: Resolver,
+    strings: Callable[[str], StringFacts],
+    inv: Inventory,
+    c: Caller,
+) -> list[str]:
+    try:
+        names = strings(path).names
+    except ElfError:
+        return []
+    skip = covered | set(info.needed) | {info.soname}
+    out: list[str] = []
+    for name in names:
+        # cuDNN 9 writes "libcudnn_graph.so" and appends its major: the table's name covers the string
+        if name in skip or is_driver_soname(name) or any(t.startswith(name + ".") for t in covered):
+            continue
+        if resolver.dlopen(name, path, c.loaded, c.loaders or ()).path is None:
+            out.append(f"{_rel(path, inv)} may load {name} (not found)")
+    return out
+
+
+def _load_finding(ld: Load, caller: ElfInfo, inv: Inventory, read: Callable[[str], ElfInfo]) -> Finding | None:
+    lib = ld.library
+    who = _rel(ld.caller, inv)
+    severity = _SEVERITY[ld.row.miss]
+    source = f"cuda/data/dlopen_targets.json (source {ld.row.source})"
+    if lib.path is None:
+        if is_driver_soname(ld.name):
+            return Finding(
+                check="dlopen",
+                severity=Severity.INFO,
+                subject=ld.name,
+                message=f"{ld.name}: loaded at run time by {who}, provided by the NVIDIA driver, not found here",
+                cause="no NVIDIA driver is installed on this machine",
+                fix="nothing to do for a build or CI machine; on a GPU machine install the NVIDIA driver",
+                where=lib.searched[:12],
+                chain=(who,),
+            )
+        consequence = {
+            Miss.FATAL: "the feature that needs it fails when first used",
+            Miss.FALLBACK: f"silent fallback: {ld.row.fallback}",
+            Miss.OPTIONAL: "an optional feature is unavailable",
+        }[ld.row.miss]
+        how = (
+            "opened by full path "
+            + ", ".join(os.path.join(_expand_origin(d, ld.caller), ld.name) for d in ld.row.paths)
+            if ld.row.search == "paths"
+            else "searched as glibc's dlopen from the caller does (its RPATH unless RUNPATH, LD_LIBRARY_PATH, its "
+            "RUNPATH, ld.so.cache, default directories)"
+        )
+        shipped = [f"{d.label} ships it at {_rel(p, inv)}" for d, p in inv.shipping(ld.name) if os.path.lexists(p)]
+        return Finding(
+            check="dlopen",
+            severity=severity,
+            subject=ld.name,
+            message=f"{ld.name} is not found: loaded at run time (dlopen) by {who}; {consequence}",
+            cause=f"{how}; no file of that name is there"
+            + (f" ({'; '.join(shipped)}, outside that search)" if shipped else "")
+            + (f"; {ld.row.note}" if ld.row.note else ""),
+            fix=f"install the library that provides {ld.name} where {who} looks for it"
+            + (
+                " (its own directory)"
+                if ld.row.search == "paths"
+                else " (a wheel on its RPATH/RUNPATH, or ld.so.cache)"
+            ),
+            where=lib.searched[:12] or tuple(os.path.dirname(t) for t in lib.tried[:12]),
+            chain=(who,),
+            details=(f"the table row: {source}",),
+        )
+    want = caller_majors(caller)
+    got_info = _read(read, lib.path)
+    got = caller_majors(got_info) if got_info is not None else frozenset()
+    if want and got and not want & got:
+        return Finding(
+            check="dlopen",
+            severity=severity,
+            subject=ld.name,
+            message=f"{ld.name} loaded at run time by {who} is built for CUDA {'/'.join(map(str, sorted(got)))}; "
+            f"{who} is built for CUDA {'/'.join(map(str, sorted(want)))}",
+            cause=f"found at {lib.path} ({lib.route.value}{': ' + lib.route_detail if lib.route_detail else ''}), "
+            "the first match of the caller's search, from another CUDA release",
+            fix=f"install {ld.name} of CUDA {'/'.join(map(str, sorted(want)))} where {who} finds it first, or remove "
+            f"{lib.path} from its search",
+            where=(os.path.dirname(lib.path),),
+            chain=(who, lib.path),
+            details=(f"the table row: {source}",),
+        )
+    return None
+
+
+def run(stack: StackView, target: Target | None = None) -> tuple[Finding, ...]:
+    """The ``dlopen`` item: the run-time loads of every shipped library of the stack's inventory."""
+    return dlopen_findings(stack.inventory, stack.resolver, stack.cache.read, stack.cache.read_strings)

@@ -1,0 +1,716 @@
+"""The process ``import MODULE`` creates, predicted from the files: which shared objects it maps, in order,
+and why each one, without importing or executing anything.
+
+The model:
+
+* **Python's imports, statically.** A module's top-level statements are read with :mod:`ast` (never run):
+  each ``import X`` / ``from X import a`` is followed depth first, in statement order, as the interpreter
+  executes them (``from P import a`` imports ``P.a`` when that is a submodule; class bodies run, function
+  bodies do not); ``if`` tests on
+  ``TYPE_CHECKING``, ``sys.platform``, ``sys.version_info`` and ``os.name`` are evaluated, others take
+  both branches; a ``try`` takes its body, and its ``except`` handlers only when an import of the body is
+  not found. Code in functions and classes runs later (or never) and is not followed. Modules are found
+  the way ``importlib``'s path finder does: packages (a directory with ``__init__.py``), then extension
+  modules (``importlib.machinery.EXTENSION_SUFFIXES``), then ``.py`` files, in each ``sys.path`` entry in
+  order; a directory without ``__init__.py`` is a namespace portion. Builtin modules and modules already
+  imported when the interpreter starts (``Interpreter.startup``) map nothing new.
+* **CPython extension loading.** An extension module is ``dlopen``-ed by path with RTLD_NOW | RTLD_LOCAL
+  (``sys.getdlopenflags()``'s default); its DT_NEEDED closure is resolved by :meth:`Resolver.tree` with every
+  object mapped so far already loaded (glibc's ``_dl_map_object`` first matches a request against the
+  names and DT_SONAME of loaded objects, whatever their RTLD_LOCAL/RTLD_GLOBAL scope).
+* **Known preloads** (``cuda/data/dlopen_targets.json``, ``preloads``): torch's ``_load_global_deps``
+  maps ``libtorch_global_deps.so`` by path with RTLD_GLOBAL and then its nvidia libraries by path from
+  ``sys.path``, at the point of its top-level code that calls it.
+* **dlopen targets.** The run-time loads of the dlopen table (:mod:`pytest_cudastack.checks.dlopen`) of
+  every mapped object are listed apart (``Process.run_time``): they happen when a feature is first used,
+  not at import.
+
+Not modelled: imports performed by code the model does not run (``importlib.import_module`` with a computed
+name, ``__getattr__`` lazy imports, imports inside functions called at import time), ``.pth`` files,
+the current directory at the head of ``sys.path``, and ctypes loads other than the table's.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import fnmatch
+import importlib.machinery
+import os
+import re
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from pytest_cudastack._sysio import read_text, real_path
+from pytest_cudastack.cuda.dlopen import Preload, load_preloads
+from pytest_cudastack.errors import ElfError
+from pytest_cudastack.linker.elf import ElfInfo
+from pytest_cudastack.linker.elfcache import ElfCache
+from pytest_cudastack.linker.resolver import Resolver, Route
+from pytest_cudastack.linker.strings import StringFacts
+
+__all__ = ["Interpreter", "Mapped", "Process", "import_contexts", "module_name", "predict_import"]
+
+_MODEL = 2  # the version of the import-list rules, part of each cached list's key
+MAX_MODULES = 20_000  # torch's import executes ~1,000 modules; a cap keeps a hostile tree finite
+_MAX_DEPTH = 100  # nested imports; each level costs ~3 Python frames of the model (recursion limit 1000)
+_MAX_SOURCE = 16 << 20
+
+
+@dataclass(frozen=True)
+class Interpreter:
+    """What decides a module search: ``sys.path`` of the interpreter that would import, its executable
+    (whose closure is mapped before any import), the extension suffixes and the modules it has imported
+    when it starts (builtin and frozen: they map nothing)."""
+
+    path: tuple[str, ...]
+    executable: str
+    suffixes: tuple[str, ...] = tuple(importlib.machinery.EXTENSION_SUFFIXES)
+    startup: frozenset[str] = frozenset(sys.builtin_module_names)
+
+    @classmethod
+    def for_sites(cls, site_dirs: Sequence[str], executable: str | None = None) -> Interpreter:
+        """This interpreter's standard library and ``lib-dynload`` (its version is the target's), then
+        ``site_dirs``: the ``sys.path`` of a venv of this Python."""
+        # lazy: sysconfig parses the build configuration; only the import model needs it
+        import sysconfig
+
+        stdlib = sysconfig.get_paths()["stdlib"]
+        head = (stdlib, os.path.join(stdlib, "lib-dynload"))
+        return cls(
+            tuple(dict.fromkeys((*head, *site_dirs))),
+            os.path.realpath(executable or sys.executable),
+            startup=frozenset(sys.builtin_module_names) | _FROZEN_AT_STARTUP,
+        )
+
+
+# CPython 3.11's frozen startup modules (Python/frozen.c, "stdlib - startup, without site"): imported before
+# any user code, so their imports map nothing new.
+_FROZEN_AT_STARTUP = frozenset(
+    {
+        "abc",
+        "codecs",
+        "io",
+        "_collections_abc",
+        "_sitebuiltins",
+        "genericpath",
+        "ntpath",
+        "posixpath",
+        "os",
+        "site",
+        "stat",
+        "importlib.util",
+        "importlib.machinery",
+        "runpy",
+        "encodings",
+    }
+)
+
+
+@dataclass(frozen=True)
+class Mapped:
+    """One shared object the import maps: where, its soname, owner, how (``route``) and why (``reason``)."""
+
+    path: str
+    realpath: str
+    soname: str | None
+    provider: str | None
+    route: str  # "extension module" | "DT_NEEDED" | "preload" | "dlopen"
+    reason: str  # "extension module torch._C", "DT_NEEDED of libtorch.so", "preload by path (torch ...)"
+
+
+@dataclass(frozen=True)
+class Process:
+    """The predicted process: mapped objects in load order, loads that happen later (``run_time``: dlopen
+    by a mapped object when a feature is used), missing sonames and problems."""
+
+    module: str
+    objects: tuple[Mapped, ...]
+    run_time: tuple[Mapped, ...] = ()
+    missing: tuple[str, ...] = ()
+    problems: tuple[str, ...] = ()
+    modules: tuple[str, ...] = field(default=(), repr=False)  # Python modules the model imported, in order
+
+
+@dataclass
+class _State:
+    interp: Interpreter
+    resolver: Resolver
+    read: Callable[[str], ElfInfo]
+    owner: Callable[[str], str | None]
+    objects: list[Mapped] = field(default_factory=list)
+    loaded: list[str] = field(default_factory=list)  # paths of every mapped object (and the executable's)
+    real: set[str] = field(default_factory=set)
+    imported: dict[str, str | None] = field(default_factory=dict)  # module -> its file (None: no file)
+    order: list[str] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    dirs: dict[str, str] = field(default_factory=dict)
+    preloads: tuple[Preload, ...] = ()
+    cache: ElfCache | None = None
+    before: dict[str, tuple[str, ...]] = field(default_factory=dict)  # realpath -> what was mapped before it
+
+
+# --------------------------------------------------------------------------------------------- finding modules
+
+
+def _find_in(entries: Sequence[str], leaf: str, suffixes: Sequence[str]) -> tuple[str | None, list[str], bool]:
+    """(file, namespace portions, is_package) of ``leaf`` in ``entries``, as importlib's FileFinder: in each
+    entry a package directory first, then extension modules, then a ``.py`` file; a directory without
+    ``__init__.py`` is remembered as a namespace portion and the search goes on."""
+    portions: list[str] = []
+    for entry in entries:
+        d = os.path.join(entry, leaf)
+        init = os.path.join(d, "__init__.py")
+        if os.path.isfile(init):
+            return init, [d], True
+        for suffix in (*suffixes, ".py"):
+            f = d + suffix
+            if os.path.isfile(f):
+                return f, [], False
+        if os.path.isdir(d):
+            portions.append(d)
+    return None, portions, bool(portions)
+
+
+@dataclass
+class _Finder:
+    interp: Interpreter
+    paths: dict[str, list[str]] = field(default_factory=dict)  # package -> its __path__
+    files: dict[str, str | None] = field(default_factory=dict)
+    found: dict[str, bool] = field(default_factory=dict)
+
+    def find(self, name: str) -> bool:
+        """Whether ``name`` is found; its file (None for a namespace package) in ``files``."""
+        if name in self.found:
+            return self.found[name]
+        parent, _, leaf = name.rpartition(".")
+        if parent:
+            if not self.find(parent) or parent not in self.paths:
+                self.found[name] = False
+                return False
+            entries: Sequence[str] = self.paths[parent]
+        else:
+            entries = self.interp.path
+        file, portions, package = _find_in(entries, leaf, self.interp.suffixes)
+        ok = file is not None or package
+        self.found[name] = ok
+        if ok:
+            self.files[name] = file
+            if package:
+                self.paths[name] = portions
+        return ok
+
+
+# --------------------------------------------------------------------------------------------- reading imports
+
+
+def _truth(test: ast.expr) -> bool | None:
+    """The value of an ``if`` test the model can decide statically, else None."""
+    if isinstance(test, ast.Name) and test.id == "TYPE_CHECKING":
+        return False
+    if isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING":
+        return False
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        inner = _truth(test.operand)
+        return None if inner is None else not inner
+    if isinstance(test, ast.BoolOp):
+        vals = [_truth(v) for v in test.values]
+        if isinstance(test.op, ast.And):
+            return False if False in vals else (None if None in vals else True)
+        return True if True in vals else (None if None in vals else False)
+    if isinstance(test, ast.Compare) and len(test.ops) == 1 and len(test.comparators) == 1:
+        left, right, op = test.left, test.comparators[0], test.ops[0]
+        value: object
+        if isinstance(left, ast.Attribute) and isinstance(left.value, ast.Name):
+            key = f"{left.value.id}.{left.attr}"
+            value = {"sys.platform": sys.platform, "os.name": os.name, "sys.version_info": sys.version_info}.get(
+                key, _UNKNOWN
+            )
+        else:
+            return None
+        if value is _UNKNOWN:
+            return None
+        try:
+            other = ast.literal_eval(right)
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            return None
+        ops: dict[type[ast.cmpop], Callable[[object, object], bool]] = {
+            ast.Eq: lambda a, b: a == b,
+            ast.NotEq: lambda a, b: a != b,
+            ast.Lt: lambda a, b: a < b,  # type: ignore[operator]
+            ast.LtE: lambda a, b: a <= b,  # type: ignore[operator]
+            ast.Gt: lambda a, b: a > b,  # type: ignore[operator]
+            ast.GtE: lambda a, b: a >= b,  # type: ignore[operator]
+        }
+        fn = ops.get(type(op))
+        if fn is None:
+            return None
+        try:
+            return bool(fn(tuple(value) if key == "sys.version_info" else value, other))  # type: ignore[arg-type]
+        except TypeError:
+            return None
+    if (
+        isinstance(test, ast.Call)
+        and isinstance(test.func, ast.Attribute)
+        and test.func.attr == "startswith"
+        and isinstance(test.func.value, ast.Attribute)
+        and isinstance(test.func.value.value, ast.Name)
+        and f"{test.func.value.value.id}.{test.func.value.attr}" == "sys.platform"
+        and len(test.args) == 1
+        and isinstance(test.args[0], ast.Constant)
+        and isinstance(test.args[0].value, str)
+    ):
+        return sys.platform.startswith(test.args[0].value)
+    return None
+
+
+_UNKNOWN = object()
+
+
+def _resolve_from(module: str, is_package: bool, node: ast.ImportFrom) -> str | None:
+    if not node.level:
+        return node.module
+    base = module if is_package else module.rpartition(".")[0]
+    for _ in range(node.level - 1):
+        base = base.rpartition(".")[0]
+    if not base:
+        return None
+    return f"{base}.{node.module}" if node.module else base
+
+
+Items = list[Any]
+"""One block's imports in execution order, JSON-able (cached): ``["i", [names]]`` (import the first, then
+each other name that is a submodule: ``from P import a``), ``["c", name]`` (a top-level call of ``name``:
+a preload trigger), ``["t", body, [handler, ...]]`` (a ``try``: the handlers' items run only when an import
+of the body is not found)."""
+
+
+def _imports(body: Sequence[ast.stmt], module: str, is_package: bool) -> Items:
+    out: Items = []
+    for node in body:
+        if isinstance(node, ast.Import):
+            out.extend(["i", [alias.name]] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = _resolve_from(module, is_package, node)
+            if base is not None:
+                out.append(["i", [base] + [f"{base}.{a.name}" for a in node.names if a.name != "*"]])
+        elif isinstance(node, ast.If):
+            truth = _truth(node.test)
+            if truth is not False:
+                out.extend(_imports(node.body, module, is_package))
+            if truth is not True:
+                out.extend(_imports(node.orelse, module, is_package))
+        elif isinstance(node, ast.Try) or type(node).__name__ == "TryStar":
+            t: ast.Try = node  # type: ignore[assignment]
+            handlers = [_imports(h.body, module, is_package) for h in t.handlers]
+            out.append(["t", _imports(t.body, module, is_package), handlers])
+            out.extend(_imports(t.orelse, module, is_package))
+            out.extend(_imports(t.finalbody, module, is_package))
+        elif isinstance(node, (ast.With, ast.ClassDef)):  # a class body runs when the class statement does
+            out.extend(_imports(node.body, module, is_package))
+        elif isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) and isinstance(node.value.func, ast.Name):
+            out.append(["c", node.value.func.id])
+    return out
+
+
+def _valid_items(items: Any, depth: int = 0) -> bool:
+    """Whether a cached value is a well-formed ``Items`` (the cache file may be corrupt)."""
+    if not isinstance(items, list) or depth > 100:
+        return False
+    for it in items:
+        if not isinstance(it, list) or not it:
+            return False
+        if it[0] == "i":
+            if len(it) != 2 or not isinstance(it[1], list) or not all(isinstance(n, str) for n in it[1]):
+                return False
+        elif it[0] == "c":
+            if len(it) != 2 or not isinstance(it[1], str):
+                return False
+        elif it[0] == "t":
+            if len(it) != 3 or not _valid_items(it[1], depth + 1) or not isinstance(it[2], list):
+                return False
+            if not all(_valid_items(h, depth + 1) for h in it[2]):
+                return False
+        else:
+            return False
+    return True
+
+
+def _skeleton(path: str, module: str, is_package: bool, cache: ElfCache | None) -> Items:
+    """The imports of a module's top-level code (parsed once; cached in the ELF cache's extras under the
+    file's (dev, inode, size, mtime) and this interpreter's version and platform, which decide ``if``s)."""
+    key: list[Any] | None = None
+    if cache is not None:
+        try:
+            st = os.stat(path)
+        except OSError:
+            return []
+        key = [
+            _MODEL,
+            st.st_dev,
+            st.st_ino,
+            st.st_size,
+            st.st_mtime_ns,
+            module,
+            sys.platform,
+            list(sys.version_info[:3]),
+        ]
+        hit = cache.get_extra(f"pyimports:{path}")
+        if isinstance(hit, dict) and hit.get("key") == key and _valid_items(hit.get("items")):
+            items: Items = hit["items"]
+            return items
+    tree = _read_module_source(path, strip=True)
+    items = [] if tree is None else _imports(tree.body, module, is_package)
+    if cache is not None and key is not None:
+        cache.put_extra(f"pyimports:{path}", {"key": key, "items": items})
+    return items
+
+
+# --------------------------------------------------------------------------------------------- the model
+
+
+def _map(st: _State, path: str, route: str, reason: str) -> None:
+    """Map ``path`` (an extension module or a library loaded by path) and its DT_NEEDED closure, every
+    object mapped so far already loaded."""
+    key = real_path(path, st.dirs)
+    if key in st.real:
+        return
+    try:
+        info = st.read(path)
+    except ElfError as e:
+        st.problems.append(str(e))
+        return
+    st.real.add(key)
+    st.before[key] = tuple(st.loaded)
+    st.loaded.append(path)
+    st.objects.append(Mapped(path, key, info.soname, st.owner(path), route, reason))
+    tree = st.resolver.tree(path, loaded=st.loaded[:-1])
+    for lib in tree.libraries:
+        if lib.path is None:
+            if lib.soname not in st.missing:
+                st.missing.append(lib.soname)
+            continue
+        if lib.route is Route.ALREADY_LOADED:
+            continue
+        k = lib.realpath or real_path(lib.path, st.dirs)
+        if k in st.real:
+            continue
+        st.real.add(k)
+        st.loaded.append(lib.path)
+        needer = lib.needed_by[0] if lib.needed_by else path
+        try:
+            soname = st.read(lib.path).soname
+        except ElfError:
+            soname = lib.soname
+        st.objects.append(
+            Mapped(lib.path, k, soname, lib.provider, "DT_NEEDED", f"DT_NEEDED of {os.path.basename(needer)}")
+        )
+
+
+_DEF = re.compile(r"^([ \t]*)(?:async[ \t]+)?def[ \t]")
+_OPEN = str.maketrans("", "", "".join(chr(c) for c in range(128) if chr(c) not in "([{)]}"))
+
+
+def _strip_defs(text: str) -> str:
+    """``text`` with the body of every ``def`` replaced by ``pass``: the import model never follows function
+    bodies, and parsing them is most of the cost (torch's sources: 3x). The header (up to the line where its
+    brackets close) is kept; a one-line ``def f(): ...`` is kept whole. A body line is one indented deeper than
+    the ``def`` (blank and comment lines included). Text this mangles (a triple-quoted string at a shallower
+    indent inside a body) fails to parse, and the caller parses the original instead."""
+    lines = text.split("\n")
+    out: list[str] = []
+    i, n = 0, len(lines)
+    while i < n:
+        line = lines[i]
+        m = _DEF.match(line)
+        if m is None:
+            out.append(line)
+            i += 1
+            continue
+        indent = len(m.group(1).expandtabs())
+        depth = 0
+        j = i
+        while True:
+            code = lines[j].split("#", 1)[0].rstrip()
+            brackets = code.translate(_OPEN)
+            depth += sum(brackets.count(c) for c in "([{") - sum(brackets.count(c) for c in ")]}")
+            out.append(lines[j])
+            if depth <= 0 or j + 1 >= n:
+                break
+            j += 1
+        if not code.endswith(":"):  # a one-line def (its body follows the colon): nothing to drop
+            i = j + 1
+            continue
+        out.append(" " * (indent + 1) + "pass")
+        j += 1
+        while j < n:
+            body = lines[j]
+            stripped = body.strip()
+            if (
+                stripped
+                and not stripped.startswith("#")
+                and len(body.expandtabs()) - len(body.expandtabs().lstrip()) <= indent
+            ):
+                break
+            out.append("")
+            j += 1
+        i = j
+    return "\n".join(out)
+
+
+def _read_module_source(path: str, strip: bool = False) -> ast.Module | None:
+    text = read_text(path, _MAX_SOURCE)
+    if text is None:
+        return None
+    if strip:
+        try:
+            return ast.parse(_strip_defs(text), filename=path)
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
+            pass  # mangled by the stripping (or not Python): the original decides
+    try:
+        return ast.parse(text, filename=path)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+
+
+def _cuda_major(package_dir: str, spec: str) -> str | None:
+    """``FILE:NAME``'s string value (``version.py:cuda`` -> "13.0") in the package, major only."""
+    file, _, name = spec.partition(":")
+    tree = _read_module_source(os.path.join(package_dir, file))
+    if tree is None:
+        return None
+    for node in tree.body:
+        targets = (
+            [node.target] if isinstance(node, ast.AnnAssign) else node.targets if isinstance(node, ast.Assign) else []
+        )
+        value = getattr(node, "value", None)
+        for t in targets:
+            if isinstance(t, ast.Name) and t.id == name and isinstance(value, ast.Constant):
+                return str(value.value).split(".")[0] if value.value is not None else None
+    return None
+
+
+def _preload(st: _State, row: Preload, module: str, package_dir: str) -> None:
+    reason = f"preload by path ({module}.{row.at}, {row.flags})"
+    if row.kind == "path":
+        p = os.path.join(package_dir, row.path)
+        if os.path.isfile(p):
+            _map(st, p, "preload", reason)
+        else:
+            st.problems.append(f"{module}: {row.at} would load {p}, which is missing")
+        return
+    if row.when_mapped and not any(
+        (o.soname or os.path.basename(o.path)).startswith(row.when_mapped) for o in st.objects
+    ):
+        return
+    major = _cuda_major(package_dir, row.cuda_major) if row.cuda_major else None
+    for folder, pattern in row.libraries:
+        for entry in st.interp.path:
+            hits: list[str] = []
+            for d in row.dirs:
+                if "{cuda_major}" in d and major is None:
+                    continue
+                sub = os.path.join(entry, d.format(folder=folder, cuda_major=major or ""))
+                try:
+                    names = os.listdir(sub)  # glob.glob's order: the directory's own
+                except OSError:
+                    continue
+                hits.extend(os.path.join(sub, n) for n in names if fnmatch.fnmatchcase(n, pattern))
+            if hits:
+                _map(st, hits[0], "preload", reason)
+                break
+
+
+def _import(st: _State, finder: _Finder, name: str, depth: int = 0) -> bool:
+    """Import ``name`` (and its parents first) into the model; whether it was found."""
+    if name in st.imported:
+        return True
+    if name in st.interp.startup:
+        st.imported[name] = None
+        return True
+    parent = name.rpartition(".")[0]
+    if parent and not _import(st, finder, parent, depth):
+        return False
+    if name in st.imported:  # the parent's code imported it
+        return True
+    if not finder.find(name):
+        return False
+    if len(st.imported) >= MAX_MODULES or depth > _MAX_DEPTH:
+        st.problems.append(f"import model stopped at {name}: more than {MAX_MODULES} modules or {_MAX_DEPTH} levels")
+        return True
+    file = finder.files.get(name)
+    st.imported[name] = file
+    st.order.append(name)
+    if file is None:
+        return True
+    if not file.endswith(".py"):
+        _map(st, file, "extension module", f"extension module {name} (dlopen RTLD_NOW|RTLD_LOCAL)")
+        return True
+    is_package = os.path.basename(file) == "__init__.py"
+    rows = [r for r in st.preloads if r.module == name]
+    _run_body(st, finder, _skeleton(file, name, is_package, st.cache), name, os.path.dirname(file), rows, depth)
+    return True
+
+
+def _run_body(
+    st: _State, finder: _Finder, items: Items, module: str, pkg_dir: str, rows: list[Preload], depth: int
+) -> bool:
+    """Execute the imports of one block; whether all of them were found."""
+    ok = True
+    for item in items:
+        kind = item[0]
+        if kind == "c":
+            for row in rows:
+                if row.at == item[1]:
+                    _preload(st, row, module, pkg_dir)
+        elif kind == "i":
+            first, *rest = item[1]
+            if not _import(st, finder, first, depth + 1):
+                ok = False
+                continue
+            for sub in rest:  # from P import a: P.a when it is a submodule
+                if sub not in st.imported and finder.find(sub):
+                    _import(st, finder, sub, depth + 1)
+        elif kind == "t" and not _run_body(st, finder, item[1], module, pkg_dir, rows, depth):
+            for handler in item[2]:
+                _run_body(st, finder, handler, module, pkg_dir, rows, depth)
+    return ok
+
+
+def _new_state(
+    interp: Interpreter,
+    resolver: Resolver,
+    read: Callable[[str], ElfInfo],
+    owner: Callable[[str], str | None],
+    preloads: Sequence[Preload] | None,
+    cache: ElfCache | None,
+) -> _State:
+    st = _State(
+        interp, resolver, read, owner, preloads=tuple(load_preloads() if preloads is None else preloads), cache=cache
+    )
+    exe = resolver.tree(interp.executable)
+    st.loaded.append(interp.executable)
+    st.real.add(real_path(interp.executable, st.dirs))
+    for lib in exe.libraries:
+        if lib.path is not None:
+            st.loaded.append(lib.path)
+            st.real.add(lib.realpath or real_path(lib.path, st.dirs))
+    return st
+
+
+def _copy(st: _State) -> _State:
+    """A copy of a model process whose later imports leave ``st`` as it is."""
+    return replace(
+        st,
+        objects=list(st.objects),
+        loaded=list(st.loaded),
+        real=set(st.real),
+        imported=dict(st.imported),
+        order=list(st.order),
+        missing=list(st.missing),
+        problems=list(st.problems),
+        before=dict(st.before),
+    )
+
+
+def module_name(path: str, site_dirs: Sequence[str], suffixes: Sequence[str]) -> str | None:
+    """The dotted name an extension module at ``path`` is imported as from ``site_dirs``, else None."""
+    for site in site_dirs:
+        prefix = os.path.normpath(site).rstrip(os.sep) + os.sep
+        p = os.path.normpath(path)
+        if not p.startswith(prefix):
+            continue
+        rel = p[len(prefix) :]
+        for suffix in sorted(suffixes, key=len, reverse=True):
+            if rel.endswith(suffix):
+                parts = rel[: -len(suffix)].split(os.sep)
+                if all(x.isidentifier() for x in parts):
+                    return ".".join(parts)
+    return None
+
+
+def import_contexts(
+    modules: Sequence[str],
+    interp: Interpreter,
+    resolver: Resolver,
+    read: Callable[[str], ElfInfo],
+    owner: Callable[[str], str | None],
+    cache: ElfCache | None = None,
+) -> dict[str, tuple[str, ...]]:
+    """For each extension module path of ``modules``, the objects already mapped when the import that loads
+    it reaches it: one model process per top-level package, which imports the package (as ``import P``
+    does) and then each of its modules that import did not reach, in order. A module the model cannot
+    import (its package's code is not found) is absent from the answer."""
+    names: dict[str, list[tuple[str, str]]] = {}
+    for path in modules:
+        name = module_name(path, interp.path, interp.suffixes)
+        if name is not None:
+            names.setdefault(name.split(".")[0], []).append((name, path))
+    out: dict[str, tuple[str, ...]] = {}
+    for top, members in names.items():
+        st = _new_state(interp, resolver, read, owner, None, cache)
+        finder = _Finder(interp)  # caches the file system only: shared by the copies
+        with contextlib.suppress(RecursionError):  # too deep a chain: what was reached still counts
+            _import(st, finder, top)
+        for name, path in members:
+            key = real_path(path, st.dirs)
+            got = st.before.get(key)
+            if got is None:
+                alone = _copy(st)
+                with contextlib.suppress(RecursionError):
+                    _import(alone, finder, name)
+                got = alone.before.get(key)
+            if got is not None:
+                out[path] = got
+    return out
+
+
+def predict_import(
+    module: str,
+    interp: Interpreter,
+    resolver: Resolver,
+    read: Callable[[str], ElfInfo],
+    owner: Callable[[str], str | None],
+    strings: Callable[[str], StringFacts] | None = None,
+    preloads: Sequence[Preload] | None = None,
+    cache: ElfCache | None = None,
+) -> Process:
+    """The shared objects ``import module`` maps in ``interp`` (module docstring), beyond those of the
+    interpreter's own executable (mapped before any import). ``strings``: the run's
+    ``ElfCache.read_strings``, for the run-time loads (dlopen table rows that read names from data);
+    ``cache``: the run's ELF cache, which keeps each Python file's imports (parsed once while unchanged)."""
+    st = _new_state(interp, resolver, read, owner, preloads, cache)
+    finder = _Finder(interp)
+    try:
+        found = _import(st, finder, module)
+    except RecursionError:  # a deeper chain than _MAX_DEPTH allows for (nested try blocks): a problem, not a crash
+        found = True
+        st.problems.append(f"import model stopped: {module}'s imports nest too deeply")
+    if not found:
+        st.problems.append(f"No module named {module!r} on {os.pathsep.join(interp.path)}")
+    later: list[Mapped] = []
+    if strings is not None:
+        # lazy: checks.dlopen imports checks.closure, which imports this module for import contexts
+        from pytest_cudastack.checks.dlopen import loads_of
+
+        seen = set(st.real)
+        for obj in list(st.objects):
+            try:
+                info = read(obj.path)
+            except ElfError:
+                continue
+            for ld in loads_of(obj.path, info, resolver, strings, st.loaded):
+                lib = ld.library
+                if lib.path is None or lib.route is Route.ALREADY_LOADED:
+                    continue
+                k = lib.realpath or real_path(lib.path, st.dirs)
+                if k in seen:
+                    continue
+                seen.add(k)
+                later.append(
+                    Mapped(lib.path, k, ld.name, lib.provider, "dlopen", f"dlopen by {os.path.basename(obj.path)}")
+                )
+    return Process(module, tuple(st.objects), tuple(later), tuple(st.missing), tuple(st.problems), tuple(st.order))

@@ -1,0 +1,340 @@
+"""Which libraries load which others at run time (dlopen), from ``data/dlopen_targets.json`` (validated on load).
+
+No DT_NEEDED shows these loads: cuDNN 9's shim opens its sub-libraries by soname, libcudart opens the
+driver's ``libcuda.so.1``, libnvrtc its ``libnvrtc-builtins.so.MAJOR.MINOR``, ONNX Runtime its CUDA provider
+by full path. Each row of the data file says, for the callers whose soname (or file name, for a module
+without one) matches ``caller``:
+
+* the names it opens: ``names`` (templates; ``{group}`` is a named group of the ``caller`` match, e.g. the
+  caller's own major) and/or ``strings`` (a regex over the strings of the caller's read-only data: the
+  names it was built with, such as ``libnvrtc-builtins.so.13.0``; a named group it shares with ``caller``
+  must capture the same text);
+* how it searches: ``"dlopen"`` (glibc's search from the calling object, ``Resolver.dlopen``) or
+  ``"paths"`` (the name opened as ``DIR/name`` for each of ``paths``, with ``$ORIGIN`` the caller's
+  directory: a full path, no search);
+* what a miss costs: ``fatal`` (the feature fails), ``fallback`` (it silently does something else, which
+  ``fallback`` says), ``optional`` (nothing is lost that was used).
+
+Every row cites a source listed in the file's ``sources``.
+
+The file's ``preloads`` table lists what a package's ``__init__`` loads by path before its extension
+modules (:class:`Preload`): torch's ``_load_global_deps`` maps ``lib/libtorch_global_deps.so`` with
+RTLD_GLOBAL, then, once libcudart is mapped, the first match of each nvidia library's glob under the first
+``sys.path`` entry that has one. ``at`` names the call in the module's top-level code that performs it.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from enum import Enum
+from importlib import resources
+from typing import Any
+
+from pytest_cudastack.errors import DataError
+
+__all__ = [
+    "DATA_FILE",
+    "DlopenRow",
+    "Miss",
+    "Preload",
+    "load_dlopen_targets",
+    "load_preloads",
+    "validate_dlopen_targets",
+    "validate_preloads",
+]
+
+DATA_FILE = "data/dlopen_targets.json"
+_TEMPLATE_FIELD = re.compile(r"\{([^{}]*)\}")
+_NAME = re.compile(r"[A-Za-z0-9_.+-]+")
+_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
+_ROW_KEYS = {"caller", "names", "strings", "search", "paths", "miss", "fallback", "source", "note"}
+
+
+class Miss(str, Enum):
+    """What a load that finds nothing costs."""
+
+    FATAL = "fatal"
+    FALLBACK = "fallback"
+    OPTIONAL = "optional"
+
+
+@dataclass(frozen=True)
+class DlopenRow:
+    """One caller pattern and what it loads at run time; see the module docstring."""
+
+    caller: re.Pattern[str]
+    names: tuple[str, ...]
+    strings: re.Pattern[str] | None
+    search: str  # "dlopen" | "paths"
+    paths: tuple[str, ...]
+    miss: Miss
+    fallback: str
+    source: str
+    note: str = ""
+
+    def match(self, *names: str | None) -> re.Match[str] | None:
+        """The ``caller`` match of the first of ``names`` (soname, file name) it matches, else None."""
+        for name in names:
+            if name:
+                m = self.caller.search(name)
+                if m is not None:
+                    return m
+        return None
+
+    def targets(self, caller: re.Match[str], strings: Sequence[str] = ()) -> tuple[str, ...]:
+        """The names this row's caller (its ``caller`` match) opens: the templates filled from the match,
+        then the caller's read-only ``strings`` that ``strings`` matches (shared groups equal), in order."""
+        groups = {k: v for k, v in caller.groupdict().items() if v is not None}
+        out = [t.format_map(groups) for t in self.names]
+        if self.strings is not None:
+            for s in strings:
+                m = self.strings.search(s)
+                if m is None:
+                    continue
+                if any(groups.get(k) not in (None, v) for k, v in m.groupdict().items()):
+                    continue
+                out.append(s)
+        return tuple(dict.fromkeys(out))
+
+
+def _where(source: str, i: int) -> str:
+    return f"{source}: targets[{i}]"
+
+
+def _regex(where: str, key: str, value: Any) -> re.Pattern[str]:
+    if not isinstance(value, str) or not value:
+        raise DataError(f"{where}: {key!r} must be a non-empty regex string")
+    try:
+        return re.compile(value)
+    except re.error as e:
+        raise DataError(f"{where}: {key!r} is not a valid regex: {e}") from e
+
+
+def _row(source: str, i: int, row: Any, sources: Mapping[str, Any]) -> DlopenRow:
+    where = _where(source, i)
+    if not isinstance(row, dict):
+        raise DataError(f"{where}: expected an object, got {type(row).__name__}")
+    extra = set(row) - _ROW_KEYS
+    if extra:
+        raise DataError(f"{where}: unknown key(s) {', '.join(sorted(extra))}")
+    src = row.get("source")
+    if not isinstance(src, str) or src not in sources:
+        raise DataError(f"{where}: source {src!r} is not listed in 'sources'")
+    caller = _regex(where, "caller", row.get("caller"))
+    names_raw = row.get("names", [])
+    if not isinstance(names_raw, list) or not all(isinstance(n, str) and n for n in names_raw):
+        raise DataError(f"{where}: 'names' must be a list of non-empty strings")
+    for name in names_raw:
+        for field in _TEMPLATE_FIELD.findall(name):
+            if field not in caller.groupindex:
+                raise DataError(f"{where}: name {name!r} uses {{{field}}}, not a named group of 'caller'")
+        if not _NAME.fullmatch(_TEMPLATE_FIELD.sub("0", name)):
+            raise DataError(f"{where}: name {name!r} is not a library file name (no '/', no spaces)")
+    strings = _regex(where, "strings", row["strings"]) if "strings" in row else None
+    if not names_raw and strings is None:
+        raise DataError(f"{where}: needs 'names' or 'strings'")
+    search = row.get("search")
+    paths_raw = row.get("paths")
+    if search == "dlopen":
+        if paths_raw is not None:
+            raise DataError(f"{where}: 'paths' is only for search 'paths'")
+        paths: tuple[str, ...] = ()
+    elif search == "paths":
+        if not isinstance(paths_raw, list) or not paths_raw or not all(isinstance(p, str) and p for p in paths_raw):
+            raise DataError(f"{where}: search 'paths' needs 'paths', a non-empty list of directories")
+        paths = tuple(paths_raw)
+    else:
+        raise DataError(f"{where}: 'search' must be 'dlopen' or 'paths', not {search!r}")
+    try:
+        miss = Miss(row.get("miss"))
+    except ValueError:
+        raise DataError(f"{where}: 'miss' must be one of fatal, fallback, optional, not {row.get('miss')!r}") from None
+    fallback = row.get("fallback", "")
+    if not isinstance(fallback, str) or (miss is Miss.FALLBACK) != bool(fallback):
+        raise DataError(f"{where}: 'fallback' (what happens instead) is required with miss 'fallback', and only then")
+    note = row.get("note", "")
+    if not isinstance(note, str):
+        raise DataError(f"{where}: 'note' must be a string")
+    return DlopenRow(caller, tuple(names_raw), strings, search, paths, miss, fallback, src, note)
+
+
+def _check_sources(sources: Any, source: str) -> Mapping[str, Any]:
+    if not isinstance(sources, dict) or not sources:
+        raise DataError(f"{source}: 'sources' must be a non-empty object")
+    for sid, meta in sources.items():
+        if (
+            not isinstance(meta, dict)
+            or not isinstance(meta.get("url"), str)
+            or not isinstance(meta.get("retrieved"), str)
+            or not _DATE.fullmatch(meta["retrieved"])
+            or not isinstance(meta.get("says"), str)
+            or not meta["says"]
+        ):
+            raise DataError(f"{source}: sources[{sid!r}] needs 'url', 'retrieved' (YYYY-MM-DD) and 'says'")
+    return sources
+
+
+def validate_dlopen_targets(raw: Any, source: str = DATA_FILE) -> tuple[DlopenRow, ...]:
+    """The rows of a dlopen-targets document; DataError naming ``source`` and the offending row otherwise
+    (unknown keys, a row citing an unlisted source, a bad regex, a template naming a group the caller
+    pattern lacks, a search without its paths, a fallback row that does not say what happens instead)."""
+    if not isinstance(raw, dict):
+        raise DataError(f"{source}: top level must be an object")
+    unknown = set(raw) - {"schema", "sources", "targets", "preloads"}
+    if unknown:
+        raise DataError(f"{source}: unknown top-level key(s) {', '.join(sorted(unknown))}")
+    if raw.get("schema") != 1:
+        raise DataError(f"{source}: unsupported schema {raw.get('schema')!r} (expected 1)")
+    sources = _check_sources(raw.get("sources"), source)
+    table = raw.get("targets")
+    if not isinstance(table, list) or not table:
+        raise DataError(f"{source}: top-level 'targets' must be a non-empty list")
+    rows = tuple(_row(source, i, row, sources) for i, row in enumerate(table))
+    seen: dict[str, int] = {}
+    for i, r in enumerate(rows):
+        if r.caller.pattern in seen:
+            raise DataError(
+                f"{_where(source, i)}: caller {r.caller.pattern!r} repeats targets[{seen[r.caller.pattern]}]"
+            )
+        seen[r.caller.pattern] = i
+    return rows
+
+
+@dataclass(frozen=True)
+class Preload:
+    """One load by path a package's ``__init__`` performs when its top-level code calls ``at``.
+
+    ``kind`` "path": ``path`` relative to the package directory. ``kind`` "sys_path": only once an object
+    whose soname starts with ``when_mapped`` is mapped; for each ``(folder, glob)`` of ``libraries``, the
+    matches of ``dirs`` (``{folder}``, ``{cuda_major}`` filled in; ``cuda_major`` read from the package's
+    ``FILE:NAME`` assignment) under each ``sys.path`` entry in order, the first entry with a match winning.
+    """
+
+    module: str
+    at: str
+    kind: str
+    flags: str
+    source: str
+    path: str = ""
+    when_mapped: str = ""
+    cuda_major: str = ""
+    dirs: tuple[str, ...] = ()
+    libraries: tuple[tuple[str, str], ...] = ()
+    note: str = ""
+
+
+_PRELOAD_KEYS = {
+    "module",
+    "at",
+    "kind",
+    "flags",
+    "source",
+    "path",
+    "when_mapped",
+    "cuda_major",
+    "dirs",
+    "libraries",
+    "note",
+}
+
+
+def validate_preloads(raw: Any, source: str = DATA_FILE) -> tuple[Preload, ...]:
+    """The ``preloads`` rows of a dlopen-targets document (none when absent); DataError naming ``source``
+    and the row otherwise."""
+    if not isinstance(raw, dict):
+        raise DataError(f"{source}: top level must be an object")
+    sources = _check_sources(raw.get("sources"), source)
+    table = raw.get("preloads", [])
+    if not isinstance(table, list):
+        raise DataError(f"{source}: 'preloads' must be a list")
+    out: list[Preload] = []
+    for i, row in enumerate(table):
+        where = f"{source}: preloads[{i}]"
+        if not isinstance(row, dict):
+            raise DataError(f"{where}: expected an object")
+        extra = set(row) - _PRELOAD_KEYS
+        if extra:
+            raise DataError(f"{where}: unknown key(s) {', '.join(sorted(extra))}")
+        if row.get("source") not in sources:
+            raise DataError(f"{where}: source {row.get('source')!r} is not listed in 'sources'")
+        for key in ("module", "at", "kind", "flags"):
+            if not isinstance(row.get(key), str) or not row[key]:
+                raise DataError(f"{where}: {key!r} must be a non-empty string")
+        if row["flags"] not in ("RTLD_GLOBAL", "RTLD_LOCAL"):
+            raise DataError(f"{where}: 'flags' must be RTLD_GLOBAL or RTLD_LOCAL")
+        kind = row["kind"]
+        if kind == "path":
+            path = row.get("path")
+            if not isinstance(path, str) or not path or path.startswith("/") or ".." in path.split("/"):
+                raise DataError(f"{where}: kind 'path' needs 'path', relative to the package, inside it")
+            out.append(
+                Preload(
+                    row["module"],
+                    row["at"],
+                    kind,
+                    row["flags"],
+                    row["source"],
+                    path=path,
+                    note=str(row.get("note", "")),
+                )
+            )
+        elif kind == "sys_path":
+            dirs = row.get("dirs")
+            libs = row.get("libraries")
+            if not isinstance(dirs, list) or not dirs or not all(isinstance(d, str) and d for d in dirs):
+                raise DataError(f"{where}: kind 'sys_path' needs 'dirs', a non-empty list")
+            if (
+                not isinstance(libs, list)
+                or not libs
+                or not all(
+                    isinstance(x, list) and len(x) == 2 and all(isinstance(y, str) and y for y in x) for x in libs
+                )
+            ):
+                raise DataError(f"{where}: 'libraries' must be a non-empty list of [folder, glob] pairs")
+            major = row.get("cuda_major", "")
+            if not isinstance(major, str) or (major and major.count(":") != 1):
+                raise DataError(f"{where}: 'cuda_major' must be FILE:NAME")
+            if any("{cuda_major}" in d for d in dirs) and not major:
+                raise DataError(f"{where}: 'dirs' use {{cuda_major}} but 'cuda_major' is not given")
+            out.append(
+                Preload(
+                    row["module"],
+                    row["at"],
+                    kind,
+                    row["flags"],
+                    row["source"],
+                    when_mapped=str(row.get("when_mapped", "")),
+                    cuda_major=major,
+                    dirs=tuple(dirs),
+                    libraries=tuple((a, b) for a, b in libs),
+                    note=str(row.get("note", "")),
+                )
+            )
+        else:
+            raise DataError(f"{where}: 'kind' must be 'path' or 'sys_path', not {kind!r}")
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=1)
+def _shipped() -> Any:
+    ref = resources.files("pytest_cudastack.cuda").joinpath(DATA_FILE)
+    try:
+        return json.loads(ref.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise DataError(f"{DATA_FILE}: cannot read: {e}") from e
+
+
+@functools.lru_cache(maxsize=1)
+def load_dlopen_targets() -> tuple[DlopenRow, ...]:
+    """The shipped table, validated (cached)."""
+    return validate_dlopen_targets(_shipped(), DATA_FILE)
+
+
+@functools.lru_cache(maxsize=1)
+def load_preloads() -> tuple[Preload, ...]:
+    """The shipped file's preloads, validated (cached)."""
+    return validate_preloads(_shipped(), DATA_FILE)

@@ -1,0 +1,193 @@
+"""The import model (checks/process.py) on gcc-built stand-ins: import order, preloads, already-loaded by
+SONAME, static ``if``/``try`` rules, and the dlopen targets listed as run-time loads."""
+
+from __future__ import annotations
+
+import importlib.machinery
+import sys
+from pathlib import Path
+
+import pytest
+
+from pytest_cudastack.checks.process import Interpreter, predict_import
+from pytest_cudastack.cuda.dlopen import Preload
+from pytest_cudastack.linker.elf import read_elf
+from pytest_cudastack.linker.elfcache import ElfCache
+from pytest_cudastack.linker.resolver import Resolver, SearchConfig
+from pytest_cudastack.linker.strings import read_strings
+from tests.helpers.sitebuild import HAVE_CC, compile_so, site_packages
+
+pytestmark = pytest.mark.skipif(not HAVE_CC, reason="needs a C compiler")
+SUFFIX = importlib.machinery.EXTENSION_SUFFIXES[0]
+
+
+def _put(root: Path, files: dict[str, bytes | str]) -> None:
+    for rel, data in files.items():
+        p = root / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(data, str):
+            p.write_text(data)
+        else:
+            p.write_bytes(data)
+
+
+def _exe(tmp_path: Path) -> str:
+    p = tmp_path / "bin" / "python"
+    _put(tmp_path, {"bin/python": compile_so(None)})
+    return str(p)
+
+
+def predict(tmp_path: Path, site: Path, module: str, preloads: tuple[Preload, ...] = (), cache: ElfCache | None = None):
+    interp = Interpreter((str(site),), _exe(tmp_path), startup=frozenset(sys.builtin_module_names))
+    resolver = Resolver(SearchConfig(), reader=read_elf)  # the C library from the default directories
+    return predict_import(module, interp, resolver, read_elf, lambda p: None, read_strings, preloads, cache)
+
+
+GLOBAL = Preload("torchish", "_load_global_deps", "path", "RTLD_GLOBAL", "torch-init-preload", path="lib/libglobal.so")
+
+
+def _torchish(site: Path, init: str) -> None:
+    _put(
+        site,
+        {
+            "torchish/__init__.py": init,
+            # the global deps library pulls libdep.so.1 through its own RUNPATH ...
+            "torchish/lib/libglobal.so": compile_so("libglobal.so", needed=["libdep.so.1"], runpath="$ORIGIN/../dep"),
+            "torchish/dep/libdep.so.1": compile_so("libdep.so.1"),
+            # ... which the extension module needs but cannot find on its own
+            f"torchish/_C{SUFFIX}": compile_so(None, pyinit="_C", needed=["libdep.so.1"]),
+        },
+    )
+
+
+def test_preload_satisfies_a_later_module_by_soname(tmp_path: Path):
+    site = site_packages(tmp_path / "venv")
+    _torchish(site, "import os\n_load_global_deps()\nfrom torchish import _C\n")
+    p = predict(tmp_path, site, "torchish", (GLOBAL,))
+    assert not p.missing
+    assert not p.problems
+    got = [(Path(o.path).name, o.route, o.reason) for o in p.objects]
+    assert got == [
+        ("libglobal.so", "preload", "preload by path (torchish._load_global_deps, RTLD_GLOBAL)"),
+        ("libdep.so.1", "DT_NEEDED", "DT_NEEDED of libglobal.so"),
+        (f"_C{SUFFIX}", "extension module", "extension module torchish._C (dlopen RTLD_NOW|RTLD_LOCAL)"),
+    ]
+    assert p.modules[:2] == ("torchish", "torchish._C")
+
+
+def test_without_the_preload_the_soname_is_missing(tmp_path: Path):
+    site = site_packages(tmp_path / "venv")
+    _torchish(site, "from torchish import _C\n")
+    p = predict(tmp_path, site, "torchish", (GLOBAL,))
+    assert p.missing == ("libdep.so.1",)
+
+
+def test_import_order_of_dependencies(tmp_path: Path):
+    """``import pkg`` runs pkg/__init__.py, which imports ``dep`` first: dep's extension maps libx.so.1 through
+    its RPATH, and pkg's extension (no RPATH) finds it already loaded."""
+    site = site_packages(tmp_path / "venv")
+    _put(
+        site,
+        {
+            "dep/__init__.py": "from dep import _ext\n",
+            f"dep/_ext{SUFFIX}": compile_so(None, pyinit="_ext", needed=["libx.so.1"], rpath="$ORIGIN/lib"),
+            "dep/lib/libx.so.1": compile_so("libx.so.1"),
+            "pkg/__init__.py": "import dep\nfrom . import _ext\n",
+            f"pkg/_ext{SUFFIX}": compile_so(None, pyinit="_ext", needed=["libx.so.1"]),
+        },
+    )
+    p = predict(tmp_path, site, "pkg")
+    assert not p.missing
+    assert [Path(o.path).name for o in p.objects] == [f"_ext{SUFFIX}", "libx.so.1", f"_ext{SUFFIX}"]
+    assert p.modules == ("pkg", "dep", "dep._ext", "pkg._ext")
+    # the other order: pkg's module first misses libx.so.1
+    (site / "pkg/__init__.py").write_text("from . import _ext\nimport dep\n")
+    assert predict(tmp_path, site, "pkg").missing == ("libx.so.1",)
+
+
+def test_static_if_and_try_rules(tmp_path: Path):
+    site = site_packages(tmp_path / "venv")
+    _put(
+        site,
+        {
+            "pkg/__init__.py": (
+                "from typing import TYPE_CHECKING\n"
+                "if TYPE_CHECKING:\n    import typed_only\n"
+                "if sys.platform == 'win32':\n    import win_only\nelse:\n    import posix_side\n"
+                "try:\n    import absent_module\nexcept ImportError:\n    import fallback_side\n"
+                "try:\n    import posix_side\nexcept ImportError:\n    import never_side\n"
+                "def later():\n    import in_function\n"
+            ),
+            "typed_only.py": "",
+            "win_only.py": "",
+            "posix_side.py": "",
+            "fallback_side.py": "",
+            "never_side.py": "",
+            "in_function.py": "",
+        },
+    )
+    p = predict(tmp_path, site, "pkg")
+    assert set(p.modules) >= {"pkg", "posix_side", "fallback_side"}
+    assert not {"typed_only", "win_only", "never_side", "in_function"} & set(p.modules)
+
+
+def test_dlopen_targets_are_run_time_loads_not_import(tmp_path: Path):
+    site = site_packages(tmp_path / "venv")
+    _put(
+        site,
+        {
+            "pkg/__init__.py": "from . import _ext\n",
+            f"pkg/_ext{SUFFIX}": compile_so(None, pyinit="_ext", needed=["libcudnn.so.9"], rpath="$ORIGIN/lib"),
+            "pkg/lib/libcudnn.so.9": compile_so("libcudnn.so.9", rpath="$ORIGIN"),
+            "pkg/lib/libcudnn_graph.so.9": compile_so("libcudnn_graph.so.9"),
+        },
+    )
+    p = predict(tmp_path, site, "pkg")
+    assert "libcudnn_graph.so.9" not in {o.soname for o in p.objects}
+    assert ("libcudnn_graph.so.9", "dlopen", "dlopen by libcudnn.so.9") in {
+        (o.soname, o.route, o.reason) for o in p.run_time
+    }
+
+
+def test_unknown_module_is_a_problem_and_imports_are_cached(tmp_path: Path):
+    site = site_packages(tmp_path / "venv")
+    assert predict(tmp_path, site, "nothere").problems[0].startswith("No module named 'nothere'")
+    _put(site, {"pkg/__init__.py": "import helper\n", "helper.py": ""})
+    cache = ElfCache(str(tmp_path / "cache"), enabled=True)
+    first = predict(tmp_path, site, "pkg", cache=cache)
+    assert cache.get_extra(f"pyimports:{site / 'pkg/__init__.py'}")["items"] == [["i", ["helper"]]]
+    assert predict(tmp_path, site, "pkg", cache=cache).modules == first.modules == ("pkg", "helper")
+
+
+def test_function_bodies_are_not_parsed_but_top_level_code_is(tmp_path: Path):
+    """The top-level scan drops def bodies before parsing (cost); one-line defs, multi-line headers and a body
+    whose string runs at column 0 (the stripped text does not parse: the original is parsed) keep every
+    top-level import."""
+    site = site_packages(tmp_path / "venv")
+    _put(
+        site,
+        {
+            "pkg/__init__.py": (
+                "def one(): return 1\n"
+                "if True:\n    import after_one_liner\n"
+                "def multi(a,\n          b=(1, 2)):\n    import in_body\n    return a\n"
+                "import after_multi\n"
+                "def doc():\n    x = '''\nimport in_string\n'''\n    return x\n"
+                "import after_doc\n"
+                "class K:\n    import in_class\n    def m(self):\n        import in_method\n"
+            ),
+            **{f"{m}.py": "" for m in ("after_one_liner", "in_body", "after_multi", "in_string", "after_doc")},
+            "in_class.py": "",
+            "in_method.py": "",
+        },
+    )
+    p = predict(tmp_path, site, "pkg")
+    assert p.modules == ("pkg", "after_one_liner", "after_multi", "after_doc", "in_class")
+
+
+def test_a_deep_import_chain_is_a_problem_not_a_crash(tmp_path: Path):
+    site = site_packages(tmp_path / "venv")
+    _put(site, {f"m{i}.py": f"import m{i + 1}\n" for i in range(400)})
+    p = predict(tmp_path, site, "m0")
+    assert p.problems
+    assert "levels" in p.problems[0] or "nest too deeply" in p.problems[0]
