@@ -60,7 +60,7 @@ def test_metadata_only_cudnn_repair_is_verified_and_works(tmp_path, capsys):
     ]
     assert plan["unresolved"] == []
     failing = [f for found in doc["items"].values() for f in found if f["severity"] == "error"]
-    assert {f["check"] for f in failing} == {"integrity", "closure"}
+    assert {f["check"] for f in failing} == {"integrity", "closure", "requirements"}
     # each item's fix is the plan's command; the naive reinstall of the stray is printed nowhere
     assert {f["fix"] for f in failing} == {plan["command"]}
     assert "nvidia-cudnn-cu12==" not in json.dumps(doc)

@@ -116,3 +116,24 @@ def test_clean_twin_keeps_its_findings_untouched(tmp_path):
     site = venv(tmp_path)
     integrity, closure, _inv = items(site)
     assert not [f for f in (*integrity, *closure) if f.failing]
+
+
+def test_the_plan_claims_the_requirement_findings_its_steps_meet(tmp_path):
+    """The requirements item's findings on the metadata-only state (torch's cu13 cuDNN pin absent) are among
+    what the plan repairs; an unmet pin on a library the plan leaves alone stays unresolved."""
+    from pytest_cudastack.checks.requirements import requirement_findings
+
+    site = metadata_only(tmp_path)
+    integrity, closure, inv = items(site)
+    reqs = [f for f in requirement_findings(inv) if f.failing]
+    assert [f.subject for f in reqs] == ["torch 2.14.1"]
+    assert "nvidia-cudnn-cu13" in reqs[0].distributions
+    (plan,) = plan_repairs([*integrity, *closure, *reqs], inv)
+    assert "requirements: torch 2.14.1" in plan.fixes
+    assert plan.unresolved == ()
+    # the same finding with a pin the steps do not touch is not claimed
+    from dataclasses import replace
+
+    other = replace(reqs[0], subject="torch 2.14.1 nccl", distributions=("torch", "nvidia-nccl-cu13"))
+    (plan,) = plan_repairs([*integrity, *closure, other], inv)
+    assert plan.unresolved == ("requirements: torch 2.14.1 nccl",)

@@ -151,6 +151,7 @@ def _broken(
     cause = f"{dist.name} {why}; it would load {copy.described}{route}"
     if pin:
         cause += f"; its metadata pins {pin}"
+    pinned = [f.name for f in reqs.of(dist) if f.pin is not None and row.matches_wheel(f.name)][:1]
     fix = ""
     if lib is not None and lib.route.value == "LD_LIBRARY_PATH":
         fix = f"remove {os.path.dirname(lib.path or '')} from LD_LIBRARY_PATH"
@@ -166,7 +167,8 @@ def _broken(
         cause=cause,
         fix=fix,
         where=(copy.path, dist.dist_info),
-        distributions=(dist.key,),
+        # the pinned wheel too: the repair plan claims this finding only when it meets that pin
+        distributions=(dist.key, *pinned),
         details=(f"rule: {rule.kind} ({rule.source}: {_source_url(rule)})",),
     )
 

@@ -27,7 +27,9 @@ library an extension module loads must stay on disk; a missing soname must appea
 linker tried: :class:`LoadFacts`). Steps that create an error, or leave one about what they act on (a
 distribution, its CUDA variant, a library whose bytes they change), are not proposed (``refused`` says why);
 a finding is claimed as fixed only when no error about it is left. What the plan cannot model (binaries, the
-driver, GPU code) stays in ``unresolved``.
+driver, GPU code, a shadowed copy on the search path) stays in ``unresolved``; a requirements finding (an
+unmet or absent pin, a framework rule on a pinned library) is claimed when the steps act on a distribution it
+names and the model leaves no error about those.
 
 :func:`verified_fixes` gives the integrity and closure findings their fix from the same model: the plan's
 command where it repairs them, else "no safe automatic repair is known" with the model's reason.
@@ -73,7 +75,7 @@ __all__ = [
 ]
 
 _BOUND = re.compile(r"--cuda-(?:max|min)=([0-9][0-9.]*)")  # the bound a cuda-max/min message names
-_MODELLED = ("integrity", "closure", "cuda-max", "cuda-min")
+_MODELLED = ("integrity", "closure", "requirements", "cuda-max", "cuda-min")
 
 
 @dataclass(frozen=True)
@@ -506,7 +508,14 @@ def _plan(
             fixed.append(f)
             continue
         about = _about(f, named[id(f)])
-        ok = f.check in ("integrity", "closure") and not bad and bool(drop or reinstall)
+        if f.check == "requirements":
+            # a pin or framework rule is met once the model meets the pins it names (its distributions, the
+            # absent ones included) and leaves no error about them; a shadowed copy (subject: a soname) depends
+            # on the search path, which the model does not hold
+            about |= set(f.distributions)
+            ok = ".so" not in f.subject and not bad and bool(acted & set(f.distributions))
+        else:
+            ok = f.check in ("integrity", "closure") and not bad and bool(drop or reinstall)
         ok = ok and not any(e.about & about for e in remaining)
         (fixed if ok else unresolved).append(f)
     refused = tuple(e.text for e in sorted(bad, key=lambda e: (e.kind, e.subject)))
@@ -594,13 +603,14 @@ def verified_fixes(
     facts: LoadFacts | None = None,
     keep: Sequence[Finding] = (),
 ) -> tuple[Finding, ...]:
-    """``findings`` with the fix of each failing integrity / closure finding replaced by one the model
-    verifies: the command of the plan over all of them when it repairs that finding (one command for the
+    """``findings`` with the fix of each failing integrity / closure / requirements (pip) finding replaced by
+    one the model verifies (a requirements finding keeps its own command when the model finds no error after
+    it): the command of the plan over all of them when it repairs that finding (one command for the
     item, as in the run's plan), else the plan for the finding alone, else "no safe automatic repair is
     known" with the reason the model gives (what the finding's own suggestion would leave) and what to do
     by hand. ``keep``: findings whose fix the caller verified otherwise (by resolution), left as they are."""
     kept = {id(f) for f in keep}
-    failing = [f for f in findings if f.failing and f.check in ("integrity", "closure") and id(f) not in kept]
+    failing = [f for f in findings if f.failing and _verifiable(f) and id(f) not in kept]
     if not failing:
         return tuple(findings)
     plans = plan_repairs(failing, inventory, facts=facts)
@@ -609,6 +619,10 @@ def verified_fixes(
     for f in failing:
         plan = by_key.get(_key(f))
         refused: list[str] = []
+        if plan is None and f.check == "requirements":
+            own = _parse_fix(f.fix)
+            if own is None or not predict(own, inventory, facts=facts, findings=[f]):
+                continue  # no fix of its own (a plan that claims it gives one), or one that leaves no error
         if plan is None:
             alone = plan_repairs([f], inventory, facts=facts)
             plan = next((p for p in alone if p.steps and _key(f) in p.fixes), None)
@@ -618,6 +632,15 @@ def verified_fixes(
 
 
 NO_SAFE_REPAIR = "no safe automatic repair is known"
+
+
+def _verifiable(f: Finding) -> bool:
+    """Findings whose fix the model checks: integrity's and closure's, and the requirements item's pip fixes
+    or missing ones (a fix on the search path, such as a shadowed copy's, is not a pip command: the model does
+    not hold it)."""
+    if f.check in ("integrity", "closure"):
+        return True
+    return f.check == "requirements" and (not f.fix or _parse_fix(f.fix) is not None)
 
 
 def _no_safe_repair(f: Finding, refused: Sequence[str], inv: Inventory, facts: LoadFacts | None) -> str:

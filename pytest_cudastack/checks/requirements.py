@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 
 from packaging.version import InvalidVersion, Version
 
+from pytest_cudastack.checks.repair import verified_fixes
 from pytest_cudastack.cuda.compat import soname_cuda_majors
 from pytest_cudastack.cuda.flavour import wheel_cuda_flavour
 from pytest_cudastack.cuda.frameworks import LibraryRow, framework_says, load_rules, reported_version
@@ -225,7 +226,7 @@ def _missing_finding(requirer: Distribution, facts: Sequence[RequirementFact], r
         cause=cause,
         fix=fix,
         where=(requirer.dist_info,),
-        distributions=(requirer.key,),
+        distributions=(requirer.key, *sorted({f.name for f in facts})),  # the repair plan matches these
     )
 
 
@@ -317,4 +318,8 @@ def run(stack: StackView, target: Target | None = None) -> tuple[Finding, ...]:
     from pytest_cudastack.checks.shadow import shadow_findings
 
     reqs = requirement_facts(stack.inventory)
-    return requirement_findings(stack.inventory, reqs) + framework_findings(stack, reqs) + shadow_findings(stack, reqs)
+    found = requirement_findings(stack.inventory, reqs) + framework_findings(stack, reqs) + shadow_findings(stack, reqs)
+    # the integrity item's failing findings join the model's plan (a stray variant's uninstall is what meets a
+    # pin whose files it overwrote), so both items print the one command; only this item's findings return
+    context = tuple(f for f in stack.integrity if f.failing)
+    return verified_fixes(found + context, stack.inventory)[: len(found)]
