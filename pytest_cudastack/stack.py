@@ -23,7 +23,7 @@ from pytest_cudastack._sysio import read_regular, write_atomic
 from pytest_cudastack.checks import enabled_checks, lookup
 from pytest_cudastack.checks.bounds import infer_binary, infer_shipped, infer_wheel
 from pytest_cudastack.checks.integrity import integrity_findings
-from pytest_cudastack.checks.scan import scan_targets
+from pytest_cudastack.checks.scan import scan_walk
 from pytest_cudastack.cuda.driver import declared_driver, linker_finder, probe_driver
 from pytest_cudastack.errors import DataError, ElfError
 from pytest_cudastack.findings import Finding
@@ -190,8 +190,17 @@ class Stack:
         return self.cache.fatbin(path)
 
     @cached_property
+    def _scan_walk(self) -> tuple[tuple[Target, ...], tuple[Target, ...]]:
+        return scan_walk(self.settings.cudastack_scan, self.rootdir)
+
+    @property
     def scan_targets(self) -> tuple[Target, ...]:
-        return scan_targets(self.settings.cudastack_scan, self.rootdir)
+        return self._scan_walk[0]
+
+    @property
+    def scan_dirs(self) -> tuple[Target, ...]:
+        """The walked scan directories holding files the walk did not check (``checks.scan.scan_walk``)."""
+        return self._scan_walk[1]
 
     @cached_property
     def binary_inferences(self) -> tuple[Inference, ...]:
