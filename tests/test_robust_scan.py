@@ -11,6 +11,7 @@ import socket
 import pytest
 
 from pytest_cudastack.checks.scan import run, scan_targets, scan_walk, skipped_files
+from pytest_cudastack.errors import ElfError
 from pytest_cudastack.findings import Finding, Severity
 from pytest_cudastack.items import MAX_SHOWN, FindingsRepr, render_findings
 from pytest_cudastack.settings import ENV, Settings
@@ -81,6 +82,24 @@ def test_unreadable_file_is_reported(tmp_path):
     d.mkdir()
     (d / "secret").write_bytes(b"\x7fELF")
     (d / "secret").chmod(0)
+    assert skipped_files(str(d)) == ((str(d / "secret"), "cannot be read: cannot open: Permission denied"),)
+
+
+def test_file_that_cannot_be_opened_is_reported(tmp_path, monkeypatch):
+    """As root a mode-000 file is readable: the open failing is simulated (EACCES, as for another user)."""
+    from pytest_cudastack.checks import scan
+
+    d = tmp_path / "bin"
+    d.mkdir()
+    (d / "secret").write_bytes(b"\x7fELF")
+    real = scan.open_regular
+
+    def refuse(path: str):  # type: ignore[no-untyped-def]
+        if path.endswith("secret"):
+            raise ElfError(f"{path}: cannot open: Permission denied")
+        return real(path)
+
+    monkeypatch.setattr(scan, "open_regular", refuse)
     assert skipped_files(str(d)) == ((str(d / "secret"), "cannot be read: cannot open: Permission denied"),)
 
 
