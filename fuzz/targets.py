@@ -24,6 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import jsonschema
+
+from pytest_cudastack import stack
+from pytest_cudastack.checks.baseline import baseline_findings, snapshot_drift
 from pytest_cudastack.cli.loaded import _parse_report
 from pytest_cudastack.errors import DataError, ElfError, LdCacheError
 from pytest_cudastack.linker import elf
@@ -476,8 +480,6 @@ def _snapshot_seeds(work: Path) -> list[bytes]:
 def _check_snapshot(data: bytes, scratch: Path) -> str | None:
     """load_snapshot raises only DataError; what it accepts the drift code reads without an error; and it
     accepts exactly what jsonschema accepts (the shipped schema; for a file without "schema", 0.1.0's)."""
-    from pytest_cudastack.checks.baseline import baseline_findings, snapshot_drift
-
     path = scratch / "snapshot.json"
     path.write_bytes(data)
     try:
@@ -500,10 +502,6 @@ def _check_snapshot(data: bytes, scratch: Path) -> str | None:
 
 def _jsonschema_verdict(data: bytes) -> bool | None:
     """jsonschema's verdict on the document, None where it cannot give one (not JSON, too deep for it)."""
-    import jsonschema
-
-    from pytest_cudastack import stack
-
     try:
         doc = json.loads(data.decode("utf-8"))
     except (ValueError, RecursionError):
