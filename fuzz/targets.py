@@ -24,13 +24,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pytest_cudastack.errors import ElfError, LdCacheError
+import jsonschema
+
+from pytest_cudastack import stack
+from pytest_cudastack.checks.baseline import baseline_findings, snapshot_drift
+from pytest_cudastack.cli.loaded import _parse_report
+from pytest_cudastack.errors import DataError, ElfError, LdCacheError
 from pytest_cudastack.linker import elf
 from pytest_cudastack.linker.elfcache import CACHE_FILE, ElfCache
 from pytest_cudastack.linker.fatbin import read_fatbin
 from pytest_cudastack.linker.ldcache import parse_ld_cache, read_ld_cache
+from pytest_cudastack.linker.symbols import SymbolFacts, read_symbols
 from pytest_cudastack.linker.treecache import CACHE_FILE as TREE_FILE
 from pytest_cudastack.linker.treecache import TreeCache
+from pytest_cudastack.stack import load_snapshot
 from pytest_cudastack.wheels.distinfo import metadata_headers, name_version, parse_record
 
 __all__ = ["TARGETS", "Target", "mutate_json"]
@@ -470,6 +477,129 @@ def _check_dlopen(data: bytes, scratch: Path) -> str | None:
         m = row.match("libcudnn.so.9", "libnvrtc.so.13")
         if m is not None:
             row.targets(m, ["libnvrtc-builtins.so.13.0"])
+
+
+# ------------------------------------------------------------------------------------- symbol tables
+def _symbols_seeds(work: Path) -> list[bytes]:
+    from tests.helpers.elfbuild import CC, build_lib, synth_elf
+
+    out = [
+        synth_elf(work / f"sym{cls}{little}.so", elf_class=cls, little=little, pyinit="seed",
+                  verneed=[("libc.so.6", ["GLIBC_2.2.5", "GLIBC_2.14"])]).read_bytes()
+        for cls in (32, 64) for little in (True, False)
+    ]  # fmt: skip
+    if CC is not None:
+        src = "".join(f"int f{i}(void) {{ return {i}; }}\n" for i in range(8))
+        src += 'extern int puts(const char *); int g(void) { return puts("x"); }\n'
+        script = work / "seed.map"
+        script.write_text("VERS_1 { global: f0; f1; local: *; };\nVERS_2 { global: f2; g; } VERS_1;\n")
+        for style in ("gnu", "sysv"):
+            for versions in (True, False):
+                extra = [f"-Wl,--hash-style={style}"] + ([f"-Wl,--version-script,{script}"] if versions else [])
+                lib = build_lib(work / f"sym-{style}-{versions}" / "libseed.so.1", source=src, extra=extra)
+                out.append(lib.read_bytes())
+    return out
+
+
+def _check_symbols(data: bytes, scratch: Path) -> str | None:
+    path = scratch / "libseed.so.1"
+    path.write_bytes(data)
+    try:
+        facts = read_symbols(str(path))
+    except ElfError as e:
+        return _memory(e)
+    facts.definitions()
+    facts.references()
+    facts.defined_versions()
+    try:
+        again = SymbolFacts.from_json(json.loads(json.dumps(facts.to_json())))
+    except ElfError as e:
+        return f"the symbol cache cannot read back what it wrote: {e}"
+    if again != facts:
+        return "the symbol facts do not survive the cache's JSON round trip"
+    return None
+
+
+# ---------------------------------------------------------------------------------------- snapshots
+def _snapshot_seeds(work: Path) -> list[bytes]:
+    gpu = {"index": 0, "name": "GPU", "uuid": None, "compute_capability": "9.0", "memory_total": 1, "mig_mode": None}
+    driver = {
+        "source": "probed", "version": "580.65.06", "cuda_version": "13.0", "gpus": [gpu], "archs": ["sm_90"],
+        "arch_source": "probed", "reason": None, "notes": ["n"], "libcuda": None, "kernel_module": None,
+        "forward_compat": None,
+    }  # fmt: skip
+    wheel = {
+        "name": "nvidia-cublas", "version": "13.0", "cuda_major": 13, "cuda_evidence": "name",
+        "libraries": ["libcublas.so.13"], "missing": ["/x/libcublas.so.13"], "problems": [],
+        "gpu_code": {"sass": ["sm_90"], "ptx": ["compute_90"]},
+    }  # fmt: skip
+    lib = {"soname": "libc.so.6", "path": None, "needed_by": ["bin/app"], "provider": None}
+    snap = {
+        "schema": "pytest-cudastack/snapshot", "version": 1, "format": 1, "generator": "pytest-cudastack 0.2",
+        "driver": driver, "wheels": [wheel], "binaries": [{"path": "bin/app", "libraries": [lib]}],
+    }  # fmt: skip
+    legacy = {k: v for k, v in snap.items() if k not in ("schema", "version")}
+    legacy["wheels"] = [{k: v for k, v in wheel.items() if k != "gpu_code"}]
+    return [json.dumps(snap).encode(), json.dumps(legacy).encode()]
+
+
+def _check_snapshot(data: bytes, scratch: Path) -> str | None:
+    """load_snapshot raises only DataError; what it accepts the drift code reads without an error; and it
+    accepts exactly what jsonschema accepts (the shipped schema; for a file without "schema", 0.1.0's)."""
+    path = scratch / "snapshot.json"
+    path.write_bytes(data)
+    try:
+        doc = load_snapshot(str(path))
+    except DataError as e:
+        doc = None
+        if "MemoryError" in str(e):
+            return f"over the memory limit: {e}"
+    verdict = _jsonschema_verdict(data)
+    if verdict is not None and verdict != (doc is not None):
+        ours, theirs = ("accepted", "refused") if doc is not None else ("refused", "accepted")
+        return f"load_snapshot {ours} what jsonschema {theirs}"
+    if doc is not None:
+        seed = json.loads(_snapshot_seeds(scratch)[0])
+        snapshot_drift(doc, seed)
+        snapshot_drift(seed, doc)
+        baseline_findings("b.json", doc, doc)
+    return None
+
+
+def _jsonschema_verdict(data: bytes) -> bool | None:
+    """jsonschema's verdict on the document, None where it cannot give one (not JSON, too deep for it)."""
+    try:
+        doc = json.loads(data.decode("utf-8"))
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(doc, dict) or doc.get("schema", "pytest-cudastack/snapshot") != "pytest-cudastack/snapshot":
+        return None  # refused before the schema (both sides agree it is not a snapshot)
+    if doc.get("version", doc.get("format")) != 1:
+        return None
+    schema = stack._snapshot_schema(legacy="schema" not in doc)
+    try:
+        return bool(jsonschema.Draft202012Validator(schema).is_valid(doc))
+    except RecursionError:
+        return None
+
+
+# --------------------------------------------------------------------------- `cudastack loaded` reports
+def _loaded_seeds(work: Path) -> list[bytes]:
+    return [
+        json.dumps({"paths": ["/usr/lib/libc.so.6", "/x/lib\udcff.so"], "error": None}).encode(),
+        json.dumps({"paths": [], "error": "ImportError: \x1b[31m no"}).encode(),
+    ]
+
+
+def _check_loaded(data: bytes, scratch: Path) -> str | None:
+    got = _parse_report(data)
+    if got is None:
+        return None
+    paths, error = got
+    if not (isinstance(paths, list) and all(isinstance(p, str) and p.startswith("/") for p in paths)):
+        return f"a report of malformed paths was accepted: {paths!r:.200}"
+    if error is not None and not (isinstance(error, str) and error.isprintable()):
+        return f"an unprintable error was passed on: {error!r:.200}"
     return None
 
 
@@ -484,5 +614,8 @@ TARGETS: dict[str, Target] = {
         Target("treecache", _treecache_seeds, _check_treecache, _structured_treecache),
         Target("strings", _strings_seeds, _check_strings),
         Target("dlopen", _dlopen_seeds, _check_dlopen, _structured_dlopen),
+        Target("symbols", _symbols_seeds, _check_symbols),
+        Target("snapshot", _snapshot_seeds, _check_snapshot, _structured_elfcache),
+        Target("loaded", _loaded_seeds, _check_loaded, _structured_elfcache),
     )
 }

@@ -3,21 +3,25 @@
 Inspected files are hostile until proven otherwise: a FIFO named like a library must not hang a run, a
 device must not be read forever, and a cache must never be half written. So every read opens with
 ``O_NONBLOCK`` and insists on a regular file, reads are size-capped, and writes go to a private temporary
-file that replaces the target in one ``os.replace``. This module imports nothing but ``os`` and ``stat``
+file that replaces the target in one ``os.replace``. This module imports nothing but ``os``, ``stat`` and ``errno``
 (``cudastack tree``'s warm path imports it), and it never logs: callers decide what a failure means.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 
 from pytest_cudastack.errors import ElfError
 
 __all__ = [
+    "append_text",
     "open_regular",
+    "output_problem",
     "read_cpuinfo_block",
     "read_owned",
+    "read_regular",
     "read_text",
     "real_path",
     "untrusted_dir",
@@ -112,8 +116,26 @@ def read_owned(path: str, limit: int) -> bytes | None:
         why = _foreign(st)
         if why is not None:
             raise ElfError(f"{path}: {why}")
-        if st.st_size > limit:
-            raise ElfError(f"{path}: larger than {limit} bytes")
+        return _read_capped(fd, st, path, limit)
+    finally:
+        os.close(fd)
+
+
+def read_regular(path: str, limit: int) -> bytes:
+    """The bytes of a regular file we were pointed at (a snapshot, a baseline): ElfError naming the file
+    when it is missing, not a regular file (a FIFO is refused at open, never waited on), over *limit*
+    bytes, or unreadable. Never blocks."""
+    fd, st = open_regular(path)
+    try:
+        return _read_capped(fd, st, path, limit)
+    finally:
+        os.close(fd)
+
+
+def _read_capped(fd: int, st: os.stat_result, path: str, limit: int) -> bytes:
+    if st.st_size > limit:
+        raise ElfError(f"{path}: larger than {limit} bytes")
+    try:
         chunks: list[bytes] = []
         total = 0
         while total <= limit:
@@ -122,13 +144,11 @@ def read_owned(path: str, limit: int) -> bytes | None:
                 break
             chunks.append(b)
             total += len(b)
-        if total > limit:  # it grew after the fstat
-            raise ElfError(f"{path}: larger than {limit} bytes")
-        return b"".join(chunks)
     except OSError as e:
         raise ElfError(f"{path}: cannot read: {e.strerror or e}") from e
-    finally:
-        os.close(fd)
+    if total > limit:  # it grew after the fstat
+        raise ElfError(f"{path}: larger than {limit} bytes")
+    return b"".join(chunks)
 
 
 def read_cpuinfo_block(path: str = "/proc/cpuinfo", limit: int = 1 << 16) -> str | None:
@@ -160,10 +180,86 @@ def read_cpuinfo_block(path: str = "/proc/cpuinfo", limit: int = 1 << 16) -> str
         os.close(fd)
 
 
+def _kind(mode: int) -> str:
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISLNK(mode):
+        return "a symbolic link"
+    return "not a regular file"
+
+
+def output_problem(path: str, append: bool = False) -> str | None:
+    """Why *path* cannot be an output file we write, None when it can: it exists and is not a regular file
+    (a directory, FIFO, socket or device; for *append*, a symbolic link too: appending would write through
+    it, while :func:`write_atomic` replaces the link itself), or its directory is missing (for *append*;
+    ``write_atomic`` creates it) or is not a writable directory. Checked before a run, so that a bad path is
+    a usage error then, not a lost result at its end."""
+    try:
+        st = os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):  # the walk up below says which part is missing or a file
+        st = None
+    except (OSError, ValueError) as e:
+        return f"cannot stat: {getattr(e, 'strerror', None) or e}"
+    if st is not None and not stat.S_ISREG(st.st_mode) and (append or not stat.S_ISLNK(st.st_mode)):
+        return f"is {_kind(st.st_mode)}, not a regular file"
+    parent = os.path.dirname(os.path.abspath(path))
+    while not os.path.lexists(parent):
+        if append:
+            return f"its directory {parent} does not exist"
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        return f"{parent} is not a directory"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"its directory {parent} is not writable"
+    return None
+
+
+def append_text(path: str, text: str) -> OSError | None:
+    """Append *text* to the regular file *path* (created, mode 0644, when missing; its directory must exist):
+    ``O_APPEND`` (GitHub's step summary is a file every step appends to), ``O_NONBLOCK`` (a FIFO without a
+    reader fails with ENXIO instead of waiting), ``O_NOFOLLOW`` (a symbolic link is refused). Returns the
+    I/O error instead of raising it."""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    except OSError as e:
+        return e
+    except ValueError as e:  # an embedded NUL byte
+        return OSError(errno.EINVAL, str(e), path)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return OSError(errno.EINVAL, f"is {_kind(st.st_mode)}, not a regular file", path)
+        data = text.encode("utf-8", errors="backslashreplace")
+        while data:
+            data = data[os.write(fd, data) :]
+    except OSError as e:
+        return e
+    finally:
+        os.close(fd)
+    return None
+
+
 def write_atomic(directory: str, file: str, text: str) -> OSError | None:
     """Write *text* to *file* in *directory* (created when missing) atomically: a private temporary file
-    (``O_EXCL | O_NOFOLLOW``, mode 0600), then ``os.replace``. Returns the I/O error instead of raising it,
-    so that each caller words the warning for what it was writing."""
+    (``O_EXCL | O_NOFOLLOW``, mode 0600), then ``os.replace``, which replaces a symbolic link at *file*
+    rather than writing through it. A *file* that exists and is neither a regular file nor a symbolic link
+    (a directory, a FIFO, a device) is left alone: the error says what it is. Returns the I/O error instead
+    of raising it, so that each caller words the warning for what it was writing."""
+    try:
+        st = os.lstat(file)
+    except OSError:
+        st = None
+    except ValueError as e:  # an embedded NUL byte
+        return OSError(errno.EINVAL, str(e), file)
+    if st is not None and not (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)):
+        return OSError(errno.EEXIST, f"is {_kind(st.st_mode)}, not a regular file", file)
     try:
         os.makedirs(directory, exist_ok=True)
         fd, tmp = _mkstemp(directory)

@@ -10,6 +10,11 @@ from typing import Any
 __all__ = ["SEVERITY_ORDER", "Finding", "Severity", "most_severe_first"]
 
 _COMPACT_ITEMS = 3  # places looked in and details the compact form lists before saying how many more
+# The full form's caps: an RPATH at the ELF reader's cap (4,096 directories) times 1,000 missing sonames
+# printed 100 MB; --json keeps every entry.
+_FULL_ITEMS = 50  # places looked in and details
+_FULL_CHAIN = 20  # hops of a load chain (the first and last halves are shown)
+_MAX_TEXT = 2000  # characters of one field (a soname can be a 100 KB string)
 
 
 class Severity(str, enum.Enum):
@@ -87,27 +92,38 @@ class Finding:
     def render(self, *, compact: bool = False) -> str:
         """Multi-line human text: message, then the chain, cause, places looked in, details and fix.
 
-        The full form (failed items, ``cudastack check``, ``cudastack report -v``) lists everything; the
-        compact form (``cudastack report``) lists at most three places and three details and says how many
-        more ``-v`` or ``--json`` would show.
+        The full form (failed items, ``cudastack check``, ``cudastack report -v``) lists up to 50 places and
+        50 details, 20 hops of the chain and 2,000 characters of each field, and says how many more
+        ``--json`` would show; the compact form (``cudastack report``) lists at most three places and three
+        details and says how many more ``-v`` or ``--json`` would show.
         """
-        lines = [f"{self.subject}: {self.message}"]
+        lines = [f"{_clip(self.subject)}: {_clip(self.message)}"]
         if self.chain:
-            lines.append("  needed by: " + " -> ".join(self.chain))
+            chain = [_clip(c) for c in self.chain]
+            if len(chain) > _FULL_CHAIN:
+                half = _FULL_CHAIN // 2
+                chain = [*chain[:half], f"... {len(chain) - 2 * half} more ...", *chain[-half:]]
+            lines.append("  needed by: " + " -> ".join(chain))
         if self.cause:
-            lines.append(f"  cause: {self.cause}")
-        if self.where and (not compact or len(self.where) <= _COMPACT_ITEMS):
-            lines.append("  looked in: " + ", ".join(self.where))
+            lines.append(f"  cause: {_clip(self.cause)}")
+        limit = _COMPACT_ITEMS if compact else _FULL_ITEMS
+        if self.where and len(self.where) <= limit:
+            lines.append("  looked in: " + ", ".join(_clip(w) for w in self.where))
         elif self.where:
-            shown = ", ".join(self.where[:_COMPACT_ITEMS])
-            lines.append(f"  looked in {len(self.where)} places: {shown}, ... (-v or --json for all)")
-        details = self.details[:_COMPACT_ITEMS] if compact else self.details
-        lines.extend(f"  {d}" for d in details)
+            shown = ", ".join(_clip(w) for w in self.where[:limit])
+            more = "-v or --json" if compact else "--json"
+            lines.append(f"  looked in {len(self.where)} places: {shown}, ... ({more} for all)")
+        details = self.details[:limit]
+        lines.extend(f"  {_clip(d)}" for d in details)
         if len(self.details) > len(details):
-            lines.append(f"  ... {len(self.details) - len(details)} more (-v or --json)")
+            lines.append(f"  ... {len(self.details) - len(details)} more ({'-v or --json' if compact else '--json'})")
         if self.fix:
-            lines.append(f"  fix: {self.fix}")
+            lines.append(f"  fix: {_clip(self.fix)}")
         return "\n".join(lines)
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= _MAX_TEXT else f"{text[:_MAX_TEXT]}... ({len(text) - _MAX_TEXT} more characters)"
 
 
 def most_severe_first(findings: Iterable[Finding]) -> tuple[Finding, ...]:

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FINDING_PROPERTY",
+    "MAX_SHOWN",
     "CudaStackCollector",
     "FindingsRepr",
     "InvariantFailed",
@@ -36,6 +37,9 @@ __all__ = [
 ]
 
 FINDING_PROPERTY = "cudastack.finding"
+# Findings one item prints (and records as properties) before saying how many more: 1,000 missing sonames
+# are one cause, and ``cudastack check --json`` lists them all.
+MAX_SHOWN = 100
 
 
 class InvariantFailed(Exception):
@@ -48,7 +52,15 @@ class InvariantFailed(Exception):
 
 def render_findings(findings: Iterable[Finding]) -> str:
     """Findings as text, errors first, each with its cause, chain, places looked and fix."""
-    return "\n".join(f"[{f.severity.value}] {f.render()}" for f in most_severe_first(findings))
+    ordered = most_severe_first(findings)
+    lines = [f"[{f.severity.value}] {f.render()}" for f in ordered[:MAX_SHOWN]]
+    if len(ordered) > MAX_SHOWN:
+        lines.append(_more(len(ordered) - MAX_SHOWN))
+    return "\n".join(lines)
+
+
+def _more(n: int) -> str:
+    return f"... {n} more finding{'' if n == 1 else 's'} (cudastack check --json lists them all)"
 
 
 @dataclass(frozen=True)
@@ -78,11 +90,14 @@ class FindingsRepr:
 
     def lines(self) -> Iterator[tuple[str, bool]]:
         """``(line, is a headline)`` of every error, most severe first."""
-        for finding in most_severe_first(f for f in self.findings if f.failing):
+        errors = most_severe_first(f for f in self.findings if f.failing)
+        for finding in errors[:MAX_SHOWN]:
             first, *rest = f"[{finding.severity.value}] {finding.render(compact=self.compact)}".splitlines()
             yield first, True
             for line in rest:
                 yield line, False
+        if len(errors) > MAX_SHOWN:
+            yield _more(len(errors) - MAX_SHOWN), True
 
     def toterminal(self, tw: TerminalWriter) -> None:
         for line, headline in self.lines():
@@ -118,8 +133,11 @@ class InvariantItem(pytest.Item):
         if reason is not None:
             pytest.skip(reason)
         self.findings = stack.findings(self.check, self.target)
-        for finding in self.findings:
+        shown = self.findings if len(self.findings) <= MAX_SHOWN else most_severe_first(self.findings)[:MAX_SHOWN]
+        for finding in shown:
             self.user_properties.append((FINDING_PROPERTY, _property(finding)))
+        if len(self.findings) > MAX_SHOWN:
+            self.user_properties.append((FINDING_PROPERTY, f"info: {_more(len(self.findings) - MAX_SHOWN)}"))
         if any(f.failing for f in self.findings):
             raise InvariantFailed(self.findings)
 

@@ -97,11 +97,45 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(str(e)) from e
     ini_dir = str(config.inipath.parent) if config.inipath is not None else None
     settings = config.stash[settings_key] = absolute_paths(settings, str(config.invocation_params.dir), ini_dir)
+    _check_files(settings)
     if settings.active:  # unused, the plugin adds no per-test reporting hooks
         config.pluginmanager.register(Reporter(config), "cudastack-reporter")
     # "xdist" when auto-loaded from its entry point, "xdist.plugin" when loaded with -p xdist.plugin
     if config.pluginmanager.hasplugin("xdist") or config.pluginmanager.hasplugin("xdist.plugin"):
         config.pluginmanager.register(XdistHooks(), "cudastack-xdist")
+
+
+def _check_files(settings: Settings) -> None:
+    """Usage errors, before the run, for a baseline that is not a snapshot (naming its first wrong field) and
+    output files that cannot be written (a directory, a FIFO, a missing step-summary directory), each naming
+    its option or variable: found at the end of a run, they would be the run's lost result."""
+    if not settings.active:
+        return
+    # lazy: only a run that reads or writes these files pays for the checks
+    from pytest_cudastack._sysio import output_problem
+
+    def named(key: str) -> str:
+        src = settings.source(key)
+        return "--" + key.replace("_", "-") + ("" if src in ("command line", "default") else f" (from {src})")
+
+    if settings.cudastack_baseline:
+        # lazy: an unused plugin imports only pytest and the stdlib (benchmarks/bench_plugin.py)
+        from pytest_cudastack.errors import DataError
+        from pytest_cudastack.stack import load_snapshot
+
+        try:
+            load_snapshot(settings.cudastack_baseline)
+        except DataError as e:
+            raise pytest.UsageError(f"{named('cudastack_baseline')}: {e}") from e
+    if settings.cudastack_snapshot:
+        why = output_problem(settings.cudastack_snapshot)
+        if why is not None:
+            raise pytest.UsageError(f"{named('cudastack_snapshot')}: {settings.cudastack_snapshot}: {why}")
+    summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    if summary:
+        why = output_problem(summary, append=True)
+        if why is not None:
+            raise pytest.UsageError(f"$GITHUB_STEP_SUMMARY: {summary}: {why}")
 
 
 def _stack(config: pytest.Config) -> Stack:
@@ -417,8 +451,14 @@ class Reporter:
         for report in self.reports:
             cells = [p.splitlines()[0].replace("|", "\\|") for p in found.get(report.nodeid, [])]
             rows.append(f"| `{report.nodeid}` | {report.outcome} | {'<br>'.join(cells) or '-'} |")
-        with open(path, "a", encoding="utf-8") as f:
-            f.write("\n".join(rows) + "\n\n")
+        # lazy: an unused plugin imports only pytest and the stdlib (benchmarks/bench_plugin.py)
+        from pytest_cudastack._sysio import append_text
+
+        error = append_text(path, "\n".join(rows) + "\n\n")
+        if error is not None:  # it changed since pytest_configure checked it
+            reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+            if reporter is not None:
+                reporter.write_line(f"cudastack: $GITHUB_STEP_SUMMARY: {path}: {error.strerror or error}", red=True)
 
 
 def _repair_summary(config: pytest.Config, failed: list[pytest.TestReport], terminalreporter: Any) -> None:

@@ -19,16 +19,17 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from pytest_cudastack import __version__
-from pytest_cudastack._sysio import write_atomic
+from pytest_cudastack._sysio import read_regular, write_atomic
 from pytest_cudastack.checks import enabled_checks, lookup
 from pytest_cudastack.checks.bounds import infer_binary, infer_shipped, infer_wheel
 from pytest_cudastack.checks.integrity import integrity_findings
-from pytest_cudastack.checks.scan import scan_targets
+from pytest_cudastack.checks.scan import scan_walk
 from pytest_cudastack.cuda.driver import declared_driver, linker_finder, probe_driver
-from pytest_cudastack.errors import DataError
+from pytest_cudastack.errors import DataError, ElfError
 from pytest_cudastack.findings import Finding
 from pytest_cudastack.linker.elfcache import ElfCache
 from pytest_cudastack.linker.resolver import Resolver, SearchConfig
+from pytest_cudastack.schemacheck import first_error
 from pytest_cudastack.settings import Settings
 from pytest_cudastack.wheels.inventory import installed_wheels
 
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "SNAPSHOT_FORMAT",
+    "SNAPSHOT_LIMIT",
     "SNAPSHOT_SCHEMA",
     "CudaLibs",
     "CudaWheels",
@@ -188,8 +190,17 @@ class Stack:
         return self.cache.fatbin(path)
 
     @cached_property
+    def _scan_walk(self) -> tuple[tuple[Target, ...], tuple[Target, ...]]:
+        return scan_walk(self.settings.cudastack_scan, self.rootdir)
+
+    @property
     def scan_targets(self) -> tuple[Target, ...]:
-        return scan_targets(self.settings.cudastack_scan, self.rootdir)
+        return self._scan_walk[0]
+
+    @property
+    def scan_dirs(self) -> tuple[Target, ...]:
+        """The walked scan directories holding files the walk did not check (``checks.scan.scan_walk``)."""
+        return self._scan_walk[1]
 
     @cached_property
     def binary_inferences(self) -> tuple[Inference, ...]:
@@ -282,19 +293,45 @@ class Stack:
         return dist_gpu_code(dist, self.fatbin)
 
 
+SNAPSHOT_LIMIT = 256 << 20  # bytes; a snapshot of a large venv and many binaries is a few MB
+
+
 def load_snapshot(path: str) -> dict[str, Any]:
-    """Read a snapshot file; ``DataError`` naming the file when it is not one. A file without ``"schema"``
-    (written before the snapshot named its schema) is read by its ``"format"``."""
+    """Read a snapshot file: DataError naming the file when it cannot be read (missing, not a regular file,
+    over ``SNAPSHOT_LIMIT`` bytes), is not JSON, or departs from the shipped snapshot schema, naming the first
+    wrong field. A file without ``"schema"`` (written before the snapshot named its schema, by
+    pytest-cudastack 0.1.0) is read by its ``"format"``, without the fields added since."""
     try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, ValueError) as e:
-        raise DataError(f"{path}: cannot read cudastack snapshot: {e}") from e
+        raw = read_regular(path, SNAPSHOT_LIMIT)
+    except ElfError as e:
+        reason = str(e).removeprefix(f"{path}: ")
+        raise DataError(f"{path}: cannot read cudastack snapshot: {reason}") from e
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError; nesting -> RecursionError
+        why = "nested too deeply" if isinstance(e, RecursionError) else str(e)
+        raise DataError(f"{path}: not a cudastack snapshot: not JSON: {why}") from e
     if not isinstance(data, dict) or data.get("schema", SNAPSHOT_SCHEMA) != SNAPSHOT_SCHEMA:
         raise DataError(f"{path}: not a cudastack snapshot (schema {SNAPSHOT_SCHEMA!r} expected)")
     if data.get("version", data.get("format")) != SNAPSHOT_FORMAT:
         raise DataError(f"{path}: not a cudastack snapshot (version {SNAPSHOT_FORMAT} expected)")
+    error = first_error(data, _snapshot_schema(legacy="schema" not in data))
+    if error is not None:
+        raise DataError(f"{path}: not a cudastack snapshot: {error}")
     return data
+
+
+def _snapshot_schema(legacy: bool) -> dict[str, Any]:
+    """The shipped snapshot schema; for a 0.1.0 file, without the fields 0.1.0 did not write (the top
+    level's schema and version, a wheel's gpu_code; its driver object was not fixed then)."""
+    with open(os.path.join(os.path.dirname(__file__), "schemas", "snapshot.schema.json"), encoding="utf-8") as f:
+        schema: dict[str, Any] = json.load(f)
+    if legacy:
+        schema["required"] = [k for k in schema["required"] if k not in ("schema", "version")]
+        defs = schema["$defs"]
+        defs["wheel"]["required"] = [k for k in defs["wheel"]["required"] if k != "gpu_code"]
+        defs["driver"]["required"] = []
+    return schema
 
 
 def write_snapshot(stack: Stack, path: str | None) -> None:

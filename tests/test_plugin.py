@@ -653,9 +653,9 @@ def test_baseline_that_is_not_a_snapshot(pt):
     pt.makepyfile("def test_x(): pass")
     (pt.path / "bad.json").write_text("[]")
     result = run(pt, "--cudastack-baseline=bad.json")
-    result.assert_outcomes(passed=1, failed=1)
-    result.stdout.fnmatch_lines(["*bad.json: not a cudastack snapshot*"])
-    assert "Traceback" not in result.stdout.str()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR  # found before the run (issue #14): a usage error
+    result.stderr.fnmatch_lines(["ERROR: --cudastack-baseline: *bad.json: not a cudastack snapshot*"])
+    assert "Traceback" not in result.stdout.str() + result.stderr.str()
 
 
 def test_github_step_summary(pt, monkeypatch):

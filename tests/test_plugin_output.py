@@ -377,4 +377,6 @@ def test_snapshot_that_cannot_be_written_is_one_line_not_internalerror(pytester:
         "--cudastack-snapshot=blocker/stack.json", "--cuda-driver=550.54.15", "--cuda-arch=sm_80"
     )
     assert "INTERNALERROR" not in result.stdout.str()
-    result.stdout.fnmatch_lines(["cudastack: --cudastack-snapshot: *blocker/stack.json: cannot write the snapshot*"])
+    # found before the run (issue #14): a usage error naming the option, not a lost snapshot at the end
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: --cudastack-snapshot: *blocker/stack.json: *blocker is not a directory"])

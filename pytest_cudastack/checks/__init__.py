@@ -186,7 +186,7 @@ CHECKS: Mapping[str, Check] = registry(
         "every DT_NEEDED resolves here",
         _Lazy("scan"),
         lambda o: bool(o.cudastack_scan),
-        targets=lambda stack: stack.scan_targets,
+        targets=lambda stack: (*stack.scan_targets, *stack.scan_dirs),
     ),
 )
 

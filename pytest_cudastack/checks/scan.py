@@ -1,17 +1,22 @@
 """The scan check: every DT_NEEDED in the load closure of each ``--cudastack-scan`` binary must resolve.
 
-A per-target check: one item ``scan[NAME]`` per ELF file the scan paths name (``scan_targets``).
+A per-target check: one item ``scan[NAME]`` per ELF file the scan paths name (``scan_targets``), and one
+per walked directory holding files it did not check, which warns about each (``scan_walk``): nothing is
+skipped without a word.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import os
-from collections.abc import Sequence
+import stat
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
+from pytest_cudastack._sysio import open_regular
 from pytest_cudastack.cuda.compat import is_driver_soname
+from pytest_cudastack.errors import ElfError
 from pytest_cudastack.findings import Finding, Severity
-from pytest_cudastack.linker.elf import looks_like_elf
 
 if TYPE_CHECKING:
     from pytest_cudastack.checks.facts import StackView, Target
@@ -19,7 +24,7 @@ if TYPE_CHECKING:
     from pytest_cudastack.linker.resolver import Tree
     from pytest_cudastack.wheels.inventory import Inventory
 
-__all__ = ["binary_findings", "run", "scan_targets"]
+__all__ = ["binary_findings", "run", "scan_targets", "scan_walk", "skipped_files", "skipped_findings"]
 
 
 def scan_targets(paths: Sequence[str], base: str) -> tuple[Target, ...]:
@@ -28,7 +33,15 @@ def scan_targets(paths: Sequence[str], base: str) -> tuple[Target, ...]:
     Relative paths are taken from ``base`` (the rootdir); display names are relative to it where possible.
     A path that does not exist stays in the list, so its item can fail and say so.
     """
+    return scan_walk(paths, base)[0]
+
+
+def scan_walk(paths: Sequence[str], base: str) -> tuple[tuple[Target, ...], tuple[Target, ...]]:
+    """:func:`scan_targets`, and the walked directories holding files the walk did not check
+    (:func:`skipped_files`), as ``(display name, absolute path)`` too: each directory's item warns about
+    them (``run``), while the binaries alone are what snapshots, inferences and other checks read."""
     found: dict[str, str] = {}
+    dirs: dict[str, str] = {}
 
     def display(path: str) -> str:
         rel = os.path.relpath(path, base)
@@ -37,15 +50,100 @@ def scan_targets(paths: Sequence[str], base: str) -> tuple[Target, ...]:
     for given in paths:
         path = os.path.normpath(os.path.join(base, os.path.expanduser(given)))
         if os.path.isdir(path):
-            for dirpath, dirnames, filenames in os.walk(path):
-                dirnames.sort()
-                for name in sorted(filenames):
-                    full = os.path.join(dirpath, name)
-                    if os.path.isfile(full) and looks_like_elf(full):
-                        found.setdefault(full, display(full))
+            for full, why in _walk(path):
+                if why is None:
+                    found.setdefault(full, display(full))
+                else:
+                    dirs.setdefault(path, display(path))
         else:
             found.setdefault(path, display(path))
-    return tuple((name, path) for path, name in found.items())
+    return tuple((n, p) for p, n in found.items()), tuple((n, p) for p, n in dirs.items())
+
+
+def skipped_files(directory: str) -> tuple[tuple[str, str], ...]:
+    """``(path, why)`` for each file under *directory* that a scan does not check and should say so: FIFOs,
+    sockets and devices (opening or reading one can block or never end), files it cannot read, dangling
+    links and non-ELF files named like shared libraries (``lib*.so*``). Other non-ELF files (scripts,
+    data, a GNU ld script such as ``libc.so``) are not binaries, and stay quiet."""
+    return tuple((full, why) for full, why in _walk(directory) if why is not None)
+
+
+def _walk(directory: str) -> Iterator[tuple[str, str | None]]:
+    """Every file under *directory* worth an answer, sorted: ``(path, None)`` for an ELF file to scan,
+    ``(path, why)`` for one it does not check."""
+    for dirpath, dirnames, filenames in os.walk(directory):
+        dirnames.sort()
+        for name in sorted(filenames):
+            full = os.path.join(dirpath, name)
+            kind = _classify(full, fnmatch.fnmatchcase(name, "lib*.so*"))
+            if kind != "quiet":
+                yield full, None if kind == "elf" else kind
+
+
+def _classify(path: str, library_name: bool) -> str:
+    """ "elf", "quiet" (not a binary: nothing to say) or why the file was not checked."""
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        if isinstance(e, FileNotFoundError):  # os.walk listed it: a symbolic link to nothing
+            if not library_name:
+                return "quiet"
+            return f"a symbolic link to {os.readlink(path)!r}, which does not exist"
+        return f"cannot be examined: {e.strerror or e}"
+    except ValueError as e:  # pragma: no cover - os.walk lists no name with a NUL byte
+        return f"cannot be examined: {e}"
+    mode = st.st_mode
+    if stat.S_ISFIFO(mode):
+        return "a FIFO: not opened (reading one waits until something writes to it)"
+    if stat.S_ISSOCK(mode):
+        return "a socket: not a file that can be read"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device: not read (a device can be endless, or change state when read)"
+    if not stat.S_ISREG(mode):  # pragma: no cover - os.walk lists directories apart
+        return "not a regular file"
+    try:
+        fd, _st = open_regular(path)
+    except ElfError as e:
+        return f"cannot be read: {str(e).removeprefix(path + ': ')}"
+    try:
+        head = os.read(fd, 512)
+    except OSError as e:
+        return f"cannot be read: {e.strerror or e}"
+    finally:
+        os.close(fd)
+    if head[:4] == b"\x7fELF":
+        return "elf"
+    if not library_name or _linker_script(head):
+        return "quiet"
+    if not head:
+        return "an empty file named like a shared library"
+    return f"not an ELF file (it starts with {head[:8]!r}) though named like a shared library"
+
+
+def _linker_script(head: bytes) -> bool:
+    """A GNU ld script (``libc.so``: ``/* GNU ld script ... */ GROUP ( ... )``): read by the link editor,
+    never by the dynamic linker, so not a binary to check."""
+    try:
+        text = head.decode("ascii")
+    except UnicodeDecodeError:
+        return False
+    return any(word in text for word in ("GROUP", "INPUT", "OUTPUT_FORMAT", "SEARCH_DIR", "ld script"))
+
+
+def skipped_findings(directory: str, name: str) -> tuple[Finding, ...]:
+    """One WARNING per file of :func:`skipped_files`, named as *name* (the directory's display name) + the
+    file's path under it."""
+    return tuple(
+        Finding(
+            "scan",
+            Severity.WARNING,
+            os.path.join(name, os.path.relpath(path, directory)),
+            f"not checked: {why}",
+            cause="a scan checks the regular ELF files of the directories it walks",
+            fix="remove it from the scanned directory, or name the binaries to scan",
+        )
+        for path, why in skipped_files(directory)
+    )
 
 
 def binary_findings(
@@ -60,6 +158,7 @@ def binary_findings(
     out.extend(
         Finding("scan", Severity.ERROR, subject, problem, fix="scan only ELF binaries") for problem in tree.problems
     )
+    searched: dict[str, str | None] = {}  # the missing libraries of one tree share their search lists
     for lib in tree.missing:
         chain = tree.chain(lib.soname)
         if is_driver_soname(lib.soname) and (driver is None or driver.source != "probed"):
@@ -94,7 +193,7 @@ def binary_findings(
                 f"needs {lib.soname}, which the dynamic linker does not find",
                 cause=lib.problem or ("; ".join(claims) if claims else "no directory searched holds it"),
                 fix=fix,
-                where=lib.searched,
+                where=lib.searched_in(searched),
                 chain=chain,
                 details=claims,
             )
@@ -109,4 +208,6 @@ def run(stack: StackView, target: Target | None) -> tuple[Finding, ...]:
     name, path = target
     if not os.path.lexists(path):
         return (Finding("scan", Severity.ERROR, name, "no such file", fix="fix the --cudastack-scan path"),)
+    if os.path.isdir(path):  # a walked directory's own item: the files it did not check
+        return skipped_findings(path, name)
     return binary_findings(stack.tree(path), name, stack.inventory, stack.driver)

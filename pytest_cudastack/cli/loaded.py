@@ -2,9 +2,19 @@
 
 The import runs in a child process (``sys.executable``, on purpose: importing may dlopen CUDA libraries,
 which the inspecting process must never do). The child lists ``/proc/self/maps`` before and after the
-import and prints the new file-backed mappings as JSON; the parent adds each file's soname (``read_elf``)
+import and writes the new file-backed mappings as JSON; the parent adds each file's soname (``read_elf``)
 and owning distribution (``Inventory.owner``). ``--static`` imports nothing: the objects are predicted from
 the files (:mod:`pytest_cudastack.checks.process`), each with its route and reason.
+
+The child is isolated from where it runs: ``python -I`` (no current directory or script directory on
+``sys.path``, no ``PYTHON*`` variables, no user site), so a ``json.py`` or ``importlib.py`` in the current
+directory neither runs nor shadows the standard library. MODULE is importable when the target interpreter
+can import it: installed in its site-packages (a project under development: ``pip install -e .``, whose
+``.pth`` file ``-I`` still reads), or in a directory of ``PYTHONPATH``, whose entries the child appends to
+``sys.path`` *after* the interpreter's own (so they add modules but never shadow one). Standard input is
+closed, standard output discarded; the report comes back on a pipe of its own (``pass_fds``), at most
+``_REPORT_LIMIT`` bytes, so nothing the module prints can pass for it. A child that does not finish within
+the timeout is killed with its process group, and that is the import's error.
 """
 
 from __future__ import annotations
@@ -32,15 +42,17 @@ LOADED_VERSION = 1
 
 logger = logging.getLogger(__name__)
 
-_MARK = "cudastack-loaded:"
+_REPORT_LIMIT = 16 << 20  # bytes of report; a real import maps a few thousand paths (~1 MiB at most)
+_STDERR_TAIL = 4096  # bytes of the child's standard error kept, for the message when it dies
 # The "before" picture is taken before the child imports anything a module might import (json's _json
-# extension among them): until the "after" picture only builtins and the frozen importlib are used.
+# extension among them): until the "after" picture only builtins, os (imported by every interpreter's
+# start-up) and the frozen importlib are used. argv: MODULE, the report's fd, then PYTHONPATH entries.
 _CHILD = r"""
-import sys
+import os, sys
 
 def mapped():
     paths = []
-    with open("/proc/self/maps") as f:
+    with open("/proc/self/maps", encoding="utf-8", errors="surrogateescape") as f:
         for line in f:
             parts = line.split(None, 5)
             if len(parts) == 6 and parts[5].startswith("/"):
@@ -51,16 +63,24 @@ def mapped():
                     paths.append(path)
     return paths
 
+report = int(sys.argv[2])
 before = set(mapped())
+sys.path.extend(p for p in sys.argv[3:] if p not in sys.path)
 error = None
 try:
     import importlib
     importlib.import_module(sys.argv[1])
 except BaseException as e:  # report, never hide: the parent turns this into exit status 1
-    error = f"{type(e).__name__}: {e}"
+    try:
+        error = f"{type(e).__name__}: {e}"
+    except BaseException:
+        error = f"{type(e).__name__} (unprintable)"
 after = [p for p in mapped() if p not in before]
 import json
-sys.stdout.write("\ncudastack-loaded:" + json.dumps({"paths": after, "error": error}) + "\n")
+data = json.dumps({"paths": after, "error": error}).encode("ascii")
+while data:
+    data = data[os.write(report, data):]
+os.close(report)
 """
 
 
@@ -77,22 +97,125 @@ class LoadedLibrary:
 
 
 def _child_mapped(module: str, python: str, timeout: float) -> tuple[list[str], str | None]:
-    proc = subprocess.run(
-        [python, "-c", _CHILD, module],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-    lines = [line for line in proc.stdout.splitlines() if line.startswith(_MARK)]
+    """The paths the import of *module* mapped in a child *python*, and the import's error (or why the
+    child gave no report: it died, timed out, or wrote something that is not one)."""
+    extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    read_fd, write_fd = os.pipe()
     try:
-        data = json.loads(lines[-1][len(_MARK) :]) if lines else None
-    except ValueError:
-        data = None
-    if not isinstance(data, dict):
-        tail = proc.stderr.strip().splitlines()[-1:] or [f"exit status {proc.returncode}"]
-        return [], f"the child process failed: {tail[0]}"
-    return [str(p) for p in data.get("paths", [])], data.get("error")
+        proc = subprocess.Popen(
+            [python, "-I", "-c", _CHILD, module, str(write_fd), *extra],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            pass_fds=(write_fd,),
+            start_new_session=True,  # one process group: a timeout kills what the module started too
+        )
+    except OSError as e:
+        os.close(read_fd)
+        return [], f"cannot start {python}: {e.strerror or e}"
+    finally:
+        os.close(write_fd)
+    assert proc.stderr is not None
+    try:
+        report, stderr, timed_out, overflow = _collect(proc, read_fd, proc.stderr.fileno(), timeout)
+    finally:
+        os.close(read_fd)
+        proc.stderr.close()
+    if timed_out:
+        return [], f"the import did not finish within {timeout:g} s (the child process was killed)"
+    if overflow:
+        return [], f"the child process wrote a report larger than {_REPORT_LIMIT} bytes"
+    data = _parse_report(report)
+    if data is None:
+        text = stderr.decode("utf-8", errors="replace").strip().splitlines()
+        tail = text[-1:] or [f"exit status {proc.returncode}"]
+        return [], f"the child process failed: {_printable(tail[0])}"
+    return data
+
+
+def _collect(
+    proc: subprocess.Popen[bytes], report_fd: int, stderr_fd: int, timeout: float
+) -> tuple[bytes, bytes, bool, bool]:
+    """Read the report pipe (capped) and the tail of standard error until the child exits and the pipes
+    are drained, or *timeout* passes (the child's process group is then killed). Returns (report, stderr
+    tail, timed out, report over the cap). A grandchild holding the pipes open does not keep us waiting
+    once the child itself has exited."""
+    # lazy: only `cudastack loaded` reads two pipes at once
+    import selectors
+    import signal
+    import time
+
+    deadline = time.monotonic() + timeout
+    report = bytearray()
+    stderr = bytearray()
+    overflow = False
+    open_fds = {report_fd, stderr_fd}
+    with selectors.DefaultSelector() as sel:
+        for fd in open_fds:
+            os.set_blocking(fd, False)
+            sel.register(fd, selectors.EVENT_READ)
+        while open_fds:
+            exited = proc.poll() is not None
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            ready = sel.select(timeout=0 if exited else min(left, 0.2))
+            if not ready and exited:
+                break  # drained, and only a grandchild (if anything) still holds a pipe
+            for key, _ in ready:
+                fd = int(key.fd)
+                try:
+                    chunk = os.read(fd, 1 << 16)
+                except BlockingIOError:
+                    continue
+                if not chunk:
+                    sel.unregister(fd)
+                    open_fds.discard(fd)
+                elif fd == report_fd:
+                    report += chunk
+                    if len(report) > _REPORT_LIMIT:
+                        overflow = True
+                        open_fds.clear()
+                        break
+                else:
+                    stderr = (stderr + chunk)[-_STDERR_TAIL:]
+    timed_out = False
+    if proc.poll() is None and not overflow:
+        try:  # both pipes closed: the child is exiting (or a module closed them and went on)
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            timed_out = True
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except OSError:
+            proc.kill()
+    proc.wait()
+    return bytes(report), bytes(stderr), timed_out, overflow
+
+
+def _parse_report(raw: bytes) -> tuple[list[str], str | None] | None:
+    """The child's report as (paths, error), None when it is not one (the child died mid-write, or
+    something else wrote to the pipe)."""
+    try:
+        data = json.loads(raw.decode("ascii"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return None
+    if not isinstance(data, dict) or set(data) != {"paths", "error"}:
+        return None
+    paths, error = data["paths"], data["error"]
+    if not isinstance(paths, list) or not all(isinstance(p, str) and p.startswith("/") for p in paths):
+        return None
+    if error is not None and not isinstance(error, str):
+        return None
+    return paths, None if error is None else _printable(error)
+
+
+def _printable(text: str) -> str:
+    """*text* with undecodable bytes (surrogate escapes) and control characters shown as escapes: what the
+    module raised or printed must not break our output or the terminal."""
+    text = text.encode("utf-8", errors="backslashreplace").decode("utf-8")
+    return "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in text)
 
 
 def loaded_libraries(
@@ -196,7 +319,7 @@ def cmd_loaded(args: argparse.Namespace) -> int:
         print(f"{args.module}: {len(libs)} shared objects mapped by the import")
         for lib in libs:
             extra = f"  ({lib.provider})" if lib.provider else ""
-            print(f"  {lib.soname or os.path.basename(lib.path)} => {lib.path}{extra}")
+            print(f"  {_printable(lib.soname or os.path.basename(lib.path))} => {_printable(lib.path)}{extra}")
         if error:
             print(f"import failed: {error}", file=sys.stderr)
     return 1 if error else 0

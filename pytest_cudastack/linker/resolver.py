@@ -138,11 +138,27 @@ class Library:
     def searched(self) -> tuple[str, ...]:
         """The directories the search looked in: those of ``tried`` that exist, once each, in order (ld.so
         retries a directory on two lists; one that does not exist holds nothing to search)."""
+        return self.searched_in({})
+
+    def searched_in(self, memo: dict[str, str | None]) -> tuple[str, ...]:
+        """:attr:`searched`, with *memo* (the caller's, shared by the libraries of one tree, whose search
+        lists are the same thousands of directories for an RPATH at the ELF reader's cap) mapping each
+        candidate's directory as written to that directory normalised, or None when it does not exist."""
         out: dict[str, None] = {}
         for t in self.tried:
-            d = os.path.dirname(os.path.normpath(t))
-            if d not in out and os.path.isdir(d):
-                out[d] = None
+            raw, _, name = t.rpartition("/")
+            if name in ("", ".", ".."):  # normpath(t)'s directory is not normpath(raw)'s
+                d = os.path.dirname(os.path.normpath(t))
+                if os.path.isdir(d):
+                    out[d] = None
+                continue
+            if raw in memo:
+                known = memo[raw]
+            else:
+                d = os.path.dirname(os.path.normpath(t))
+                known = memo[raw] = d if os.path.isdir(d) else None
+            if known is not None:
+                out[known] = None
         return tuple(out)
 
     def to_json(self) -> dict[str, Any]:
@@ -531,6 +547,7 @@ class Resolver:
     def _dirlist(self, elements: Sequence[str], origin: str | None) -> list[str]:
         """fillin_rpath: expand, drop unexpandable, strip trailing '/', dedupe; "" stays (= cwd)."""
         out: list[str] = []
+        seen: set[str] = set()  # linear: an LD_LIBRARY_PATH of 100,000 elements took minutes as `not in out`
         for el in elements:
             if el:
                 exp = self._expand(el, origin)
@@ -539,7 +556,8 @@ class Resolver:
                 exp = exp.rstrip("/") or "/"
             else:
                 exp = ""
-            if exp not in out:
+            if exp not in seen:
+                seen.add(exp)
                 out.append(exp)
         return out
 
