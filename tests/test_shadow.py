@@ -79,7 +79,10 @@ def test_an_older_cudnn_on_ld_library_path_shadows_the_pinned_wheel(tmp_path, mo
         f"expected: {site}/nvidia/cudnn/lib/libcudnn.so.9 (nvidia-cudnn-cu13 9.24.0.43; (9, 24, 0), from its wheel "
         "nvidia-cudnn-cu13 9.24.0.43)",
     )
-    assert f.fix == f"remove {llp} from LD_LIBRARY_PATH (or put {site}/nvidia/cudnn/lib before it)"
+    assert f.fix == (
+        f"remove {llp} from LD_LIBRARY_PATH (checked: torch then loads {site}/nvidia/cudnn/lib/libcudnn.so.9 and "
+        "finds every other library it loads now)"
+    )
     # the whole item says it once: the framework rule defers to this finding
     assert [g for g in stack.findings("requirements") if g.failing] == [f]
 
@@ -187,4 +190,66 @@ def test_a_system_copy_wins_when_the_consumer_cannot_reach_its_wheel(tmp_path, m
     (f,) = shadow_findings(Stack(site_paths=(str(site),)))
     assert f.severity is Severity.ERROR
     assert f"from {system}/libcudnn.so.9 (via default (default directories))" in f.message
-    assert f.fix.startswith(f"make {site}/nvidia/cudnn/lib reachable first")
+    assert f.fix.startswith(
+        f"no safe automatic repair is known: {system} is a default directory, and torch's RUNPATH does not reach "
+        f"{site}/nvidia/cudnn/lib"
+    )
+    assert f"By hand: reinstall torch so that its RUNPATH reaches {site}/nvidia/cudnn/lib" in f.fix
+    assert f.fix.endswith(
+        f"or, for this environment only, export LD_LIBRARY_PATH={site}/nvidia/cudnn/lib${{LD_LIBRARY_PATH:+:"
+        f"$LD_LIBRARY_PATH}} before starting Python (checked: torch then loads {site}/nvidia/cudnn/lib/libcudnn.so.9 "
+        "and finds every other library it loads now)"
+    )
+
+
+def _ldd(path: Path, llp: str) -> str:
+    ldd = shutil.which("ldd")
+    assert ldd is not None
+    return subprocess.run([ldd, str(path)], env={"LD_LIBRARY_PATH": llp}, capture_output=True, text=True).stdout
+
+
+@needs_ldd
+def test_removing_the_entry_is_not_proposed_when_it_would_lose_another_library(tmp_path, monkeypatch):
+    # the shadowing directory also holds libextra.so.1, which the module needs and finds nowhere else: removing
+    # the entry would lose it, so the verified fix puts the wheel's directory first instead
+    site, llp = build(tmp_path, "libcudnn.so.9.19.0")
+    ext = compile_so(
+        None, pyinit="_C", needed=["libcudnn.so.9", "libextra.so.1"], runpath="$ORIGIN/../nvidia/cudnn/lib"
+    )
+    write_dist(site, "torch", "2.14.1", {EXT: ext}, requires=["nvidia-cudnn-cu13==9.24.0.43"])
+    (llp / "libextra.so.1").write_bytes(compile_so("libextra.so.1"))
+    _, (f,) = findings(site, llp, monkeypatch)
+    want = site / "nvidia/cudnn/lib"
+    assert f.fix == (
+        f"put {want} first on LD_LIBRARY_PATH (checked: torch then loads {want}/libcudnn.so.9 and finds every "
+        "other library it loads now)"
+    )
+    # the oracle: ld.so without the entry misses libextra; with the wheel's directory first it loads the wheel's
+    # cuDNN and finds libextra
+    assert "libextra.so.1 => not found" in _ldd(site / EXT, "")
+    out = _ldd(site / EXT, f"{want}:{llp}")
+    assert "not found" not in out
+    assert f"=> {want}/libcudnn.so.9 " in out
+
+
+@needs_ldd
+def test_the_verified_removal_agrees_with_ldd(tmp_path, monkeypatch):
+    site, llp = build(tmp_path, "libcudnn.so.9.19.0")
+    _, (f,) = findings(site, llp, monkeypatch)
+    assert f.fix.startswith(f"remove {llp} from LD_LIBRARY_PATH (checked:")
+    out = _ldd(site / EXT, "")
+    assert "not found" not in out
+    assert f"=> {site}/torch/../nvidia/cudnn/lib/libcudnn.so.9 " in out
+
+
+def test_a_fix_that_does_not_verify_is_not_proposed(tmp_path, monkeypatch):
+    # the wheel's copy is not a loadable object (a truncated download): neither removing the entry nor putting
+    # the wheel's directory first makes the module load it, so no automatic fix is printed
+    site, llp = build(tmp_path, "libcudnn.so.9.19.0")
+    (site / "nvidia/cudnn/lib/libcudnn.so.9").write_bytes(b"not an ELF file")
+    _, (f,) = findings(site, llp, monkeypatch)
+    assert f.fix.startswith(
+        f"no safe automatic repair is known: the resolver, re-run with {llp} removed from LD_LIBRARY_PATH or "
+        f"{site}/nvidia/cudnn/lib put before it, does not load {site}/nvidia/cudnn/lib/libcudnn.so.9"
+    )
+    assert "By hand:" in f.fix

@@ -153,9 +153,9 @@ def _broken(
         cause += f"; its metadata pins {pin}"
     pinned = [f.name for f in reqs.of(dist) if f.pin is not None and row.matches_wheel(f.name)][:1]
     fix = ""
-    if lib is not None and lib.route.value == "LD_LIBRARY_PATH":
-        fix = f"remove {os.path.dirname(lib.path or '')} from LD_LIBRARY_PATH"
-    elif pin and copy.owner is not None and row.matches_wheel(copy.owner.name):
+    # the copy is the framework's own provider's (a shadowing copy is shadow.py's finding), so the route is not
+    # the fault: the pin is; no LD_LIBRARY_PATH edit is proposed here
+    if pin and copy.owner is not None and row.matches_wheel(copy.owner.name):
         same = [f for f in reqs.on(copy.owner.name) if f.pin is not None]
         if same and all(f.pin == same[0].pin for f in same):
             fix = f"{pip_command(copy.owner)} install --no-deps '{copy.owner.name}=={same[0].pin}'"

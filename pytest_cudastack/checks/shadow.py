@@ -21,14 +21,21 @@ Severity: ERROR when the consumer's own rule for that library (framework_rules.j
 version (torch's cuDNN check), or, without such a rule, when a requirement on the provider (a pin) rejects
 it; else WARNING; a winner whose version no rule can read is an INFO (it cannot be
 decided statically).
+
+Fixes are verified (:func:`_fix`): the consumer's modules are re-resolved with the changed LD_LIBRARY_PATH
+(the shadowing entry removed; else the provider's directory put first); the fix is printed only when each
+module then loads the provider's copy and still finds every library it finds now. A winner from ld.so.cache
+or a default directory gets no automatic fix (the consumer's RUNPATH does not reach its wheel, and removing
+a system copy or editing ld.so.conf changes other programs): the finding says what to do by hand, with the
+LD_LIBRARY_PATH workaround only when it verifies.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from packaging.version import Version
@@ -44,7 +51,7 @@ from pytest_cudastack.cuda.frameworks import (
 )
 from pytest_cudastack.errors import CudaStackError
 from pytest_cudastack.findings import Finding, Severity
-from pytest_cudastack.linker.resolver import Library, Route
+from pytest_cudastack.linker.resolver import Library, Resolver, Route
 from pytest_cudastack.wheels.integrity import bytes_on_disk
 from pytest_cudastack.wheels.inventory import Distribution, Inventory
 from pytest_cudastack.wheels.requirements import Requirements, requirement_facts
@@ -138,14 +145,85 @@ def loaded_libraries(stack: StackView, dist: Distribution) -> Iterable[Library]:
             yield got
 
 
-def _fix(lib: Library, expected: Copy) -> str:
-    here = os.path.dirname(lib.path or "")
+def _consumers(stack: StackView, dist: Distribution, lib: Library) -> tuple[str, ...]:
+    """The extension modules of ``dist`` whose closures load ``lib`` (that soname from that path)."""
+    return tuple(
+        m.path
+        for m in dist.libraries
+        if m.exists
+        and m.pyinit
+        and any(x.soname == lib.soname and x.path == lib.path for x in stack.tree(m.path).libraries)
+    )
+
+
+def _same_dir(entry: str, directory: str) -> bool:
+    return os.path.normpath(entry) == directory or os.path.realpath(entry) == os.path.realpath(directory)
+
+
+def _verified(stack: StackView, modules: Sequence[str], lib: Library, expected: Copy, llp: tuple[str, ...]) -> bool:
+    """With LD_LIBRARY_PATH ``llp``, does every module of ``modules`` load ``lib.soname`` from the provider's
+    copy (``expected``) and still find every library it finds now (nothing goes missing)?"""
+    again = Resolver(
+        replace(stack.resolver.config, ld_library_path=llp), reader=stack.cache.read, owner=stack.inventory.owner
+    )
+    want = os.path.realpath(expected.path)
+    for path in modules:
+        before = {x.soname for x in stack.tree(path).libraries if x.path is not None}
+        after = {x.soname: x for x in again.tree(path).libraries}
+        got = after.get(lib.soname)
+        if got is None or got.path is None or os.path.realpath(got.path) != want:
+            return False
+        if any(after.get(name) is None or after[name].path is None for name in before):
+            return False
+    return True
+
+
+def _fix(stack: StackView, dist: Distribution, lib: Library, expected: Copy) -> str:
+    """A fix for the shadowing route, printed only when the resolver, re-run on the state after it, loads the
+    provider's copy and loses no other library; else "no safe automatic repair is known" and what to do by
+    hand. Only LD_LIBRARY_PATH is a change this package can model and propose: a winner from ld.so.cache or a
+    default directory means the consumer's RUNPATH does not reach its wheel's copy (those are searched after
+    RUNPATH), and removing a system library or editing ld.so.conf changes other programs too."""
+    here = os.path.dirname(os.path.normpath(lib.path or ""))
     want = os.path.dirname(expected.path)
+    modules = _consumers(stack, dist, lib)
+    llp = stack.resolver.config.ld_library_path
     if lib.route is Route.LD_LIBRARY_PATH:
-        return f"remove {here} from LD_LIBRARY_PATH (or put {want} before it)"
+        entries = [e for e in llp if e and _same_dir(e, here)]
+        kept = tuple(e for e in llp if e not in entries)
+        if entries and modules and _verified(stack, modules, lib, expected, kept):
+            shown = ", ".join(dict.fromkeys(entries))
+            return (
+                f"remove {shown} from LD_LIBRARY_PATH (checked: {dist.name} then loads {expected.path} and finds "
+                "every other library it loads now)"
+            )
+        if modules and _verified(stack, modules, lib, expected, (want, *llp)):
+            return (
+                f"put {want} first on LD_LIBRARY_PATH (checked: {dist.name} then loads {expected.path} and finds "
+                f"every other library it loads now)"
+            )
+        return (
+            f"no safe automatic repair is known: the resolver, re-run with {here} removed from LD_LIBRARY_PATH or "
+            f"{want} put before it, does not load {expected.path} or loses another library. By hand: find which "
+            f"library of {here} the process needs and install that one where {dist.name}'s wheels are"
+        )
     if lib.route in (Route.LD_CACHE, Route.DEFAULT):
-        return f"make {want} reachable first (the consumer's RUNPATH should name it) or remove the copy in {here}"
-    return f"make the consumer load {expected.path}"
+        where = "ld.so.cache" if lib.route is Route.LD_CACHE else "a default directory"
+        how = f"{dist.name}'s RUNPATH does not reach {want} (ld.so.cache and default directories come after it)"
+        workaround = ""
+        if modules and _verified(stack, modules, lib, expected, (want, *llp)):
+            workaround = (
+                f"; or, for this environment only, export LD_LIBRARY_PATH={want}"
+                "${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} before starting Python "
+                f"(checked: {dist.name} then loads {expected.path} and finds every other library it loads now)"
+            )
+        return (
+            f"no safe automatic repair is known: {here} is {where}, and {how}; removing that system copy or editing "
+            f"ld.so.conf changes every program on the machine. By hand: reinstall {dist.name} so that its RUNPATH "
+            f"reaches {want} (a virtual environment: one site directory), or remove {lib.path} if nothing else "
+            f"uses it{workaround}"
+        )
+    return f"no safe automatic repair is known. By hand: make {dist.name} load {expected.path}"
 
 
 def shadowing(inv: Inventory, lib: Library, row: LibraryRow, keys: set[str]) -> tuple[Distribution, str] | None:
@@ -186,11 +264,12 @@ def shadow_findings(stack: StackView, reqs: Requirements | None = None) -> tuple
             expected = copy_version(inv, path, row)
             if winner.version is not None and winner.version == expected.version:
                 continue
-            findings.append(_finding(dist, lib, row, (winner, expected), provider, reqs))
+            findings.append(_finding(stack, dist, lib, row, (winner, expected), provider, reqs))
     return tuple(findings)
 
 
 def _finding(
+    stack: StackView,
     dist: Distribution,
     lib: Library,
     row: LibraryRow,
@@ -214,7 +293,7 @@ def _finding(
             cause=f"whether the versions differ cannot be decided statically because {winner.path}'s version "
             f"is not readable (no owning {row.name} wheel, no version in its file name, no {row.header or 'header'} "
             "next to it)",
-            fix=_fix(lib, expected),
+            fix=_fix(stack, dist, lib, expected),
             where=lib.searched[:12],
             details=details,
         )
@@ -254,7 +333,7 @@ def _finding(
         subject=lib.soname,
         message=message + f": {row.name} {version_text(winner.version)} instead of {shown}",
         cause=cause,
-        fix=_fix(lib, expected),
+        fix=_fix(stack, dist, lib, expected),
         where=lib.searched[:12],
         details=details,
         distributions=(dist.key,),
