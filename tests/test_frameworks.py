@@ -41,7 +41,14 @@ def test_shipped_file_validates_and_every_row_cites_a_listed_source():
     assert {r.kind for r in data.rules} == set(KINDS)
     for row in (*data.libraries, *data.rules):
         assert row.source in data.sources
-    assert {r.framework for r in data.rules} >= {"torch", "jax-cuda12-plugin", "tensorflow", "onnxruntime-gpu"}
+    assert {r.framework for r in data.rules} >= {
+        "torch",
+        "jax-cuda12-plugin",
+        "tensorflow",
+        "onnxruntime-gpu",
+        "cupy-cuda12x",
+        "cupy-cuda13x",
+    }
 
 
 def _broken(edit: Any) -> dict[str, Any]:
@@ -114,6 +121,16 @@ _DELETE = object()
         pytest.param(_set(("rules", 8, "build_file"), "../../etc/passwd"), "path inside the site", id="build_file"),
         pytest.param(_set(("rules", 8, "build_keys"), []), "'build_keys' must be a non-empty list", id="build_keys"),
         pytest.param(_set(("rules", 0, "build_keys"), ["x"]), "'build_keys' without 'build_file'", id="keys alone"),
+        pytest.param(_set(("rules", 9, "soname"), "libcublas.so"), "a versioned soname", id="unversioned soname"),
+        pytest.param(_set(("rules", 9, "soname"), "libcudnn.so.9"), "is not one of 'cublas''s", id="soname library"),
+        pytest.param(_set(("rules", 9, "major"), "12"), "'major' must be a CUDA major", id="major"),
+        pytest.param(_set(("rules", 9, "major"), True), "'major' must be a CUDA major", id="major bool"),
+        pytest.param(_set(("rules", 0, "soname"), "libcudnn.so.9"), "belongs to kind 'loads_by_name'", id="soname"),
+        pytest.param(_set(("rules", 9, "provider"), "x.so"), "belongs to kind 'provider' only", id="provider key"),
+        pytest.param(_set(("rules", 13, "provider"), "/usr/lib/x.so"), "path inside the site", id="provider path"),
+        pytest.param(_set(("rules", 13, "provider"), _DELETE), "path inside the site", id="no provider"),
+        pytest.param(_set(("rules", 13, "library"), "cublas"), "library '*' is for kind 'provider'", id="provider lib"),
+        pytest.param(_set(("rules", 0, "library"), "*"), "library '*' is for kind 'provider'", id="star library"),
     ],
 )
 def test_validator_rejects_broken_copies(edit: Any, expected: str):

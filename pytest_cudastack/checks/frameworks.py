@@ -12,6 +12,16 @@ For an installed framework distribution (torch, jax-cuda12-plugin, ...) and each
 A rule the framework breaks is an ERROR quoting the framework's own message; an undecidable rule, or one
 whose versions are not readable, is an INFO that says why ("cannot be decided statically because ...");
 a rule whose ``skip_env`` is set in this environment is an INFO saying the framework skips it.
+
+Two kinds are judged on the installed files instead of versions:
+
+* ``loads_by_name`` (cupy >= 14, which loads cuBLAS and NVRTC through cuda-pathfinder): a WARNING when the
+  soname of the CUDA major in cupy's package name (cupy-cuda12x: libcublas.so.12) is in no installed wheel
+  and not on the linker's search path while wheels of that library ship another major; silent when a wheel
+  or the search path has it, or when a closure of cupy's modules already misses it (the closure item's);
+* ``provider`` (onnxruntime-gpu's libonnxruntime_providers_cuda.so, dlopened at session creation): a
+  WARNING naming the CUDA sonames its closure does not find (the session then runs on the CPU without an
+  error); silent when the provider is absent or finds them all.
 """
 
 from __future__ import annotations
@@ -22,7 +32,7 @@ from typing import TYPE_CHECKING
 
 from pytest_cudastack._sysio import read_text
 from pytest_cudastack.checks.shadow import Copy, copy_version, loaded_libraries, providers, shadowing
-from pytest_cudastack.cuda.frameworks import Rule, judge, load_rules, reported_version, version_text
+from pytest_cudastack.cuda.frameworks import FrameworkRules, Rule, judge, load_rules, reported_version, version_text
 from pytest_cudastack.errors import CudaStackError
 from pytest_cudastack.findings import Finding, Severity
 from pytest_cudastack.linker.resolver import Library
@@ -32,7 +42,7 @@ from pytest_cudastack.wheels.requirements import Requirements, requirement_facts
 if TYPE_CHECKING:
     from pytest_cudastack.checks.facts import StackView, Target
     from pytest_cudastack.cuda.frameworks import LibraryRow
-    from pytest_cudastack.wheels.inventory import Distribution
+    from pytest_cudastack.wheels.inventory import Distribution, Inventory
 
 __all__ = ["build_info", "framework_findings", "run"]
 
@@ -98,8 +108,18 @@ def framework_findings(stack: StackView, reqs: Requirements | None = None) -> tu
             continue
         undecided: list[str] = []
         for rule in data.rules_for(dist.name, dist.version):
+            if rule.kind == "provider":
+                findings.extend(_provider(stack, dist, rule, data))
+                continue
             row = data.library(rule.library)
             if row is None:
+                continue
+            if rule.kind == "loads_by_name":
+                got = _by_name(stack, dist, rule, row)
+                if isinstance(got, Finding):
+                    findings.append(got)
+                elif got:
+                    undecided.append(got)
                 continue
             if rule.skip_env and os.environ.get(rule.skip_env, "") not in ("", "0"):
                 undecided.append(f"{row.name}: {dist.name} skips its check ({rule.skip_env} is set)")
@@ -170,6 +190,91 @@ def _broken(
         # the pinned wheel too: the repair plan claims this finding only when it meets that pin
         distributions=(dist.key, *pinned),
         details=(f"rule: {rule.kind} ({rule.source}: {_source_url(rule)})",),
+    )
+
+
+def _shipped(inv: Inventory, row: LibraryRow) -> list[str]:
+    """``"libcublas.so.13 (nvidia-cublas 13.1.1.3)"`` for each present soname of ``row`` an installed wheel of
+    that library ships."""
+    return [
+        f"{lib.soname} ({d.label})"
+        for d in inv.distributions
+        if row.matches_wheel(d.name)
+        for lib in d.libraries
+        if lib.exists and lib.soname is not None and row.matches_soname(lib.soname)
+    ]
+
+
+def _by_name(stack: StackView, dist: Distribution, rule: Rule, row: LibraryRow) -> Finding | str | None:
+    """A ``loads_by_name`` rule: ``dist`` loads ``rule.soname`` by name at run time (cuda-pathfinder: NVIDIA
+    wheels, then the OS loader, then CUDA_HOME/CUDA_PATH). None when an installed wheel ships it, the linker's
+    own search finds it (the OS-loader step), or a closure of ``dist`` already misses it (the closure item
+    says so); a WARNING when only wheels of another CUDA major ship that library; else the INFO text saying
+    what is not judged here."""
+    inv, soname = stack.inventory, rule.soname or ""
+    if any(os.path.isfile(p) for _, p in inv.shipping(soname)):
+        return None
+    for lib in dist.libraries:
+        if lib.exists and lib.pyinit and any(x.soname == soname for x in stack.tree(lib.path).missing):
+            return None
+    if stack.resolver.find(soname).path is not None:
+        return None
+    others = _shipped(inv, row)
+    if not others:
+        return (
+            f"{row.name}: {soname} is in no installed wheel and not on the linker's search path; whether "
+            f"CUDA_HOME/CUDA_PATH holds it (cuda-pathfinder's last step) is not judged here"
+        )
+    built = build_info(dist, rule)
+    return Finding(
+        check=_CHECK,
+        severity=Severity.WARNING,
+        subject=f"{dist.name} {row.name}",
+        message=f"{dist.label} is built for CUDA {rule.major} and loads {soname} by name, which no installed "
+        f"wheel ships: the installed {row.name} is {', '.join(others)}",
+        cause=f"{dist.name}'s package name states its CUDA major (CUDA {rule.major}){built}; it loads {row.name} "
+        f"through cuda-pathfinder (NVIDIA wheels in site-packages, then the OS loader, then CUDA_HOME/CUDA_PATH), "
+        f"and neither the wheels nor the linker's search path have {soname}, so unless CUDA_HOME/CUDA_PATH holds "
+        f'it: "{rule.says}"',
+        fix=f"no safe automatic repair is known. By hand: install the {dist.name.split('-cuda')[0]} package built for "
+        f"the installed CUDA major, or the CUDA {rule.major} wheels ({dist.name}[ctk])",
+        where=(dist.dist_info,),
+        distributions=(dist.key,),
+        details=(f"rule: {rule.kind} ({rule.source}: {_source_url(rule)})",),
+    )
+
+
+def _provider(stack: StackView, dist: Distribution, rule: Rule, data: FrameworkRules) -> tuple[Finding, ...]:
+    """A ``provider`` rule: the provider library ``dist`` dlopens at run time (onnxruntime's CUDA execution
+    provider) needs CUDA libraries the linker does not find: a WARNING (the framework falls back to another
+    provider, the CPU, and runs on). Nothing when the provider is absent (a CPU-only build) or finds them all."""
+    path = os.path.join(dist.location, rule.provider or "")
+    if not os.path.isfile(path):
+        return ()
+    absent = [x.soname for x in stack.tree(path).missing if data.library_for_soname(x.soname) is not None]
+    if not absent:
+        return ()
+    installed: list[str] = []
+    for soname in absent:
+        row = data.library_for_soname(soname)
+        installed.extend(x for x in (_shipped(stack.inventory, row) if row is not None else []) if x not in installed)
+    has = f"; installed instead: {', '.join(installed)}" if installed else "; no installed wheel ships them"
+    names = ", ".join(dict.fromkeys(absent))
+    return (
+        Finding(
+            check=_CHECK,
+            severity=Severity.WARNING,
+            subject=f"{dist.name} {os.path.basename(path)}",
+            message=f"{dist.label}'s {os.path.basename(path)} needs {names}, which the linker does not find{has}",
+            cause=f"{dist.name} loads {rule.provider} when a session asks for it; when that load fails it logs "
+            f'"{rule.says}" and creates the session with the remaining providers: the model runs, on the CPU, '
+            "without an error (unless the program preloads these libraries itself, e.g. onnxruntime.preload_dlls())",
+            fix="no safe automatic repair is known. By hand: install the CUDA libraries of the major its provider "
+            f"links ({names}), or the {dist.name} build for the installed CUDA major",
+            where=(path, dist.dist_info),
+            distributions=(dist.key,),
+            details=(f"rule: {rule.kind} ({rule.source}: {_source_url(rule)})",),
+        ),
     )
 
 

@@ -42,6 +42,7 @@ from packaging.version import Version
 
 from pytest_cudastack._sysio import read_text
 from pytest_cudastack.cuda.frameworks import (
+    VERSION_KINDS,
     LibraryRow,
     VersionTuple,
     framework_says,
@@ -321,7 +322,7 @@ def _finding(
     else:
         says = framework_says(data, dist.name, dist.version, row.library, build, winner.version)
         judged = any(
-            r.library == row.library and r.kind != "undecidable" for r in data.rules_for(dist.name, dist.version)
+            r.library == row.library and r.kind in VERSION_KINDS for r in data.rules_for(dist.name, dist.version)
         )
     if says:
         cause += f'; {dist.name}\'s own check says: "{says}"'

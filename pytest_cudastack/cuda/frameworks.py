@@ -13,7 +13,12 @@ Two tables, every row citing a source listed in the file's ``sources`` (validate
   - ``build_match`` (torch and cuDNN): same major as the build, minor not lower;
   - ``pin_floor`` (torch and NCCL): not older than the build;
   - ``floor``: not older than ``min``;
-  - ``undecidable``: the framework's check needs a fact no file states; its ``reason`` says which.
+  - ``undecidable``: the framework's check needs a fact no file states; its ``reason`` says which;
+  - ``loads_by_name`` (cupy >= 14 and cuBLAS, NVRTC): the framework, built for CUDA ``major``, loads
+    ``soname`` by name at run time (cuda-pathfinder), so some installed copy of that soname must exist;
+  - ``provider`` (onnxruntime-gpu's CUDA execution provider): the framework dlopens ``provider`` (a path in
+    its site directory) at run time and falls back to another provider when that fails; every library of
+    the table (``library`` ``"*"``) its closure needs must be found.
 
   The *build* version is what the framework's own metadata pins (torch pins the nvidia wheels it was built
   against); the checks find it and the copy the framework would load. ``skip_env`` names the environment
@@ -37,8 +42,10 @@ from packaging.version import InvalidVersion, Version
 from pytest_cudastack.errors import DataError
 
 __all__ = [
+    "ANY_LIBRARY",
     "DATA_FILE",
     "KINDS",
+    "VERSION_KINDS",
     "FrameworkRules",
     "LibraryRow",
     "Rule",
@@ -52,7 +59,9 @@ __all__ = [
 ]
 
 DATA_FILE = "data/framework_rules.json"
-KINDS = ("build_match", "pin_floor", "floor", "undecidable")
+KINDS = ("build_match", "pin_floor", "floor", "undecidable", "loads_by_name", "provider")
+VERSION_KINDS = ("build_match", "pin_floor", "floor")  # judged on reported versions by judge()
+ANY_LIBRARY = "*"  # a provider rule's library: every library of the table
 
 _TOP_KEYS = {"schema", "description", "sources", "libraries", "rules"}
 _LIB_KEYS = {"library", "name", "wheel", "sonames", "reports", "header", "macros", "source"}
@@ -67,6 +76,9 @@ _RULE_KEYS = {
     "reason",
     "build_file",
     "build_keys",
+    "soname",
+    "major",
+    "provider",
     "source",
 }
 _CU_SUFFIX = re.compile(r"-cu\d+$")
@@ -117,6 +129,9 @@ class Rule:
     source: str
     build_file: str | None = None  # a file of the framework's wheel stating its build (read, never imported)
     build_keys: tuple[str, ...] = ()  # the keys of that file worth quoting
+    soname: str | None = None  # loads_by_name: the soname the framework loads at run time
+    major: int | None = None  # loads_by_name: the CUDA major the framework is built for
+    provider: str | None = None  # provider: the library (inside the site directory) it dlopens at run time
 
     def applies(self, name: str, version: str) -> bool:
         if canonicalize_name(name) != self.framework:
@@ -171,6 +186,8 @@ def judge(rule: Rule, build: VersionTuple | None, runtime: VersionTuple | None) 
     """``rule`` for a framework built against ``build`` that would load ``runtime`` (reported versions)."""
     if rule.kind == "undecidable":
         return Verdict(None, f"cannot be decided statically because {rule.reason}")
+    if rule.kind not in VERSION_KINDS:
+        return Verdict(None, f"a {rule.kind} rule is judged on the installed files, not on versions")
     if runtime is None:
         return Verdict(None, "cannot be decided statically because the loaded copy's version is not readable")
     if rule.kind == "floor":
@@ -269,15 +286,32 @@ def _rule(raw: Any, i: int, source: str, sources: Mapping[str, Any], libraries: 
             raise DataError(f"{where}: '{key}' must be a non-empty string")
     if raw["source"] not in sources:
         raise DataError(f"{where}: source {raw['source']!r} is not listed in 'sources'")
-    if raw["library"] not in libraries:
-        raise DataError(f"{where}: library {raw['library']!r} is not in 'libraries'")
     kind = raw["kind"]
     if kind not in KINDS:
         raise DataError(f"{where}: kind {kind!r} is not one of {', '.join(KINDS)}")
+    if (raw["library"] == ANY_LIBRARY) != (kind == "provider"):
+        raise DataError(f"{where}: library '{ANY_LIBRARY}' is for kind 'provider' only, which needs it")
+    if raw["library"] not in libraries and raw["library"] != ANY_LIBRARY:
+        raise DataError(f"{where}: library {raw['library']!r} is not in 'libraries'")
     try:
         versions = SpecifierSet(raw.get("versions", ""))
     except (InvalidSpecifier, TypeError) as e:
         raise DataError(f"{where}: 'versions' is not a version specifier: {e}") from e
+    for key, owner in (("soname", "loads_by_name"), ("major", "loads_by_name"), ("provider", "provider")):
+        if key in raw and kind != owner:
+            raise DataError(f"{where}: '{key}' belongs to kind '{owner}' only")
+    soname, major, provider = raw.get("soname"), raw.get("major"), raw.get("provider")
+    if kind == "loads_by_name":
+        if not isinstance(soname, str) or not re.fullmatch(r"lib[\w+-]+\.so\.\d+", soname):
+            raise DataError(f"{where}: 'soname' must be a versioned soname such as 'libcublas.so.12', got {soname!r}")
+        if not libraries[raw["library"]].matches_soname(soname):
+            raise DataError(f"{where}: soname {soname!r} is not one of {raw['library']!r}'s")
+        if isinstance(major, bool) or not isinstance(major, int) or not 1 <= major <= 99:
+            raise DataError(f"{where}: 'major' must be a CUDA major version (an integer), got {major!r}")
+    if kind == "provider" and (
+        not isinstance(provider, str) or provider.startswith("/") or ".." in provider.split("/")
+    ):
+        raise DataError(f"{where}: 'provider' must be a path inside the site directory, got {provider!r}")
     minimum = _tuple(raw.get("min"), where) if kind == "floor" else None
     if kind != "floor" and "min" in raw:
         raise DataError(f"{where}: 'min' belongs to kind 'floor' only")
@@ -314,6 +348,9 @@ def _rule(raw: Any, i: int, source: str, sources: Mapping[str, Any], libraries: 
         raw["source"],
         build_file,
         build_keys,
+        soname,
+        major,
+        provider,
     )
 
 
