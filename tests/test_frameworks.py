@@ -131,6 +131,9 @@ _DELETE = object()
         pytest.param(_set(("rules", 13, "provider"), _DELETE), "path inside the site", id="no provider"),
         pytest.param(_set(("rules", 13, "library"), "cublas"), "library '*' is for kind 'provider'", id="provider lib"),
         pytest.param(_set(("rules", 0, "library"), "*"), "library '*' is for kind 'provider'", id="star library"),
+        pytest.param(_set(("rules", 5, "bad"), "nine"), "'bad' must be a dotted version", id="bad version"),
+        pytest.param(_set(("rules", 0, "bad"), "9.10.0"), "'bad' belongs to an undecidable rule", id="bad kind"),
+        pytest.param(_set(("rules", 5, "says"), _DELETE), "'bad' belongs to an undecidable rule", id="bad says"),
     ],
 )
 def test_validator_rejects_broken_copies(edit: Any, expected: str):
@@ -315,3 +318,28 @@ def test_tensorflow_build_info_is_quoted_never_imported(tmp_path, text):
     (f,) = framework_findings(stack_of(site))
     assert f.severity is Severity.INFO
     assert "its build_info.py says cuda_version 12.2, cudnn_version 8" in f.cause
+
+
+@pytest.mark.parametrize(("cudnn", "warned"), [("9.10.0.56", True), ("9.10.1.4", False), ("9.9.0.52", False)])
+def test_jax_refuses_cudnn_9_10_0_unless_built_against_it(tmp_path, monkeypatch, cudnn, warned):
+    # jax_plugins/cuda/__init__.py: cudnn_version == 91000 and cudnn_build_version() != 91000 -> RuntimeError;
+    # the build version is compiled in, so a WARNING (never an ERROR); other versions keep the INFO saying why
+    monkeypatch.delenv("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", raising=False)
+    site = site_packages(tmp_path / "v")
+    write_dist(site, "jax-cuda12-plugin", "0.6.0")
+    write_dist(site, "nvidia-cudnn-cu12", cudnn)
+    found = framework_findings(stack_of(site))
+    warnings = [f for f in found if f.severity is Severity.WARNING]
+    if not warned:
+        assert warnings == []
+        (info,) = found
+        assert "cuDNN: cannot be decided statically because JAX compares cuDNN with" in info.cause
+        return
+    (w,) = warnings
+    assert w.message.startswith(
+        'jax-cuda12-plugin 0.6.0 refuses cuDNN (9, 10, 0) unless it was built against it: "cuDNN 9.10.0 had a '
+        "binary backward-compatibility issue"
+    )
+    assert w.cause.startswith(f"it would load {site}/nvidia_cudnn_cu12-{cudnn}.dist-info")
+    assert "whether it was built against (9, 10, 0) cannot be decided statically because" in w.cause
+    assert not [f for f in found if f.failing]

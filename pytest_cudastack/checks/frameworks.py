@@ -125,7 +125,11 @@ def framework_findings(stack: StackView, reqs: Requirements | None = None) -> tu
                 undecided.append(f"{row.name}: {dist.name} skips its check ({rule.skip_env} is set)")
                 continue
             if rule.kind == "undecidable":
-                undecided.append(f"{row.name}: {judge(rule, None, None).text}{build_info(dist, rule)}")
+                bad = _known_bad(stack, dist, rule, row, reqs)
+                if bad is not None:
+                    findings.append(bad)
+                else:
+                    undecided.append(f"{row.name}: {judge(rule, None, None).text}{build_info(dist, rule)}")
                 continue
             copy, lib = _runtime(stack, dist, row, reqs)
             if copy is None:
@@ -189,6 +193,31 @@ def _broken(
         where=(copy.path, dist.dist_info),
         # the pinned wheel too: the repair plan claims this finding only when it meets that pin
         distributions=(dist.key, *pinned),
+        details=(f"rule: {rule.kind} ({rule.source}: {_source_url(rule)})",),
+    )
+
+
+def _known_bad(stack: StackView, dist: Distribution, rule: Rule, row: LibraryRow, reqs: Requirements) -> Finding | None:
+    """An undecidable rule's ``bad`` version loaded (JAX and cuDNN 9.10.0): a WARNING, not an ERROR, since the
+    framework accepts it when it was built against that very version, which no file states."""
+    if rule.bad is None:
+        return None
+    copy, lib = _runtime(stack, dist, row, reqs)
+    if copy is None or copy.version is None or copy.version[: len(rule.bad)] != rule.bad:
+        return None
+    bad = version_text(rule.bad)
+    route = f" via {lib.route.value}" if lib is not None else ""
+    return Finding(
+        check=_CHECK,
+        severity=Severity.WARNING,
+        subject=f"{dist.name} {row.name}",
+        message=f'{dist.label} refuses {row.name} {bad} unless it was built against it: "{rule.says}"',
+        cause=f"it would load {copy.described}{route}; whether it was built against {bad} "
+        f"{judge(rule, None, None).text}",
+        fix=f"no safe automatic repair is known. By hand: install a {row.name} wheel other than {bad} that "
+        f"{dist.name}'s requirements accept",
+        where=(copy.path, dist.dist_info),
+        distributions=(dist.key,),
         details=(f"rule: {rule.kind} ({rule.source}: {_source_url(rule)})",),
     )
 

@@ -13,7 +13,9 @@ Two tables, every row citing a source listed in the file's ``sources`` (validate
   - ``build_match`` (torch and cuDNN): same major as the build, minor not lower;
   - ``pin_floor`` (torch and NCCL): not older than the build;
   - ``floor``: not older than ``min``;
-  - ``undecidable``: the framework's check needs a fact no file states; its ``reason`` says which;
+  - ``undecidable``: the framework's check needs a fact no file states; its ``reason`` says which; ``bad``
+    names a version the framework refuses unless it is the build's own (JAX and cuDNN 9.10.0), quoted with
+    ``says`` when the loaded copy is that version;
   - ``loads_by_name`` (cupy >= 14 and cuBLAS, NVRTC): the framework, built for CUDA ``major``, loads
     ``soname`` by name at run time (cuda-pathfinder), so some installed copy of that soname must exist;
   - ``provider`` (onnxruntime-gpu's CUDA execution provider): the framework dlopens ``provider`` (a path in
@@ -79,6 +81,7 @@ _RULE_KEYS = {
     "soname",
     "major",
     "provider",
+    "bad",
     "source",
 }
 _CU_SUFFIX = re.compile(r"-cu\d+$")
@@ -132,6 +135,7 @@ class Rule:
     soname: str | None = None  # loads_by_name: the soname the framework loads at run time
     major: int | None = None  # loads_by_name: the CUDA major the framework is built for
     provider: str | None = None  # provider: the library (inside the site directory) it dlopens at run time
+    bad: VersionTuple | None = None  # undecidable: a version refused unless it is the build's (JAX's cuDNN 9.10.0)
 
     def applies(self, name: str, version: str) -> bool:
         if canonicalize_name(name) != self.framework:
@@ -229,9 +233,9 @@ def framework_says(
 # --------------------------------------------------------------------------------------------- validation
 
 
-def _tuple(text: Any, where: str) -> VersionTuple:
+def _tuple(text: Any, where: str, key: str = "min") -> VersionTuple:
     if not isinstance(text, str) or not re.fullmatch(r"\d+(\.\d+){0,3}", text):
-        raise DataError(f"{where}: 'min' must be a dotted version such as '12.1.0', got {text!r}")
+        raise DataError(f"{where}: '{key}' must be a dotted version such as '12.1.0', got {text!r}")
     return tuple(int(x) for x in text.split("."))
 
 
@@ -312,6 +316,11 @@ def _rule(raw: Any, i: int, source: str, sources: Mapping[str, Any], libraries: 
         not isinstance(provider, str) or provider.startswith("/") or ".." in provider.split("/")
     ):
         raise DataError(f"{where}: 'provider' must be a path inside the site directory, got {provider!r}")
+    bad = None
+    if "bad" in raw:
+        if kind != "undecidable" or not raw.get("says"):
+            raise DataError(f"{where}: 'bad' belongs to an undecidable rule with its 'says'")
+        bad = _tuple(raw["bad"], where, "bad")
     minimum = _tuple(raw.get("min"), where) if kind == "floor" else None
     if kind != "floor" and "min" in raw:
         raise DataError(f"{where}: 'min' belongs to kind 'floor' only")
@@ -351,6 +360,7 @@ def _rule(raw: Any, i: int, source: str, sources: Mapping[str, Any], libraries: 
         soname,
         major,
         provider,
+        bad,
     )
 
 
