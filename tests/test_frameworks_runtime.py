@@ -209,3 +209,25 @@ def test_file_judged_rules_are_never_judged_on_versions():
             verdict = judge(rule, (12, 0, 0), (13, 0, 0))
             assert verdict.ok is None
             assert verdict.text == f"a {rule.kind} rule is judged on the installed files, not on versions"
+
+
+def test_the_requirements_item_says_each_once(tmp_path):
+    # through the registered item, with Requires-Dist as the real wheels state them (numpy left out: one INFO)
+    site = site_packages(tmp_path / "v")
+    cuda13_wheels(site)
+    write_dist(
+        site,
+        "cupy-cuda12x",
+        "14.0.1",
+        {"cupy/.data/_wheel.json": WHEEL_JSON},
+        requires=["numpy<2.6,>=2.0", "cuda-pathfinder<2.0,>=1.3.3"],
+    )
+    write_dist(site, "cuda-pathfinder", "1.9.1")
+    ort(site, ["libcublasLt.so.12"], "$ORIGIN/../../nvidia/cu13/lib")
+    found = Stack(site_paths=(str(site),)).findings("requirements")
+    assert sorted((f.severity.name, f.subject) for f in found if f.severity is not Severity.INFO) == [
+        ("WARNING", "cupy-cuda12x NVRTC"),
+        ("WARNING", "cupy-cuda12x cuBLAS"),
+        ("WARNING", "onnxruntime-gpu libonnxruntime_providers_cuda.so"),
+    ]
+    assert not [f for f in found if f.failing]
