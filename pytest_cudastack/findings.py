@@ -97,7 +97,9 @@ class Finding:
         ``--json`` would show; the compact form (``cudastack report``) lists at most three places and three
         details and says how many more ``-v`` or ``--json`` would show.
         """
-        lines = [f"{_clip(self.subject)}: {_clip(self.message)}"]
+        # a message that already opens with its subject ("libcuda.so.1: loaded at run time by ...") says it once
+        opens = self.message.startswith(f"{self.subject}:")
+        lines = [_clip(self.message) if opens else f"{_clip(self.subject)}: {_clip(self.message)}"]
         if self.chain:
             chain = [_clip(c) for c in self.chain]
             if len(chain) > _FULL_CHAIN:

@@ -117,6 +117,20 @@ def test_driver_findings_minor_version_compat_is_a_warning():
     (f,) = driver_findings([inf("torch", 12, 8)], DriverInfo("declared", "550.54.15", "12.4"))
     assert f.severity is Severity.WARNING
     assert "minor-version compatibility" in f.message
+    assert f.cause.startswith("torch is built for CUDA 12.8, newer than the driver's")
+    assert f.fix.endswith("then use a driver that supports CUDA 12.8")
+
+
+def test_driver_findings_unknown_driver_is_one_info_for_every_requirement():
+    """No driver facts: one cause, said once (the highest requirement decides), not once per CUDA version."""
+    needs = [inf("torch", 13, 0), inf("bin/a", 12, 8), inf("nvjitlink", 13, 5)]
+    (f,) = driver_findings(needs, DriverInfo("absent", None, None, reason="no NVML"))
+    assert f.severity is Severity.INFO
+    assert f.subject == "3 components"
+    assert f.message.startswith("CUDA 13.5 is required; cannot tell whether the driver supports it: no NVML")
+    assert f.cause == "the stack requires CUDA 12.8, 13.0, 13.5 (the highest decides)"
+    assert f.fix == "pass --cuda-driver=VER to check a deployment target"
+    assert len(f.details) == 3
 
 
 def test_driver_findings_unknown_driver_is_info():

@@ -78,6 +78,10 @@ def test_check_with_no_item_option_runs_the_builtin_items(
         "requirements",
         "toolchain",
     ]
+    # as the plugin's SKIPPED items: each with its reason, no findings of its own
+    assert set(payload["skipped"]) == {"driver", "arch", "requirements", "toolchain"}  # an empty site
+    assert payload["skipped"]["requirements"] == "no installed distribution states a requirement (Requires-Dist)"
+    assert all(payload["items"][name] == [] for name in payload["skipped"])
 
 
 def test_report_on_an_empty_site(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

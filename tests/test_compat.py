@@ -147,6 +147,14 @@ def _duplicate_soname() -> dict[str, Any]:
             id="unlisted source",
         ),
         pytest.param(
+            _mutate(("toolkit_drivers", 0, "source"), ["mvc"]),
+            "toolkit_drivers[0]: source ['mvc']",
+            id="source a list (unhashable)",
+        ),
+        pytest.param(
+            _mutate(("forward_compat", "source"), {"a": 1}), "'forward_compat' needs", id="forward source an object"
+        ),
+        pytest.param(
             _mutate(("toolkit_drivers", 5, "driver"), "five hundred"), "toolkit_drivers[5]: 'driver'", id="bad driver"
         ),
         pytest.param(

@@ -59,3 +59,10 @@ def test_severity_order_is_most_severe_first() -> None:
         ("info", "0"),
         ("info", "4"),
     ]
+
+
+def test_a_message_that_opens_with_its_subject_names_it_once() -> None:
+    f = Finding("dlopen", Severity.INFO, "libcuda.so.1", "libcuda.so.1: loaded at run time by libcudart.so.13")
+    assert f.render().splitlines()[0] == "libcuda.so.1: loaded at run time by libcudart.so.13"
+    g = Finding("dlopen", Severity.INFO, "libcuda.so.1", "loaded at run time by libcudart.so.13")
+    assert g.render().splitlines()[0] == "libcuda.so.1: loaded at run time by libcudart.so.13"

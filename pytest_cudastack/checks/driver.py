@@ -30,21 +30,52 @@ def driver_findings(inferences: Iterable[Inference], driver: DriverInfo) -> tupl
         groups.setdefault(required, []).append(need)
     out: list[Finding] = []
     severity = {"compatible": None, "mvc": Severity.WARNING, "incompatible": Severity.ERROR}
-    for required, needs in sorted(groups.items()):
+    unknown: list[tuple[str, list[CudaNeed], str]] = []
+    for required, needs in sorted(groups.items(), key=lambda g: g[1][0].key):
         subject = needs[0].subject if len(needs) == 1 else f"{len(needs)} components"
         verdict = driver_verdict(required, driver)  # the finding's subject names who needs it
         sev = severity.get(verdict.status, Severity.INFO)
         if sev is None:
             continue
+        if verdict.status not in severity:
+            unknown.append((required, needs, verdict.message))
+            continue
+        cause = fix = ""
+        if sev is Severity.ERROR:
+            fix = f"use a driver that supports CUDA {required}, or rebuild for the driver's CUDA"
+        elif verdict.status == "mvc":
+            cause = (
+                f"{subject} is built for CUDA {required}, newer than the driver's; within one CUDA major the driver "
+                "runs it through minor-version compatibility"
+            )
+            fix = (
+                f"nothing, unless it JIT-compiles PTX newer than the driver or calls an API added after the "
+                f"driver's CUDA: then use a driver that supports CUDA {required}"
+            )
         out.append(
             Finding(
                 "driver",
                 sev,
                 subject,
                 verdict.message,
-                fix=f"use a driver that supports CUDA {required}, or rebuild for the driver's CUDA"
-                if sev is Severity.ERROR
-                else "",
+                cause=cause,
+                fix=fix,
+                details=tuple(f"{n.subject}: {n.evidence}" for n in needs),
+            )
+        )
+    if unknown:
+        # one cause (the driver's CUDA is not known): one finding, the highest requirement's message decides
+        needs = [n for _, group, _ in unknown for n in group]
+        message = unknown[-1][2]
+        subject = needs[0].subject if len(needs) == 1 else f"{len(needs)} components"
+        out.append(
+            Finding(
+                "driver",
+                Severity.INFO,
+                subject,
+                message,
+                cause=f"the stack requires CUDA {', '.join(r for r, _, _ in unknown)} (the highest decides)",
+                fix="pass --cuda-driver=VER to check a deployment target" if not driver.version else "",
                 details=tuple(f"{n.subject}: {n.evidence}" for n in needs),
             )
         )

@@ -53,6 +53,14 @@ def cmd_check(args: argparse.Namespace) -> int:
         return 2
     finally:
         stack.flush_cache()
+    skipped = {
+        name: reason
+        for check in enabled_checks(settings)
+        for name, target in check.expand(stack)
+        if (reason := check.skip_reason(stack, target)) is not None
+    }
+    # a skipped item is not run, as in pytest: its findings count for nothing and are not shown
+    results = {name: () if name in skipped else found for name, found in results.items()}
     failing = any(f.failing for found in results.values() for f in found)
     plans = plan_repairs([f for found in results.values() for f in found], stack.inventory)
     if getattr(args, "json", False):
@@ -61,16 +69,11 @@ def cmd_check(args: argparse.Namespace) -> int:
             "version": CHECK_VERSION,
             "ok": not failing,
             "items": {name: [f.to_json() for f in found] for name, found in results.items()},
+            "skipped": skipped,
             "repair": [plan.to_json() for plan in plans],
         }
         print(json.dumps(payload, indent=2))
         return 1 if failing else 0
-    skipped = {
-        name: reason
-        for check in enabled_checks(settings)
-        for name, target in check.expand(stack)
-        if (reason := check.skip_reason(stack, target)) is not None
-    }
     paint = painter_for(getattr(args, "color", None), sys.stdout)
     for name, found in results.items():
         if name in skipped:  # nothing to check: as the plugin's SKIPPED item, with the reason

@@ -166,7 +166,7 @@ class _Row:
             raise DataError(f"{self.where}: expected an object, got {type(row).__name__}")
         self.row: dict[str, Any] = row
         src = row.get("source")
-        if src not in sources:
+        if not isinstance(src, str) or src not in sources:  # a list or object is not a key (nor hashable)
             raise DataError(f"{self.where}: source {src!r} is not listed in 'sources'")
         self.source = str(src)
 
@@ -441,7 +441,12 @@ def validate_compat(raw: Any, source: str = DATA_FILE) -> CompatData:
         sm_targets.append((tk, normalized))
 
     fwd = raw.get("forward_compat")
-    if not isinstance(fwd, dict) or not isinstance(fwd.get("rule"), str) or fwd.get("source") not in sources:
+    if (
+        not isinstance(fwd, dict)
+        or not isinstance(fwd.get("rule"), str)
+        or not isinstance(fwd.get("source"), str)
+        or fwd["source"] not in sources
+    ):
         raise DataError(f"{source}: 'forward_compat' needs 'rule' and a listed 'source'")
 
     return CompatData(
