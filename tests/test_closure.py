@@ -66,6 +66,7 @@ def test_clean_layout_only_infos(tmp_path):
     plugin = infos["torchish 1.0"]
     assert plugin.severity is Severity.INFO
     assert "torchish/lib/libplugin.so needs libfabric.so.1" in plugin.details
+    assert plugin.message.endswith("needs sonames not found here")  # libfabric is installed nowhere
     # owners come from the inventory
     (mt, *_) = module_trees(inv, resolver)
     providers = {lib.soname: lib.provider for lib in mt.tree.libraries}
@@ -129,3 +130,25 @@ def test_a_so_that_is_not_an_elf_is_not_a_module(tmp_path):
     write_dist(site, "m", "1", {"m/_bad.so": "not an elf"})
     _, _, found = run(site)
     assert found == ()
+
+
+def test_optional_library_needing_only_installed_sonames_says_so(tmp_path):
+    """An optional library whose missing soname is installed (found once what ships it is loaded, as
+    cuSOLVER's needing libnvJitLink): not "not found here", and the fix installs nothing."""
+    site = site_packages(tmp_path / "venv")
+    write_dist(
+        site,
+        "pkg",
+        "1.0",
+        {
+            f"pkg/{EXT}": compile_so(None, pyinit="_C"),
+            "pkg/lib/libopt.so": compile_so("libopt.so", needed=["libjit.so.13"]),
+            "other/lib/libjit.so.13": compile_so("libjit.so.13"),
+        },
+    )
+    _, _, found = run(site)
+    (opt,) = [f for f in found if f.subject == "pkg 1.0"]
+    assert "each is installed here and is found when what ships it is already loaded" in opt.message
+    assert "not found here" not in opt.message
+    assert opt.fix.startswith("nothing to install")
+    assert any("shipped by pkg 1.0" in d for d in opt.details)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -430,6 +431,9 @@ def test_string_discovered_names_are_info(tmp_path: Path):
     info = [f for f in found if "may load at run time" in f.message]
     assert len(info) == 1
     assert "pkg/libhelper.so.1 may load libfancyplugin.so.3 (not found)" in info[0].details
+    assert info[0].where  # where the search looked
+    assert all(os.path.isdir(d) for d in info[0].where)
+    assert info[0].message.startswith("1 library name(s) in the read-only data of its libraries")
     _write(site / "pkg/libfancyplugin.so.3", compile_so("libfancyplugin.so.3"))
     _write(site / "pkg/libhelper.so.1", compile_so("libhelper.so.1", payload="libfancyplugin.so.3", rpath="$ORIGIN"))
     assert not [f for f in _check(site) if "may load at run time" in f.message]
@@ -451,3 +455,24 @@ def test_tree_with_loaded_objects_matches_them_without_resolving_them(tmp_path: 
     assert not [x for x in ctx.missing if x.soname in ("libdep.so.1", "libgone.so.7")]
     with_preload = r.tree(str(module), preloaded=[str(mapped)])
     assert "libgone.so.7" in {x.soname for x in with_preload.missing}  # LD_PRELOAD-like: resolved too
+
+
+@needs_cc
+def test_string_discovered_unversioned_name_beside_a_versioned_file(tmp_path: Path):
+    """cuDNN writes ``libcudnn_ext.so`` and appends its major: with ``libcudnn_ext.so.9`` beside the caller the
+    note says so instead of a bare "not found"."""
+    site = site_packages(tmp_path / "venv")
+    write_dist(
+        site,
+        "pkg",
+        "1.0",
+        {
+            f"pkg/{EXT}": compile_so(None, pyinit="_C", needed=["libhelper.so.1"], rpath="$ORIGIN"),
+            "pkg/libhelper.so.1": compile_so("libhelper.so.1", payload="libcudnn_ext.so"),
+            "pkg/libcudnn_ext.so.9": compile_so("libcudnn_ext.so.9"),
+        },
+    )
+    (info,) = [f for f in _check(site) if "may load at run time" in f.message]
+    assert "pkg/libhelper.so.1 may load libcudnn_ext.so (not found as written; libcudnn_ext.so.9 is beside it)" in (
+        info.details
+    )

@@ -348,28 +348,46 @@ def _unreachable(
     findings: list[Finding] = []
     for d in inv.distributions:
         notes: list[str] = []
+        searched: list[str] = []
+        unshipped = False
         for lib in d.libraries:
             if not lib.exists or lib.pyinit or lib.problem or real_path(lib.path, dirs) in reached:
                 continue
             tree = resolver.tree(lib.path)
-            absent = [x.soname for x in tree.missing if not skip(x.soname)]
+            absent = [x for x in tree.missing if not skip(x.soname)]
             if absent:
-                notes.append(f"{_rel(lib.path, inv)} needs {', '.join(_shipped_note(inv, a) for a in absent)}")
+                notes.append(f"{_rel(lib.path, inv)} needs {', '.join(_shipped_note(inv, a.soname) for a in absent)}")
+                unshipped = unshipped or any(not _shipped_present(inv, a.soname) for a in absent)
+                searched.extend(w for a in absent for w in a.searched if w not in searched)
         if notes:
+            n = len(notes)
+            libraries = f"{n} optional librar{'y' if n == 1 else 'ies'} (loaded by no extension module)"
+            if unshipped:
+                message = f"{libraries} need{'s' if n == 1 else ''} sonames not found here"
+                fix = "install the missing libraries only if you use that feature"
+            else:  # every one is installed: the search finds it once what ships it is loaded
+                message = (
+                    f"{libraries} need{'s' if n == 1 else ''} sonames that their own search does not find; "
+                    "each is installed here and is found when what ships it is already loaded"
+                )
+                fix = "nothing to install; load the library that ships it first (as its users do)"
             findings.append(
                 Finding(
                     check="closure",
                     severity=Severity.INFO,
                     subject=d.label,
-                    message=f"{len(notes)} optional librar{'y' if len(notes) == 1 else 'ies'} (loaded by no "
-                    f"extension module) need{'s' if len(notes) == 1 else ''} sonames not found here",
+                    message=message,
                     cause="loaded only on demand (dlopen) when the feature is used; not needed to import anything",
-                    fix="install the missing libraries only if you use that feature",
-                    where=(d.location,),
-                    details=tuple(notes[:12]),
+                    fix=fix,
+                    where=tuple(searched) or (d.location,),
+                    details=tuple(notes),
                 )
             )
     return findings
+
+
+def _shipped_present(inv: Inventory, soname: str) -> bool:
+    return any(os.path.lexists(p) for _, p in inv.shipping(soname))
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -168,7 +168,7 @@ def dlopen_findings(
     """The ``dlopen`` findings for every caller of ``inv`` (module docstring). A caller no extension module
     loads is judged alone (its loader chain unknown): its misses are INFO."""
     findings: list[Finding] = []
-    unexplained: dict[str, list[str]] = {}
+    unexplained: dict[str, list[tuple[str, tuple[str, ...]]]] = {}
     for c in callers(inv, resolver, trees):
         info = _read(read, c.path)
         if info is None:
@@ -190,17 +190,21 @@ def dlopen_findings(
             if notes:
                 unexplained.setdefault(c.owner, []).extend(notes)
     for owner, notes in unexplained.items():
+        searched: list[str] = []  # where the dynamic linker's search for those names looked, in order
+        for _, dirs in notes:
+            searched.extend(d for d in dirs if d not in searched)
         findings.append(
             Finding(
                 check="dlopen",
                 severity=Severity.INFO,
                 subject=owner or "unowned libraries",
-                message=f"{len(notes)} library name(s) in the read-only data of libraries "
-                f"{'of ' + owner + ' ' if owner else ''}loaded at import may load at run time and are not found here",
+                message=f"{len(notes)} library name(s) in the read-only data of its libraries loaded at import "
+                "may load at run time and are not found here",
                 cause="a name written in a library's data is what it can pass to dlopen; no DT_NEEDED lists "
                 "it, so only the feature that opens it fails, when used",
                 fix="install the library that provides the name only if you use that feature",
-                details=tuple(notes[:12]) + ((f"... and {len(notes) - 12} more",) if len(notes) > 12 else ()),
+                where=tuple(searched),
+                details=tuple(note for note, _ in notes),  # every one: the text rendering caps, --json keeps all
             )
         )
     return tuple(findings)
@@ -220,13 +224,22 @@ def _unexplained(
     except ElfError:
         return []
     skip = covered | set(info.needed) | {info.soname}
-    out: list[str] = []
+    out: list[tuple[str, tuple[str, ...]]] = []
+    here = os.path.dirname(path)
     for name in names:
         # cuDNN 9 writes "libcudnn_graph.so" and appends its major: the table's name covers the string
         if name in skip or is_driver_soname(name) or any(t.startswith(name + ".") for t in covered):
             continue
-        if resolver.dlopen(name, path, c.loaded, c.loaders or ()).path is None:
-            out.append(f"{_rel(path, inv)} may load {name} (not found)")
+        lib = resolver.dlopen(name, path, c.loaded, c.loaders or ())
+        if lib.path is not None:
+            continue
+        # a versioned file of that name beside the caller: the program may append the version (as cuDNN does)
+        try:
+            beside = sorted(e for e in os.listdir(here) if e.startswith(name + "."))
+        except OSError:
+            beside = []
+        found = f"not found as written; {beside[0]} is beside it" if beside else "not found"
+        out.append((f"{_rel(path, inv)} may load {name} ({found})", lib.searched))
     return out
 
 
