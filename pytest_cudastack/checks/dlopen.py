@@ -218,7 +218,7 @@ def _unexplained(
     strings: Callable[[str], StringFacts],
     inv: Inventory,
     c: Caller,
-) -> list[str]:
+) -> list[tuple[str, tuple[str, ...]]]:
     try:
         names = strings(path).names
     except ElfError:
