@@ -97,8 +97,9 @@ class Finding:
         ``--json`` would show; the compact form (``cudastack report``) lists at most three places and three
         details and says how many more ``-v`` or ``--json`` would show.
         """
-        # a message that already opens with its subject ("libcuda.so.1: loaded at run time by ...") says it once
-        opens = self.message.startswith(f"{self.subject}:")
+        # a message that already opens with its subject ("libcuda.so.1: loaded at run time by ...", "torch 2.14.1
+        # is a CUDA 13 build ...") says it once
+        opens = bool(self.subject) and self.message.startswith((f"{self.subject}:", f"{self.subject} "))
         lines = [_clip(self.message) if opens else f"{_clip(self.subject)}: {_clip(self.message)}"]
         if self.chain:
             chain = [_clip(c) for c in self.chain]

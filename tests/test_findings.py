@@ -66,3 +66,5 @@ def test_a_message_that_opens_with_its_subject_names_it_once() -> None:
     assert f.render().splitlines()[0] == "libcuda.so.1: loaded at run time by libcudart.so.13"
     g = Finding("dlopen", Severity.INFO, "libcuda.so.1", "loaded at run time by libcudart.so.13")
     assert g.render().splitlines()[0] == "libcuda.so.1: loaded at run time by libcudart.so.13"
+    h = Finding("bounds", Severity.ERROR, "torch 2.14.1", "torch 2.14.1 is a CUDA 13 build")
+    assert h.render().splitlines()[0] == "torch 2.14.1 is a CUDA 13 build"

@@ -353,7 +353,7 @@ def _group_finding(
         root.label,
         f"{root.label} is a {cuda} build; it pulls {len(members)} {cuda} wheel(s): {shown}, but {label}",
         cause=f"{root.name} requires each of them (Requires-Dist, directly or through the others): they are "
-        f"one cause, not {len(members) + 1}; {own.cause}",
+        f"one cause, said once here for {root.name} and its {len(members)} wheel(s); {own.cause}",
         fix=fix,
         details=tuple(details),
         distributions=(root.key, *(m.key for m, _, _ in members)),
