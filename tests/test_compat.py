@@ -643,6 +643,7 @@ def test_compat_does_not_import_the_driver_probe():
     assert done.stdout.split() == [
         "['pytest_cudastack.cuda',",
         "'pytest_cudastack.cuda.compat',",
+        "'pytest_cudastack.cuda.datafile',",
         "'pytest_cudastack.cuda.versions',",
         "'pytest_cudastack.errors']",
     ]

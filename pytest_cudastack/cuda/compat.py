@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
+from pytest_cudastack.cuda.datafile import check_header, cited
 from pytest_cudastack.cuda.versions import CudaVersion, DriverVersion, parse_arch, parse_cuda, parse_driver
 from pytest_cudastack.errors import DataError, OptionError, RuleError
 
@@ -165,10 +166,7 @@ class _Row:
         if not isinstance(row, dict):
             raise DataError(f"{self.where}: expected an object, got {type(row).__name__}")
         self.row: dict[str, Any] = row
-        src = row.get("source")
-        if not isinstance(src, str) or src not in sources:  # a list or object is not a key (nor hashable)
-            raise DataError(f"{self.where}: source {src!r} is not listed in 'sources'")
-        self.source = str(src)
+        self.source = cited(row, sources, self.where)
 
     def keys(self, allowed: set[str]) -> None:
         extra = set(self.row) - allowed - {"source", "note", "unconfirmed"}
@@ -262,24 +260,8 @@ def validate_compat(raw: Any, source: str = DATA_FILE) -> CompatData:
     source, bad versions or regexes, minimum drivers that do not rise with the toolkit version, branches
     whose CUDA version goes down, duplicate rows.
     """
-    if not isinstance(raw, dict):
-        raise DataError(f"{source}: top level must be an object")
-    unknown = set(raw) - _TOP_KEYS
-    if unknown:
-        raise DataError(f"{source}: unknown top-level key(s) {', '.join(sorted(unknown))}")
-    if raw.get("schema") != 1:
-        raise DataError(f"{source}: unsupported schema {raw.get('schema')!r} (expected 1)")
-    sources = raw.get("sources")
-    if not isinstance(sources, dict) or not sources:
-        raise DataError(f"{source}: 'sources' must be a non-empty object")
-    for sid, entry in sources.items():
-        if (
-            not isinstance(entry, dict)
-            or not isinstance(entry.get("url"), str)
-            or not isinstance(entry.get("retrieved"), str)
-            or not re.match(r"^\d{4}-\d{2}-\d{2}$", entry["retrieved"])
-        ):
-            raise DataError(f"{source}: sources[{sid!r}] needs 'url' and 'retrieved' (YYYY-MM-DD)")
+    check_header(raw, source, _TOP_KEYS)
+    sources = raw["sources"]
 
     def rows(table: str, allowed: set[str]) -> list[_Row]:
         out = []

@@ -41,6 +41,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
+from pytest_cudastack.cuda.datafile import check_header
 from pytest_cudastack.errors import DataError
 
 __all__ = [
@@ -368,24 +369,8 @@ def validate_rules(raw: Any, source: str = DATA_FILE) -> FrameworkRules:
     """Check the raw JSON object of the rules file and build :class:`FrameworkRules`; ``DataError`` naming
     ``source`` and the row otherwise (unknown keys, unlisted sources, bad kinds, versions or names, a library
     or rule given twice)."""
-    if not isinstance(raw, dict):
-        raise DataError(f"{source}: top level must be an object")
-    unknown = set(raw) - _TOP_KEYS
-    if unknown:
-        raise DataError(f"{source}: unknown top-level key(s) {', '.join(sorted(unknown))}")
-    if raw.get("schema") != 1:
-        raise DataError(f"{source}: unsupported schema {raw.get('schema')!r} (expected 1)")
-    sources = raw.get("sources")
-    if not isinstance(sources, dict) or not sources:
-        raise DataError(f"{source}: 'sources' must be a non-empty object")
-    for sid, entry in sources.items():
-        if (
-            not isinstance(entry, dict)
-            or not isinstance(entry.get("url"), str)
-            or not isinstance(entry.get("retrieved"), str)
-            or not re.fullmatch(r"\d{4}-\d{2}-\d{2}", entry["retrieved"])
-        ):
-            raise DataError(f"{source}: sources[{sid!r}] needs 'url' and 'retrieved' (YYYY-MM-DD)")
+    check_header(raw, source, _TOP_KEYS)
+    sources = raw["sources"]
     raw_libs, raw_rules = raw.get("libraries"), raw.get("rules")
     if not isinstance(raw_libs, list) or not isinstance(raw_rules, list):
         raise DataError(f"{source}: 'libraries' and 'rules' must be lists")
