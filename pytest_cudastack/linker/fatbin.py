@@ -45,6 +45,8 @@ _MAX_ENTRIES = 1_000_000
 _SECTIONS = (".nv_fatbin", "__nv_relfatbin")
 # Alignment padding between containers in other data; a longer run of zeros ends a walk there.
 _PAD = 64
+# One read in a fatbin section: a container's header and the first entry's, and small entries after it.
+_WINDOW = 4096
 _FLAGS_READ = _FLAG_SUFFIX_A | _FLAG_SUFFIX_F | _FLAG_LZ4 | _FLAG_ZSTD
 _ELF64 = struct.Struct("<16sHHIQQQIHHHHHH")
 _SHDR64 = struct.Struct("<IIQQQQIIQQ")
@@ -129,22 +131,28 @@ _SHT_PROGBITS = 1
 _SHF_ALLOC = 0x2
 _SHF_EXECINSTR = 0x4
 
-_Buffer = mmap.mmap | bytes | memoryview
+
+_Read = Callable[[int, int], bytes]
+"""``read(offset, n)``: up to ``n`` bytes of a file (or of a payload in it) from ``offset``."""
 
 
-def _elf64_sections(view: _Buffer, size: int) -> list[tuple[bytes, int, int, int, int]] | None:
+def _elf64_sections(read: _Read, size: int) -> list[tuple[bytes, int, int, int, int]] | None:
     """(name, type, flags, offset, size) of each section of a little-endian ELF64 file, read with ``struct``
     (System V gABI, "Sections"); None when the headers are not plainly that, for pyelftools to judge."""
-    if size < _ELF64.size or view[:6] != b"\x7fELF\x02\x01":
+    head = read(0, _ELF64.size)
+    if size < _ELF64.size or len(head) < _ELF64.size or head[:6] != b"\x7fELF\x02\x01":
         return None
-    *_, shoff, _flags, _ehsize, _phes, _phn, shes, shnum, shstrndx = _ELF64.unpack_from(view, 0)
+    *_, shoff, _flags, _ehsize, _phes, _phn, shes, shnum, shstrndx = _ELF64.unpack_from(head, 0)
     if shes < _SHDR64.size or not 0 < shnum < 0xFF00 or shstrndx >= shnum or shoff + shes * shnum > size:
         return None
-    headers = [_SHDR64.unpack_from(view, shoff + i * shes) for i in range(shnum)]
+    table = read(shoff, shes * shnum)
+    if len(table) < shes * shnum:
+        return None
+    headers = [_SHDR64.unpack_from(table, i * shes) for i in range(shnum)]
     str_off, str_size = headers[shstrndx][4], headers[shstrndx][5]
     if str_off + str_size > size:
         return None
-    names = bytes(view[str_off : str_off + str_size])
+    names = read(str_off, str_size)
     out = []
     for name_at, kind, flags, _addr, offset, length, *_ in headers:
         if name_at >= max(str_size, 1):
@@ -185,9 +193,7 @@ def _standard(name: bytes) -> bool:
     return any(name == s or name.startswith(s + b".") for s in _STANDARD)
 
 
-def _section_ranges(
-    fd: int, view: _Buffer, size: int, path: str
-) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+def _section_ranges(fd: int, read: _Read, size: int, path: str) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
     """(offset, size) of the fatbin sections, and of the other data sections that may embed containers.
 
     A standalone .fatbin file is one range. Only a file with a fatbin section plausibly carries device code;
@@ -206,7 +212,7 @@ def _section_ranges(
     ``.rodata``) are not listed. Reading them cost a scan of every host library's data (libtorch_cpu,
     libtriton, nvrtc: 230 MB) for about 1 MB of them.
     """
-    head = bytes(view[:64])
+    head = read(0, 64)
     if len(head) >= 4 and struct.unpack_from("<I", head)[0] == CONTAINER_MAGIC:
         return [(0, size)], []
     if head[:4] != b"\x7fELF":
@@ -215,7 +221,7 @@ def _section_ranges(
     standard: list[tuple[int, int]] = []
     custom: list[tuple[int, int]] = []
     segment = False
-    sections = _elf64_sections(view, size)
+    sections = _elf64_sections(read, size)
     if sections is None:
         sections = _pyelftools_sections(fd, path)
     wanted = {n.encode() for n in _SECTIONS}
@@ -254,7 +260,7 @@ def _pyelftools_sections(fd: int, path: str) -> list[tuple[bytes, int, int, int,
 
 
 def _embedded(
-    view: mmap.mmap, ranges: list[tuple[int, int]], memo: dict[tuple[int, ...], FatbinEntry]
+    view: mmap.mmap, read: _Read, ranges: list[tuple[int, int]], memo: dict[tuple[int, ...], FatbinEntry]
 ) -> list[FatbinEntry]:
     """Entries of well-formed containers found by their magic inside ``ranges``.
 
@@ -271,21 +277,21 @@ def _embedded(
         end = start + length
         pos = view.find(magic, start, end)
         while pos != -1:
-            got, stop = _walk(view, pos, end, memo, data=True)
+            got, stop = _walk(read, pos, end, memo, data=True, view=view)
             found.extend(got)
             pos = view.find(magic, max(stop, pos + 1), end)
     return found
 
 
 def _walk(
-    view: _Buffer,
+    read: _Read,
     start: int,
     end: int,
     memo: dict[tuple[int, ...], FatbinEntry],
     problems: list[str] | None = None,
     *,
     data: bool = False,
-    fd: int | None = None,
+    view: mmap.mmap | None = None,
 ) -> tuple[list[FatbinEntry], int]:
     """The entries of the containers from ``start``, header to header, and the offset where the walk stopped.
 
@@ -295,19 +301,32 @@ def _walk(
     (more than :data:`_PAD` zeros, other bytes, a header other than version 1 and size 16) and a container
     whose entries do not fit is data: its entries are dropped and the keys it settled forgotten.
 
-    With ``fd`` the headers are read with ``pread``: in a fatbin section they lie one every 100 KB or so, and
-    a 48-byte read costs a third of what faulting in (and unmapping) a page of the mapping does.
+    Without a ``view`` (a fatbin section) the headers are read with ``read`` (``pread``), 4 KB at a time: they
+    lie one every 100 KB or so, and a read costs a third of what faulting in (and unmapping) a page of a
+    mapping does. With one (other data, where containers lie back to back) they are read from the mapping.
     """
 
     container: Callable[[int], tuple[int, ...]]
     entry_head: Callable[[int], tuple[int, ...]]
-    if fd is None:
+    if view is not None:
         container = functools.partial(_CONTAINER.unpack_from, view)
         entry_head = functools.partial(_ENTRY_HEAD.unpack_from, view)
     else:
-        at = fd
-        container = lambda offset: _CONTAINER.unpack(os.pread(at, _CONTAINER.size, offset))  # noqa: E731
-        entry_head = lambda offset: _ENTRY_HEAD.unpack(os.pread(at, _ENTRY_HEAD.size, offset))  # noqa: E731
+        window: list[Any] = [b"", 0]  # the bytes last read and their offset
+
+        def fields(layout: struct.Struct, offset: int) -> tuple[int, ...]:
+            buf, base = window
+            rel = offset - base
+            if rel < 0 or rel + layout.size > len(buf):
+                buf = window[0] = read(offset, _WINDOW)
+                window[1] = offset
+                rel = 0
+                if len(buf) < layout.size:
+                    raise ElfError(f"file shrank while read (offset {offset})")
+            return layout.unpack_from(buf, rel)
+
+        container = functools.partial(fields, _CONTAINER)
+        entry_head = functools.partial(fields, _ENTRY_HEAD)
 
     found: list[FatbinEntry] = []
     pos = start
@@ -351,7 +370,7 @@ def _walk(
             raw = (kind, arch, flags & _FLAGS_READ, major, minor)
             if raw in memo:
                 continue
-            entry = _new_entry(view, payload, padded, raw)
+            entry = _new_entry(read, payload, padded, raw)
             if entry is None:
                 continue
             if kind != _KIND_PTX or entry.compression is not None:
@@ -373,28 +392,32 @@ def _walk(
     return found, pos
 
 
-def _new_entry(view: _Buffer, payload: int, padded: int, raw: tuple[int, ...]) -> FatbinEntry | None:
+def _new_entry(read: _Read, payload: int, padded: int, raw: tuple[int, ...]) -> FatbinEntry | None:
     """The entry of a header not met before; None for an uncompressed cubin without a kernel."""
     kind, arch, flags, major, minor = raw
     compressed = bool(flags & (_FLAG_LZ4 | _FLAG_ZSTD))
     isa = (major, minor) if kind == _KIND_PTX else (0, 0)
     if kind == _KIND_PTX and not compressed:
-        isa = _ptx_text_version(view, payload, padded) or isa
-    if kind == _KIND_ELF and not compressed and not _has_kernels(view, payload, padded):
+        isa = _ptx_text_version(read, payload, padded) or isa
+    if kind == _KIND_ELF and not compressed and not _has_kernels(read, payload, padded):
         return None
     return _entry(kind, arch, flags, isa)
 
 
-def _has_kernels(view: _Buffer, start: int, length: int) -> bool:
+def _has_kernels(read: _Read, start: int, length: int) -> bool:
     """Whether an uncompressed cubin has a ``.text.*`` section (a kernel). Anything not a readable 64-bit ELF
     counts as code: only a cubin proven empty is skipped."""
-    sections = _elf64_sections(memoryview(view)[start : start + length], length)
+
+    def inside(offset: int, n: int) -> bytes:
+        return read(start + offset, max(0, min(n, length - offset)))
+
+    sections = _elf64_sections(inside, length)
     return sections is None or any(name.startswith(b".text.") for name, *_ in sections)
 
 
-def _ptx_text_version(view: _Buffer, start: int, length: int) -> tuple[int, int] | None:
+def _ptx_text_version(read: _Read, start: int, length: int) -> tuple[int, int] | None:
     """The ``.version`` of an uncompressed PTX text: what the driver's JIT reads."""
-    m = _PTX_VERSION.search(view[start : start + min(length, _PTX_HEAD)])
+    m = _PTX_VERSION.search(read(start, min(length, _PTX_HEAD)))
     return (int(m[1]), int(m[2])) if m else None
 
 
@@ -417,19 +440,31 @@ def read_fatbin(path: str | os.PathLike[str]) -> Fatbin:
     try:
         if st.st_size == 0:
             raise ElfError(f"{name}: neither an ELF file nor a fatbinary (empty)")
+
+        def read(offset: int, n: int) -> bytes:
+            return os.pread(fd, n, offset)
+
+        problems: list[str] = []
+        entries: list[FatbinEntry] = []
+        memo: dict[tuple[int, ...], FatbinEntry] = {}
         try:
-            view = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
-        except (OSError, ValueError) as e:
-            raise ElfError(f"{name}: cannot map: {e}") from e
-        with view:
-            problems: list[str] = []
-            entries: list[FatbinEntry] = []
-            memo: dict[tuple[int, ...], FatbinEntry] = {}
-            named, other = _section_ranges(fd, view, st.st_size, name)
+            named, other = _section_ranges(fd, read, st.st_size, name)
             for start, length in named:
-                entries.extend(_walk(view, start, start + length, memo, problems, fd=fd)[0])
-            entries.extend(_embedded(view, other, memo))
-            return Fatbin(path=name, entries=tuple(dict.fromkeys(entries)), problems=tuple(problems))
+                entries.extend(_walk(read, start, start + length, memo, problems)[0])
+        except OSError as e:
+            raise ElfError(f"{name}: cannot read: {e}") from e
+        except ElfError as e:
+            if str(e).startswith(name):
+                raise
+            raise ElfError(f"{name}: {e}") from e
+        if other:  # mapped only to search other data: a page of it is faulted in only where the search runs
+            try:
+                view = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+            except (OSError, ValueError) as e:
+                raise ElfError(f"{name}: cannot map: {e}") from e
+            with view:
+                entries.extend(_embedded(view, read, other, memo))
+        return Fatbin(path=name, entries=tuple(dict.fromkeys(entries)), problems=tuple(problems))
     finally:
         os.close(fd)
 
