@@ -166,10 +166,10 @@ def test_tree_report_and_snapshot_list_the_same_gpu_code(gpulib: bytes, tmp_path
 
     site, exe = _gpu_setup(tmp_path, gpulib)
     # tree --json: per library, null for none found, empty lists for a library without device code
-    assert main(["tree", "--json", "--no-gpu-code", str(exe)]) == 0  # the closures alone: no GPU code read
+    assert main(["tree", "--json", str(exe)]) == 0  # opt-in: a plain tree reads no GPU code
     assert all("gpu_code" not in x for x in json.loads(capsys.readouterr().out)["trees"][0]["libraries"])
-    for flags in ([], ["--gpu-code"]):  # the default (cold), then as asked explicitly: the closure cache's row
-        assert main(["tree", "--json", *flags, str(exe)]) == 0
+    for _ in ("cold", "warm"):  # the warm run answers from the closure cache: the same GPU code
+        assert main(["tree", "--json", "--gpu-code", str(exe)]) == 0
         doc = json.loads(capsys.readouterr().out)
         jsonschema.validate(doc, _schema("tree"))
         libs = {x["soname"]: x for x in doc["trees"][0]["libraries"]}
@@ -178,9 +178,10 @@ def test_tree_report_and_snapshot_list_the_same_gpu_code(gpulib: bytes, tmp_path
     assert main(["tree", "--json", "--no-gpu-code", str(exe)]) == 0  # the plain rows are another bucket
     assert all("gpu_code" not in x for x in json.loads(capsys.readouterr().out)["trees"][0]["libraries"])
     # tree, text: after the library that carries device code
-    assert main(["tree", "--no-gpu-code", str(exe)]) == 0
-    assert "{SASS" not in capsys.readouterr().out
-    assert main(["tree", str(exe)]) == 0
+    for flags in ([], ["--no-gpu-code"]):  # the default is the closures alone
+        assert main(["tree", *flags, str(exe)]) == 0
+        assert "{SASS" not in capsys.readouterr().out
+    assert main(["tree", "--gpu-code", str(exe)]) == 0
     text = capsys.readouterr().out
     (line,) = [x for x in text.splitlines() if "libgk.so =>" in x]
     assert line.endswith("(nvidia-gk-cu12 12.9.1) {SASS sm_80, sm_90a; PTX compute_80}")

@@ -59,7 +59,7 @@ def test_tree_json_schema_and_exit_status(scen: Scenarios, capsys: pytest.Captur
     for tree in data:
         assert set(tree) == {"path", "libraries"}
         for lib in tree["libraries"]:
-            assert set(lib) == {"soname", "path", "needed_by", "provider", "gpu_code"}  # GPU code by default
+            assert set(lib) == {"soname", "path", "needed_by", "provider"}  # "gpu_code" only with --gpu-code
             assert lib["path"] != tree["path"]
             assert "vdso" not in lib["soname"]
     sonames = [x["soname"] for x in data[0]["libraries"]]

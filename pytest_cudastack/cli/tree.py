@@ -2,12 +2,12 @@
 
 ``tree PATH...`` prints, for each file, the whole closure the dynamic linker would load (not the file itself,
 not the vDSO; the program interpreter is listed when something needs it, as ``ldd`` lists it), with each
-library's route, owning distribution and every place tried for a missing one, and the GPU code of each
-library that carries some (``{SASS ...; PTX ...}``; ``--no-gpu-code`` leaves it out, ``--gpu-code`` is the
-default). ``--json`` prints design.md's list
-``[{"path", "libraries": [{"soname", "path", "needed_by", "provider"}]}]`` (each library also has
-``"gpu_code"``, ``{"sass": [...], "ptx": [...]}`` as ``report --json`` and the snapshot list it, null for a
-library not found; left out with ``--no-gpu-code``) as the ``"trees"`` of
+library's route, owning distribution and every place tried for a missing one; with ``--gpu-code``, the GPU
+code of each library that carries some (``{SASS ...; PTX ...}``; ``--no-gpu-code``, the default, leaves it
+out). ``--json`` prints design.md's list
+``[{"path", "libraries": [{"soname", "path", "needed_by", "provider"}]}]`` (with ``--gpu-code`` each library
+also has ``"gpu_code"``, ``{"sass": [...], "ptx": [...]}`` as ``report --json`` and the snapshot list it, null
+for a library not found) as the ``"trees"`` of
 ``{"schema": "pytest-cudastack/tree", "version": 1, "trees": [...]}`` (``schemas/tree.schema.json``; a constant
 prefix and suffix, so cached rows are still written verbatim). ``tree --site DIR...`` takes owners from those
 directories instead of the site directories the closures touch.
@@ -193,8 +193,8 @@ def _memo_fatbin(cache: ElfCache) -> Callable[[str], Fatbin]:
 
 
 def _gpu_text(cache: ElfCache) -> Callable[[str], str]:
-    """The text ``tree`` shows after a library: "SASS sm_80; PTX compute_80", "" for none."""
-    # lazy: only `tree` without --no-gpu-code reads GPU code
+    """The text ``tree --gpu-code`` shows after a library: "SASS sm_80; PTX compute_80", "" for none."""
+    # lazy: only `tree --gpu-code` reads GPU code
     from pytest_cudastack.cuda.gpucode import gpu_code_text, path_gpu_code
 
     fatbins = _memo_fatbin(cache)
@@ -277,9 +277,10 @@ def cmd_tree(args: argparse.Namespace) -> int:
     """``cudastack tree PATH... [--json] [--site DIR]``."""
     paths: list[str] = list(args.paths)
     site: Sequence[str] | None = getattr(args, "site", None)
-    # on by default: fatbin.py reads only container and entry headers (a few data sections of the files that
-    # carry a fatbin section), cached like the ELF facts; --no-gpu-code gives the closures alone
-    gpu: bool = getattr(args, "gpu_code", True)
+    # opt-in: even read header to header, the fatbins of the torch venv's CUDA libraries (cuFFT's 24,000
+    # containers, cuBLASLt's) double a cold run, past its target of 0.25x ldd; the facts are cached like the
+    # ELF facts. `--no-gpu-code` is accepted too, for scripts that say what they want
+    gpu: bool = getattr(args, "gpu_code", False)
     if getattr(args, "json", False):
         return _tree_json(paths, site, gpu)
     # lazy: a warm `tree --json` imports no resolver, ELF reader, dataclasses or logging
