@@ -380,7 +380,8 @@ def test_triton_ptxas_too_old_for_the_target_arch_is_an_error_with_a_verified_fi
     (f,) = _arch_findings(site, env, ("sm_90", "sm_100"))
     assert f.severity is Severity.ERROR
     assert f.subject == "triton 3.8.0"
-    assert "ptxas-blackwell 12.2.140" in f.message and "sm_100 needs the tools of CUDA 12.7" in f.message
+    assert "ptxas-blackwell 12.2.140" in f.message
+    assert "sm_100 needs the tools of CUDA 12.7" in f.message
     assert "sm_90" not in f.message.split("compile for ")[1].split(";")[0]  # 12.2 knows sm_90
     assert "Value 'sm_100' is not defined for option 'gpu-name'" in f.message
     assert f.fix == "unset TRITON_PTXAS_BLACKWELL_PATH"  # the bundled ptxas-blackwell 12.9 then takes it
@@ -394,7 +395,8 @@ def test_triton_ptxas_too_old_for_the_target_arch_is_an_error_with_a_verified_fi
 def test_triton_without_a_newer_ptxas_gets_no_unverified_fix(tmp_path: Path, marker: Path) -> None:
     site = _triton_site(tmp_path, marker, bundled="12.4.131", blackwell="12.4.131")
     (f,) = _arch_findings(site, {}, ("sm_120",))
-    assert "ptxas-blackwell 12.4.131" in f.message and "CUDA 12.8" in f.message
+    assert "ptxas-blackwell 12.4.131" in f.message
+    assert "CUDA 12.8" in f.message
     assert f.fix == ""  # removing the bundled one leaves triton none to run: nothing verified to print
 
 
@@ -404,10 +406,10 @@ def test_jax_ptxas_too_old_for_the_arch_is_a_warning(tmp_path: Path, marker: Pat
     found = _arch_findings(site, {}, ("sm_100", "sm_120"), tmp_path)
     (f,) = [x for x in found if x.subject.startswith("jaxlib")]
     assert f.severity is Severity.WARNING
-    assert (
-        "ptxas 12.6.85" in f.message and "compile for sm_100, sm_120; sm_100 needs the tools of CUDA 12.7" in f.message
-    )
-    assert len(f.details) == 1 and f.details[0].startswith("also sm_120: needs CUDA 12.8 (ptxas 12.6.85")
+    assert "ptxas 12.6.85" in f.message
+    assert "compile for sm_100, sm_120; sm_100 needs the tools of CUDA 12.7" in f.message
+    assert len(f.details) == 1
+    assert f.details[0].startswith("also sm_120: needs CUDA 12.8 (ptxas 12.6.85")
     assert f.fix == ""  # no other ptxas in the model: removing the wheel's would leave XLA none
     clean = _site(tmp_path / "twin", marker, nvcc="12.8.93")  # clean twin: the 12.8 wheel knows both
     assert [x for x in _arch_findings(clean, {}, ("sm_100", "sm_120"), tmp_path)] == []

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from pytest_cudastack.cuda.gpucode import arch_first_cuda
 from pytest_cudastack.cuda.toolchain import (
     Candidate,
     Context,
@@ -27,7 +28,6 @@ from pytest_cudastack.cuda.toolchain import (
     max_ptx_isa,
     release_key,
 )
-from pytest_cudastack.cuda.gpucode import arch_first_cuda
 from pytest_cudastack.cuda.versions import Arch, parse_arch
 from pytest_cudastack.errors import ElfError, OptionError
 from pytest_cudastack.findings import Finding, Severity
