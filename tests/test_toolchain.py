@@ -437,3 +437,36 @@ def test_broken_arch_cuda_rows_name_the_row(change, match: str) -> None:
     change(raw)
     with pytest.raises(DataError, match=match):
         validate_gpu_code(raw, "gpu_code.json")
+
+
+def test_arch_tool_finding_through_cudastack_check(tmp_path: Path, marker: Path, monkeypatch: pytest.MonkeyPatch):
+    # the toolchain item sees the declared target archs: an old ptxas-blackwell fails sm_100, not sm_90
+    import contextlib
+    import io
+
+    from pytest_cudastack.cli import main
+
+    site = _triton_site(tmp_path, marker, blackwell="12.9.86")
+    old = fake_tool(tmp_path / "old" / "ptxas", "12.2.140", marker)
+    monkeypatch.setenv("CUDASTACK_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("TRITON_PTXAS_BLACKWELL_PATH", str(old))
+    monkeypatch.chdir(tmp_path)
+    for arch, want in (("sm_100", 1), ("sm_90", 0)):
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):
+            main(
+                [
+                    "check",
+                    "--json",
+                    "--cudastack",
+                    "--cuda-driver=580.65.06",
+                    f"--cuda-arch={arch}",
+                    "--site",
+                    str(site),
+                ]
+            )
+        errors = [f for f in json.loads(buf.getvalue())["items"]["toolchain"] if f["severity"] == "error"]
+        assert len(errors) == want
+        if want:
+            assert "sm_100" in errors[0]["message"]
+            assert errors[0]["fix"] == "unset TRITON_PTXAS_BLACKWELL_PATH"
