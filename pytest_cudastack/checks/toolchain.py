@@ -5,8 +5,11 @@ jax's XLA compiles its kernels to PTX of the CUDA it was built for (pinned by th
 it installs) and hands them to the ``ptxas`` it finds first: an older one fails with "Unsupported .version 8.5;
 current version is '8.2'". torch's C++ extension builder refuses an ``nvcc`` of another CUDA major. triton
 picks its PTX version from the ``ptxas`` it finds, so there is nothing to compare (its lookup is listed at
-``-v``). Lookup orders come from ``cuda/data/toolchain.json`` (``cuda.toolchain``); tool versions are read from
-the files, never by running them, through the run's ELF cache.
+``-v``). When target GPU archs are known (probed or ``--cuda-arch``), the tool each framework compiles for an
+arch with (triton's ``ptxas-blackwell`` for sm_100 and later) must be of a CUDA release that knows the arch
+(``gpu_code.json``'s ``arch_cuda``, from the PTX ISA release history): ptxas 12.2 rejects sm_100 with "Value
+'sm_100' is not defined for option 'gpu-name'". Lookup orders come from ``cuda/data/toolchain.json``
+(``cuda.toolchain``); tool versions are read from the files, never by running them, through the run's ELF cache.
 """
 
 from __future__ import annotations
