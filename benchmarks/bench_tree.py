@@ -1,6 +1,6 @@
 """Benchmark: ``cudastack tree --json`` over every ELF file of a venv, cold and warm, against ldd and lddtree.
 
-Usage: python benchmarks/bench_tree.py [VENV]   (default: $CUDASTACK_TORCH_VENV)
+Usage: python benchmarks/bench_tree.py [VENV] [--gpu-code]   (default: $CUDASTACK_TORCH_VENV)
 
 A script, not a test: it prints timings and ratios. Targets: cold <= 0.25x ldd, warm <= 0.05x ldd,
 >= 30x faster than auditwheel's lddtree. Every command figure is the best of three (cold: three fresh cache
@@ -12,7 +12,8 @@ The command is measured as users run it: this checkout installed (not editable) 
 interpreter (``python -m venv --without-pip``) with ``PYTHONPATH=TMP/site`` plus this interpreter's
 site-packages for the dependencies (pyelftools, ...; put on the path, their ``.pth`` files are not run).
 An editable install's import hook costs ~20 ms per start; the "editable" line shows the dev venv's
-``python -m pytest_cudastack.cli``.
+``python -m pytest_cudastack.cli``. ``--gpu-code`` measures ``tree --json --gpu-code`` (each library's SASS/PTX
+list, read from its fatbin headers) instead: the same targets would apply were it the default.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ REPO = Path(__file__).resolve().parent.parent
 COMMAND = [sys.executable, "-m", "pytest_cudastack.cli"]  # replaced by the installed copy's in main()
 PYTHON = sys.executable
 PYTHONPATH: str | None = None
+FLAGS: list[str] = []  # ["--gpu-code"] with --gpu-code
 
 
 def elf_files(venv: str) -> list[str]:
@@ -71,7 +73,7 @@ def compile_once(files: list[str]) -> None:
     """An untimed run so every module is byte-compiled, as in an installed package."""
     with tempfile.TemporaryDirectory(prefix="cudastack-bench-warmup-") as cache:
         subprocess.run(
-            [*COMMAND, "tree", "--json", files[0]],
+            [*COMMAND, "tree", "--json", *FLAGS, files[0]],
             env=_child_env(cache),
             stdout=subprocess.DEVNULL,
             check=False,
@@ -82,7 +84,7 @@ def run_tree(files: list[str], cache_dir: str) -> float:
     env = _child_env(cache_dir)
     t = time.perf_counter()
     subprocess.run(
-        [*COMMAND, "tree", "--json", *files],
+        [*COMMAND, "tree", "--json", *FLAGS, *files],
         env=env,
         stdout=subprocess.DEVNULL,
         check=False,
@@ -153,13 +155,17 @@ def run_lddtree(files: list[str]) -> float | None:
 
 
 def main(argv: list[str]) -> int:
+    global FLAGS
+    if "--gpu-code" in argv:
+        FLAGS = ["--gpu-code"]
+        argv = [a for a in argv if a != "--gpu-code"]
     venv = argv[1] if len(argv) > 1 else os.environ.get("CUDASTACK_TORCH_VENV", "")
     if not venv or not os.path.isdir(venv):
         print("usage: bench_tree.py VENV (or set CUDASTACK_TORCH_VENV)", file=sys.stderr)
         return 2
     global COMMAND, PYTHON, PYTHONPATH
     files = elf_files(venv)
-    print(f"{len(files)} ELF files under {venv}")
+    print(f"{len(files)} ELF files under {venv}; tree --json {' '.join(FLAGS)}")
     # the editable dev install first, for comparison
     compile_once(files)
     with tempfile.TemporaryDirectory(prefix="cudastack-bench-") as cache:

@@ -145,19 +145,61 @@ def test_runs_on(entry: FatbinEntry, cc: int, expected: bool) -> None:
     assert runs_on(entry, cc) is expected
 
 
-@needs_nvcc
-def test_containers_embedded_in_data_sections(built: dict[str, Path], tmp_path: Path) -> None:
-    # cuFFT keeps most of its kernels in large data sections, not in .nv_fatbin.
-    blob = built["fatbin"].read_bytes()
+def _embed(tmp_path: Path, blob: bytes, arrays: dict[str, str], name: str = "libembed.so") -> Path:
+    """A gcc-built library with ``blob`` in each of ``arrays`` (C name -> section; "" for the compiler's own
+    choice, .rodata), after a chance match of the magic (which is data) except in .nv_fatbin."""
     noise = struct.pack("<I", CONTAINER_MAGIC) + b"\x07" * 12  # a chance match: not a container
-    array = ",".join(str(b) for b in noise + b"\x00" * 4 + blob)
-    src = tmp_path / "embed.c"
-    src.write_text(f"__attribute__((aligned(8))) const unsigned char kernels[] = {{{array}}};\n")
-    lib = tmp_path / "libembed.so"
+    lines = []
+    for var, section in arrays.items():
+        array = ",".join(str(b) for b in (b"" if section == ".nv_fatbin" else noise + b"\x00" * 4) + blob)
+        where = f'__attribute__((section("{section}"))) ' if section else ""
+        lines.append(f"{where}__attribute__((aligned(8))) const unsigned char {var}[] = {{{array}}};")
+    src = tmp_path / f"{name}.c"
+    src.write_text("\n".join(lines) + "\n")
+    lib = tmp_path / name
     subprocess.run(["cc", "-shared", "-fPIC", "-o", str(lib), str(src)], check=True)
-    fat = read_fatbin(lib)
-    assert fat.sass == ("sm_75",)
+    return lib
+
+
+@needs_nvcc
+def test_containers_embedded_in_data_sections_beside_a_fatbin_section(built: dict[str, Path], tmp_path: Path) -> None:
+    # cuFFT: an .nv_fatbin section, no cudart registration records, most kernels in a data section
+    sm75 = built["fatbin"].read_bytes()
+    sm80 = _nvcc(tmp_path, "k80.fatbin", "-fatbin", "-gencode", "arch=compute_80,code=sm_80").read_bytes()
+    lib = _embed(tmp_path, sm75, {"kernels": ""})
+    assert read_fatbin(lib).entries == ()  # no fatbin section: not read as device code (CUPTI's case)
+    lib = _embed(tmp_path, sm80, {"fatbin": ".nv_fatbin"}, "libone.so")
+    assert read_fatbin(lib).sass == ("sm_80",)
+    src = (tmp_path / "libone.so.c").read_text() + (tmp_path / "libembed.so.c").read_text()
+    (tmp_path / "both.c").write_text(src)
+    both = tmp_path / "libboth.so"
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(both), str(tmp_path / "both.c")], check=True)
+    fat = read_fatbin(both)
+    assert fat.sass == ("sm_75", "sm_80")
     assert fat.problems == ()
+
+
+@needs_nvcc
+def test_a_cudart_registered_library_is_read_in_its_own_named_sections_only(
+    built: dict[str, Path], tmp_path: Path
+) -> None:
+    # cuBLASLt: cudart-registered kernels (.nv_fatbin + .nvFatBinSegment), more in .cask_resource; its
+    # .rodata tables are not searched
+    sm75 = built["fatbin"].read_bytes()
+    src = tmp_path / "reg.cu"
+    blob = ",".join(str(b) for b in sm75)
+    src.write_text(
+        KERNEL
+        + f'__attribute__((section(".cask_resource"), aligned(8))) const unsigned char cask[] = {{{blob}}};\n'
+        + f"__attribute__((aligned(8))) const unsigned char table[] = {{{blob}}};\n"
+    )
+    lib = tmp_path / "libreg.so"
+    args = ["-shared", "-Xcompiler", "-fPIC", "-gencode", "arch=compute_90,code=sm_90", "-o", str(lib), str(src)]
+    subprocess.run(["nvcc", *args], check=True, capture_output=True)
+    assert read_fatbin(lib).sass == ("sm_75", "sm_90")
+    src.write_text(KERNEL + f"__attribute__((aligned(8))) const unsigned char table[] = {{{blob}}};\n")
+    subprocess.run(["nvcc", *args], check=True, capture_output=True)
+    assert read_fatbin(lib).sass == ("sm_90",)  # .rodata of a registered library: not searched
 
 
 def test_odd_section_headers_go_to_pyelftools_and_raise_naming_the_file(tmp_path: Path) -> None:

@@ -15,7 +15,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from pytest_cudastack.checks.toolchain import framework_lookups, nothing_to_check, toolchain_findings
+from pytest_cudastack.checks.toolchain import (
+    arch_tool_findings,
+    framework_lookups,
+    nothing_to_check,
+    toolchain_findings,
+)
+from pytest_cudastack.cuda.gpucode import arch_first_cuda
 from pytest_cudastack.cuda.toolchain import load_toolchain, max_ptx_isa, validate_toolchain
 from pytest_cudastack.errors import DataError
 from pytest_cudastack.findings import Severity
@@ -336,3 +342,131 @@ def _broken(change):
 def test_broken_data_file_names_the_row(change, match: str) -> None:
     with pytest.raises(DataError, match=match):
         validate_toolchain(_broken(change), "toolchain.json")
+
+
+# a ptxas too old for a target GPU arch ------------------------------------------------------------------
+def _triton_site(tmp_path: Path, marker: Path, bundled: str = "12.9.86", blackwell: str | None = None) -> Path:
+    site = site_packages(tmp_path / "venv")
+    write_dist(site, "triton", "3.8.0", {"triton/__init__.py": ""})
+    fake_tool(site / "triton" / "backends" / "nvidia" / "bin" / "ptxas", bundled, marker)
+    if blackwell is not None:
+        fake_tool(site / "triton" / "backends" / "nvidia" / "bin" / "ptxas-blackwell", blackwell, marker)
+    return site
+
+
+def _arch_findings(site: Path, env: dict[str, str], archs: tuple[str, ...], root: Path | None = None):
+    c = ElfCache(enabled=False)
+    inv = installed_wheels([str(site)], reader=c.read)
+    return arch_tool_findings(inv, env, c.tool_version, archs, root=str(root or ""))
+
+
+def test_arch_first_cuda_from_the_ptx_release_history() -> None:
+    assert [str(arch_first_cuda(a)) for a in ("sm_90", "sm_90a", "sm_100", "sm_120", "sm_103", "sm_110")] == [
+        "11.8",
+        "12.0",
+        "12.7",
+        "12.8",
+        "12.9",
+        "13.0",
+    ]
+    assert arch_first_cuda("sm_35") is None  # not in the data: nothing said
+
+
+def test_triton_ptxas_too_old_for_the_target_arch_is_an_error_with_a_verified_fix(tmp_path: Path, marker: Path) -> None:
+    # ptxas 12.2 first (TRITON_PTXAS_PATH) on an sm_90 + sm_100 machine: sm_100 needs CUDA 12.7's tools
+    site = _triton_site(tmp_path, marker, blackwell="12.9.86")
+    old = fake_tool(tmp_path / "old" / "ptxas", "12.2.140", marker)
+    env = {"TRITON_PTXAS_PATH": str(old), "TRITON_PTXAS_BLACKWELL_PATH": str(old)}
+    (f,) = _arch_findings(site, env, ("sm_90", "sm_100"))
+    assert f.severity is Severity.ERROR
+    assert f.subject == "triton 3.8.0"
+    assert "ptxas-blackwell 12.2.140" in f.message
+    assert "sm_100 needs the tools of CUDA 12.7" in f.message
+    assert "sm_90" not in f.message.split("compile for ")[1].split(";")[0]  # 12.2 knows sm_90
+    assert "Value 'sm_100' is not defined for option 'gpu-name'" in f.message
+    assert f.fix == "unset TRITON_PTXAS_BLACKWELL_PATH"  # the bundled ptxas-blackwell 12.9 then takes it
+    assert str(old) in f.cause
+    # the clean twin: the bundled tools, and no target arch newer than they know
+    assert _arch_findings(site, {}, ("sm_90", "sm_100")) == ()
+    assert _arch_findings(site, env, ("sm_90",)) == ()
+    assert _arch_findings(site, env, ()) == ()
+
+
+def test_triton_without_a_newer_ptxas_gets_no_unverified_fix(tmp_path: Path, marker: Path) -> None:
+    site = _triton_site(tmp_path, marker, bundled="12.4.131", blackwell="12.4.131")
+    (f,) = _arch_findings(site, {}, ("sm_120",))
+    assert "ptxas-blackwell 12.4.131" in f.message
+    assert "CUDA 12.8" in f.message
+    assert f.fix == ""  # removing the bundled one leaves triton none to run: nothing verified to print
+
+
+def test_jax_ptxas_too_old_for_the_arch_is_a_warning(tmp_path: Path, marker: Path) -> None:
+    # the nvcc 12.6 wheel's ptxas is taken first: it predates sm_100 (12.7) and sm_120 (12.8)
+    site = _site(tmp_path, marker, nvcc="12.6.85")
+    found = _arch_findings(site, {}, ("sm_100", "sm_120"), tmp_path)
+    (f,) = [x for x in found if x.subject.startswith("jaxlib")]
+    assert f.severity is Severity.WARNING
+    assert "ptxas 12.6.85" in f.message
+    assert "compile for sm_100, sm_120; sm_100 needs the tools of CUDA 12.7" in f.message
+    assert len(f.details) == 1
+    assert f.details[0].startswith("also sm_120: needs CUDA 12.8 (ptxas 12.6.85")
+    assert f.fix == ""  # no other ptxas in the model: removing the wheel's would leave XLA none
+    clean = _site(tmp_path / "twin", marker, nvcc="12.8.93")  # clean twin: the 12.8 wheel knows both
+    assert [x for x in _arch_findings(clean, {}, ("sm_100", "sm_120"), tmp_path)] == []
+
+
+GPU_CODE = Path(__file__).resolve().parent.parent / "pytest_cudastack" / "cuda" / "data" / "gpu_code.json"
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        pytest.param(lambda d: d.pop("arch_cuda"), "'arch_cuda' must be a non-empty list", id="missing table"),
+        pytest.param(lambda d: d["arch_cuda"][0].update(source="nope"), "not listed", id="source"),
+        pytest.param(lambda d: d["arch_cuda"][0].update(arch="sm_9"), r"arch_cuda\[0\].*invalid GPU arch", id="arch"),
+        pytest.param(lambda d: d["arch_cuda"][0].update(arch="compute_90"), "sm_XX names", id="not sm"),
+        pytest.param(lambda d: d["arch_cuda"][0].update(cuda="twelve"), r"arch_cuda\[0\]: 'cuda'", id="cuda"),
+        pytest.param(lambda d: d["arch_cuda"].append(dict(d["arch_cuda"][0])), "listed twice", id="duplicate"),
+        pytest.param(lambda d: d["arch_cuda"][0].pop("cuda"), "missing key", id="missing key"),
+    ],
+)
+def test_broken_arch_cuda_rows_name_the_row(change, match: str) -> None:
+    from pytest_cudastack.cuda.gpucode import validate_gpu_code
+
+    raw = json.loads(GPU_CODE.read_text())
+    change(raw)
+    with pytest.raises(DataError, match=match):
+        validate_gpu_code(raw, "gpu_code.json")
+
+
+def test_arch_tool_finding_through_cudastack_check(tmp_path: Path, marker: Path, monkeypatch: pytest.MonkeyPatch):
+    # the toolchain item sees the declared target archs: an old ptxas-blackwell fails sm_100, not sm_90
+    import contextlib
+    import io
+
+    from pytest_cudastack.cli import main
+
+    site = _triton_site(tmp_path, marker, blackwell="12.9.86")
+    old = fake_tool(tmp_path / "old" / "ptxas", "12.2.140", marker)
+    monkeypatch.setenv("CUDASTACK_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("TRITON_PTXAS_BLACKWELL_PATH", str(old))
+    monkeypatch.chdir(tmp_path)
+    for arch, want in (("sm_100", 1), ("sm_90", 0)):
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):
+            main(
+                [
+                    "check",
+                    "--json",
+                    "--cudastack",
+                    "--cuda-driver=580.65.06",
+                    f"--cuda-arch={arch}",
+                    "--site",
+                    str(site),
+                ]
+            )
+        errors = [f for f in json.loads(buf.getvalue())["items"]["toolchain"] if f["severity"] == "error"]
+        assert len(errors) == want
+        if want:
+            assert "sm_100" in errors[0]["message"]
+            assert errors[0]["fix"] == "unset TRITON_PTXAS_BLACKWELL_PATH"

@@ -5,18 +5,22 @@ jax's XLA compiles its kernels to PTX of the CUDA it was built for (pinned by th
 it installs) and hands them to the ``ptxas`` it finds first: an older one fails with "Unsupported .version 8.5;
 current version is '8.2'". torch's C++ extension builder refuses an ``nvcc`` of another CUDA major. triton
 picks its PTX version from the ``ptxas`` it finds, so there is nothing to compare (its lookup is listed at
-``-v``). Lookup orders come from ``cuda/data/toolchain.json`` (``cuda.toolchain``); tool versions are read from
-the files, never by running them, through the run's ELF cache.
+``-v``). When target GPU archs are known (probed or ``--cuda-arch``), the tool each framework compiles for an
+arch with (triton's ``ptxas-blackwell`` for sm_100 and later) must be of a CUDA release that knows the arch
+(``gpu_code.json``'s ``arch_cuda``, from the PTX ISA release history): ptxas 12.2 rejects sm_100 with "Value
+'sm_100' is not defined for option 'gpu-name'". Lookup orders come from ``cuda/data/toolchain.json``
+(``cuda.toolchain``); tool versions are read from the files, never by running them, through the run's ELF cache.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from pytest_cudastack.cuda.gpucode import arch_first_cuda
 from pytest_cudastack.cuda.toolchain import (
     Candidate,
     Context,
@@ -27,7 +31,8 @@ from pytest_cudastack.cuda.toolchain import (
     max_ptx_isa,
     release_key,
 )
-from pytest_cudastack.errors import ElfError
+from pytest_cudastack.cuda.versions import Arch, parse_arch
+from pytest_cudastack.errors import ElfError, OptionError
 from pytest_cudastack.findings import Finding, Severity
 
 if TYPE_CHECKING:
@@ -35,7 +40,7 @@ if TYPE_CHECKING:
     from pytest_cudastack.linker.toolversion import ToolVersion
     from pytest_cudastack.wheels.inventory import Distribution, Inventory
 
-__all__ = ["Emitter", "framework_lookups", "nothing_to_check", "run", "toolchain_findings"]
+__all__ = ["Emitter", "arch_tool_findings", "framework_lookups", "nothing_to_check", "run", "toolchain_findings"]
 
 _NVCC_WHEEL = re.compile(r"nvidia-cuda-nvcc(-cu\d+)?")
 _RELEASE = re.compile(r"(\d+)\.(\d+)")
@@ -130,13 +135,15 @@ def _failing(
     return [lk for tool in framework.tools if _bad(framework, lk := find_tool(framework, tool, ctx, read), em)]
 
 
-def _fixes(framework: Framework, found: Candidate, ctx: Context, emitter: Emitter) -> Iterable[tuple[str, Context]]:
+def _fixes(
+    framework: Framework, found: Candidate, ctx: Context, emitter: Emitter | None
+) -> Iterable[tuple[str, Context]]:
     """Candidate fixes for the taken candidate ``found``, most direct first, each with the context it leads to."""
     env = dict(ctx.environ)
     if found.via.startswith("$"):
         name = found.via[1:]
         yield f"unset {name}", replace(ctx, environ={k: v for k, v in env.items() if k != name})
-    if emitter.tools_dir is not None:
+    if emitter is not None and emitter.tools_dir is not None:
         value = emitter.tools_dir
         yield (
             f"export {framework.fix_env}={value}  # {emitter.label}'s tools",
@@ -230,9 +237,108 @@ def toolchain_findings(
     return tuple(findings)
 
 
+def _arch_tool(framework: Framework, arch: Arch) -> str | None:
+    """The tool ``framework`` compiles device code for ``arch`` with: triton's ptxas-blackwell for sm_100 and
+    later (its backends/nvidia/compiler.py), else ptxas (jax, triton), else nvcc (torch's extensions)."""
+    if arch.major >= 10 and "ptxas-blackwell" in framework.tools:
+        return "ptxas-blackwell"
+    return next((t for t in ("ptxas", "nvcc") if t in framework.tools), None)
+
+
+def _too_old(found: Candidate | None, arch: Arch) -> str | None:
+    """The first CUDA release whose tools accept ``arch``, when ``found`` states an older release."""
+    need = arch_first_cuda(arch)
+    if found is None or found.release is None or need is None:
+        return None
+    return str(need) if release_key(found.release) < need.mm else None
+
+
+def _arch_failing(
+    framework: Framework, ctx: Context, read: Callable[[str], ToolVersion | None], archs: Sequence[Arch]
+) -> bool:
+    """Whether the model of ``ctx`` still fails some arch: a tool too old for it, or none left to run."""
+    for arch in archs:
+        tool = _arch_tool(framework, arch)
+        if tool is None:
+            continue
+        found = find_tool(framework, tool, ctx, read).found
+        if found is None or _too_old(found, arch) is not None:
+            return True
+    return False
+
+
+def arch_tool_findings(
+    inventory: Inventory,
+    environ: Mapping[str, str],
+    read: Callable[[str], ToolVersion],
+    archs: Sequence[str],
+    root: str = "",
+) -> tuple[Finding, ...]:
+    """One finding per installed framework whose first-found ptxas (nvcc for torch) is of a CUDA older than the
+    first whose tools accept a target GPU arch (``gpu_code.json``'s ``arch_cuda``, from the PTX ISA release
+    history): it rejects the target ("Value 'sm_100' is not defined for option 'gpu-name'"). triton compiles
+    every kernel with it (ERROR); XLA and torch's extension builds only some (WARNING)."""
+    targets: list[Arch] = []
+    for name in archs:
+        try:
+            targets.append(parse_arch(name))
+        except OptionError:
+            continue
+    if not targets:
+        return ()
+    ctx = _context(inventory, environ, root)
+    safe = _reader(read)
+    findings: list[Finding] = []
+    for framework in load_toolchain():
+        dist = _installed(framework, inventory)
+        if dist is None:
+            continue
+        bad: list[tuple[Arch, Lookup, Candidate, str]] = []
+        for arch in targets:
+            tool = _arch_tool(framework, arch)
+            if tool is None:
+                continue
+            lookup = find_tool(framework, tool, ctx, safe)
+            need = _too_old(lookup.found, arch)
+            if need is not None and lookup.found is not None:
+                bad.append((arch, lookup, lookup.found, need))
+        if not bad:
+            continue
+        arch, lookup, found, need = bad[0]
+        fix = ""
+        for text, after in _fixes(framework, found, ctx, _emitter(framework, dist, inventory)):
+            if not _arch_failing(framework, after, safe, targets):
+                fix = text
+                break
+        names = ", ".join(str(a) for a, *_ in bad)
+        message = (
+            f"{framework.name} would run {_tool_text(lookup, found)}, CUDA {found.release}, to compile for "
+            f"{names}; {arch} needs the tools of CUDA {need} or later: it fails with \"Value '{arch}' is not "
+            f"defined for option 'gpu-name'\""
+        )
+        findings.append(
+            Finding(
+                "toolchain",
+                Severity.ERROR if framework.rule == "self" else Severity.WARNING,
+                dist.label,
+                message,
+                cause=f"{found.path} comes first in {framework.name}'s lookup (via {found.via})",
+                fix=fix,
+                where=_where(lookup),
+                details=tuple(f"also {a}: needs CUDA {n} ({_tool_text(lk, c)})" for a, lk, c, n in bad[1:]),
+                distributions=(dist.key,),
+            )
+        )
+    return tuple(findings)
+
+
 def run(stack: StackView, target: Target | None = None) -> tuple[Finding, ...]:
-    """The ``toolchain`` item, over this process's environment."""
-    return toolchain_findings(stack.inventory, os.environ, stack.cache.tool_version)
+    """The ``toolchain`` item, over this process's environment and the target GPU archs, when known."""
+    found = toolchain_findings(stack.inventory, os.environ, stack.cache.tool_version)
+    archs = stack.driver.archs
+    if not archs:
+        return found
+    return found + arch_tool_findings(stack.inventory, os.environ, stack.cache.tool_version, archs)
 
 
 def nothing_to_check(stack: StackView, target: Target | None = None) -> str | None:

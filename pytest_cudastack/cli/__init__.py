@@ -120,8 +120,9 @@ def build_parser(check_options: bool = True) -> argparse.ArgumentParser:
     tree.add_argument("paths", nargs="+", metavar="PATH")
     tree.add_argument(
         "--gpu-code",
-        action="store_true",
-        help="also list each library's SASS and PTX (fatbin headers, cached; a cold run reads much more)",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="also list each library's SASS and PTX (fatbin headers, cached; a cold run reads ~2x as long)",
     )
 
     why = sub.add_parser(

@@ -3,10 +3,11 @@
 ``tree PATH...`` prints, for each file, the whole closure the dynamic linker would load (not the file itself,
 not the vDSO; the program interpreter is listed when something needs it, as ``ldd`` lists it), with each
 library's route, owning distribution and every place tried for a missing one; with ``--gpu-code``, the GPU
-code of each library that carries some (``{SASS ...; PTX ...}``). ``--json`` prints design.md's list
+code of each library that carries some (``{SASS ...; PTX ...}``; ``--no-gpu-code``, the default, leaves it
+out). ``--json`` prints design.md's list
 ``[{"path", "libraries": [{"soname", "path", "needed_by", "provider"}]}]`` (with ``--gpu-code`` each library
-also has ``"gpu_code"``, ``{"sass": [...], "ptx": [...]}`` as ``report --json`` and the snapshot list it,
-null for a library not found) as the ``"trees"`` of
+also has ``"gpu_code"``, ``{"sass": [...], "ptx": [...]}`` as ``report --json`` and the snapshot list it, null
+for a library not found) as the ``"trees"`` of
 ``{"schema": "pytest-cudastack/tree", "version": 1, "trees": [...]}`` (``schemas/tree.schema.json``; a constant
 prefix and suffix, so cached rows are still written verbatim). ``tree --site DIR...`` takes owners from those
 directories instead of the site directories the closures touch.
@@ -276,8 +277,9 @@ def cmd_tree(args: argparse.Namespace) -> int:
     """``cudastack tree PATH... [--json] [--site DIR]``."""
     paths: list[str] = list(args.paths)
     site: Sequence[str] | None = getattr(args, "site", None)
-    # opt-in: fatbin headers of a CUDA closure are most of a cold run's reading (the data sections that may
-    # hold containers are searched); the facts are cached like the ELF facts
+    # opt-in: even read header to header, the fatbins of the torch venv's CUDA libraries (cuFFT's 24,000
+    # containers, cuBLASLt's) double a cold run, past its target of 0.25x ldd; the facts are cached like the
+    # ELF facts. `--no-gpu-code` is accepted too, for scripts that say what they want
     gpu: bool = getattr(args, "gpu_code", False)
     if getattr(args, "json", False):
         return _tree_json(paths, site, gpu)

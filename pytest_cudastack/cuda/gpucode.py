@@ -27,6 +27,7 @@ __all__ = [
     "GPU_CODE_FILE",
     "GpuCodeData",
     "Variant",
+    "arch_first_cuda",
     "arch_key",
     "gpu_code_json",
     "gpu_code_text",
@@ -66,6 +67,7 @@ class Variant:
 class GpuCodeData:
     ptx_isa: tuple[tuple[tuple[int, int], CudaVersion], ...]  # ((major, minor) of the ISA, first CUDA)
     variants: tuple[Variant, ...]
+    arch_cuda: tuple[tuple[Arch, CudaVersion], ...] = ()  # (target arch, first CUDA whose tools accept it)
 
 
 def _row(raw: Any, table: str, index: int, keys: set[str], sources: Mapping[str, Any], source: str) -> dict[str, Any]:
@@ -120,6 +122,17 @@ def validate_gpu_code(raw: Any, source: str = GPU_CODE_FILE) -> GpuCodeData:
         if isas and (key <= isas[-1][0] or cuda.mm <= isas[-1][1].mm):
             raise DataError(f"{where}: rows must rise in both the ISA and the CUDA version")
         isas.append((key, cuda))
+    arch_cuda: dict[Arch, CudaVersion] = {}
+    for i, item in enumerate(_table(raw, "arch_cuda", source)):
+        row = _row(item, "arch_cuda", i, {"arch", "cuda"}, sources, source)
+        where = f"{source}: arch_cuda[{i}]"
+        arch = _archs({"arch": [row["arch"]]}, "arch", "sm_", where)[0]
+        if arch in arch_cuda:
+            raise DataError(f"{where}: {arch} is listed twice")
+        try:
+            arch_cuda[arch] = parse_cuda(_text(row, "cuda", where))
+        except OptionError as e:
+            raise DataError(f"{where}: 'cuda': {e}") from e
     variants: list[Variant] = []
     for i, item in enumerate(_table(raw, "variants", source)):
         keys = {"package", "variant", "cuda", "sass", "ptx", "index"}
@@ -140,7 +153,7 @@ def validate_gpu_code(raw: Any, source: str = GPU_CODE_FILE) -> GpuCodeData:
                 source=str(row["source"]),
             )
         )
-    return GpuCodeData(ptx_isa=tuple(isas), variants=tuple(variants))
+    return GpuCodeData(ptx_isa=tuple(isas), variants=tuple(variants), arch_cuda=tuple(arch_cuda.items()))
 
 
 def _table(raw: Mapping[str, Any], key: str, source: str) -> list[Any]:
@@ -169,6 +182,16 @@ def ptx_isa_cuda(isa: str) -> CudaVersion | None:
     key = (int(m[1]), int(m[2]))
     for row_isa, cuda in load_gpu_code().ptx_isa:
         if row_isa == key:
+            return cuda
+    return None
+
+
+def arch_first_cuda(arch: str | Arch) -> CudaVersion | None:
+    """The first CUDA whose compiler tools (ptxas, nvcc) accept target ``arch`` ("sm_100" -> 12.7); None when
+    the arch is not in the data (then nothing is said about it)."""
+    want = parse_arch(arch, error=DataError) if isinstance(arch, str) else arch
+    for row_arch, cuda in load_gpu_code().arch_cuda:
+        if row_arch == want:
             return cuda
     return None
 
