@@ -150,7 +150,7 @@ def test_fatbin_facts_are_cached_and_validated(kernels: dict[str, bytes], tmp_pa
     assert (warm.hits, warm.misses) == (1, 0)
     # a corrupt entry is ignored and re-read, never trusted
     raw = json.loads(Path(warm.file).read_text())
-    raw["entries"][f"fatbin:{path}"]["fatbin"]["entries"] = [["sass", "eighty", "", None, None]]
+    raw["entries"][f"fatbin-v2:{path}"]["fatbin"]["entries"] = [["sass", "eighty", "", None, None]]
     Path(warm.file).write_text(json.dumps(raw))
     again = ElfCache(str(tmp_path / "cache"), enabled=True)
     assert again.fatbin(path) == first

@@ -19,6 +19,7 @@ from typing import Any
 
 from packaging.utils import canonicalize_name
 
+from pytest_cudastack.cuda.datafile import check_sources, cited
 from pytest_cudastack.cuda.versions import Arch, CudaVersion, parse_arch, parse_cuda
 from pytest_cudastack.errors import DataError, ElfError, OptionError
 from pytest_cudastack.linker.fatbin import Fatbin, FatbinEntry, runs_on
@@ -74,8 +75,7 @@ def _row(raw: Any, table: str, index: int, keys: set[str], sources: Mapping[str,
     where = f"{source}: {table}[{index}]"
     if not isinstance(raw, dict):
         raise DataError(f"{where}: expected an object, got {type(raw).__name__}")
-    if raw.get("source") not in sources:
-        raise DataError(f"{where}: source {raw.get('source')!r} is not listed in 'sources'")
+    cited(raw, sources, where)
     extra = set(raw) - keys - {"source", "note"}
     missing = keys - set(raw)
     if extra or missing:
@@ -104,9 +104,7 @@ def validate_gpu_code(raw: Any, source: str = GPU_CODE_FILE) -> GpuCodeData:
     """The data file's facts; DataError naming the file and row for anything malformed."""
     if not isinstance(raw, dict) or raw.get("schema") != _SCHEMA:
         raise DataError(f"{source}: not a {_SCHEMA} file")
-    sources = raw.get("sources")
-    if not isinstance(sources, dict) or not sources:
-        raise DataError(f"{source}: top-level 'sources' must be a non-empty object")
+    sources = check_sources(raw.get("sources"), source)
     isas: list[tuple[tuple[int, int], CudaVersion]] = []
     for i, item in enumerate(_table(raw, "ptx_isa", source)):
         row = _row(item, "ptx_isa", i, {"isa", "cuda"}, sources, source)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
+from pytest_cudastack.cuda.datafile import check_sources, cited
 from pytest_cudastack.cuda.gpucode import load_gpu_code
 from pytest_cudastack.errors import DataError
 from pytest_cudastack.linker.toolversion import ToolVersion
@@ -148,9 +149,7 @@ def validate_toolchain(raw: Any, source: str = TOOLCHAIN_FILE) -> tuple[Framewor
     """The data file's frameworks; DataError naming the file and row for anything malformed."""
     if not isinstance(raw, dict) or raw.get("schema") != _SCHEMA:
         raise DataError(f"{source}: not a {_SCHEMA} file")
-    sources = raw.get("sources")
-    if not isinstance(sources, dict) or not sources:
-        raise DataError(f"{source}: top-level 'sources' must be a non-empty object")
+    sources = check_sources(raw.get("sources"), source)
     rows = raw.get("frameworks")
     if not isinstance(rows, list) or not rows:
         raise DataError(f"{source}: top-level 'frameworks' must be a non-empty list")
@@ -164,8 +163,7 @@ def validate_toolchain(raw: Any, source: str = TOOLCHAIN_FILE) -> tuple[Framewor
         extra, missing = set(row) - keys - {"note"}, keys - set(row)
         if extra or missing:
             raise DataError(f"{where}: unknown key(s) {sorted(extra)}, missing key(s) {sorted(missing)}")
-        if row["source"] not in sources:
-            raise DataError(f"{where}: source {row['source']!r} is not listed in 'sources'")
+        cited(row, sources, where)
         if not isinstance(row["framework"], str) or not row["framework"]:
             raise DataError(f"{where}: 'framework' must be a non-empty string")
         if row["accept"] not in _ACCEPT or row["rule"] not in _RULES:

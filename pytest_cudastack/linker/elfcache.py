@@ -175,7 +175,9 @@ class ElfCache:
         # lazy: tree's warm path imports this module and never reads GPU code
         from pytest_cudastack.linker.fatbin import Fatbin, read_fatbin
 
-        return self._cached(path, f"fatbin:{path}", "fatbin", read_fatbin, Fatbin.from_json, symbols=False)
+        # the key names the reader's rule (v2: header to header, other data sections only of files with a
+        # fatbin section): a fact cached by an earlier rule is not this reader's answer
+        return self._cached(path, f"fatbin-v2:{path}", "fatbin", read_fatbin, Fatbin.from_json, symbols=False)
 
     def tool_version(self, path: str) -> ToolVersion:
         """Cached :func:`~pytest_cudastack.linker.toolversion.read_tool_version` (the version line a CUDA tool
