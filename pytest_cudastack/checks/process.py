@@ -120,6 +120,7 @@ class Mapped:
     provider: str | None
     route: str  # "extension module" | "DT_NEEDED" | "preload" | "dlopen"
     reason: str  # "extension module torch._C", "DT_NEEDED of libtorch.so", "preload by path (torch ...)"
+    global_scope: bool = False  # in the global lookup scope: loaded (or needed) by an RTLD_GLOBAL load
 
 
 @dataclass(frozen=True)
@@ -152,6 +153,9 @@ class _State:
     preloads: tuple[Preload, ...] = ()
     cache: ElfCache | None = None
     before: dict[str, tuple[str, ...]] = field(default_factory=dict)  # realpath -> what was mapped before it
+    globals: list[str] = field(default_factory=list)  # the global scope: the executable's closure, RTLD_GLOBAL loads
+    scope_before: dict[str, tuple[str, ...]] = field(default_factory=dict)  # realpath -> global scope then
+    ran: set[int] = field(default_factory=set)  # before_import preload rows already run (by index)
 
 
 # --------------------------------------------------------------------------------------------- finding modules
@@ -373,11 +377,28 @@ def _skeleton(path: str, module: str, is_package: bool, cache: ElfCache | None) 
 # --------------------------------------------------------------------------------------------- the model
 
 
-def _map(st: _State, path: str, route: str, reason: str) -> None:
+def _promote(st: _State, path: str) -> None:
+    """``path`` joins the global scope (dl_open_worker's add_to_global: every object of an RTLD_GLOBAL
+    load's search list, those loaded before included)."""
+    key = real_path(path, st.dirs)
+    if all(real_path(g, st.dirs) != key for g in st.globals):
+        st.globals.append(path)
+        for i, o in enumerate(st.objects):
+            if o.realpath == key and not o.global_scope:
+                st.objects[i] = replace(o, global_scope=True)
+
+
+def _map(st: _State, path: str, route: str, reason: str, is_global: bool = False) -> None:
     """Map ``path`` (an extension module or a library loaded by path) and its DT_NEEDED closure, every
-    object mapped so far already loaded."""
+    object mapped so far already loaded; with ``is_global`` (RTLD_GLOBAL) all of them join the global
+    scope."""
     key = real_path(path, st.dirs)
     if key in st.real:
+        if is_global:  # dlopen of a loaded object with RTLD_GLOBAL promotes it (and its search list)
+            _promote(st, path)
+            for lib in st.resolver.tree(path, loaded=st.loaded).libraries:
+                if lib.path is not None:
+                    _promote(st, lib.path)
         return
     try:
         info = st.read(path)
@@ -386,8 +407,11 @@ def _map(st: _State, path: str, route: str, reason: str) -> None:
         return
     st.real.add(key)
     st.before[key] = tuple(st.loaded)
+    st.scope_before[key] = tuple(st.globals)
     st.loaded.append(path)
     st.objects.append(Mapped(path, key, info.soname, st.owner(path), route, reason))
+    if is_global:
+        _promote(st, path)
     tree = st.resolver.tree(path, loaded=st.loaded[:-1])
     for lib in tree.libraries:
         if lib.path is None:
@@ -395,6 +419,8 @@ def _map(st: _State, path: str, route: str, reason: str) -> None:
                 st.missing.append(lib.soname)
             continue
         if lib.route is Route.ALREADY_LOADED:
+            if is_global:
+                _promote(st, lib.path)
             continue
         k = lib.realpath or real_path(lib.path, st.dirs)
         if k in st.real:
@@ -409,6 +435,8 @@ def _map(st: _State, path: str, route: str, reason: str) -> None:
         st.objects.append(
             Mapped(lib.path, k, soname, lib.provider, "DT_NEEDED", f"DT_NEEDED of {os.path.basename(needer)}")
         )
+        if is_global:
+            _promote(st, lib.path)
 
 
 # Alternatives that each begin with a literal character (no groups): the regex engine then skips to the
@@ -615,10 +643,11 @@ def _cuda_major(package_dir: str, spec: str) -> str | None:
 
 def _preload(st: _State, row: Preload, module: str, package_dir: str) -> None:
     reason = f"preload by path ({module}.{row.at}, {row.flags})"
+    is_global = row.flags == "RTLD_GLOBAL"
     if row.kind == "path":
         p = os.path.join(package_dir, row.path)
         if os.path.isfile(p):
-            _map(st, p, "preload", reason)
+            _map(st, p, "preload", reason, is_global)
         else:
             st.problems.append(f"{module}: {row.at} would load {p}, which is missing")
         return
@@ -627,21 +656,35 @@ def _preload(st: _State, row: Preload, module: str, package_dir: str) -> None:
     ):
         return
     major = _cuda_major(package_dir, row.cuda_major) if row.cuda_major else None
+    dirs = [d for d in row.dirs if "{cuda_major}" not in d or major is not None]
     for folder, pattern in row.libraries:
-        for entry in st.interp.path:
+        subs = [d.format(folder=folder, cuda_major=major or "") for d in dirs]
+        if row.order == "dirs":  # each directory over every entry, then the next directory
+            groups = [[os.path.join(e, sub) for e in st.interp.path] for sub in subs]
+        else:  # each entry's directories, then the next entry
+            groups = [[os.path.join(e, sub) for sub in subs] for e in st.interp.path]
+        for group in groups:
             hits: list[str] = []
-            for d in row.dirs:
-                if "{cuda_major}" in d and major is None:
-                    continue
-                sub = os.path.join(entry, d.format(folder=folder, cuda_major=major or ""))
+            for sub in group:
                 try:
                     names = os.listdir(sub)  # glob.glob's order: the directory's own
                 except OSError:
                     continue
                 hits.extend(os.path.join(sub, n) for n in names if fnmatch.fnmatchcase(n, pattern))
             if hits:
-                _map(st, hits[0], "preload", reason)
+                if row.unless_loaded and _soname_mapped(st, hits[0]):
+                    break
+                _map(st, hits[0], "preload", reason, is_global)
                 break
+
+
+def _soname_mapped(st: _State, path: str) -> bool:
+    """Whether an object with ``path``'s soname is mapped (cuda-pathfinder's RTLD_NOLOAD check)."""
+    try:
+        soname = st.read(path).soname
+    except ElfError:
+        return False
+    return soname is not None and any(o.soname == soname for o in st.objects)
 
 
 def _import(st: _State, finder: _Finder, name: str, depth: int = 0) -> bool:
@@ -661,6 +704,11 @@ def _import(st: _State, finder: _Finder, name: str, depth: int = 0) -> bool:
     if len(st.imported) >= MAX_MODULES or depth > _MAX_DEPTH:
         st.problems.append(f"import model stopped at {name}: more than {MAX_MODULES} modules or {_MAX_DEPTH} levels")
         return True
+    for i, row in enumerate(st.preloads):
+        if name in row.before_import and i not in st.ran:
+            st.ran.add(i)
+            owner = finder.files.get(row.module)
+            _preload(st, row, row.module, os.path.dirname(owner) if owner else "")
     file = finder.files.get(name)
     st.imported[name] = file
     st.order.append(name)
@@ -670,7 +718,7 @@ def _import(st: _State, finder: _Finder, name: str, depth: int = 0) -> bool:
         _map(st, file, "extension module", f"extension module {name} (dlopen RTLD_NOW|RTLD_LOCAL)")
         return True
     is_package = os.path.basename(file) == "__init__.py"
-    rows = [r for r in st.preloads if r.module == name]
+    rows = [r for r in st.preloads if r.module == name and not r.before_import]
     _run_body(st, finder, _skeleton(file, name, is_package, st.cache), name, os.path.dirname(file), rows, depth)
     return True
 
@@ -713,10 +761,12 @@ def _new_state(
     )
     exe = resolver.tree(interp.executable)
     st.loaded.append(interp.executable)
+    st.globals.append(interp.executable)
     st.real.add(real_path(interp.executable, st.dirs))
     for lib in exe.libraries:
         if lib.path is not None:
             st.loaded.append(lib.path)
+            st.globals.append(lib.path)  # the main program's search list is the global scope
             st.real.add(lib.realpath or real_path(lib.path, st.dirs))
     return st
 
@@ -733,6 +783,9 @@ def _copy(st: _State) -> _State:
         missing=list(st.missing),
         problems=list(st.problems),
         before=dict(st.before),
+        globals=list(st.globals),
+        scope_before=dict(st.scope_before),
+        ran=set(st.ran),
     )
 
 
