@@ -52,7 +52,16 @@ from pytest_cudastack.linker.elfcache import ElfCache
 from pytest_cudastack.linker.resolver import Resolver, Route
 from pytest_cudastack.linker.strings import StringFacts
 
-__all__ = ["Interpreter", "Mapped", "Process", "import_contexts", "module_name", "predict_import"]
+__all__ = [
+    "ImportScope",
+    "Interpreter",
+    "Mapped",
+    "Process",
+    "import_contexts",
+    "import_scopes",
+    "module_name",
+    "predict_import",
+]
 
 _MODEL = 3  # the version of the import-list rules, part of each cached list's key
 MAX_MODULES = 20_000  # torch's import executes ~1,000 modules; a cap keeps a hostile tree finite
@@ -805,6 +814,17 @@ def module_name(path: str, site_dirs: Sequence[str], suffixes: Sequence[str]) ->
     return None
 
 
+@dataclass(frozen=True)
+class ImportScope:
+    """What an extension module's ``dlopen`` finds when the import reaches it: every object mapped before
+    it (``loaded``, in load order: what its DT_NEEDED match by name or SONAME) and the global lookup scope
+    then (``global_scope``: the executable's closure and what RTLD_GLOBAL loads added, in order; objects
+    loaded RTLD_LOCAL, extension modules among them, are not in it)."""
+
+    loaded: tuple[str, ...]
+    global_scope: tuple[str, ...]
+
+
 def import_contexts(
     modules: Sequence[str],
     interp: Interpreter,
@@ -814,15 +834,28 @@ def import_contexts(
     cache: ElfCache | None = None,
 ) -> dict[str, tuple[str, ...]]:
     """For each extension module path of ``modules``, the objects already mapped when the import that loads
-    it reaches it: one model process per top-level package, which imports the package (as ``import P``
-    does) and then each of its modules that import did not reach, in order. A module the model cannot
-    import (its package's code is not found) is absent from the answer."""
+    it reaches it (:func:`import_scopes`' ``loaded``)."""
+    return {p: s.loaded for p, s in import_scopes(modules, interp, resolver, read, owner, cache).items()}
+
+
+def import_scopes(
+    modules: Sequence[str],
+    interp: Interpreter,
+    resolver: Resolver,
+    read: Callable[[str], ElfInfo],
+    owner: Callable[[str], str | None],
+    cache: ElfCache | None = None,
+) -> dict[str, ImportScope]:
+    """For each extension module path of ``modules``, its :class:`ImportScope`: one model process per
+    top-level package, which imports the package (as ``import P`` does) and then each of its modules that
+    import did not reach, in order. A module the model cannot import (its package's code is not found) is
+    absent from the answer."""
     names: dict[str, list[tuple[str, str]]] = {}
     for path in modules:
         name = module_name(path, interp.path, interp.suffixes)
         if name is not None:
             names.setdefault(name.split(".")[0], []).append((name, path))
-    out: dict[str, tuple[str, ...]] = {}
+    out: dict[str, ImportScope] = {}
     for top, members in names.items():
         st = _new_state(interp, resolver, read, owner, None, cache)
         finder = _Finder(interp)  # caches the file system only: shared by the copies
@@ -830,14 +863,13 @@ def import_contexts(
             _import(st, finder, top)
         for name, path in members:
             key = real_path(path, st.dirs)
-            got = st.before.get(key)
-            if got is None:
-                alone = _copy(st)
+            where = st
+            if key not in st.before:
+                where = _copy(st)
                 with contextlib.suppress(RecursionError):
-                    _import(alone, finder, name)
-                got = alone.before.get(key)
-            if got is not None:
-                out[path] = got
+                    _import(where, finder, name)
+            if key in where.before:
+                out[path] = ImportScope(where.before[key], where.scope_before[key])
     return out
 
 
