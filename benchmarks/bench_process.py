@@ -47,9 +47,12 @@ def _site(venv: str) -> str:
 
 
 def _timed(cmd: list[str], env: dict[str, str]) -> float:
-    start = time.perf_counter()
-    subprocess.run(cmd, env=env, check=True, capture_output=True)
-    return time.perf_counter() - start
+    # run from an empty directory: ``python -c`` puts the current directory first on sys.path, which would
+    # shadow the package under test (--baseline) with the checkout the benchmark is started from
+    with tempfile.TemporaryDirectory() as cwd:
+        start = time.perf_counter()
+        subprocess.run(cmd, env=env, check=True, capture_output=True, cwd=cwd)
+        return time.perf_counter() - start
 
 
 def main(argv: list[str] | None = None) -> int:

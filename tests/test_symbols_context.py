@@ -149,3 +149,50 @@ def test_a_symbol_of_an_earlier_rtld_local_extension_does_not_bind(tmp_path: Pat
     assert "undefined symbol: shared_fn" in text
     assert f"pkgl/_consumer{SUFFIX}" in text
     assert "undefined symbol: shared_fn" in _real_import(site, "pkgl")
+
+
+def _kernel_after_torch(tmp_path: Path) -> Path:
+    site = site_packages(tmp_path / "venv")
+    build = tmp_path / "build"
+    c10 = _so(build, "libc10ish.so", "int c10_fn(void) { return 1; }\n", ["-Wl,-soname,libc10ish.so"])
+    libtorch = _so(
+        build,
+        "libtorchish.so",
+        "int c10_fn(void);\nint torch_fn(void) { return c10_fn(); }\n",
+        ["-Wl,-soname,libtorchish.so", str(build / "libc10ish.so"), "-Wl,--enable-new-dtags", "-Wl,-rpath,$ORIGIN"],
+    )
+    ext = _so(
+        build,
+        f"_C{SUFFIX}",
+        "int torch_fn(void);\nint PyInit__C(void) { return torch_fn() - 1; }\n",
+        [str(build / "libtorchish.so"), "-Wl,--enable-new-dtags", "-Wl,-rpath,$ORIGIN/lib"],
+    )
+    write_dist(
+        site,
+        "torchish",
+        "2.9.0",
+        {
+            "torchish/__init__.py": "try:\n    from torchish import _C\nexcept SystemError:\n    pass\n",
+            f"torchish/_C{SUFFIX}": ext,
+            "torchish/lib/libtorchish.so": libtorch,
+            "torchish/lib/libc10ish.so": c10,
+        },
+    )
+    # needs libtorchish.so by soname (no RUNPATH: found already loaded) and calls c10_fn, which only
+    # libtorchish.so's own dependency defines: its search list holds it (glibc walks the loaded object's needs)
+    kernel = _so(
+        build,
+        f"ops{SUFFIX}",
+        "int torch_fn(void); int c10_fn(void);\nint PyInit_ops(void) { return torch_fn() + c10_fn() - 2; }\n",
+        [str(build / "libtorchish.so"), f"-Wl,-rpath-link,{build}"],
+    )
+    kernel_init = "import torchish\nfrom kernelish import ops\n"
+    write_dist(site, "kernelish", "0.3.0", {"kernelish/__init__.py": kernel_init, f"kernelish/ops{SUFFIX}": kernel})
+    return site
+
+
+def test_an_already_loaded_dependency_brings_its_own_dependencies(tmp_path: Path):
+    site = _kernel_after_torch(tmp_path)
+    assert _findings(site) == ""
+    assert "undefined symbol" not in _real_import(site, "kernelish")
+    assert "initialization of ops" in _real_import(site, "kernelish")  # dlopen bound it; only the stub init fails
