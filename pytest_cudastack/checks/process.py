@@ -165,6 +165,8 @@ class _State:
     globals: list[str] = field(default_factory=list)  # the global scope: the executable's closure, RTLD_GLOBAL loads
     scope_before: dict[str, tuple[str, ...]] = field(default_factory=dict)  # realpath -> global scope then
     ran: set[int] = field(default_factory=set)  # before_import preload rows already run (by index)
+    triggers: dict[str, tuple[int, ...]] = field(default_factory=dict)  # module -> its before_import rows
+    global_real: set[str] = field(default_factory=set)  # realpaths of ``globals``
 
 
 # --------------------------------------------------------------------------------------------- finding modules
@@ -390,7 +392,8 @@ def _promote(st: _State, path: str) -> None:
     """``path`` joins the global scope (dl_open_worker's add_to_global: every object of an RTLD_GLOBAL
     load's search list, those loaded before included)."""
     key = real_path(path, st.dirs)
-    if all(real_path(g, st.dirs) != key for g in st.globals):
+    if key not in st.global_real:
+        st.global_real.add(key)
         st.globals.append(path)
         for i, o in enumerate(st.objects):
             if o.realpath == key and not o.global_scope:
@@ -713,8 +716,9 @@ def _import(st: _State, finder: _Finder, name: str, depth: int = 0) -> bool:
     if len(st.imported) >= MAX_MODULES or depth > _MAX_DEPTH:
         st.problems.append(f"import model stopped at {name}: more than {MAX_MODULES} modules or {_MAX_DEPTH} levels")
         return True
-    for i, row in enumerate(st.preloads):
-        if name in row.before_import and i not in st.ran:
+    for i in st.triggers.get(name, ()):
+        row = st.preloads[i]
+        if i not in st.ran:
             st.ran.add(i)
             owner = finder.files.get(row.module)
             _preload(st, row, row.module, os.path.dirname(owner) if owner else "")
@@ -768,15 +772,23 @@ def _new_state(
     st = _State(
         interp, resolver, read, owner, preloads=tuple(load_preloads() if preloads is None else preloads), cache=cache
     )
+    triggers: dict[str, list[int]] = {}
+    for i, row in enumerate(st.preloads):
+        for m in row.before_import:
+            triggers.setdefault(m, []).append(i)
+    st.triggers = {m: tuple(v) for m, v in triggers.items()}
     exe = resolver.tree(interp.executable)
     st.loaded.append(interp.executable)
     st.globals.append(interp.executable)
     st.real.add(real_path(interp.executable, st.dirs))
+    st.global_real.add(real_path(interp.executable, st.dirs))
     for lib in exe.libraries:
         if lib.path is not None:
+            key = lib.realpath or real_path(lib.path, st.dirs)
             st.loaded.append(lib.path)
             st.globals.append(lib.path)  # the main program's search list is the global scope
-            st.real.add(lib.realpath or real_path(lib.path, st.dirs))
+            st.real.add(key)
+            st.global_real.add(key)
     return st
 
 
@@ -795,6 +807,7 @@ def _copy(st: _State) -> _State:
         globals=list(st.globals),
         scope_before=dict(st.scope_before),
         ran=set(st.ran),
+        global_real=set(st.global_real),
     )
 
 
