@@ -21,7 +21,11 @@ The model:
   names and DT_SONAME of loaded objects, whatever their RTLD_LOCAL/RTLD_GLOBAL scope).
 * **Known preloads** (``cuda/data/dlopen_targets.json``, ``preloads``): torch's ``_load_global_deps``
   maps ``libtorch_global_deps.so`` by path with RTLD_GLOBAL and then its nvidia libraries by path from
-  ``sys.path``, at the point of its top-level code that calls it.
+  ``sys.path``, at the point of its top-level code that calls it; rows with ``before_import`` run right
+  before the model imports one of their modules (cupy's cuda-pathfinder loads, RTLD_GLOBAL, before each
+  ``cupy_backends.cuda.libs`` submodule; jax's CUDA plugin ``initialize``, before its extension). Objects an
+  RTLD_GLOBAL load maps (and its search list) join the global scope (``Mapped.global_scope``,
+  :class:`ImportScope`), which the symbols check uses.
 * **dlopen targets.** The run-time loads of the dlopen table (:mod:`pytest_cudastack.checks.dlopen`) of
   every mapped object are listed apart (``Process.run_time``): they happen when a feature is first used,
   not at import.
