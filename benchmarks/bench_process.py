@@ -1,7 +1,9 @@
 """Cost of ``cudastack loaded torch --static`` (the import model) against the real ``import torch``, same run.
 
-Usage: python benchmarks/bench_process.py [VENV] [--module torch] [--runs N] [--json]
+Usage: python benchmarks/bench_process.py [VENV] [--module torch] [--runs N] [--baseline CHECKOUT] [--json]
 (default: $CUDASTACK_TORCH_VENV). Target (issue #10): the static prediction <= 0.25x the real import.
+``--baseline``: another checkout of pytest_cudastack (e.g. /work/main) measured the same way in the same run
+(its package first on PYTHONPATH), for before/after figures.
 
 Each measurement runs in a fresh child process, so no in-memory state carries over:
 
@@ -45,9 +47,12 @@ def _site(venv: str) -> str:
 
 
 def _timed(cmd: list[str], env: dict[str, str]) -> float:
-    start = time.perf_counter()
-    subprocess.run(cmd, env=env, check=True, capture_output=True)
-    return time.perf_counter() - start
+    # run from an empty directory: ``python -c`` puts the current directory first on sys.path, which would
+    # shadow the package under test (--baseline) with the checkout the benchmark is started from
+    with tempfile.TemporaryDirectory() as cwd:
+        start = time.perf_counter()
+        subprocess.run(cmd, env=env, check=True, capture_output=True, cwd=cwd)
+        return time.perf_counter() - start
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -56,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--module", default="torch")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--baseline", help="another checkout of pytest_cudastack, measured in the same run")
     args = ap.parse_args(argv)
     if not args.venv:
         raise SystemExit("pass a venv or set CUDASTACK_TORCH_VENV")
@@ -64,28 +70,32 @@ def main(argv: list[str] | None = None) -> int:
     real = min(
         _timed([os.path.join(args.venv, "bin", "python"), "-c", f"import {args.module}"], env) for _ in range(args.runs)
     )
-    cold: list[float] = []
-    warm: list[float] = []
-    for _ in range(args.runs):
-        with tempfile.TemporaryDirectory() as cache:
-            env["CUDASTACK_CACHE_DIR"] = cache
-            cold.append(_timed([sys.executable, "-c", CHILD, args.module, site], env))
-            warm.append(_timed([sys.executable, "-c", CHILD, args.module, site], env))
-    result: dict[str, Any] = {
-        "module": args.module,
-        "real_s": round(real, 3),
-        "static_cold_s": round(min(cold), 3),
-        "static_warm_s": round(min(warm), 3),
-        "cold_ratio": round(min(cold) / real, 3),
-        "warm_ratio": round(min(warm) / real, 3),
-        "target_ratio": 0.25,
-    }
+    variants = {"static": env}
+    if args.baseline:
+        base = dict(env)
+        base["PYTHONPATH"] = os.pathsep.join(p for p in (args.baseline, env.get("PYTHONPATH", "")) if p)
+        variants["baseline"] = base
+    result: dict[str, Any] = {"module": args.module, "real_s": round(real, 3), "target_ratio": 0.25}
+    for name, venv_env in variants.items():
+        cold: list[float] = []
+        warm: list[float] = []
+        for _ in range(args.runs):
+            with tempfile.TemporaryDirectory() as cache:
+                venv_env["CUDASTACK_CACHE_DIR"] = cache
+                cold.append(_timed([sys.executable, "-c", CHILD, args.module, site], venv_env))
+                warm.append(_timed([sys.executable, "-c", CHILD, args.module, site], venv_env))
+        result[f"{name}_cold_s"] = round(min(cold), 3)
+        result[f"{name}_warm_s"] = round(min(warm), 3)
+        result[f"{name}_cold_ratio"] = round(min(cold) / real, 3)
+        result[f"{name}_warm_ratio"] = round(min(warm) / real, 3)
     if args.json:
         print(json.dumps(result))
     else:
         print(f"import {args.module} (real, child):       {result['real_s']:.3f} s")
-        print(f"static prediction, cold cache:   {result['static_cold_s']:.3f} s  ({result['cold_ratio']:.2f}x)")
-        print(f"static prediction, warm cache:   {result['static_warm_s']:.3f} s  ({result['warm_ratio']:.2f}x)")
+        for name in variants:
+            for kind in ("cold", "warm"):
+                secs, ratio = result[f"{name}_{kind}_s"], result[f"{name}_{kind}_ratio"]
+                print(f"{name} prediction, {kind} cache: {' ' * (8 - len(name))}{secs:.3f} s  ({ratio:.2f}x)")
         print("target: <= 0.25x the real import")
     return 0
 

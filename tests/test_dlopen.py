@@ -144,11 +144,33 @@ def test_load_names_the_file_on_bad_json(monkeypatch: pytest.MonkeyPatch):
 
 def test_shipped_preloads_are_torchs():
     rows = load_preloads()
-    assert [(r.module, r.kind, r.flags) for r in rows] == [
+    assert [(r.module, r.kind, r.flags) for r in rows[:2]] == [
         ("torch", "path", "RTLD_GLOBAL"),
         ("torch", "sys_path", "RTLD_LOCAL"),
     ]
     assert ("cuda_nvrtc", "libnvrtc-builtins.so.*[0-9]") in rows[1].libraries
+
+
+def test_shipped_preloads_of_cupy_and_jax():
+    """cupy's pathfinder loads (RTLD_GLOBAL, before each cupy_backends.cuda.libs submodule, dependencies first,
+    pathfinder's directory order) and jax's CUDA plugin ``initialize`` (RTLD_LOCAL, before its extension)."""
+    rows = {(r.module, r.before_import[0]): r for r in load_preloads() if r.before_import}
+    cublas = rows["cupy_backends.cuda.libs", "cupy_backends.cuda.libs.cublas"]
+    assert (cublas.flags, cublas.order, cublas.unless_loaded) == ("RTLD_GLOBAL", "dirs", True)
+    assert cublas.dirs == ("nvidia/cu13/lib", "nvidia/{folder}/lib")
+    assert [g for _, g in cublas.libraries] == ["libcublasLt.so.1[23]", "libcublas.so.1[23]"]
+    cusolver = rows["cupy_backends.cuda.libs", "cupy_backends.cuda.libs.cusolver"]
+    assert [g.split(".so")[0] for _, g in cusolver.libraries] == [
+        "libnvJitLink",
+        "libcusparse",
+        "libcublasLt",
+        "libcublas",
+        "libcusolver",
+    ]
+    jax = rows["jax_plugins.xla_cuda13", "jax_cuda13_plugin.cuda_plugin_extension"]
+    assert (jax.at, jax.flags, jax.order) == ("initialize", "RTLD_LOCAL", "entries")
+    assert ("cu13", "libcudart.so.13") in jax.libraries
+    assert ("cudnn", "libcudnn.so.9") in jax.libraries
 
 
 def _pre0(key: str, value: Any) -> Any:
@@ -168,6 +190,10 @@ BROKEN_PRELOADS = [
     pytest.param(_pre0("at", ""), "'at' must be a non-empty string", id="no trigger"),
     pytest.param(lambda r: r["preloads"][1].update(libraries=[["x"]]), "[folder, glob] pairs", id="pairs"),
     pytest.param(lambda r: r["preloads"][1].pop("cuda_major"), "'cuda_major' is not given", id="major"),
+    pytest.param(_pre0("before_import", "cupy"), "'before_import' must be a list", id="before not a list"),
+    pytest.param(_pre0("before_import", ["a..b"]), "dotted module names", id="before bad name"),
+    pytest.param(_pre0("order", "random"), "'order' must be 'entries' or 'dirs'", id="order"),
+    pytest.param(_pre0("unless_loaded", "yes"), "'unless_loaded' must be true or false", id="unless_loaded"),
 ]
 
 

@@ -191,3 +191,43 @@ def test_a_deep_import_chain_is_a_problem_not_a_crash(tmp_path: Path):
     p = predict(tmp_path, site, "m0")
     assert p.problems
     assert "levels" in p.problems[0] or "nest too deeply" in p.problems[0]
+
+
+TRICKY = (
+    '"""A docstring with code at column 0:\n\nimport in_docstring\nif x:\n    import in_doc_if\n"""\n'
+    "# import in_comment\n"
+    "import a_first  # a comment with ( an open bracket\n"
+    "names = [\n    n for n in range(3)\n    if n\n]\n"  # an `if` continuation line is not a statement
+    's = \'a string with ( and # and """\'\n'
+    't = f"{names[0]} \\\n(continued)"\n'  # a backslash-newline inside a one-line string
+    "x = 1; import b_semicolon\n"
+    "import \\\n    c_backslash\n"
+    "def header(\n    a,\n) -> None:\n    import in_def\n"
+    "@decorator(\n    1,\n)\nclass K(\n    object,\n):\n    import d_class\n"
+    "    def m(self):\n        import in_method\n"
+    "for i in range(2):\n    import in_for\nelse:\n    import in_for_else\n"
+    "while False:\n    pass\nelse: import in_while_else\n"
+    "if sys.platform == 'nonesuch':\n    import in_false_if\nelif True:\n    pass\nelse:\n    import e_else\n"
+    "try:\n    import f_try\nexcept ImportError:\n    import in_handler\nfinally:\n    import g_finally\n"
+    "with ctx():\n    import h_with\n"
+    "if True:\n    y = r'''\nimport in_raw\n''' + ''.format()\n    import i_after_raw\n"
+    "match = 3\n"
+    "import j_last\n"
+)
+
+
+def test_top_level_scan_equals_the_interpreter_on_tricky_text(tmp_path: Path):
+    """The fast top-level scan (lexed strings and comments, continuation lines, dropped bodies) imports what
+    the full parse imports: code in docstrings, comments, function and loop bodies is not followed, every
+    top-level, class, if/try/with import is."""
+    site = site_packages(tmp_path / "venv")
+    names = ("a_first", "b_semicolon", "c_backslash", "d_class", "e_else", "f_try", "g_finally", "h_with")
+    others = ("i_after_raw", "j_last", "in_docstring", "in_doc_if", "in_comment", "in_def", "in_method")
+    others += ("in_for", "in_for_else", "in_while_else", "in_false_if", "in_handler", "in_raw")
+    _put(site, {"pkg/__init__.py": "import sys\n" + TRICKY, **{f"{m}.py": "" for m in names + others}})
+    p = predict(tmp_path, site, "pkg")
+    assert p.modules == ("pkg", *names, "i_after_raw", "j_last")
+    crlf = tmp_path / "crlf"
+    _put(site_packages(crlf), {"pkg/__init__.py": ("import sys\n" + TRICKY).replace("\n", "\r\n")})
+    _put(site_packages(crlf), {f"{m}.py": "" for m in names + others})
+    assert predict(crlf, site_packages(crlf), "pkg").modules == p.modules

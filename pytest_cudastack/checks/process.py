@@ -3,7 +3,8 @@ and why each one, without importing or executing anything.
 
 The model:
 
-* **Python's imports, statically.** A module's top-level statements are read with :mod:`ast` (never run):
+* **Python's imports, statically.** A module's top-level statements are read with :mod:`ast` (never run;
+  a string-aware line scan first keeps only the statements the rules below read, so the parse is small):
   each ``import X`` / ``from X import a`` is followed depth first, in statement order, as the interpreter
   executes them (``from P import a`` imports ``P.a`` when that is a submodule; class bodies run, function
   bodies do not); ``if`` tests on
@@ -20,7 +21,11 @@ The model:
   names and DT_SONAME of loaded objects, whatever their RTLD_LOCAL/RTLD_GLOBAL scope).
 * **Known preloads** (``cuda/data/dlopen_targets.json``, ``preloads``): torch's ``_load_global_deps``
   maps ``libtorch_global_deps.so`` by path with RTLD_GLOBAL and then its nvidia libraries by path from
-  ``sys.path``, at the point of its top-level code that calls it.
+  ``sys.path``, at the point of its top-level code that calls it; rows with ``before_import`` run right
+  before the model imports one of their modules (cupy's cuda-pathfinder loads, RTLD_GLOBAL, before each
+  ``cupy_backends.cuda.libs`` submodule; jax's CUDA plugin ``initialize``, before its extension). Objects an
+  RTLD_GLOBAL load maps (and its search list) join the global scope (``Mapped.global_scope``,
+  :class:`ImportScope`), which the symbols check uses.
 * **dlopen targets.** The run-time loads of the dlopen table (:mod:`pytest_cudastack.checks.dlopen`) of
   every mapped object are listed apart (``Process.run_time``): they happen when a feature is first used,
   not at import.
@@ -51,9 +56,18 @@ from pytest_cudastack.linker.elfcache import ElfCache
 from pytest_cudastack.linker.resolver import Resolver, Route
 from pytest_cudastack.linker.strings import StringFacts
 
-__all__ = ["Interpreter", "Mapped", "Process", "import_contexts", "module_name", "predict_import"]
+__all__ = [
+    "ImportScope",
+    "Interpreter",
+    "Mapped",
+    "Process",
+    "import_contexts",
+    "import_scopes",
+    "module_name",
+    "predict_import",
+]
 
-_MODEL = 2  # the version of the import-list rules, part of each cached list's key
+_MODEL = 3  # the version of the import-list rules, part of each cached list's key
 MAX_MODULES = 20_000  # torch's import executes ~1,000 modules; a cap keeps a hostile tree finite
 _MAX_DEPTH = 100  # nested imports; each level costs ~3 Python frames of the model (recursion limit 1000)
 _MAX_SOURCE = 16 << 20
@@ -119,6 +133,7 @@ class Mapped:
     provider: str | None
     route: str  # "extension module" | "DT_NEEDED" | "preload" | "dlopen"
     reason: str  # "extension module torch._C", "DT_NEEDED of libtorch.so", "preload by path (torch ...)"
+    global_scope: bool = False  # in the global lookup scope: loaded (or needed) by an RTLD_GLOBAL load
 
 
 @dataclass(frozen=True)
@@ -151,6 +166,11 @@ class _State:
     preloads: tuple[Preload, ...] = ()
     cache: ElfCache | None = None
     before: dict[str, tuple[str, ...]] = field(default_factory=dict)  # realpath -> what was mapped before it
+    globals: list[str] = field(default_factory=list)  # the global scope: the executable's closure, RTLD_GLOBAL loads
+    scope_before: dict[str, tuple[str, ...]] = field(default_factory=dict)  # realpath -> global scope then
+    ran: set[int] = field(default_factory=set)  # before_import preload rows already run (by index)
+    triggers: dict[str, tuple[int, ...]] = field(default_factory=dict)  # module -> its before_import rows
+    global_real: set[str] = field(default_factory=set)  # realpaths of ``globals``
 
 
 # --------------------------------------------------------------------------------------------- finding modules
@@ -372,11 +392,29 @@ def _skeleton(path: str, module: str, is_package: bool, cache: ElfCache | None) 
 # --------------------------------------------------------------------------------------------- the model
 
 
-def _map(st: _State, path: str, route: str, reason: str) -> None:
+def _promote(st: _State, path: str) -> None:
+    """``path`` joins the global scope (dl_open_worker's add_to_global: every object of an RTLD_GLOBAL
+    load's search list, those loaded before included)."""
+    key = real_path(path, st.dirs)
+    if key not in st.global_real:
+        st.global_real.add(key)
+        st.globals.append(path)
+        for i, o in enumerate(st.objects):
+            if o.realpath == key and not o.global_scope:
+                st.objects[i] = replace(o, global_scope=True)
+
+
+def _map(st: _State, path: str, route: str, reason: str, is_global: bool = False) -> None:
     """Map ``path`` (an extension module or a library loaded by path) and its DT_NEEDED closure, every
-    object mapped so far already loaded."""
+    object mapped so far already loaded; with ``is_global`` (RTLD_GLOBAL) all of them join the global
+    scope."""
     key = real_path(path, st.dirs)
     if key in st.real:
+        if is_global:  # dlopen of a loaded object with RTLD_GLOBAL promotes it (and its search list)
+            _promote(st, path)
+            for lib in st.resolver.tree(path, loaded=st.loaded).libraries:
+                if lib.path is not None:
+                    _promote(st, lib.path)
         return
     try:
         info = st.read(path)
@@ -385,8 +423,11 @@ def _map(st: _State, path: str, route: str, reason: str) -> None:
         return
     st.real.add(key)
     st.before[key] = tuple(st.loaded)
+    st.scope_before[key] = tuple(st.globals)
     st.loaded.append(path)
     st.objects.append(Mapped(path, key, info.soname, st.owner(path), route, reason))
+    if is_global:
+        _promote(st, path)
     tree = st.resolver.tree(path, loaded=st.loaded[:-1])
     for lib in tree.libraries:
         if lib.path is None:
@@ -394,6 +435,8 @@ def _map(st: _State, path: str, route: str, reason: str) -> None:
                 st.missing.append(lib.soname)
             continue
         if lib.route is Route.ALREADY_LOADED:
+            if is_global:
+                _promote(st, lib.path)
             continue
         k = lib.realpath or real_path(lib.path, st.dirs)
         if k in st.real:
@@ -408,6 +451,118 @@ def _map(st: _State, path: str, route: str, reason: str) -> None:
         st.objects.append(
             Mapped(lib.path, k, soname, lib.provider, "DT_NEEDED", f"DT_NEEDED of {os.path.basename(needer)}")
         )
+        if is_global:
+            _promote(st, lib.path)
+
+
+# Alternatives that each begin with a literal character (no groups): the regex engine then skips to the
+# next candidate character in C, which makes this scan ~10x faster than with named groups.
+_LEX = re.compile(
+    r"""\#[^\n]*"""
+    r'''|"""[^"\\]*(?:(?:\\[\s\S]|"(?!""))[^"\\]*)*"""'''
+    r"""|'''[^'\\]*(?:(?:\\[\s\S]|'(?!''))[^'\\]*)*'''"""
+    r"""|"[^"\\\n]*(?:\\[\s\S][^"\\\n]*)*"|'[^'\\\n]*(?:\\[\s\S][^'\\\n]*)*'"""
+    r"""|\\\r?\n"""
+)
+_QUIET = str.maketrans("()[]{};", "_______")  # inside a one-line string: no bracket or ; the scan would count
+_KEPT = frozenset({"import", "from", "if", "elif", "else", "try", "except", "finally", "with", "class"})
+_WORD = re.compile(r"[A-Za-z_]\w*")
+_CALL = re.compile(r"[A-Za-z_]\w*[ ]*\(")
+_TAB_INDENT = re.compile(r"^ *[\t\f]", re.M)
+
+
+def _quiet(m: re.Match[str]) -> str:
+    token = m.group()
+    first = token[0]
+    if first == "#":
+        return ""
+    if first == "\\":
+        return " "  # a backslash continuation joins the lines
+    if token[:3] in ('"""', "'''"):
+        return '""'  # a docstring (the model never reads one): its lines would look like statements
+    if "\n" in token:  # a backslash-newline inside a one-line string: one line, as for the tokenizer
+        token = token.replace("\\\n", "")
+    return token.translate(_QUIET)
+
+
+def _depth(line: str) -> int:
+    return line.count("(") + line.count("[") + line.count("{") - line.count(")") - line.count("]") - line.count("}")
+
+
+def _top_level_source(text: str) -> str | None:
+    """The statements of ``text`` the import model reads (imports, ``if``/``try``/``with``/``class`` blocks,
+    calls of a plain name, in their own lines and indentation), everything else dropped: parsing this is a
+    fraction of parsing the module (torch's sources: ~1/20). Strings and comments are lexed first (one
+    regex, left to right, as the tokenizer does), so a docstring's or a comment's text never looks like a
+    statement and a bracket in a string never counts; a logical line goes on while brackets are open; a
+    compound statement the model does not follow (``def``, ``for``, ``while``, ``match``, decorators'
+    targets) drops every line indented deeper than its header, and ``for``/``while`` their ``else``
+    clause too. None where the scan cannot decide (tab or form-feed indentation, brackets closing more than
+    they opened): the caller parses the whole module."""
+    if "\r" in text:
+        text = text.replace("\r\n", "\n").replace("\r", "\n")
+    if _TAB_INDENT.search(text):
+        return None
+    src = _LEX.sub(_quiet, text)
+    out: list[str] = []
+    pending = -1  # indentation of the last header kept, until a body line follows it
+    pos, n = 0, len(src)
+    while pos < n:
+        end = src.find("\n", pos)
+        if end < 0:
+            end = n
+        line = src[pos:end]
+        stripped = line.lstrip(" ")
+        if not stripped:
+            pos = end + 1
+            continue
+        indent = len(line) - len(stripped)
+        start = pos
+        depth = _depth(line)
+        while depth > 0 and end < n:  # the logical line's continuation lines
+            nxt = src.find("\n", end + 1)
+            if nxt < 0:
+                nxt = n
+            depth += _depth(src[end + 1 : nxt])
+            end = nxt
+        if depth != 0:
+            return None
+        logical = src[start:end]
+        pos = end + 1
+        header = logical.rstrip(" ").endswith(":")
+        m = _WORD.match(stripped)
+        word = m.group() if m else ""
+        if word in _KEPT or _CALL.match(stripped) or ";" in logical:
+            if pending >= 0 and indent <= pending:
+                out.append(" " * (pending + 1) + "pass")
+            out.append(logical)
+            pending = indent if header else -1
+            continue
+        if pending >= 0 and indent > pending:
+            pending = -1  # the kept header has a body (this dropped statement): no pass needed later
+            out.append(" " * indent + "pass")
+        if not header:
+            continue
+        # a compound statement the model does not follow: drop its body (every line indented deeper, found
+        # by one regex search), and a for/while's else clause too
+        dedent = re.compile(r"\n(?! {" + str(indent + 1) + r"}| *(?:\n|$))")  # a line not blank nor deeper
+        while True:
+            hit = dedent.search(src, pos - 1)
+            pos = n if hit is None else hit.start() + 1
+            if word not in ("for", "while") or not src.startswith(" " * indent + "else", pos):
+                break
+            eol = src.find("\n", pos)
+            rest = src[pos + indent + 4 : n if eol < 0 else eol].lstrip(" ")
+            if not rest.startswith(":"):
+                break
+            if rest[1:].strip():  # else: x  (one line): nothing deeper follows
+                pos = n if eol < 0 else eol + 1
+                break
+            pos = n if eol < 0 else eol + 1
+            word = ""
+    if pending >= 0:
+        out.append(" " * (pending + 1) + "pass")
+    return "\n".join(out) + "\n"
 
 
 _DEF = re.compile(r"^([ \t]*)(?:async[ \t]+)?def[ \t]")
@@ -462,10 +617,19 @@ def _strip_defs(text: str) -> str:
 
 
 def _read_module_source(path: str, strip: bool = False) -> ast.Module | None:
+    """The module's AST; with ``strip``, of its top-level statements the model reads only (the scan of
+    :func:`_top_level_source`, else its text with function bodies dropped, else the whole text: each step
+    is tried when the one before it does not parse)."""
     text = read_text(path, _MAX_SOURCE)
     if text is None:
         return None
     if strip:
+        top = _top_level_source(text)
+        if top is not None:
+            try:
+                return ast.parse(top, filename=path)
+            except (SyntaxError, ValueError, RecursionError, MemoryError):
+                pass  # the scan misread the text: the slower steps decide
         try:
             return ast.parse(_strip_defs(text), filename=path)
         except (SyntaxError, ValueError, RecursionError, MemoryError):
@@ -495,10 +659,11 @@ def _cuda_major(package_dir: str, spec: str) -> str | None:
 
 def _preload(st: _State, row: Preload, module: str, package_dir: str) -> None:
     reason = f"preload by path ({module}.{row.at}, {row.flags})"
+    is_global = row.flags == "RTLD_GLOBAL"
     if row.kind == "path":
         p = os.path.join(package_dir, row.path)
         if os.path.isfile(p):
-            _map(st, p, "preload", reason)
+            _map(st, p, "preload", reason, is_global)
         else:
             st.problems.append(f"{module}: {row.at} would load {p}, which is missing")
         return
@@ -507,21 +672,35 @@ def _preload(st: _State, row: Preload, module: str, package_dir: str) -> None:
     ):
         return
     major = _cuda_major(package_dir, row.cuda_major) if row.cuda_major else None
+    dirs = [d for d in row.dirs if "{cuda_major}" not in d or major is not None]
     for folder, pattern in row.libraries:
-        for entry in st.interp.path:
+        subs = [d.format(folder=folder, cuda_major=major or "") for d in dirs]
+        if row.order == "dirs":  # each directory over every entry, then the next directory
+            groups = [[os.path.join(e, sub) for e in st.interp.path] for sub in subs]
+        else:  # each entry's directories, then the next entry
+            groups = [[os.path.join(e, sub) for sub in subs] for e in st.interp.path]
+        for group in groups:
             hits: list[str] = []
-            for d in row.dirs:
-                if "{cuda_major}" in d and major is None:
-                    continue
-                sub = os.path.join(entry, d.format(folder=folder, cuda_major=major or ""))
+            for sub in group:
                 try:
                     names = os.listdir(sub)  # glob.glob's order: the directory's own
                 except OSError:
                     continue
                 hits.extend(os.path.join(sub, n) for n in names if fnmatch.fnmatchcase(n, pattern))
             if hits:
-                _map(st, hits[0], "preload", reason)
+                if row.unless_loaded and _soname_mapped(st, hits[0]):
+                    break
+                _map(st, hits[0], "preload", reason, is_global)
                 break
+
+
+def _soname_mapped(st: _State, path: str) -> bool:
+    """Whether an object with ``path``'s soname is mapped (cuda-pathfinder's RTLD_NOLOAD check)."""
+    try:
+        soname = st.read(path).soname
+    except ElfError:
+        return False
+    return soname is not None and any(o.soname == soname for o in st.objects)
 
 
 def _import(st: _State, finder: _Finder, name: str, depth: int = 0) -> bool:
@@ -541,6 +720,12 @@ def _import(st: _State, finder: _Finder, name: str, depth: int = 0) -> bool:
     if len(st.imported) >= MAX_MODULES or depth > _MAX_DEPTH:
         st.problems.append(f"import model stopped at {name}: more than {MAX_MODULES} modules or {_MAX_DEPTH} levels")
         return True
+    for i in st.triggers.get(name, ()):
+        row = st.preloads[i]
+        if i not in st.ran:
+            st.ran.add(i)
+            owner = finder.files.get(row.module)
+            _preload(st, row, row.module, os.path.dirname(owner) if owner else "")
     file = finder.files.get(name)
     st.imported[name] = file
     st.order.append(name)
@@ -550,7 +735,7 @@ def _import(st: _State, finder: _Finder, name: str, depth: int = 0) -> bool:
         _map(st, file, "extension module", f"extension module {name} (dlopen RTLD_NOW|RTLD_LOCAL)")
         return True
     is_package = os.path.basename(file) == "__init__.py"
-    rows = [r for r in st.preloads if r.module == name]
+    rows = [r for r in st.preloads if r.module == name and not r.before_import]
     _run_body(st, finder, _skeleton(file, name, is_package, st.cache), name, os.path.dirname(file), rows, depth)
     return True
 
@@ -591,13 +776,23 @@ def _new_state(
     st = _State(
         interp, resolver, read, owner, preloads=tuple(load_preloads() if preloads is None else preloads), cache=cache
     )
+    triggers: dict[str, list[int]] = {}
+    for i, row in enumerate(st.preloads):
+        for m in row.before_import:
+            triggers.setdefault(m, []).append(i)
+    st.triggers = {m: tuple(v) for m, v in triggers.items()}
     exe = resolver.tree(interp.executable)
     st.loaded.append(interp.executable)
+    st.globals.append(interp.executable)
     st.real.add(real_path(interp.executable, st.dirs))
+    st.global_real.add(real_path(interp.executable, st.dirs))
     for lib in exe.libraries:
         if lib.path is not None:
+            key = lib.realpath or real_path(lib.path, st.dirs)
             st.loaded.append(lib.path)
-            st.real.add(lib.realpath or real_path(lib.path, st.dirs))
+            st.globals.append(lib.path)  # the main program's search list is the global scope
+            st.real.add(key)
+            st.global_real.add(key)
     return st
 
 
@@ -613,6 +808,10 @@ def _copy(st: _State) -> _State:
         missing=list(st.missing),
         problems=list(st.problems),
         before=dict(st.before),
+        globals=list(st.globals),
+        scope_before=dict(st.scope_before),
+        ran=set(st.ran),
+        global_real=set(st.global_real),
     )
 
 
@@ -632,6 +831,17 @@ def module_name(path: str, site_dirs: Sequence[str], suffixes: Sequence[str]) ->
     return None
 
 
+@dataclass(frozen=True)
+class ImportScope:
+    """What an extension module's ``dlopen`` finds when the import reaches it: every object mapped before
+    it (``loaded``, in load order: what its DT_NEEDED match by name or SONAME) and the global lookup scope
+    then (``global_scope``: the executable's closure and what RTLD_GLOBAL loads added, in order; objects
+    loaded RTLD_LOCAL, extension modules among them, are not in it)."""
+
+    loaded: tuple[str, ...]
+    global_scope: tuple[str, ...]
+
+
 def import_contexts(
     modules: Sequence[str],
     interp: Interpreter,
@@ -641,15 +851,28 @@ def import_contexts(
     cache: ElfCache | None = None,
 ) -> dict[str, tuple[str, ...]]:
     """For each extension module path of ``modules``, the objects already mapped when the import that loads
-    it reaches it: one model process per top-level package, which imports the package (as ``import P``
-    does) and then each of its modules that import did not reach, in order. A module the model cannot
-    import (its package's code is not found) is absent from the answer."""
+    it reaches it (:func:`import_scopes`' ``loaded``)."""
+    return {p: s.loaded for p, s in import_scopes(modules, interp, resolver, read, owner, cache).items()}
+
+
+def import_scopes(
+    modules: Sequence[str],
+    interp: Interpreter,
+    resolver: Resolver,
+    read: Callable[[str], ElfInfo],
+    owner: Callable[[str], str | None],
+    cache: ElfCache | None = None,
+) -> dict[str, ImportScope]:
+    """For each extension module path of ``modules``, its :class:`ImportScope`: one model process per
+    top-level package, which imports the package (as ``import P`` does) and then each of its modules that
+    import did not reach, in order. A module the model cannot import (its package's code is not found) is
+    absent from the answer."""
     names: dict[str, list[tuple[str, str]]] = {}
     for path in modules:
         name = module_name(path, interp.path, interp.suffixes)
         if name is not None:
             names.setdefault(name.split(".")[0], []).append((name, path))
-    out: dict[str, tuple[str, ...]] = {}
+    out: dict[str, ImportScope] = {}
     for top, members in names.items():
         st = _new_state(interp, resolver, read, owner, None, cache)
         finder = _Finder(interp)  # caches the file system only: shared by the copies
@@ -657,14 +880,13 @@ def import_contexts(
             _import(st, finder, top)
         for name, path in members:
             key = real_path(path, st.dirs)
-            got = st.before.get(key)
-            if got is None:
-                alone = _copy(st)
+            where = st
+            if key not in st.before:
+                where = _copy(st)
                 with contextlib.suppress(RecursionError):
-                    _import(alone, finder, name)
-                got = alone.before.get(key)
-            if got is not None:
-                out[path] = got
+                    _import(where, finder, name)
+            if key in where.before:
+                out[path] = ImportScope(where.before[key], where.scope_before[key])
     return out
 
 

@@ -16,6 +16,15 @@ Lookup scopes are built as glibc builds them (2.36):
 * ``elf/dl-lookup.c`` (``_dl_lookup_symbol_x``, ``do_lookup_x``, ``check_match``) and ``elf/dl-version.c``
   decide what binds: :mod:`pytest_cudastack.linker.symbols`.
 
+**In import context.** A module whose references do not all bind in those scopes is checked again in the
+scopes its import gives it (:func:`~pytest_cudastack.checks.process.import_scopes`): the global scope is the
+executable's closure plus what RTLD_GLOBAL loads (torch's global deps, cupy's cuda-pathfinder loads) mapped
+before the module, nothing an RTLD_LOCAL load mapped (an earlier extension module never provides a symbol
+to a later one); its own search list is its closure with the objects already loaded matched by SONAME,
+each followed by its own dependencies (``_dl_map_object_deps`` walks the DT_NEEDED of every object of the
+list, loaded or not). The reference is reported only when it binds there neither (the context only adds
+scopes: a module its own package does not import after torch keeps torch's global deps, as before).
+
 An object loaded by several extension modules is relocated once, by the first import that loads it, in that
 module's scopes; the import order is not known statically, so a reference is reported only when it binds
 in none of the scopes of the modules that load the object. A reference whose version is required from a
@@ -41,16 +50,19 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from pytest_cudastack._sysio import real_path
 from pytest_cudastack.checks.closure import ModuleTree, module_trees
+from pytest_cudastack.checks.process import ImportScope, Interpreter, import_scopes
 from pytest_cudastack.cuda.driver import DriverInfo
 from pytest_cudastack.cuda.driversyms import driver_entry_points
 from pytest_cudastack.errors import ElfError
 from pytest_cudastack.findings import Finding, Severity
+from pytest_cudastack.linker.elf import ElfInfo, read_elf
 from pytest_cudastack.linker.resolver import Library, Resolver, Route, Tree
 from pytest_cudastack.linker.symbols import ScopeIndex, SymbolFacts
 from pytest_cudastack.wheels.inventory import Inventory
 
 if TYPE_CHECKING:
     from pytest_cudastack.checks.facts import StackView, Target
+    from pytest_cudastack.linker.elfcache import ElfCache
 
 __all__ = ["GLOBAL_PRELOADS", "Scope", "binary_symbol_findings", "extension_symbol_findings", "run"]
 
@@ -483,12 +495,16 @@ def extension_symbol_findings(
     trees: Sequence[ModuleTree] | None = None,
     verdicts: VerdictStore | None = None,
     driver: DriverInfo | None = None,
+    elf_read: Callable[[str], ElfInfo] | None = None,
+    pycache: ElfCache | None = None,
 ) -> tuple[Finding, ...]:
     """Symbol findings for every extension module of *inv*, imported by *interpreter* (default: this
     process's executable, resolved as /proc/self/exe is); ``read`` gives a file's symbols (the run's
     ``ElfCache.read_symbols``); ``verdicts`` (the run's ElfCache) remembers the findings of these scopes
     with the status of every file they were computed from (:func:`_recall`); ``driver`` (declared or
-    probed) judges references to a libcuda.so.1 that is not here (:func:`_driver_findings`)."""
+    probed) judges references to a libcuda.so.1 that is not here (:func:`_driver_findings`); ``elf_read``
+    and ``pycache`` (the run's ``ElfCache.read`` and the cache itself) serve the import model, which gives
+    the modules with unbound references their import context (module docstring)."""
     exe = os.path.realpath(interpreter if interpreter is not None else sys.executable)
     dirs: dict[str, str] = {}
     itree = resolver.tree(exe)
@@ -502,6 +518,7 @@ def extension_symbol_findings(
     for obj in glob.objects:  # the preloads' closures: ctypes.CDLL adds RTLD_NOW; scope [global]
         if obj not in started:
             scopes_of.setdefault(obj, []).append(glob)
+    loaders: dict[str, list[ModuleTree]] = {}  # object -> the modules whose import loads it
     for mt in trees if trees is not None else module_trees(inv, resolver):
         local = _scope([mt.tree], dirs)
         both = Scope(
@@ -513,20 +530,84 @@ def extension_symbol_findings(
         for obj in local.objects:
             if obj not in in_global:
                 scopes_of.setdefault(obj, []).append(both)
+                loaders.setdefault(obj, []).append(mt)
     plans = [(obj, scopes, True) for obj, scopes in scopes_of.items()]
     labels = [d.label for d in inv.distributions]
-    key = _plan_key(["extensions", exe, list(inv.site_dirs), labels, _driver_key(driver)], plans)
+    head: list[Any] = ["extensions", exe, list(inv.site_dirs), labels, _driver_key(driver)]
+    key = _plan_key(head, plans)
     hit = _recall(verdicts, key)
     if hit is not None:
         return hit
     problems, index = _check(run, plans)
     display = _display(inv)
-    found = (
-        *_findings("symbols", run, problems, index, inv, display, "the import"),
-        *_driver_findings(run, index, plans, driver, display),
-    )
+    found_here = _findings("symbols", run, problems, index, inv, display, "the import")
+    needy = {p.needer for p in problems.values()} & set(loaders)
+    if needy:
+        interp_scope = _scope([itree], dirs)
+        interp = Interpreter.for_sites(inv.site_dirs, exe)
+        read_info = elf_read or read_elf
+        again = _in_context(needy, loaders, scopes_of, inv, resolver, interp, interp_scope, dirs, read_info, pycache)
+        if again:
+            key = _plan_key([*head, "in import context"], [*plans, *again])
+            hit = _recall(verdicts, key)
+            if hit is not None:
+                return hit
+            kept = {k: v for k, v in problems.items() if v.needer not in {obj for obj, _, _ in again}}
+            problems2, index2 = _check(run, again)
+            found_here = [
+                *_findings("symbols", run, kept, index, inv, display, "the import"),
+                *_findings("symbols", run, problems2, index2, inv, display, "the import"),
+            ]
+    found = (*found_here, *_driver_findings(run, index, plans, driver, display))
     _remember(verdicts, key, run, found)
     return found
+
+
+def _in_context(
+    needy: set[str],
+    loaders: dict[str, list[ModuleTree]],
+    scopes_of: dict[str, list[Scope]],
+    inv: Inventory,
+    resolver: Resolver,
+    interp: Interpreter,
+    interp_scope: Scope,
+    dirs: dict[str, str],
+    elf_read: Callable[[str], ElfInfo],
+    pycache: ElfCache | None,
+) -> list[tuple[str, Sequence[Scope], bool]]:
+    """Plans for the ``needy`` objects with the scopes their loading modules' imports give them (module
+    docstring) added to those of ``scopes_of``; an object none of whose modules the model can import has
+    no plan (it stays judged as before)."""
+    modules = sorted({mt.module.path for obj in needy for mt in loaders[obj]})
+    contexts = import_scopes(modules, interp, resolver, elf_read, inv.owner, pycache)
+    scope_of: dict[str, Scope] = {}
+    for path in modules:
+        ctx = contexts.get(path)
+        if ctx is not None:
+            scope_of[path] = _context_scope(path, ctx, resolver, interp_scope, dirs)
+    out: list[tuple[str, Sequence[Scope], bool]] = []
+    for obj in sorted(needy):
+        extra = [scope_of[mt.module.path] for mt in loaders[obj] if mt.module.path in scope_of]
+        if extra:  # the scopes judged before stay: the import context only ever adds a way to bind
+            out.append((obj, [*scopes_of[obj], *extra], True))
+    return out
+
+
+def _context_scope(path: str, ctx: ImportScope, resolver: Resolver, interp_scope: Scope, dirs: dict[str, str]) -> Scope:
+    """[global scope when the module is opened] + its own search list (dl_open_worker's lookup scopes)."""
+    tree = resolver.tree(path, loaded=ctx.loaded)
+    trees = [tree]
+    for lib in tree.libraries:  # an already-loaded dependency brings its own dependencies into the list
+        if lib.route is Route.ALREADY_LOADED and lib.path is not None:
+            trees.append(resolver.tree(lib.path, loaded=ctx.loaded))
+    local = _scope(trees, dirs)
+    head = tuple(dict.fromkeys(real_path(g, dirs) for g in ctx.global_scope))
+    return Scope(
+        head + local.objects,
+        {**local.sonames, **interp_scope.sonames},
+        interp_scope.missing | local.missing,
+        {**interp_scope.needs, **local.needs},
+    )
 
 
 def binary_symbol_findings(
@@ -609,7 +690,15 @@ def run(stack: StackView, target: Target | None = None) -> tuple[Finding, ...]:
     cache = stack.cache
     driver = stack.driver
     out = list(
-        extension_symbol_findings(stack.inventory, stack.resolver, cache.read_symbols, verdicts=cache, driver=driver)
+        extension_symbol_findings(
+            stack.inventory,
+            stack.resolver,
+            cache.read_symbols,
+            verdicts=cache,
+            driver=driver,
+            elf_read=cache.read,
+            pycache=cache,
+        )
     )
     for name, path in stack.scan_targets:
         if os.path.lexists(path):

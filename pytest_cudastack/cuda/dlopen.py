@@ -20,7 +20,11 @@ Every row cites a source listed in the file's ``sources``.
 The file's ``preloads`` table lists what a package's ``__init__`` loads by path before its extension
 modules (:class:`Preload`): torch's ``_load_global_deps`` maps ``lib/libtorch_global_deps.so`` with
 RTLD_GLOBAL, then, once libcudart is mapped, the first match of each nvidia library's glob under the first
-``sys.path`` entry that has one. ``at`` names the call in the module's top-level code that performs it.
+``sys.path`` entry that has one. ``at`` names the call in the module's top-level code that performs it;
+a row with ``before_import`` runs instead right before one of those modules is imported (cupy's
+``cupy_backends.cuda.libs.__getattr__`` has cuda-pathfinder load the CUDA library of the submodule it is
+about to import; jax's CUDA plugin ``initialize`` loads the nvidia wheels' libraries, then imports its
+``cuda_plugin_extension``).
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ DATA_FILE = "data/dlopen_targets.json"
 _TEMPLATE_FIELD = re.compile(r"\{([^{}]*)\}")
 _NAME = re.compile(r"[A-Za-z0-9_.+-]+")
 _DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
+_MODULE = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*")
 _ROW_KEYS = {"caller", "names", "strings", "search", "paths", "miss", "fallback", "source", "note"}
 
 
@@ -211,7 +216,11 @@ class Preload:
     ``kind`` "path": ``path`` relative to the package directory. ``kind`` "sys_path": only once an object
     whose soname starts with ``when_mapped`` is mapped; for each ``(folder, glob)`` of ``libraries``, the
     matches of ``dirs`` (``{folder}``, ``{cuda_major}`` filled in; ``cuda_major`` read from the package's
-    ``FILE:NAME`` assignment) under each ``sys.path`` entry in order, the first entry with a match winning.
+    ``FILE:NAME`` assignment) under each ``sys.path`` entry in order, the first entry with a match winning
+    (``order`` "dirs": each of ``dirs`` over every entry before the next one, cuda-pathfinder's order).
+    ``before_import``: the modules before whose import the row runs (instead of at the call ``at``);
+    ``unless_loaded``: a library whose soname is already mapped is not loaded again (pathfinder's
+    ``RTLD_NOLOAD`` check by soname).
     """
 
     module: str
@@ -225,6 +234,9 @@ class Preload:
     dirs: tuple[str, ...] = ()
     libraries: tuple[tuple[str, str], ...] = ()
     note: str = ""
+    before_import: tuple[str, ...] = ()
+    order: str = "entries"
+    unless_loaded: bool = False
 
 
 _PRELOAD_KEYS = {
@@ -239,6 +251,9 @@ _PRELOAD_KEYS = {
     "dirs",
     "libraries",
     "note",
+    "before_import",
+    "order",
+    "unless_loaded",
 }
 
 
@@ -266,6 +281,15 @@ def validate_preloads(raw: Any, source: str = DATA_FILE) -> tuple[Preload, ...]:
                 raise DataError(f"{where}: {key!r} must be a non-empty string")
         if row["flags"] not in ("RTLD_GLOBAL", "RTLD_LOCAL"):
             raise DataError(f"{where}: 'flags' must be RTLD_GLOBAL or RTLD_LOCAL")
+        before = row.get("before_import", [])
+        if not isinstance(before, list) or not all(isinstance(m, str) and _MODULE.fullmatch(m) for m in before):
+            raise DataError(f"{where}: 'before_import' must be a list of dotted module names")
+        order = row.get("order", "entries")
+        if order not in ("entries", "dirs"):
+            raise DataError(f"{where}: 'order' must be 'entries' or 'dirs'")
+        unless = row.get("unless_loaded", False)
+        if not isinstance(unless, bool):
+            raise DataError(f"{where}: 'unless_loaded' must be true or false")
         kind = row["kind"]
         if kind == "path":
             path = row.get("path")
@@ -280,6 +304,8 @@ def validate_preloads(raw: Any, source: str = DATA_FILE) -> tuple[Preload, ...]:
                     row["source"],
                     path=path,
                     note=str(row.get("note", "")),
+                    before_import=tuple(before),
+                    unless_loaded=unless,
                 )
             )
         elif kind == "sys_path":
@@ -312,6 +338,9 @@ def validate_preloads(raw: Any, source: str = DATA_FILE) -> tuple[Preload, ...]:
                     dirs=tuple(dirs),
                     libraries=tuple((a, b) for a, b in libs),
                     note=str(row.get("note", "")),
+                    before_import=tuple(before),
+                    order=order,
+                    unless_loaded=unless,
                 )
             )
         else:

@@ -1,0 +1,110 @@
+"""cupy's load order through cuda-pathfinder (the ``cupy_backends.cuda.libs`` preload rows of
+cuda/data/dlopen_targets.json): before ``cupy_backends.cuda.libs.cublas`` is imported, pathfinder loads
+``libcublasLt.so.13`` then ``libcublas.so.13`` by path from site-packages ``nvidia/cu13/lib`` with
+RTLD_GLOBAL, so the extension module, which has no RUNPATH to them, finds ``libcublas.so.13`` already
+loaded. gcc-built stand-ins; a real child-process import of them is the oracle."""
+
+from __future__ import annotations
+
+import importlib.machinery
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pytest_cudastack.checks.closure import extension_closures, module_trees
+from pytest_cudastack.checks.process import Interpreter, predict_import
+from pytest_cudastack.linker.elf import read_elf
+from pytest_cudastack.linker.resolver import Resolver, SearchConfig
+from pytest_cudastack.wheels.inventory import installed_wheels
+from tests.helpers.sitebuild import HAVE_CC, compile_so, site_packages, write_dist
+
+pytestmark = pytest.mark.skipif(not HAVE_CC, reason="needs a C compiler")
+SUFFIX = importlib.machinery.EXTENSION_SUFFIXES[0]
+
+# what pathfinder does for cublas, in the stand-in's own __getattr__ (for the real child-process oracle)
+GETATTR = """\
+import ctypes, importlib, os, sys
+
+
+def __getattr__(name):
+    if name == "cublas":
+        for entry in sys.path:
+            lib = os.path.join(entry, "nvidia", "cu13", "lib")
+            if os.path.isfile(os.path.join(lib, "libcublas.so.13")):
+                for so in ("libcublasLt.so.13", "libcublas.so.13"):
+                    ctypes.CDLL(os.path.join(lib, so), os.RTLD_NOW | os.RTLD_GLOBAL)
+                break
+    return importlib.import_module(f"cupy_backends.cuda.libs.{name}")
+"""
+
+
+def _cupy(tmp_path: Path, *, cublas: bool = True) -> Path:
+    site = site_packages(tmp_path / "venv")
+    files: dict[str, bytes | str] = {"nvidia/cu13/lib/libcublasLt.so.13": compile_so("libcublasLt.so.13")}
+    if cublas:
+        files["nvidia/cu13/lib/libcublas.so.13"] = compile_so(
+            "libcublas.so.13", needed=["libcublasLt.so.13"], runpath="$ORIGIN"
+        )
+    write_dist(site, "nvidia-cublas", "13.1.0", files)
+    write_dist(
+        site,
+        "cupy-cuda13x",
+        "14.0.0",
+        {
+            "cupy/__init__.py": "from cupy_backends.cuda.libs import cublas\n",
+            "cupy_backends/__init__.py": "",
+            "cupy_backends/cuda/__init__.py": "",
+            "cupy_backends/cuda/libs/__init__.py": GETATTR,
+            # links libcublas.so.13 by soname, no RUNPATH to nvidia/cu13/lib: as cupy's wheels
+            f"cupy_backends/cuda/libs/cublas{SUFFIX}": compile_so(None, pyinit="cublas", needed=["libcublas.so.13"]),
+        },
+    )
+    return site
+
+
+def _errors(site: Path) -> list[str]:
+    inv = installed_wheels([str(site)], reader=read_elf)
+    resolver = Resolver(SearchConfig(), reader=read_elf, owner=inv.owner)
+    found = extension_closures(inv, resolver, trees=module_trees(inv, resolver, read_elf))
+    return [f.message for f in found if f.failing]
+
+
+def _real_import(site: Path) -> str:
+    """The oracle: stderr of ``import cupy`` by this interpreter in a child, with only ``site`` added."""
+    env = {**os.environ, "PYTHONPATH": str(site), "PYTHONNOUSERSITE": "1"}
+    r = subprocess.run([sys.executable, "-c", "import cupy"], env=env, capture_output=True, text=True)
+    return r.stderr
+
+
+def test_cupy_preload_predicted_in_pathfinder_order(tmp_path: Path):
+    site = _cupy(tmp_path)
+    exe = tmp_path / "bin" / "python"
+    exe.parent.mkdir(parents=True)
+    exe.write_bytes(compile_so(None))
+    interp = Interpreter((str(site),), str(exe), startup=frozenset(sys.builtin_module_names))
+    p = predict_import("cupy", interp, Resolver(SearchConfig(), reader=read_elf), read_elf, lambda _: None)
+    assert p.missing == ()
+    rows = [(os.path.basename(o.path), o.route, o.global_scope) for o in p.objects]
+    assert rows == [
+        ("libcublasLt.so.13", "preload", True),
+        ("libcublas.so.13", "preload", True),
+        (f"cublas{SUFFIX}", "extension module", False),
+    ]
+    assert p.objects[1].reason == "preload by path (cupy_backends.cuda.libs.__getattr__, RTLD_GLOBAL)"
+
+
+def test_clean_cupy_has_no_closure_error_and_really_imports(tmp_path: Path):
+    site = _cupy(tmp_path)
+    assert _errors(site) == []
+    assert "cannot open shared object file" not in _real_import(site)  # dlopen succeeded (PyInit stub: no module)
+
+
+def test_cupy_without_its_cublas_still_errors(tmp_path: Path):
+    site = _cupy(tmp_path, cublas=False)
+    errors = _errors(site)
+    assert len(errors) == 1
+    assert errors[0].startswith(f"libcublas.so.13 is not found: needed by cupy_backends/cuda/libs/cublas{SUFFIX}")
+    assert "libcublas.so.13: cannot open shared object file" in _real_import(site)
