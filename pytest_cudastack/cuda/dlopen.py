@@ -38,6 +38,7 @@ from enum import Enum
 from importlib import resources
 from typing import Any
 
+from pytest_cudastack.cuda.datafile import check_header, check_sources, cited
 from pytest_cudastack.errors import DataError
 
 __all__ = [
@@ -126,9 +127,7 @@ def _row(source: str, i: int, row: Any, sources: Mapping[str, Any]) -> DlopenRow
     extra = set(row) - _ROW_KEYS
     if extra:
         raise DataError(f"{where}: unknown key(s) {', '.join(sorted(extra))}")
-    src = row.get("source")
-    if not isinstance(src, str) or src not in sources:
-        raise DataError(f"{where}: source {src!r} is not listed in 'sources'")
+    src = cited(row, sources, where)
     caller = _regex(where, "caller", row.get("caller"))
     names_raw = row.get("names", [])
     if not isinstance(names_raw, list) or not all(isinstance(n, str) and n for n in names_raw):
@@ -167,34 +166,12 @@ def _row(source: str, i: int, row: Any, sources: Mapping[str, Any]) -> DlopenRow
     return DlopenRow(caller, tuple(names_raw), strings, search, paths, miss, fallback, src, note)
 
 
-def _check_sources(sources: Any, source: str) -> Mapping[str, Any]:
-    if not isinstance(sources, dict) or not sources:
-        raise DataError(f"{source}: 'sources' must be a non-empty object")
-    for sid, meta in sources.items():
-        if (
-            not isinstance(meta, dict)
-            or not isinstance(meta.get("url"), str)
-            or not isinstance(meta.get("retrieved"), str)
-            or not _DATE.fullmatch(meta["retrieved"])
-            or not isinstance(meta.get("says"), str)
-            or not meta["says"]
-        ):
-            raise DataError(f"{source}: sources[{sid!r}] needs 'url', 'retrieved' (YYYY-MM-DD) and 'says'")
-    return sources
-
-
 def validate_dlopen_targets(raw: Any, source: str = DATA_FILE) -> tuple[DlopenRow, ...]:
     """The rows of a dlopen-targets document; DataError naming ``source`` and the offending row otherwise
     (unknown keys, a row citing an unlisted source, a bad regex, a template naming a group the caller
     pattern lacks, a search without its paths, a fallback row that does not say what happens instead)."""
-    if not isinstance(raw, dict):
-        raise DataError(f"{source}: top level must be an object")
-    unknown = set(raw) - {"schema", "sources", "targets", "preloads"}
-    if unknown:
-        raise DataError(f"{source}: unknown top-level key(s) {', '.join(sorted(unknown))}")
-    if raw.get("schema") != 1:
-        raise DataError(f"{source}: unsupported schema {raw.get('schema')!r} (expected 1)")
-    sources = _check_sources(raw.get("sources"), source)
+    check_header(raw, source, {"schema", "sources", "targets", "preloads"}, says=True)
+    sources = raw["sources"]
     table = raw.get("targets")
     if not isinstance(table, list) or not table:
         raise DataError(f"{source}: top-level 'targets' must be a non-empty list")
@@ -262,7 +239,7 @@ def validate_preloads(raw: Any, source: str = DATA_FILE) -> tuple[Preload, ...]:
     and the row otherwise."""
     if not isinstance(raw, dict):
         raise DataError(f"{source}: top level must be an object")
-    sources = _check_sources(raw.get("sources"), source)
+    sources = check_sources(raw.get("sources"), source, says=True)
     table = raw.get("preloads", [])
     if not isinstance(table, list):
         raise DataError(f"{source}: 'preloads' must be a list")
@@ -274,8 +251,7 @@ def validate_preloads(raw: Any, source: str = DATA_FILE) -> tuple[Preload, ...]:
         extra = set(row) - _PRELOAD_KEYS
         if extra:
             raise DataError(f"{where}: unknown key(s) {', '.join(sorted(extra))}")
-        if row.get("source") not in sources:
-            raise DataError(f"{where}: source {row.get('source')!r} is not listed in 'sources'")
+        cited(row, sources, where)  # a list or object there is refused, never hashed
         for key in ("module", "at", "kind", "flags"):
             if not isinstance(row.get(key), str) or not row[key]:
                 raise DataError(f"{where}: {key!r} must be a non-empty string")
