@@ -438,3 +438,14 @@ def test_snapshot_carries_each_cuda_wheels_gpu_code(kernels: dict[str, bytes], t
     stack = Stack(Settings(), driver_info=info, site_paths=(str(site),), cache=ElfCache(enabled=False))
     (wheel,) = stack.to_json()["wheels"]
     assert wheel["gpu_code"] == {"sass": ["sm_80", "sm_90a"], "ptx": ["compute_80"]}
+
+
+def test_ptx_only_wheel_is_a_warning_whose_fix_asks_nothing_unknown(kernels: dict[str, bytes], tmp_path: Path) -> None:
+    """A wheel whose only library carries PTX for the target: its kernels JIT at first launch. The fix says
+    nothing is required, and names no build that no data knows of; "its library", not "1 of its 1"."""
+    site = _site(tmp_path, kernels, {"ptxonly": ("1.0", ["sm80ptx"])})
+    (finding,) = _arch(site, ("sm_90",))
+    assert finding.severity is Severity.WARNING
+    assert finding.cause.startswith("its library with GPU code (")
+    assert finding.fix.startswith("nothing is required: the driver compiles the PTX once per GPU")
+    assert "no build of ptxonly that carries code for sm_90 is known here" in finding.fix

@@ -205,7 +205,15 @@ def _wheel_fix(dist: Distribution, name: str, cc: int) -> str:
             f"install the CUDA {span[1]} build of {dist.name} (CUDA {dist.cuda_major} dropped compute "
             f"capability {_cc_text(cc)}), or run on a GPU it supports"
         )
-    return f"install a release or build of {dist.name} that carries code for {name}, or run on a GPU it supports"
+    # no data names a build that covers it: say so rather than send the user looking for one
+    return f"run on a GPU it supports: no build of {dist.name} that carries code for {name} is known here"
+
+
+def _of_its(n: int, total: int) -> str:
+    """``2 of its 5 libraries with GPU code``; all of them: ``its library with GPU code`` (not "1 of its 1")."""
+    if n == total:
+        return f"its {'library' if n == 1 else f'{n} libraries'} with GPU code"
+    return f"{n} of its {total} libraries with GPU code"
 
 
 def _files(paths: Sequence[str]) -> str:
@@ -276,7 +284,7 @@ def wheel_arch_findings(
             failing_jit = [(p, j) for p, j in jit if j.fails]
             verdict = gpu_verdict(name, dist.cuda_major) if dist.cuda_major is not None else None
             dropped = f"; {verdict.message}" if verdict is not None and verdict.failing else ""
-            of = f"of its {len(fats)} libraries with GPU code"
+
             if none:
                 findings.append(
                     Finding(
@@ -284,7 +292,7 @@ def wheel_arch_findings(
                         Severity.ERROR,
                         dist.label,
                         f"{summary}; {name} ({source}) cannot run it: {_NO_IMAGE}",
-                        cause=f"{len(none)} {of} ({_files(none)}) carry nothing for compute capability "
+                        cause=f"{_of_its(len(none), len(fats))} ({_files(none)}) carry nothing for compute capability "
                         f"{_cc_text(cc)}{dropped}",
                         fix=_wheel_fix(dist, name, cc),
                     )
@@ -297,8 +305,8 @@ def wheel_arch_findings(
                         dist.label,
                         f"{summary}; {name} ({source}) can only JIT its PTX, and the driver cannot: "
                         f"{failing_jit[0][1].text}",
-                        cause=f"{len(failing_jit)} {of} ({_files([p for p, _ in failing_jit])}) have no SASS "
-                        f"for compute capability {_cc_text(cc)}",
+                        cause=f"{_of_its(len(failing_jit), len(fats))} ({_files([p for p, _ in failing_jit])}) "
+                        f"have no SASS for compute capability {_cc_text(cc)}",
                         fix=f"update the driver, or {_wheel_fix(dist, name, cc)}",
                     )
                 )
@@ -310,9 +318,11 @@ def wheel_arch_findings(
                         dist.label,
                         f"{summary}; no SASS for {name} ({source}): its kernels are JIT-compiled from PTX at "
                         "first launch",
-                        cause=f"{len(jit)} {of} ({_files([p for p, _ in jit])}) carry only PTX for compute "
-                        f"capability {_cc_text(cc)}",
-                        fix=_wheel_fix(dist, name, cc),
+                        cause=f"{_of_its(len(jit), len(fats))} ({_files([p for p, _ in jit])}) carry only PTX "
+                        f"for compute capability {_cc_text(cc)}",
+                        fix="nothing is required: the driver compiles the PTX once per GPU and caches it "
+                        "(CUDA_CACHE_PATH, CUDA_CACHE_MAXSIZE); to skip that first-launch cost: "
+                        + _wheel_fix(dist, name, cc),
                     )
                 )
     return tuple(findings)
