@@ -19,26 +19,12 @@ from pytest_cudastack.checks.process import Interpreter, predict_import
 from pytest_cudastack.linker.elf import read_elf
 from pytest_cudastack.linker.resolver import Resolver, SearchConfig
 from pytest_cudastack.wheels.inventory import installed_wheels
-from tests.helpers.sitebuild import HAVE_CC, compile_so, site_packages, write_dist
+from tests.helpers.sitebuild import CUPY_LIBS_GETATTR, HAVE_CC, compile_so, site_packages, write_dist
 
 pytestmark = pytest.mark.skipif(not HAVE_CC, reason="needs a C compiler")
 SUFFIX = importlib.machinery.EXTENSION_SUFFIXES[0]
 
-# what pathfinder does for cublas, in the stand-in's own __getattr__ (for the real child-process oracle)
-GETATTR = """\
-import ctypes, importlib, os, sys
-
-
-def __getattr__(name):
-    if name == "cublas":
-        for entry in sys.path:
-            lib = os.path.join(entry, "nvidia", "cu13", "lib")
-            if os.path.isfile(os.path.join(lib, "libcublas.so.13")):
-                for so in ("libcublasLt.so.13", "libcublas.so.13"):
-                    ctypes.CDLL(os.path.join(lib, so), os.RTLD_NOW | os.RTLD_GLOBAL)
-                break
-    return importlib.import_module(f"cupy_backends.cuda.libs.{name}")
-"""
+GETATTR = CUPY_LIBS_GETATTR
 
 
 def _cupy(tmp_path: Path, *, cublas: bool = True) -> Path:

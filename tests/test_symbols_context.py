@@ -18,26 +18,12 @@ from pytest_cudastack.linker.resolver import Resolver, SearchConfig
 from pytest_cudastack.linker.symbols import read_symbols
 from pytest_cudastack.wheels.inventory import installed_wheels
 from tests.helpers.elfbuild import CC, needs_cc
-from tests.helpers.sitebuild import site_packages, write_dist
+from tests.helpers.sitebuild import CUPY_LIBS_GETATTR, site_packages, write_dist
 
 pytestmark = needs_cc
 SUFFIX = importlib.machinery.EXTENSION_SUFFIXES[0]
 
-# cuda-pathfinder's loads for cublas (RTLD_NOW | RTLD_GLOBAL, by path), in the stand-in's __getattr__
-GETATTR = """\
-import ctypes, importlib, os, sys
-
-
-def __getattr__(name):
-    if name == "cublas":
-        for entry in sys.path:
-            lib = os.path.join(entry, "nvidia", "cu13", "lib")
-            if os.path.isfile(os.path.join(lib, "libcublas.so.13")):
-                for so in ("libcublasLt.so.13", "libcublas.so.13"):
-                    ctypes.CDLL(os.path.join(lib, so), os.RTLD_NOW | os.RTLD_GLOBAL)
-                break
-    return importlib.import_module(f"cupy_backends.cuda.libs.{name}")
-"""
+GETATTR = CUPY_LIBS_GETATTR
 
 
 def _so(build: Path, name: str, source: str, args: Sequence[str] = ()) -> bytes:

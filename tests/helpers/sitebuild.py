@@ -165,3 +165,22 @@ def write_dist(
     rows.extend(extra_rows)
     (dist_dir / "RECORD").write_text(record if record is not None else "\n".join(rows) + "\n")
     return DistSpec(name, version, dist_dir, tuple(files))
+
+
+# cuda-pathfinder's loads for cublas (RTLD_NOW | RTLD_GLOBAL, by path, from the first sys.path entry holding
+# the CUDA 13 wheel's libraries), written as a stand-in cupy_backends.cuda.libs package's __getattr__: the
+# real child-process oracle of the cupy preload rows (tests/test_process_cupy.py, tests/test_symbols_context.py)
+CUPY_LIBS_GETATTR = """\
+import ctypes, importlib, os, sys
+
+
+def __getattr__(name):
+    if name == "cublas":
+        for entry in sys.path:
+            lib = os.path.join(entry, "nvidia", "cu13", "lib")
+            if os.path.isfile(os.path.join(lib, "libcublas.so.13")):
+                for so in ("libcublasLt.so.13", "libcublas.so.13"):
+                    ctypes.CDLL(os.path.join(lib, so), os.RTLD_NOW | os.RTLD_GLOBAL)
+                break
+    return importlib.import_module(f"cupy_backends.cuda.libs.{name}")
+"""
