@@ -210,7 +210,7 @@ def test_load_compat_names_the_file_on_bad_json(monkeypatch: pytest.MonkeyPatch)
         def read_text(self, encoding: str) -> str:
             return "{not json"
 
-    monkeypatch.setattr("pytest_cudastack.cuda.compat.resources.files", lambda package: Broken())
+    monkeypatch.setattr("pytest_cudastack.cuda.datafile.resources.files", lambda package: Broken())
     with pytest.raises(DataError, match=r"data/cuda_compat.json: cannot read"):
         load_compat()
 

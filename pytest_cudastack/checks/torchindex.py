@@ -9,11 +9,10 @@ is always named as a guess (:attr:`TorchIndex.guess`).
 from __future__ import annotations
 
 import functools
-import json
 from dataclasses import dataclass
-from importlib import resources
 from typing import Any
 
+from pytest_cudastack.cuda.datafile import shipped_json
 from pytest_cudastack.cuda.versions import parse_cuda
 from pytest_cudastack.errors import DataError
 
@@ -59,12 +58,7 @@ def validate_indexes(raw: Any, where: str = DATA_FILE) -> tuple[TorchIndex, ...]
 @functools.lru_cache(maxsize=1)
 def load_indexes() -> tuple[TorchIndex, ...]:
     """The shipped index table (cached)."""
-    ref = resources.files("pytest_cudastack.checks").joinpath(DATA_FILE)
-    try:
-        raw = json.loads(ref.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise DataError(f"{DATA_FILE}: cannot read: {e}") from e
-    return validate_indexes(raw)
+    return validate_indexes(shipped_json(DATA_FILE, "pytest_cudastack.checks"))
 
 
 def index_for(kind: str, bound: str, major: int) -> TorchIndex | None:

@@ -12,18 +12,16 @@ from __future__ import annotations
 
 import functools
 import itertools
-import json
 import logging
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from importlib import resources
 from typing import Any, TypeVar
 
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from pytest_cudastack.cuda.datafile import check_header, cited
+from pytest_cudastack.cuda.datafile import check_header, cited, shipped_json
 from pytest_cudastack.cuda.versions import CudaVersion, DriverVersion, parse_arch, parse_cuda, parse_driver
 from pytest_cudastack.errors import DataError, OptionError, RuleError
 
@@ -453,11 +451,7 @@ def validate_compat(raw: Any, source: str = DATA_FILE) -> CompatData:
 @functools.lru_cache(maxsize=1)
 def load_compat() -> CompatData:
     """Load and validate the shipped data file (cached)."""
-    ref = resources.files("pytest_cudastack.cuda").joinpath(DATA_FILE)
-    try:
-        raw = json.loads(ref.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise DataError(f"{DATA_FILE}: cannot read: {e}") from e
+    raw = shipped_json(DATA_FILE)
     return validate_compat(raw, DATA_FILE)
 
 

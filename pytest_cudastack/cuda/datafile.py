@@ -5,15 +5,27 @@ and every one names the file and the offending entry the same way (``DataError``
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
+from importlib import resources
 from typing import Any
 
 from pytest_cudastack.errors import DataError
 
-__all__ = ["check_header", "check_sources", "cited"]
+__all__ = ["check_header", "check_sources", "cited", "shipped_json"]
 
 _DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
+
+
+def shipped_json(name: str, package: str = "pytest_cudastack.cuda") -> Any:
+    """The parsed JSON of the data file ``data/NAME`` shipped in ``package``; ``DataError`` naming it when it
+    cannot be read or parsed (a broken installation), before any validator sees it."""
+    ref = resources.files(package).joinpath(name)
+    try:
+        return json.loads(ref.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as e:
+        raise DataError(f"{name}: cannot read: {e}") from e
 
 
 def check_header(raw: Any, source: str, top_keys: frozenset[str] | set[str], *, says: bool = False) -> dict[str, Any]:

@@ -30,15 +30,13 @@ about to import; jax's CUDA plugin ``initialize`` loads the nvidia wheels' libra
 from __future__ import annotations
 
 import functools
-import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from importlib import resources
 from typing import Any
 
-from pytest_cudastack.cuda.datafile import check_header, check_sources, cited
+from pytest_cudastack.cuda.datafile import check_header, check_sources, cited, shipped_json
 from pytest_cudastack.errors import DataError
 
 __all__ = [
@@ -326,11 +324,7 @@ def validate_preloads(raw: Any, source: str = DATA_FILE) -> tuple[Preload, ...]:
 
 @functools.lru_cache(maxsize=1)
 def _shipped() -> Any:
-    ref = resources.files("pytest_cudastack.cuda").joinpath(DATA_FILE)
-    try:
-        return json.loads(ref.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise DataError(f"{DATA_FILE}: cannot read: {e}") from e
+    return shipped_json(DATA_FILE)
 
 
 @functools.lru_cache(maxsize=1)

@@ -11,14 +11,13 @@ ABI of its CUDA version and all older ones.
 from __future__ import annotations
 
 import functools
-import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from importlib import resources
 from types import MappingProxyType
 from typing import Any
 
+from pytest_cudastack.cuda.datafile import shipped_json
 from pytest_cudastack.errors import DataError
 
 __all__ = ["DATA_FILE", "EntryPoint", "driver_entry_points", "validate_entry_points"]
@@ -74,9 +73,5 @@ def validate_entry_points(raw: Any, where: str) -> Mapping[str, EntryPoint]:
 @functools.lru_cache(maxsize=1)
 def driver_entry_points() -> Mapping[str, EntryPoint]:
     """The shipped table, validated (cached)."""
-    ref = resources.files("pytest_cudastack.cuda").joinpath(DATA_FILE)
-    try:
-        raw = json.loads(ref.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise DataError(f"{DATA_FILE}: cannot read: {e}") from e
+    raw = shipped_json(DATA_FILE)
     return validate_entry_points(raw, DATA_FILE)

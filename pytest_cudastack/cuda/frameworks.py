@@ -30,18 +30,16 @@ Two tables, every row citing a source listed in the file's ``sources`` (validate
 from __future__ import annotations
 
 import functools
-import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from importlib import resources
 from typing import Any
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from pytest_cudastack.cuda.datafile import check_header
+from pytest_cudastack.cuda.datafile import check_header, shipped_json
 from pytest_cudastack.errors import DataError
 
 __all__ = [
@@ -398,9 +396,5 @@ def validate_rules(raw: Any, source: str = DATA_FILE) -> FrameworkRules:
 @functools.lru_cache(maxsize=1)
 def load_rules() -> FrameworkRules:
     """Load and validate the shipped rules file (cached)."""
-    ref = resources.files("pytest_cudastack.cuda").joinpath(DATA_FILE)
-    try:
-        raw = json.loads(ref.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise DataError(f"{DATA_FILE}: cannot read: {e}") from e
+    raw = shipped_json(DATA_FILE)
     return validate_rules(raw, DATA_FILE)

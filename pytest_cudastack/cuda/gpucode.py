@@ -10,16 +10,14 @@ kernels do not run on a GPU: another build of the same package, not a rebuild.
 from __future__ import annotations
 
 import functools
-import json
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from importlib import resources
 from typing import Any
 
 from packaging.utils import canonicalize_name
 
-from pytest_cudastack.cuda.datafile import check_sources, cited
+from pytest_cudastack.cuda.datafile import check_sources, cited, shipped_json
 from pytest_cudastack.cuda.versions import Arch, CudaVersion, parse_arch, parse_cuda
 from pytest_cudastack.errors import DataError, ElfError, OptionError
 from pytest_cudastack.linker.fatbin import Fatbin, FatbinEntry, runs_on
@@ -164,11 +162,7 @@ def _table(raw: Mapping[str, Any], key: str, source: str) -> list[Any]:
 @functools.lru_cache(maxsize=1)
 def load_gpu_code() -> GpuCodeData:
     """Load and validate the shipped data file (cached)."""
-    ref = resources.files("pytest_cudastack.cuda").joinpath(GPU_CODE_FILE)
-    try:
-        raw = json.loads(ref.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise DataError(f"{GPU_CODE_FILE}: cannot read: {e}") from e
+    raw = shipped_json(GPU_CODE_FILE)
     return validate_gpu_code(raw, GPU_CODE_FILE)
 
 

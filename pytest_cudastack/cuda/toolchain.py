@@ -12,15 +12,13 @@ The PTX ISA a tool accepts is the highest ISA whose first CUDA is not newer than
 from __future__ import annotations
 
 import functools
-import json
 import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from importlib import resources
 from typing import Any
 
-from pytest_cudastack.cuda.datafile import check_sources, cited
+from pytest_cudastack.cuda.datafile import check_sources, cited, shipped_json
 from pytest_cudastack.cuda.gpucode import load_gpu_code
 from pytest_cudastack.errors import DataError
 from pytest_cudastack.linker.toolversion import ToolVersion
@@ -205,11 +203,7 @@ def validate_toolchain(raw: Any, source: str = TOOLCHAIN_FILE) -> tuple[Framewor
 @functools.lru_cache(maxsize=1)
 def load_toolchain() -> tuple[Framework, ...]:
     """Load and validate the shipped data file (cached)."""
-    ref = resources.files("pytest_cudastack.cuda").joinpath(TOOLCHAIN_FILE)
-    try:
-        raw = json.loads(ref.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise DataError(f"{TOOLCHAIN_FILE}: cannot read: {e}") from e
+    raw = shipped_json(TOOLCHAIN_FILE)
     return validate_toolchain(raw, TOOLCHAIN_FILE)
 
 
