@@ -107,15 +107,6 @@ def module_trees(
     return tuple(ModuleTree(d, lib, t) for (d, lib), t in zip(mods, trees, strict=True))
 
 
-def _rel(path: str, inv: Inventory) -> str:
-    p = os.path.normpath(path)
-    for site in inv.site_dirs:
-        s = os.path.normpath(site).rstrip(os.sep) + os.sep
-        if p.startswith(s):
-            return p[len(s) :]
-    return p
-
-
 @dataclass
 class _Missing:
     soname: str
@@ -131,7 +122,7 @@ def _claims(inv: Inventory, soname: str) -> tuple[list[str], list[str], list[Dis
     for dist, path in inv.shipping(soname):
         if not any(d is dist for d in dists):
             dists.append(dist)
-        rel = _rel(path, inv)
+        rel = inv.relative(path)
         if os.path.lexists(path):
             present.append(f"{dist.label} ships it at {rel}, but that directory is not on the search path")
         else:
@@ -165,7 +156,7 @@ def extension_closures(
                 Finding(
                     check="closure",
                     severity=Severity.WARNING,
-                    subject=_rel(mt.module.path, inv),
+                    subject=inv.relative(mt.module.path),
                     message=problem,
                     where=(mt.dist.location,),
                 )
@@ -205,7 +196,7 @@ def extension_closures(
                 message=f"{names}: provided by the NVIDIA driver, not found here; {count} extension module(s) need it",
                 cause="no NVIDIA driver is installed on this machine (no wheel ships the driver's libraries)",
                 fix="nothing to do for a build or CI machine; on a GPU machine install the NVIDIA driver",
-                chain=tuple(_rel(p, inv) for p in _best_chain(driver_missing[0])),
+                chain=tuple(inv.relative(p) for p in _best_chain(driver_missing[0])),
                 where=driver_missing[0].libs[0].searched[:12],
             )
         )
@@ -221,7 +212,7 @@ def run(stack: StackView, target: Target | None = None) -> tuple[Finding, ...]:
     its import context, and the mixed CUDA majors (:mod:`~pytest_cudastack.checks.majors`)."""
     inv = stack.inventory
     trees = module_trees(inv, stack.resolver, stack.cache.read, stack.cache)
-    mixed = majors_findings(inv, stack.cache.read, lambda p: _rel(p, inv))
+    mixed = majors_findings(inv, stack.cache.read, lambda p: inv.relative(p))
     return (*mixed, *extension_closures(inv, stack.resolver, trees=trees))
 
 
@@ -234,8 +225,8 @@ def _best_chain(m: _Missing) -> tuple[str, ...]:
 def _missing_finding(inv: Inventory, m: _Missing) -> Finding:
     chain = _best_chain(m)
     dists = sorted({mt.dist.label for mt in m.needers})
-    modules = sorted({_rel(mt.module.path, inv) for mt in m.needers})
-    needer = _rel(chain[-1], inv) if chain else modules[0]
+    modules = sorted({inv.relative(mt.module.path) for mt in m.needers})
+    needer = inv.relative(chain[-1]) if chain else modules[0]
     gone, present, claimers = _claims(inv, m.soname)
     message = (
         f"{m.soname} is not found: needed by {needer} (from {len(modules)} extension module(s) of {', '.join(dists)})"
@@ -261,7 +252,7 @@ def _missing_finding(inv: Inventory, m: _Missing) -> Finding:
     for lib in m.libs:
         for t in lib.tried:
             d = os.path.dirname(os.path.normpath(t))
-            r = _rel(d, inv)
+            r = inv.relative(d)
             if r not in tried and os.path.isdir(d):
                 tried.append(r)
     details = tuple(f"module: {x}" for x in modules[:8]) + (
@@ -275,7 +266,7 @@ def _missing_finding(inv: Inventory, m: _Missing) -> Finding:
         cause=cause,
         fix=fix,
         where=tuple(tried[:16]),
-        chain=tuple(_rel(p, inv) for p in chain),
+        chain=tuple(inv.relative(p) for p in chain),
         details=details,
     )
 
@@ -339,7 +330,7 @@ def _shipped_note(inv: Inventory, soname: str) -> str:
     if not present:
         return soname
     d, p = present[0]
-    return f"{soname} (shipped by {d.label} at {_rel(p, inv)}, found only when already loaded)"
+    return f"{soname} (shipped by {d.label} at {inv.relative(p)}, found only when already loaded)"
 
 
 def _unreachable(
@@ -356,7 +347,9 @@ def _unreachable(
             tree = resolver.tree(lib.path)
             absent = [x for x in tree.missing if not skip(x.soname)]
             if absent:
-                notes.append(f"{_rel(lib.path, inv)} needs {', '.join(_shipped_note(inv, a.soname) for a in absent)}")
+                notes.append(
+                    f"{inv.relative(lib.path)} needs {', '.join(_shipped_note(inv, a.soname) for a in absent)}"
+                )
                 unshipped = unshipped or any(not _shipped_present(inv, a.soname) for a in absent)
                 searched.extend(w for a in absent for w in a.searched if w not in searched)
         if notes:
@@ -466,7 +459,7 @@ def _split_site_finding(inv: Inventory, resolver: Resolver, m: _Missing, finding
     first = splits[0]
     dirs = list(dict.fromkeys(os.path.dirname(s.found) for s in splits))
     cause = (
-        f"the {first.entry} of {_rel(first.needer, inv)} points to {first.points_to}, which does not hold it; "
+        f"the {first.entry} of {inv.relative(first.needer)} points to {first.points_to}, which does not hold it; "
         f"{first.dist.label} installed it at {first.found}: this interpreter's platlib and purelib are "
         f"different directories ({first.needer_site} and {first.lib_site}, as on a RHEL-family system Python), "
         f"so wheels with compiled code land in one and the wheels marked Root-Is-Purelib in the other, and a "

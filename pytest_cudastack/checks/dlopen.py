@@ -108,15 +108,6 @@ def loads_of(
     return tuple(out)
 
 
-def _rel(path: str, inv: Inventory) -> str:
-    p = os.path.normpath(path)
-    for site in inv.site_dirs:
-        s = os.path.normpath(site).rstrip(os.sep) + os.sep
-        if p.startswith(s):
-            return p[len(s) :]
-    return p
-
-
 def _read(resolver_read: Callable[[str], ElfInfo], path: str) -> ElfInfo | None:
     try:
         return resolver_read(path)
@@ -239,13 +230,13 @@ def _unexplained(
         except OSError:
             beside = []
         found = f"not found as written; {beside[0]} is beside it" if beside else "not found"
-        out.append((f"{_rel(path, inv)} may load {name} ({found})", lib.searched))
+        out.append((f"{inv.relative(path)} may load {name} ({found})", lib.searched))
     return out
 
 
 def _load_finding(ld: Load, caller: ElfInfo, inv: Inventory, read: Callable[[str], ElfInfo]) -> Finding | None:
     lib = ld.library
-    who = _rel(ld.caller, inv)
+    who = inv.relative(ld.caller)
     severity = _SEVERITY[ld.row.miss]
     source = f"cuda/data/dlopen_targets.json (source {ld.row.source})"
     if lib.path is None:
@@ -272,7 +263,7 @@ def _load_finding(ld: Load, caller: ElfInfo, inv: Inventory, read: Callable[[str
             else "searched as glibc's dlopen from the caller does (its RPATH unless RUNPATH, LD_LIBRARY_PATH, its "
             "RUNPATH, ld.so.cache, default directories)"
         )
-        shipped = [f"{d.label} ships it at {_rel(p, inv)}" for d, p in inv.shipping(ld.name) if os.path.lexists(p)]
+        shipped = [f"{d.label} ships it at {inv.relative(p)}" for d, p in inv.shipping(ld.name) if os.path.lexists(p)]
         return Finding(
             check="dlopen",
             severity=severity,

@@ -242,6 +242,16 @@ class Inventory:
                 found = self._owner_indexes(real)
         return tuple(self.distributions[i] for i in found)
 
+    def relative(self, path: str) -> str:
+        """``path`` relative to the site directory that holds it (``torch/lib/libtorch.so``), as findings name
+        files; unchanged when no site directory does."""
+        p = os.path.normpath(path)
+        for site in self.site_dirs:
+            s = os.path.normpath(site).rstrip(os.sep) + os.sep
+            if p.startswith(s):
+                return p[len(s) :]
+        return p
+
     def owner(self, path: str) -> str | None:
         """``"name version"`` of the (first) distribution whose RECORD lists ``path``, else None."""
         found = self.owners(path)
