@@ -28,7 +28,7 @@ import jsonschema
 
 from pytest_cudastack import stack
 from pytest_cudastack.checks.baseline import baseline_findings, snapshot_drift
-from pytest_cudastack.cli.loaded import _parse_report
+from pytest_cudastack.cli.loaded import parse_report
 from pytest_cudastack.errors import DataError, ElfError, LdCacheError
 from pytest_cudastack.linker import elf
 from pytest_cudastack.linker.elfcache import CACHE_FILE, ElfCache
@@ -479,6 +479,77 @@ def _check_dlopen(data: bytes, scratch: Path) -> str | None:
             row.targets(m, ["libnvrtc-builtins.so.13.0"])
 
 
+# ------------------------------------------------- the other shipped data files of this round, tool versions
+def _data_seeds(name: str) -> Callable[[Path], list[bytes]]:
+    def seeds(work: Path) -> list[bytes]:
+        from importlib import resources
+
+        return [resources.files("pytest_cudastack.cuda").joinpath(f"data/{name}").read_bytes()]
+
+    return seeds
+
+
+def _check_data(validate: Callable[[Any, str], object]) -> Check:
+    """A shipped data file's validator raises only DataError (naming the file) on any JSON document."""
+
+    def check(data: bytes, scratch: Path) -> str | None:
+        from pytest_cudastack.errors import DataError
+
+        try:
+            raw = json.loads(data)
+        except (ValueError, RecursionError, MemoryError):
+            return None  # not JSON: shipped_json turns that into a DataError naming the file
+        with contextlib.suppress(DataError):
+            validate(raw, "fuzz.json")
+        return None
+
+    return check
+
+
+def _validate_frameworks(raw: Any, source: str) -> object:
+    from pytest_cudastack.cuda.frameworks import validate_rules
+
+    return validate_rules(raw, source)
+
+
+def _validate_toolchain(raw: Any, source: str) -> object:
+    from pytest_cudastack.cuda.toolchain import validate_toolchain
+
+    return validate_toolchain(raw, source)
+
+
+def _validate_gpu_code(raw: Any, source: str) -> object:
+    from pytest_cudastack.cuda.gpucode import validate_gpu_code
+
+    return validate_gpu_code(raw, source)
+
+
+def _toolversion_seeds(work: Path) -> list[bytes]:
+    line = b"Cuda compilation tools, release 12.6, V12.6.85\nBuild cuda_12.6.r12.6/compiler.34841621_0\n"
+    return [
+        b"\x7fELF" + b"\0" * 60 + line + b"\0" * 200,
+        b'#!/bin/sh\nexec /usr/local/cuda/bin/ptxas "$@"\n',
+        line,
+    ]
+
+
+def _check_toolversion(data: bytes, scratch: Path) -> str | None:
+    from pytest_cudastack.linker.toolversion import ToolVersion, read_tool_version
+
+    path = scratch / "ptxas"
+    path.write_bytes(data)
+    try:
+        found = read_tool_version(str(path))
+    except ElfError as e:
+        return _memory(e)
+    try:
+        if ToolVersion.from_json(json.loads(json.dumps(found.to_json()))) != found:
+            return "tool version facts do not survive the cache round trip"
+    except ElfError as e:
+        return f"the cache rejects what read_tool_version returned: {e}"
+    return None
+
+
 # ------------------------------------------------------------------------------------- symbol tables
 def _symbols_seeds(work: Path) -> list[bytes]:
     from tests.helpers.elfbuild import CC, build_lib, synth_elf
@@ -576,7 +647,7 @@ def _jsonschema_verdict(data: bytes) -> bool | None:
         return None  # refused before the schema (both sides agree it is not a snapshot)
     if doc.get("version", doc.get("format")) != 1:
         return None
-    schema = stack._snapshot_schema(legacy="schema" not in doc)
+    schema = stack.snapshot_schema(legacy="schema" not in doc)
     try:
         return bool(jsonschema.Draft202012Validator(schema).is_valid(doc))
     except RecursionError:
@@ -592,7 +663,7 @@ def _loaded_seeds(work: Path) -> list[bytes]:
 
 
 def _check_loaded(data: bytes, scratch: Path) -> str | None:
-    got = _parse_report(data)
+    got = parse_report(data)
     if got is None:
         return None
     paths, error = got
@@ -617,5 +688,11 @@ TARGETS: dict[str, Target] = {
         Target("symbols", _symbols_seeds, _check_symbols),
         Target("snapshot", _snapshot_seeds, _check_snapshot, _structured_elfcache),
         Target("loaded", _loaded_seeds, _check_loaded, _structured_elfcache),
+        Target(
+            "frameworks", _data_seeds("framework_rules.json"), _check_data(_validate_frameworks), _structured_dlopen
+        ),
+        Target("toolchain", _data_seeds("toolchain.json"), _check_data(_validate_toolchain), _structured_dlopen),
+        Target("gpucode", _data_seeds("gpu_code.json"), _check_data(_validate_gpu_code), _structured_dlopen),
+        Target("toolversion", _toolversion_seeds, _check_toolversion),
     )
 }

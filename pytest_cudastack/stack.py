@@ -50,6 +50,7 @@ __all__ = [
     "CudaWheels",
     "Stack",
     "load_snapshot",
+    "snapshot_schema",
     "write_snapshot",
 ]
 
@@ -315,13 +316,13 @@ def load_snapshot(path: str) -> dict[str, Any]:
         raise DataError(f"{path}: not a cudastack snapshot (schema {SNAPSHOT_SCHEMA!r} expected)")
     if data.get("version", data.get("format")) != SNAPSHOT_FORMAT:
         raise DataError(f"{path}: not a cudastack snapshot (version {SNAPSHOT_FORMAT} expected)")
-    error = first_error(data, _snapshot_schema(legacy="schema" not in data))
+    error = first_error(data, snapshot_schema(legacy="schema" not in data))
     if error is not None:
         raise DataError(f"{path}: not a cudastack snapshot: {error}")
     return data
 
 
-def _snapshot_schema(legacy: bool) -> dict[str, Any]:
+def snapshot_schema(legacy: bool) -> dict[str, Any]:
     """The shipped snapshot schema; for a 0.1.0 file, without the fields 0.1.0 did not write (the top
     level's schema and version, a wheel's gpu_code; its driver object was not fixed then)."""
     with open(os.path.join(os.path.dirname(__file__), "schemas", "snapshot.schema.json"), encoding="utf-8") as f:

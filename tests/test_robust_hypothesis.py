@@ -12,7 +12,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pytest_cudastack.cli.loaded import _parse_report
+from pytest_cudastack.cli.loaded import parse_report
 from pytest_cudastack.errors import DataError
 from pytest_cudastack.schemacheck import first_error
 from pytest_cudastack.stack import load_snapshot
@@ -79,7 +79,7 @@ def test_load_snapshot_only_raises_data_error(tmp_path_factory: Any, data: bytes
 @SETTINGS
 @given(data=st.binary(max_size=200) | json_values.map(lambda v: json.dumps({"paths": v, "error": None}).encode()))
 def test_loaded_report_parser(data: bytes) -> None:
-    got = _parse_report(data)
+    got = parse_report(data)
     if got is not None:
         paths, error = got
         assert all(isinstance(p, str) and p.startswith("/") for p in paths)

@@ -177,7 +177,7 @@ def test_report_over_the_cap_is_refused(monkeypatch):
     ],
 )
 def test_malformed_reports_are_not_reports(raw):
-    assert loaded._parse_report(raw) is None
+    assert loaded.parse_report(raw) is None
 
 
 def test_missing_interpreter_is_an_error():

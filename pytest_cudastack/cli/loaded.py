@@ -34,7 +34,15 @@ from pytest_cudastack.linker.elf import looks_like_elf, read_elf
 from pytest_cudastack.linker.elfcache import ElfCache
 from pytest_cudastack.wheels.inventory import installed_wheels
 
-__all__ = ["LOADED_SCHEMA", "LOADED_VERSION", "LoadedLibrary", "cmd_loaded", "loaded_libraries", "static_document"]
+__all__ = [
+    "LOADED_SCHEMA",
+    "LOADED_VERSION",
+    "LoadedLibrary",
+    "cmd_loaded",
+    "loaded_libraries",
+    "parse_report",
+    "static_document",
+]
 
 # --json's document: pytest_cudastack/schemas/loaded.schema.json
 LOADED_SCHEMA = "pytest-cudastack/loaded"
@@ -125,7 +133,7 @@ def _child_mapped(module: str, python: str, timeout: float) -> tuple[list[str], 
         return [], f"the import did not finish within {timeout:g} s (the child process was killed)"
     if overflow:
         return [], f"the child process wrote a report larger than {_REPORT_LIMIT} bytes"
-    data = _parse_report(report)
+    data = parse_report(report)
     if data is None:
         text = stderr.decode("utf-8", errors="replace").strip().splitlines()
         tail = text[-1:] or [f"exit status {proc.returncode}"]
@@ -194,7 +202,7 @@ def _collect(
     return bytes(report), bytes(stderr), timed_out, overflow
 
 
-def _parse_report(raw: bytes) -> tuple[list[str], str | None] | None:
+def parse_report(raw: bytes) -> tuple[list[str], str | None] | None:
     """The child's report as (paths, error), None when it is not one (the child died mid-write, or
     something else wrote to the pipe)."""
     try:
