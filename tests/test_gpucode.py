@@ -448,4 +448,5 @@ def test_ptx_only_wheel_is_a_warning_whose_fix_asks_nothing_unknown(kernels: dic
     assert finding.severity is Severity.WARNING
     assert finding.cause.startswith("its library with GPU code (")
     assert finding.fix.startswith("nothing is required: the driver compiles the PTX once per GPU")
-    assert "no build of ptxonly that carries code for sm_90 is known here" in finding.fix
+    assert finding.fix.endswith("; no build of ptxonly with SASS for sm_90 is known here")
+    assert " carries only PTX" in finding.cause

@@ -209,6 +209,24 @@ def _wheel_fix(dist: Distribution, name: str, cc: int) -> str:
     return f"run on a GPU it supports: no build of {dist.name} that carries code for {name} is known here"
 
 
+def _jit_fix(dist: Distribution, name: str, cc: int) -> str:
+    """A PTX-only wheel's fix: nothing is required; a known build with SASS only skips the JIT's first-launch cost."""
+    base = (
+        "nothing is required: the driver compiles the PTX once per GPU and caches it (CUDA_CACHE_PATH, "
+        "CUDA_CACHE_MAXSIZE)"
+    )
+    if variants_for(dist.name, cc):
+        return f"{base}; to skip that first-launch cost: {_wheel_fix(dist, name, cc)}"
+    return f"{base}; no build of {dist.name} with SASS for {name} is known here"
+
+
+def _verb(n: int, plural: str) -> str:
+    """``carry`` -> ``carries`` for one, as ``_of_its`` counts."""
+    if n != 1:
+        return plural
+    return {"have": "has", "carry": "carries"}.get(plural, plural + "s")
+
+
 def _of_its(n: int, total: int) -> str:
     """``2 of its 5 libraries with GPU code``; all of them: ``its library with GPU code`` (not "1 of its 1")."""
     if n == total:
@@ -292,7 +310,8 @@ def wheel_arch_findings(
                         Severity.ERROR,
                         dist.label,
                         f"{summary}; {name} ({source}) cannot run it: {_NO_IMAGE}",
-                        cause=f"{_of_its(len(none), len(fats))} ({_files(none)}) carry nothing for compute capability "
+                        cause=f"{_of_its(len(none), len(fats))} ({_files(none)}) {_verb(len(none), 'carry')} nothing "
+                        "for compute capability "
                         f"{_cc_text(cc)}{dropped}",
                         fix=_wheel_fix(dist, name, cc),
                     )
@@ -306,7 +325,7 @@ def wheel_arch_findings(
                         f"{summary}; {name} ({source}) can only JIT its PTX, and the driver cannot: "
                         f"{failing_jit[0][1].text}",
                         cause=f"{_of_its(len(failing_jit), len(fats))} ({_files([p for p, _ in failing_jit])}) "
-                        f"have no SASS for compute capability {_cc_text(cc)}",
+                        f"{_verb(len(failing_jit), 'have')} no SASS for compute capability {_cc_text(cc)}",
                         fix=f"update the driver, or {_wheel_fix(dist, name, cc)}",
                     )
                 )
@@ -318,11 +337,10 @@ def wheel_arch_findings(
                         dist.label,
                         f"{summary}; no SASS for {name} ({source}): its kernels are JIT-compiled from PTX at "
                         "first launch",
-                        cause=f"{_of_its(len(jit), len(fats))} ({_files([p for p, _ in jit])}) carry only PTX "
+                        cause=f"{_of_its(len(jit), len(fats))} ({_files([p for p, _ in jit])}) "
+                        f"{_verb(len(jit), 'carry')} only PTX "
                         f"for compute capability {_cc_text(cc)}",
-                        fix="nothing is required: the driver compiles the PTX once per GPU and caches it "
-                        "(CUDA_CACHE_PATH, CUDA_CACHE_MAXSIZE); to skip that first-launch cost: "
-                        + _wheel_fix(dist, name, cc),
+                        fix=_jit_fix(dist, name, cc),
                     )
                 )
     return tuple(findings)
