@@ -190,6 +190,10 @@ BROKEN_PRELOADS = [
     pytest.param(_pre0("at", ""), "'at' must be a non-empty string", id="no trigger"),
     pytest.param(lambda r: r["preloads"][1].update(libraries=[["x"]]), "[folder, glob] pairs", id="pairs"),
     pytest.param(lambda r: r["preloads"][1].pop("cuda_major"), "'cuda_major' is not given", id="major"),
+    pytest.param(
+        lambda r: r["preloads"][1].update(dirs=["nvidia/{0}/lib"]), "allowed fields: {cuda_major}, {folder}", id="dirs"
+    ),
+    pytest.param(lambda r: r["preloads"][1].update(dirs=["nvidia/{folder/lib"]), "is not a template", id="brace"),
     pytest.param(_pre0("before_import", "cupy"), "'before_import' must be a list", id="before not a list"),
     pytest.param(_pre0("before_import", ["a..b"]), "dotted module names", id="before bad name"),
     pytest.param(_pre0("order", "random"), "'order' must be 'entries' or 'dirs'", id="order"),
@@ -502,3 +506,43 @@ def test_string_discovered_unversioned_name_beside_a_versioned_file(tmp_path: Pa
     assert "pkg/libhelper.so.1 may load libcudnn_ext.so (not found as written; libcudnn_ext.so.9 is beside it)" in (
         info.details
     )
+
+
+def test_a_template_on_an_optional_group_that_did_not_match_names_nothing():
+    """``libbar.so.{major}`` from a caller pattern whose ``major`` group is optional: a caller without the
+    version opens nothing by that template (a KeyError before)."""
+    raw = _broken(lambda r: None)
+    raw["targets"][0]["caller"] = r"^libfoo\.so(?:\.(?P<major>\d+))?$"
+    raw["targets"][0]["names"] = ["libbar.so.{major}", "libbaz.so"]
+    raw["targets"][0].pop("strings", None)
+    row = validate_dlopen_targets(raw, "t.json")[0]
+    m = row.match("libfoo.so", "libfoo.so")
+    assert m is not None
+    assert row.targets(m) == ("libbaz.so",)
+
+
+def test_strings_never_read_a_header_table_a_hostile_entry_size_inflates(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """e_shentsize 0xFFFF x e_shnum 0xFEFF in a sparse 4.3 GB file: the table is not read (it would be
+    4.3 GB); the file is scanned as one without section headers."""
+    import struct
+
+    from tests.helpers.elfbuild import synth_elf
+
+    path = tmp_path / "libhostile.so"
+    data = bytearray(synth_elf(tmp_path / "seed.so", elf_class=64, little=True).read_bytes())
+    struct.pack_into("<Q", data, 0x28, 64)  # e_shoff
+    struct.pack_into("<HHH", data, 0x3A, 0xFFFF, 0xFEFF, 0)  # e_shentsize, e_shnum, e_shstrndx
+    path.write_bytes(bytes(data))
+    os.truncate(path, 64 + 0xFFFF * 0xFEFF + 1)  # sparse: costs no disk
+    asked: list[int] = []
+    real = os.pread
+
+    def spy(fd: int, n: int, off: int) -> bytes:
+        asked.append(n)
+        return real(fd, min(n, 1 << 20), off)
+
+    monkeypatch.setattr(strings_mod.os, "pread", spy)
+    strings_mod.read_strings(str(path))
+    assert max(asked) <= 1 << 24

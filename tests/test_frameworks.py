@@ -85,6 +85,10 @@ _DELETE = object()
             _set(("libraries", 0, "source"), "nowhere"), "libraries[0]: source 'nowhere' is not listed", id="lib source"
         ),
         pytest.param(_set(("libraries", 0, "colour"), "red"), "libraries[0]: unknown key(s) colour", id="lib key"),
+        pytest.param(
+            _set(("rules", 0, "says"), "compiled against {}"), "allowed fields: {build}, {runtime}", id="says {}"
+        ),
+        pytest.param(_set(("rules", 0, "says"), "found {major"), "is not a template", id="says brace"),
         pytest.param(_set(("libraries", 0, "wheel"), "nvidia-cudnn-cu12"), "without -cuNN", id="suffixed wheel"),
         pytest.param(_set(("libraries", 0, "wheel"), "Nvidia_Cudnn"), "canonical name", id="wheel spelling"),
         pytest.param(

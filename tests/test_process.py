@@ -157,6 +157,12 @@ def test_unknown_module_is_a_problem_and_imports_are_cached(tmp_path: Path):
     first = predict(tmp_path, site, "pkg", cache=cache)
     assert cache.get_extra(f"pyimports:{site / 'pkg/__init__.py'}")["items"] == [["i", ["helper"]]]
     assert predict(tmp_path, site, "pkg", cache=cache).modules == first.modules == ("pkg", "helper")
+    # a corrupt entry (an import naming no module) is a miss, parsed again: never a ValueError
+    key = f"pyimports:{site / 'pkg/__init__.py'}"
+    entry = dict(cache.get_extra(key))
+    entry["items"] = [["i", []]]
+    cache.put_extra(key, entry)
+    assert predict(tmp_path, site, "pkg", cache=cache).modules == ("pkg", "helper")
 
 
 def test_function_bodies_are_not_parsed_but_top_level_code_is(tmp_path: Path):

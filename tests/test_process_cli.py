@@ -7,6 +7,7 @@ import argparse
 import importlib.machinery
 import json
 import os
+import sys
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,24 @@ def test_static_json_validates_and_names_routes(tmp_path: Path, monkeypatch: pyt
     failed = json.loads(capsys.readouterr().out)
     jsonschema.validate(failed, _schema())
     assert failed["error"].startswith("No module named 'no_such_module_cudastack'")
+
+
+@pytest.mark.skipif(not HAVE_CC, reason="needs a C compiler")
+def test_static_text_escapes_control_characters_in_file_names(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys):
+    """A library name from the inspected tree with a terminal escape in it is shown escaped, never raw."""
+    monkeypatch.setenv("CUDASTACK_CACHE_DIR", str(tmp_path / "cache"))
+    site = site_packages(tmp_path / "venv")
+    (site / "pkg").mkdir()
+    (site / "pkg/__init__.py").write_text("from . import _ext\n")
+    (site / f"pkg/_ext{SUFFIX}").write_bytes(
+        compile_so(None, pyinit="_ext", needed=["libx\x1b]0;x.so.1"], rpath="$ORIGIN")
+    )
+    (site / "pkg/libx\x1b]0;x.so.1").write_bytes(compile_so("libx\x1b]0;x.so.1"))
+    monkeypatch.setattr("sys.path", [str(site), *sys.path])
+    assert cmd_loaded(argparse.Namespace(module="pkg", json=False, static=True)) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out
+    assert "libx\\x1b]0;x.so.1" in out
 
 
 # What a static reading of the files cannot see, for ``import torch`` (each listed with why):

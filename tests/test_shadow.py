@@ -253,3 +253,12 @@ def test_a_fix_that_does_not_verify_is_not_proposed(tmp_path, monkeypatch):
         f"{site}/nvidia/cudnn/lib put before it, does not load {site}/nvidia/cudnn/lib/libcudnn.so.9"
     )
     assert "By hand:" in f.fix
+
+
+def test_a_provider_with_a_version_pip_would_not_accept_is_judged_without_raising(tmp_path, monkeypatch):
+    """The provider's METADATA version is not PEP 440: no pin can accept it, and nothing escapes the item."""
+    site, llp = build(tmp_path, "libcudnn.so.9.19.0")
+    meta = next(site.glob("nvidia_cudnn_cu13-*.dist-info")) / "METADATA"
+    meta.write_text(meta.read_text().replace("Version: 9.24.0.43", "Version: 9.24.0.43 custom"))
+    stack, _ = findings(site, llp, monkeypatch)  # raised InvalidVersion before
+    assert all(f.check == "requirements" for f in stack.findings("requirements"))

@@ -225,7 +225,8 @@ def test_old_ptxas_on_path_wins_when_jax_finds_no_wheel_dir(tmp_path: Path, mark
     (err,) = _errors(_findings(site, {"PATH": f"{old / 'bin'}:/usr/bin"}, tmp_path / "root"))
     assert "via PATH" in err.message
     assert "PTX ISA 8.5" in err.message
-    assert err.fix.startswith(f"remove or update the old tools in {old / 'bin'}")
+    # removing them would leave XLA no ptxas at all (the wheel's files are gone): not a verified fix
+    assert err.fix.startswith("no safe automatic repair is known: ")
 
 
 def test_xla_skips_a_too_old_or_excluded_ptxas(tmp_path: Path, marker: Path) -> None:
@@ -256,6 +257,17 @@ def test_torch_nvcc_of_another_major_first_on_path(tmp_path: Path, marker: Path)
     # clean twin: the CUDA 13 nvcc first
     env = {"PATH": f"{tmp_path / 'root/usr/local/cuda/bin'}:{old.parent}"}
     assert _errors(_findings(site, env, tmp_path / "root")) == []
+
+
+def test_a_fix_that_leaves_no_tool_at_all_is_not_proposed(tmp_path: Path, marker: Path) -> None:
+    """The old nvcc is the only one: removing it (or the PATH entry) leaves torch no nvcc at all, which the
+    model counts as failing, so no fix is printed as verified."""
+    site = site_packages(tmp_path / "venv")
+    write_dist(site, "torch", "2.14.1+cu130", {"torch/__init__.py": ""})
+    old = fake_tool(tmp_path / "old" / "bin" / "nvcc", "12.2.140", marker)
+    (warn,) = _errors(_findings(site, {"PATH": str(old.parent)}, tmp_path / "root"))
+    assert "nvcc 12.2.140" in warn.message
+    assert warn.fix.startswith("no safe automatic repair is known: ")
 
 
 def test_triton_lookup_env_then_bundled(tmp_path: Path, marker: Path) -> None:

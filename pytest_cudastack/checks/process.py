@@ -344,8 +344,8 @@ def _valid_items(items: Any, depth: int = 0) -> bool:
         if not isinstance(it, list) or not it:
             return False
         if it[0] == "i":
-            if len(it) != 2 or not isinstance(it[1], list) or not all(isinstance(n, str) for n in it[1]):
-                return False
+            if len(it) != 2 or not isinstance(it[1], list) or not it[1] or not all(isinstance(n, str) for n in it[1]):
+                return False  # an import names at least one module (the model unpacks the first)
         elif it[0] == "c":
             if len(it) != 2 or not isinstance(it[1], str):
                 return False

@@ -38,7 +38,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from packaging.version import Version
+from packaging.version import InvalidVersion, Version
 
 from pytest_cudastack._sysio import read_text
 from pytest_cudastack.cuda.frameworks import (
@@ -299,12 +299,17 @@ def _finding(
             details=details,
         )
     version = Version(".".join(map(str, winner.version)))
+    try:
+        provided: Version | None = Version(provider.version)
+    except InvalidVersion:  # a METADATA version pip would not accept either: no pin can accept it
+        provided = None
     rejecting = [
         f
         for f in reqs.on(provider.name)
         if not f.inferred
         and not f.requirement.specifier.contains(version, prereleases=True)
-        and f.requirement.specifier.contains(Version(provider.version), prereleases=True)
+        and provided is not None
+        and f.requirement.specifier.contains(provided, prereleases=True)
     ]
     shown = version_text(expected.version) if expected.version is not None else "version unknown"
     cause = (

@@ -130,9 +130,19 @@ def _bad(framework: Framework, lookup: Lookup, emitter: Emitter) -> bool:
 
 
 def _failing(
-    framework: Framework, ctx: Context, read: Callable[[str], ToolVersion | None], em: Emitter
+    framework: Framework,
+    ctx: Context,
+    read: Callable[[str], ToolVersion | None],
+    em: Emitter,
+    had: frozenset[str] = frozenset(),
 ) -> list[Lookup]:
-    return [lk for tool in framework.tools if _bad(framework, lk := find_tool(framework, tool, ctx, read), em)]
+    """The tools still wrong in ``ctx``; a tool of ``had`` (found before the fix) that is no longer found at
+    all counts too: a fix must leave the framework a tool that works, not none."""
+    return [
+        lk
+        for tool in framework.tools
+        if _bad(framework, lk := find_tool(framework, tool, ctx, read), em) or (lk.found is None and tool in had)
+    ]
 
 
 def _fixes(
@@ -198,10 +208,17 @@ def toolchain_findings(
         first, found = bad[0]
         release = found.release or ""  # _bad is True only for a found tool that states its release
         fix = ""
+        had = frozenset(lk.tool for lk in lookups if lk.found is not None)
         for text, after in _fixes(framework, found, ctx, emitter):
-            if not _failing(framework, after, safe, emitter):
+            if not _failing(framework, after, safe, emitter, had):
                 fix = text
                 break
+        if not fix:  # every candidate leaves it a wrong tool or none at all
+            fix = (
+                "no safe automatic repair is known: each change the model tries leaves "
+                f"{framework.name} an unsuitable {first.tool} or none; by hand: install a {first.tool} that "
+                f"matches {emitter.label} where {framework.name} looks first"
+            )
         tools = _tool_text(first, found)
         details = tuple(f"also {_tool_text(lk, c)}" for lk, c in bad[1:])
         if framework.rule == "ptx-isa":

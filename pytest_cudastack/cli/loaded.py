@@ -283,19 +283,24 @@ def static_document(module: str, site_paths: Sequence[str] | None = None) -> tup
 
 
 def _print_static(data: dict[str, Any]) -> None:
+    # file names come from the inspected tree: shown escaped, as the observed import's are
+    def show(text: Any) -> str:
+        return _printable(str(text))
+
     libs = data["libraries"]
-    print(f"{data['module']}: {len(libs)} shared objects the import would map (predicted, nothing imported)")
+    print(f"{show(data['module'])}: {len(libs)} shared objects the import would map (predicted, nothing imported)")
     for lib in libs:
-        extra = f"  ({lib['provider']})" if lib["provider"] else ""
-        print(f"  {lib['soname'] or os.path.basename(lib['path'])} => {lib['path']}{extra}  [{lib['reason']}]")
+        extra = f"  ({show(lib['provider'])})" if lib["provider"] else ""
+        name = lib["soname"] or os.path.basename(lib["path"])
+        print(f"  {show(name)} => {show(lib['path'])}{extra}  [{show(lib['reason'])}]")
     if data["run_time"]:
         print(f"later, when used ({len(data['run_time'])} loaded by dlopen):")
         for lib in data["run_time"]:
-            print(f"  {lib['soname']} => {lib['path']}  [{lib['reason']}]")
+            print(f"  {show(lib['soname'])} => {show(lib['path'])}  [{show(lib['reason'])}]")
     for soname in data["missing"]:
-        print(f"  {soname} => not found", file=sys.stderr)
+        print(f"  {show(soname)} => not found", file=sys.stderr)
     if "error" in data:
-        print(f"prediction incomplete: {data['error']}", file=sys.stderr)
+        print(f"prediction incomplete: {show(data['error'])}", file=sys.stderr)
 
 
 def _cmd_static(args: argparse.Namespace) -> int:

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import json
 import re
+import string
 from collections.abc import Mapping
 from importlib import resources
 from typing import Any
 
 from pytest_cudastack.errors import DataError
 
-__all__ = ["check_header", "check_sources", "cited", "shipped_json"]
+__all__ = ["check_header", "check_sources", "check_template", "cited", "shipped_json"]
 
 _DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
 
@@ -66,3 +67,17 @@ def cited(row: Mapping[str, Any], sources: Mapping[str, Any], where: str) -> str
     if not isinstance(src, str) or src not in sources:
         raise DataError(f"{where}: source {src!r} is not listed in 'sources'")
     return src
+
+
+def check_template(text: str, fields: frozenset[str] | set[str], where: str) -> str:
+    """``text`` as a ``str.format`` template naming only ``fields`` (``{build}``, ``{folder}``, ...); a lone
+    brace, a positional ``{}`` or another name is a ``DataError`` on load, never a KeyError at run time."""
+    try:
+        names = {name for _, name, _, _ in string.Formatter().parse(text) if name is not None}
+    except ValueError as e:
+        raise DataError(f"{where}: {text!r} is not a template: {e}") from None
+    unknown = names - set(fields)
+    if unknown:
+        allowed = ", ".join("{" + f + "}" for f in sorted(fields)) or "none"
+        raise DataError(f"{where}: {text!r} names {sorted(unknown)}; allowed fields: {allowed}")
+    return text

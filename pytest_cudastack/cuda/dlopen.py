@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from pytest_cudastack.cuda.datafile import check_header, check_sources, cited, shipped_json
+from pytest_cudastack.cuda.datafile import check_header, check_sources, check_template, cited, shipped_json
 from pytest_cudastack.errors import DataError
 
 __all__ = [
@@ -93,7 +93,12 @@ class DlopenRow:
         """The names this row's caller (its ``caller`` match) opens: the templates filled from the match,
         then the caller's read-only ``strings`` that ``strings`` matches (shared groups equal), in order."""
         groups = {k: v for k, v in caller.groupdict().items() if v is not None}
-        out = [t.format_map(groups) for t in self.names]
+        out = []
+        for t in self.names:
+            try:
+                out.append(t.format_map(groups))
+            except KeyError:  # an optional group of the caller did not take part: that name is not opened
+                continue
         if self.strings is not None:
             for s in strings:
                 m = self.strings.search(s)
@@ -287,6 +292,8 @@ def validate_preloads(raw: Any, source: str = DATA_FILE) -> tuple[Preload, ...]:
             libs = row.get("libraries")
             if not isinstance(dirs, list) or not dirs or not all(isinstance(d, str) and d for d in dirs):
                 raise DataError(f"{where}: kind 'sys_path' needs 'dirs', a non-empty list")
+            for d in dirs:
+                check_template(d, {"folder", "cuda_major"}, f"{where}: 'dirs'")
             if (
                 not isinstance(libs, list)
                 or not libs

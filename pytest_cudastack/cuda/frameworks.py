@@ -39,7 +39,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from pytest_cudastack.cuda.datafile import check_header, shipped_json
+from pytest_cudastack.cuda.datafile import check_header, check_template, shipped_json
 from pytest_cudastack.errors import DataError
 
 __all__ = [
@@ -328,6 +328,8 @@ def _rule(raw: Any, i: int, source: str, sources: Mapping[str, Any], libraries: 
             raise DataError(f"{where}: an undecidable rule needs its 'reason'")
     elif not isinstance(raw.get("says"), str) or not raw["says"]:
         raise DataError(f"{where}: a decidable rule needs 'says' (the framework's own message)")
+    if isinstance(raw.get("says"), str):
+        check_template(raw["says"], {"build", "runtime"}, f"{where}: 'says'")
     if kind in ("build_match", "pin_floor") and libraries[raw["library"]].reports is None:
         raise DataError(f"{where}: kind {kind!r} needs a library whose reported version is known ('reports')")
     skip_env = raw.get("skip_env")

@@ -247,10 +247,11 @@ def _xla_flag(flag: str, ctx: Context) -> str | None:
 
 
 def _which(tool: str, ctx: Context) -> str | None:
-    """``shutil.which``'s answer over the context's PATH (an executable regular file)."""
+    """``shutil.which``'s answer over the context's PATH (an executable regular file; one a modelled fix
+    removed, ``ctx.hidden``, is not there)."""
     for d in ctx.environ.get("PATH", "").split(os.pathsep):
         p = os.path.join(d, tool)
-        if d and os.path.isfile(p) and os.access(p, os.X_OK):
+        if d and p not in ctx.hidden and os.path.isfile(p) and os.access(p, os.X_OK):
             return p
     return None
 

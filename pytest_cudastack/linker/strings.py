@@ -39,6 +39,7 @@ _SHT_PROGBITS = 1
 _PT_LOAD = 1
 _PF_R = 4
 _MAX_TABLE = 0xFF00
+_MAX_ENTRY = 256  # bytes per header entry at most (64 in ELF64): a table stays under about 16 MiB
 
 
 @dataclass(frozen=True)
@@ -82,7 +83,14 @@ def _ranges(fd: int, path: str, size: int) -> list[tuple[int, int]]:
         return []  # ELF32 or big-endian: not read (see the module docstring)
     _ident, _t, _m, _v, _entry, phoff, shoff, _f, _eh, phes, phnum, shes, shnum, shstrndx = _EHDR.unpack(head)
     out: list[tuple[int, int]] = []
-    if shoff and shes >= _SHDR.size and 0 < shnum < _MAX_TABLE and shstrndx < shnum and shoff + shes * shnum <= size:
+    # an entry size is the ELF's own (64 bytes): a larger one only lets a hostile header ask for gigabytes
+    if (
+        shoff
+        and _SHDR.size <= shes <= _MAX_ENTRY
+        and 0 < shnum < _MAX_TABLE
+        and shstrndx < shnum
+        and shoff + shes * shnum <= size
+    ):
         table = os.pread(fd, shes * shnum, shoff)
         headers = [_SHDR.unpack_from(table, i * shes) for i in range(shnum)]
         str_off, str_size = headers[shstrndx][4], headers[shstrndx][5]
@@ -95,7 +103,7 @@ def _ranges(fd: int, path: str, size: int) -> list[tuple[int, int]]:
                 out.append((offset, length))
         if out or names:
             return out
-    if phoff and phes >= _PHDR.size and 0 < phnum < _MAX_TABLE and phoff + phes * phnum <= size:
+    if phoff and _PHDR.size <= phes <= _MAX_ENTRY and 0 < phnum < _MAX_TABLE and phoff + phes * phnum <= size:
         table = os.pread(fd, phes * phnum, phoff)
         for i in range(phnum):
             p_type, p_flags, offset, _va, _pa, filesz, _memsz, _align = _PHDR.unpack_from(table, i * phes)
