@@ -22,8 +22,9 @@ libtorch_cuda.so's); a shipped library that no extension module loads is judged 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from pytest_cudastack._sysio import real_path
@@ -42,7 +43,9 @@ if TYPE_CHECKING:
 
 __all__ = ["Caller", "Load", "caller_majors", "callers", "dlopen_findings", "loads_of", "run"]
 
-_SEVERITY = {Miss.FATAL: Severity.ERROR, Miss.FALLBACK: Severity.WARNING, Miss.OPTIONAL: Severity.INFO}
+_SEVERITY: Mapping[Miss, Severity] = MappingProxyType(
+    {Miss.FATAL: Severity.ERROR, Miss.FALLBACK: Severity.WARNING, Miss.OPTIONAL: Severity.INFO}
+)
 
 
 @dataclass(frozen=True)

@@ -53,9 +53,8 @@ __all__ = [
 DATA_FILE = "data/dlopen_targets.json"
 _TEMPLATE_FIELD = re.compile(r"\{([^{}]*)\}")
 _NAME = re.compile(r"[A-Za-z0-9_.+-]+")
-_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
 _MODULE = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*")
-_ROW_KEYS = {"caller", "names", "strings", "search", "paths", "miss", "fallback", "source", "note"}
+_ROW_KEYS = frozenset({"caller", "names", "strings", "search", "paths", "miss", "fallback", "source", "note"})
 
 
 class Miss(str, Enum):
@@ -219,22 +218,24 @@ class Preload:
     unless_loaded: bool = False
 
 
-_PRELOAD_KEYS = {
-    "module",
-    "at",
-    "kind",
-    "flags",
-    "source",
-    "path",
-    "when_mapped",
-    "cuda_major",
-    "dirs",
-    "libraries",
-    "note",
-    "before_import",
-    "order",
-    "unless_loaded",
-}
+_PRELOAD_KEYS = frozenset(
+    {
+        "module",
+        "at",
+        "kind",
+        "flags",
+        "source",
+        "path",
+        "when_mapped",
+        "cuda_major",
+        "dirs",
+        "libraries",
+        "note",
+        "before_import",
+        "order",
+        "unless_loaded",
+    }
+)
 
 
 def validate_preloads(raw: Any, source: str = DATA_FILE) -> tuple[Preload, ...]:

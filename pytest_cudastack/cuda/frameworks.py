@@ -64,25 +64,27 @@ KINDS = ("build_match", "pin_floor", "floor", "undecidable", "loads_by_name", "p
 VERSION_KINDS = ("build_match", "pin_floor", "floor")  # judged on reported versions by judge()
 ANY_LIBRARY = "*"  # a provider rule's library: every library of the table
 
-_TOP_KEYS = {"schema", "description", "sources", "libraries", "rules"}
-_LIB_KEYS = {"library", "name", "wheel", "sonames", "reports", "header", "macros", "source"}
-_RULE_KEYS = {
-    "framework",
-    "versions",
-    "library",
-    "kind",
-    "min",
-    "skip_env",
-    "says",
-    "reason",
-    "build_file",
-    "build_keys",
-    "soname",
-    "major",
-    "provider",
-    "bad",
-    "source",
-}
+_TOP_KEYS = frozenset({"schema", "description", "sources", "libraries", "rules"})
+_LIB_KEYS = frozenset({"library", "name", "wheel", "sonames", "reports", "header", "macros", "source"})
+_RULE_KEYS = frozenset(
+    {
+        "framework",
+        "versions",
+        "library",
+        "kind",
+        "min",
+        "skip_env",
+        "says",
+        "reason",
+        "build_file",
+        "build_keys",
+        "soname",
+        "major",
+        "provider",
+        "bad",
+        "source",
+    }
+)
 _CU_SUFFIX = re.compile(r"-cu\d+$")
 
 VersionTuple = tuple[int, ...]
