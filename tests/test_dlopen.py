@@ -370,6 +370,8 @@ def test_cudnn_sub_library_missing_is_an_error_naming_the_caller(tmp_path: Path)
     assert [f.subject for f in errors] == ["libcudnn_ops.so.9"]
     assert "by nvidia/cudnn/lib/libcudnn.so.9" in errors[0].message
     assert "cudnn9-overview" in errors[0].details[0]
+    # nothing installed provides it: advice by hand, not a command offered as checked
+    assert errors[0].fix.startswith("no safe automatic repair is known: nothing installed here provides it")
 
 
 @needs_cc
@@ -422,6 +424,7 @@ def test_cudnn8_unversioned_nvrtc_wrong_version_and_miss(tmp_path: Path):
     assert len(errors) == 1
     assert "built for CUDA 12" in errors[0].message
     assert "CUDA 11" in errors[0].message
+    assert errors[0].fix.startswith("no safe automatic repair is known: the right build is not installed here")
 
 
 @needs_cc

@@ -65,7 +65,9 @@ def test_cuda12_module_and_provider_in_a_cuda13_stack(tmp_path: Path):
         "kernelish/_ops.abi3.so (extension module of kernelish-cu12 0.3.0) is built for CUDA 12; the stack is CUDA 13"
     )
     assert "torch 2.9.0+cu130 is built for CUDA 13" in kernel.cause
-    assert "install kernelish-cu13==0.3.0" in kernel.fix
+    # the other build is not on disk: advice by hand, never a command offered as verified
+    assert kernel.fix.startswith("no safe automatic repair is known: the other build is not installed here")
+    assert "install kernelish-cu13 (the CUDA 13 build of kernelish-cu12) in its place" in kernel.fix
     assert kernel.fix.endswith("or a torch built for CUDA 12")
     assert "links libcublasLt.so.12" in provider.details  # libcudnn.so.9 allows both: libcublasLt decides
     assert "install the build of ortish-gpu for CUDA 13" in provider.fix
@@ -87,3 +89,16 @@ def test_the_closure_item_reports_them(tmp_path: Path, monkeypatch: pytest.Monke
         stack = Stack(Settings(cudastack=True), driver_info=driver, rootdir=str(tmp_path), site_paths=(str(site),))
         mixed = [f.subject for f in stack.findings("closure") if f.failing and "is built for CUDA" in f.message]
         assert mixed == expected
+
+
+def test_the_other_build_keeps_the_package_s_own_spelling(tmp_path: Path):
+    """cupy-cuda12x's other build is cupy-cuda13x (the -cudaNNx spelling, not -cuNN)."""
+    site = _site(tmp_path, 13, 13)
+    write_dist(
+        site,
+        "cupy-cuda12x",
+        "14.0.1",
+        {"cupy_backends/cuda/api/runtime.abi3.so": compile_so(None, pyinit="runtime", needed=["libcudart.so.12"])},
+    )
+    (f,) = _findings(site)[1]
+    assert "install cupy-cuda13x (the CUDA 13 build of cupy-cuda12x) in its place" in f.fix

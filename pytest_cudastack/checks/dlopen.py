@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 
 from pytest_cudastack._sysio import real_path
 from pytest_cudastack.checks.closure import ModuleTree, module_trees
+from pytest_cudastack.checks.repair import NO_SAFE_REPAIR
 from pytest_cudastack.cuda.compat import is_driver_soname, soname_cuda_majors
 from pytest_cudastack.cuda.dlopen import DlopenRow, Miss, load_dlopen_targets
 from pytest_cudastack.errors import ElfError
@@ -275,7 +276,8 @@ def _load_finding(ld: Load, caller: ElfInfo, inv: Inventory, read: Callable[[str
             cause=f"{how}; no file of that name is there"
             + (f" ({'; '.join(shipped)}, outside that search)" if shipped else "")
             + (f"; {ld.row.note}" if ld.row.note else ""),
-            fix=f"install the library that provides {ld.name} where {who} looks for it"
+            fix=f"{NO_SAFE_REPAIR}: nothing installed here provides it to check. By hand: install the library "
+            f"that provides {ld.name} where {who} looks for it"
             + (
                 " (its own directory)"
                 if ld.row.search == "paths"
@@ -297,8 +299,8 @@ def _load_finding(ld: Load, caller: ElfInfo, inv: Inventory, read: Callable[[str
             f"{who} is built for CUDA {'/'.join(map(str, sorted(want)))}",
             cause=f"found at {lib.path} ({lib.route.value}{': ' + lib.route_detail if lib.route_detail else ''}), "
             "the first match of the caller's search, from another CUDA release",
-            fix=f"install {ld.name} of CUDA {'/'.join(map(str, sorted(want)))} where {who} finds it first, or remove "
-            f"{lib.path} from its search",
+            fix=f"{NO_SAFE_REPAIR}: the right build is not installed here to check. By hand: install {ld.name} of "
+            f"CUDA {'/'.join(map(str, sorted(want)))} where {who} finds it first, or remove {lib.path} from its search",
             where=(os.path.dirname(lib.path),),
             chain=(who, lib.path),
             details=(f"the table row: {source}",),

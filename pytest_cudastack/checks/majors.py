@@ -21,16 +21,16 @@ from collections.abc import Callable
 
 from packaging.utils import canonicalize_name
 
+from pytest_cudastack.checks.repair import NO_SAFE_REPAIR
 from pytest_cudastack.cuda.compat import soname_cuda_majors
 from pytest_cudastack.errors import ElfError
 from pytest_cudastack.findings import Finding, Severity
 from pytest_cudastack.linker.elf import ElfInfo
-from pytest_cudastack.wheels.integrity import pip_command
 from pytest_cudastack.wheels.inventory import Distribution, Inventory
 
 __all__ = ["linked_majors", "majors_findings", "stack_major"]
 
-_SUFFIX = re.compile(r"cu(\d+)x?")
+_SUFFIX = re.compile(r"(cu(?:da)?)(\d+)")  # -cu12, cupy-cuda12x, jax-cuda12-plugin
 _LOCAL = re.compile(r"\+cu(\d+)")
 
 
@@ -58,15 +58,15 @@ def linked_majors(info: ElfInfo) -> tuple[frozenset[int], tuple[str, ...]]:
 
 
 def _other_build(d: Distribution, want: int) -> str:
+    """What to install instead, by hand: the model holds no file of a build that is not installed, so this is
+    never a verified command."""
     m = _SUFFIX.search(d.name)
     if m:
-        other = d.name[: m.start()] + f"cu{want}" + d.name[m.end() :]
-        return f"{pip_command(d)} install {other}=={d.version}"
+        other = d.name[: m.start()] + f"{m.group(1)}{want}" + d.name[m.end() :]
+        return f"install {other} (the CUDA {want} build of {d.name}) in its place"
     if _LOCAL.search(d.version):
-        return (
-            f"{pip_command(d)} install '{d.name}=={_LOCAL.sub('', d.version)}' from its CUDA {want} index (+cu{want}X)"
-        )
-    return f"install the build of {d.name} for CUDA {want} (its cu{want} variant)"
+        return f"install {d.name} {_LOCAL.sub('', d.version)} from its CUDA {want} index (+cu{want}X) in its place"
+    return f"install the build of {d.name} for CUDA {want} in its place"
 
 
 def majors_findings(inv: Inventory, read: Callable[[str], ElfInfo], rel: Callable[[str], str]) -> tuple[Finding, ...]:
@@ -75,6 +75,7 @@ def majors_findings(inv: Inventory, read: Callable[[str], ElfInfo], rel: Callabl
     if want is None:
         return ()
     findings: list[Finding] = []
+    torch = inv.get("torch")
     for d in inv.distributions:
         if canonicalize_name(d.name).startswith("nvidia-"):
             continue  # the CUDA libraries themselves: the integrity and closure items judge them
@@ -99,7 +100,9 @@ def majors_findings(inv: Inventory, read: Callable[[str], ElfInfo], rel: Callabl
                     f"{want}",
                     cause=f"it links {', '.join(names)} (CUDA {other}); {evidence}: one process cannot use both "
                     "majors, so the import fails or, for a provider loaded at run time, silently falls back",
-                    fix=f"{_other_build(d, want)}; or a torch built for CUDA {other}",
+                    fix=f"{NO_SAFE_REPAIR}: the other build is not installed here to check. By hand: "
+                    f"{_other_build(d, want)}"
+                    + (f", or a torch built for CUDA {other}" if torch is not None and len(got) == 1 else ""),
                     where=(os.path.dirname(lib.path),),
                     chain=(rel(lib.path),),
                     details=tuple(f"links {n}" for n in names),
