@@ -14,7 +14,7 @@ from typing import Any
 
 from pytest_cudastack.errors import DataError
 
-__all__ = ["check_header", "check_sources", "check_template", "cited", "shipped_json"]
+__all__ = ["check_header", "check_row", "check_sources", "check_template", "cited", "shipped_json"]
 
 _DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
 
@@ -81,3 +81,20 @@ def check_template(text: str, fields: frozenset[str] | set[str], where: str) -> 
         allowed = ", ".join("{" + f + "}" for f in sorted(fields)) or "none"
         raise DataError(f"{where}: {text!r} names {sorted(unknown)}; allowed fields: {allowed}")
     return text
+
+
+def check_row(
+    raw: Any, where: str, allowed: frozenset[str], strings: tuple[str, ...], sources: Mapping[str, Any]
+) -> dict[str, Any]:
+    """``raw`` as one row: an object with only ``allowed`` keys, each of ``strings`` a non-empty string, and a
+    listed ``source``; ``DataError`` naming ``where`` otherwise."""
+    if not isinstance(raw, dict):
+        raise DataError(f"{where}: must be an object")
+    unknown = set(raw) - allowed
+    if unknown:
+        raise DataError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}")
+    for key in strings:
+        if not isinstance(raw.get(key), str) or not raw[key]:
+            raise DataError(f"{where}: '{key}' must be a non-empty string")
+    cited(raw, sources, where)
+    return raw

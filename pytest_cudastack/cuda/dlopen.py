@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from pytest_cudastack.cuda.datafile import check_header, check_sources, check_template, cited, shipped_json
+from pytest_cudastack.cuda.datafile import check_header, check_row, check_sources, check_template, cited, shipped_json
 from pytest_cudastack.errors import DataError
 
 __all__ = [
@@ -250,15 +250,7 @@ def validate_preloads(raw: Any, source: str = DATA_FILE) -> tuple[Preload, ...]:
     out: list[Preload] = []
     for i, row in enumerate(table):
         where = f"{source}: preloads[{i}]"
-        if not isinstance(row, dict):
-            raise DataError(f"{where}: expected an object")
-        extra = set(row) - _PRELOAD_KEYS
-        if extra:
-            raise DataError(f"{where}: unknown key(s) {', '.join(sorted(extra))}")
-        cited(row, sources, where)  # a list or object there is refused, never hashed
-        for key in ("module", "at", "kind", "flags"):
-            if not isinstance(row.get(key), str) or not row[key]:
-                raise DataError(f"{where}: {key!r} must be a non-empty string")
+        row = check_row(row, where, _PRELOAD_KEYS, ("module", "at", "kind", "flags"), sources)
         if row["flags"] not in ("RTLD_GLOBAL", "RTLD_LOCAL"):
             raise DataError(f"{where}: 'flags' must be RTLD_GLOBAL or RTLD_LOCAL")
         before = row.get("before_import", [])

@@ -39,7 +39,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from pytest_cudastack.cuda.datafile import check_header, check_template, shipped_json
+from pytest_cudastack.cuda.datafile import check_header, check_row, check_template, shipped_json
 from pytest_cudastack.errors import DataError
 
 __all__ = [
@@ -248,16 +248,7 @@ def _str_list(value: Any, where: str, key: str) -> tuple[str, ...]:
 
 def _library(raw: Any, i: int, source: str, sources: Mapping[str, Any]) -> LibraryRow:
     where = f"{source}: libraries[{i}]"
-    if not isinstance(raw, dict):
-        raise DataError(f"{where}: must be an object")
-    unknown = set(raw) - _LIB_KEYS
-    if unknown:
-        raise DataError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}")
-    for key in ("library", "name", "wheel", "source"):
-        if not isinstance(raw.get(key), str) or not raw[key]:
-            raise DataError(f"{where}: '{key}' must be a non-empty string")
-    if raw["source"] not in sources:
-        raise DataError(f"{where}: source {raw['source']!r} is not listed in 'sources'")
+    raw = check_row(raw, where, _LIB_KEYS, ("library", "name", "wheel", "source"), sources)
     if canonicalize_name(raw["wheel"]) != raw["wheel"] or _CU_SUFFIX.search(raw["wheel"]):
         raise DataError(f"{where}: 'wheel' must be a canonical name without -cuNN, got {raw['wheel']!r}")
     stems = _str_list(raw.get("sonames"), where, "sonames")
@@ -281,16 +272,7 @@ def _library(raw: Any, i: int, source: str, sources: Mapping[str, Any]) -> Libra
 
 def _rule(raw: Any, i: int, source: str, sources: Mapping[str, Any], libraries: Mapping[str, LibraryRow]) -> Rule:
     where = f"{source}: rules[{i}]"
-    if not isinstance(raw, dict):
-        raise DataError(f"{where}: must be an object")
-    unknown = set(raw) - _RULE_KEYS
-    if unknown:
-        raise DataError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}")
-    for key in ("framework", "library", "kind", "source"):
-        if not isinstance(raw.get(key), str) or not raw[key]:
-            raise DataError(f"{where}: '{key}' must be a non-empty string")
-    if raw["source"] not in sources:
-        raise DataError(f"{where}: source {raw['source']!r} is not listed in 'sources'")
+    raw = check_row(raw, where, _RULE_KEYS, ("framework", "library", "kind", "source"), sources)
     kind = raw["kind"]
     if kind not in KINDS:
         raise DataError(f"{where}: kind {kind!r} is not one of {', '.join(KINDS)}")
