@@ -31,8 +31,9 @@ import json, sys, time
 t0 = time.perf_counter()
 from pytest_cudastack.linker.elfcache import ElfCache
 from pytest_cudastack.wheels.inventory import installed_wheels, memo_reader
-from pytest_cudastack.wheels.integrity import check_integrity
-from pytest_cudastack.checks.closure import extension_closures, module_trees
+from pytest_cudastack.checks.integrity import check_integrity
+from pytest_cudastack.model.modules import module_trees
+from pytest_cudastack.checks.closure import extension_closures
 from pytest_cudastack.linker.resolver import Resolver, SearchConfig
 t1 = time.perf_counter()
 cache = ElfCache()

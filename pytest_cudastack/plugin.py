@@ -462,14 +462,14 @@ class Reporter:
 
 
 def _repair_summary(config: pytest.Config, failed: list[pytest.TestReport], terminalreporter: Any) -> None:
-    """The repair plan for the failed invariant items (``checks.repair``), one per environment, at the end."""
+    """The repair plan for the failed invariant items (``model.repair``), one per environment, at the end."""
     names = [r.nodeid.partition("::")[2] for r in failed if r.nodeid.startswith("cudastack::")]
     names = [n for n in names if "[" not in n]  # per-target items (scan) name binaries: nothing pip repairs
     if not names:
         return
     # lazy: an unused plugin imports only pytest and the stdlib (benchmarks/bench_plugin.py)
-    from pytest_cudastack.checks.repair import plan_repairs, render_plans
     from pytest_cudastack.errors import CudaStackError
+    from pytest_cudastack.model.repair import plan_repairs, render_plans
 
     stack = _stack(config)
     found: list[Finding] = []

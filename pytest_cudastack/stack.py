@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Any
 from pytest_cudastack import __version__
 from pytest_cudastack._sysio import read_regular, write_atomic
 from pytest_cudastack.checks import enabled_checks, lookup
-from pytest_cudastack.checks.bounds import infer_binary, infer_shipped, infer_wheel
 from pytest_cudastack.checks.integrity import integrity_findings
 from pytest_cudastack.checks.scan import scan_walk
 from pytest_cudastack.cuda.driver import declared_driver, linker_finder, probe_driver
@@ -29,17 +28,20 @@ from pytest_cudastack.errors import DataError, ElfError
 from pytest_cudastack.findings import Finding
 from pytest_cudastack.linker.elfcache import ElfCache
 from pytest_cudastack.linker.resolver import Resolver, SearchConfig
+from pytest_cudastack.model.modules import ModuleTree, module_trees
+from pytest_cudastack.model.needs import infer_binary, infer_shipped, infer_wheel
 from pytest_cudastack.schemacheck import first_error
 from pytest_cudastack.settings import Settings
 from pytest_cudastack.wheels.inventory import installed_wheels
+from pytest_cudastack.wheels.requirements import Requirements, requirement_facts
 
 if TYPE_CHECKING:
-    from pytest_cudastack.checks.bounds import Inference
     from pytest_cudastack.checks.facts import Target
     from pytest_cudastack.cuda.driver import DriverInfo
     from pytest_cudastack.linker.elfcache import ElfCache
     from pytest_cudastack.linker.fatbin import Fatbin
     from pytest_cudastack.linker.resolver import Library, Resolver, Tree
+    from pytest_cudastack.model.needs import Inference
     from pytest_cudastack.wheels.inventory import Distribution, Inventory
 
 __all__ = [
@@ -169,6 +171,18 @@ class Stack:
 
     def _owner(self, path: str) -> str | None:
         return self.inventory.owner(path)
+
+    @cached_property
+    def requirements(self) -> Requirements:
+        """Every Requires-Dist of the inventory, evaluated once for the inspected interpreter: the requirements
+        item, the framework rules, the shadow rule, integrity and the repair model read these facts."""
+        return requirement_facts(self.inventory)
+
+    @cached_property
+    def module_trees(self) -> tuple[ModuleTree, ...]:
+        """Every extension module's closure in its import context, built once: the closure, dlopen and
+        symbols items read the same trees."""
+        return module_trees(self.inventory, self.resolver, self.cache.read, self.cache)
 
     @cached_property
     def libs(self) -> CudaLibs:

@@ -7,12 +7,12 @@ import pytest
 
 from pytest_cudastack.checks.arch import arch_coverage
 from pytest_cudastack.checks.baseline import baseline_findings, diff_snapshots, snapshot_drift
-from pytest_cudastack.checks.bounds import CudaNeed, Inference
 from pytest_cudastack.checks.driver import driver_findings
 from pytest_cudastack.checks.scan import binary_findings, scan_targets
 from pytest_cudastack.cuda.driver import DriverInfo
 from pytest_cudastack.findings import Severity
 from pytest_cudastack.linker.resolver import Library, Route, Tree
+from pytest_cudastack.model.needs import CudaNeed, Inference
 from tests.helpers.elfbuild import build_exe, build_lib, needs_cc
 
 ROOT = "/app/bin/train"

@@ -4,10 +4,11 @@ from pathlib import Path
 
 import pytest
 
-from pytest_cudastack.checks.closure import extension_closures, extension_modules, module_trees
+from pytest_cudastack.checks.closure import extension_closures
 from pytest_cudastack.findings import Severity
 from pytest_cudastack.linker.elf import read_elf
 from pytest_cudastack.linker.resolver import Resolver, SearchConfig
+from pytest_cudastack.model.modules import extension_modules, module_trees
 from pytest_cudastack.wheels.inventory import installed_wheels
 from tests.helpers.sitebuild import HAVE_CC, compile_so, site_packages, write_dist
 

@@ -2,9 +2,10 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_cudastack.checks.bounds import CudaNeed, Inference, bound_findings, infer_binary
+from pytest_cudastack.checks.bounds import bound_findings
 from pytest_cudastack.findings import Severity
 from pytest_cudastack.linker.resolver import Library, Route, Tree
+from pytest_cudastack.model.needs import CudaNeed, Inference, infer_binary
 
 ROOT = "/app/bin/train"
 

@@ -31,6 +31,7 @@ from pytest_cudastack.linker.elfcache import ElfCache
 from pytest_cudastack.linker.ldcache import LdCache, LdCacheEntry
 from pytest_cudastack.linker.resolver import Resolver, Route, SearchConfig
 from pytest_cudastack.linker.strings import StringFacts, read_strings
+from pytest_cudastack.model.modules import module_trees
 from pytest_cudastack.wheels.inventory import installed_wheels
 from tests.helpers.sitebuild import HAVE_CC, compile_so, site_packages, write_dist
 
@@ -333,7 +334,7 @@ def test_dlopen_unversioned_name_vs_cache_keyed_by_soname(tmp_path: Path):
 def _check(site: Path, **kw: Any) -> list[Any]:
     inv = installed_wheels([str(site)], reader=read_elf)
     resolver = Resolver(SearchConfig(default_dirs=(), **kw), reader=read_elf, owner=inv.owner)
-    return list(dlopen_findings(inv, resolver, read_elf, read_strings))
+    return list(dlopen_findings(inv, resolver, read_elf, read_strings, module_trees(inv, resolver)))
 
 
 CUDNN_SUBS = ["graph", "ops", "cnn", "adv", "engines_precompiled", "engines_runtime_compiled", "heuristic"]

@@ -5,10 +5,11 @@ from pathlib import Path
 
 import pytest
 
+from pytest_cudastack.checks.integrity import check_integrity
 from pytest_cudastack.findings import Severity
 from pytest_cudastack.linker.elf import read_elf
-from pytest_cudastack.wheels.integrity import active_requirements, check_integrity, pip_command
 from pytest_cudastack.wheels.inventory import installed_wheels
+from pytest_cudastack.wheels.ownership import active_requirements, pip_command
 from tests.helpers.sitebuild import HAVE_CC, compile_so, site_packages, write_dist
 
 needs_cc = pytest.mark.skipif(not HAVE_CC, reason="needs a C compiler")
@@ -299,8 +300,8 @@ def test_broken_pin_wording_is_only_as_strong_as_the_facts(tmp_path, requirer, r
 def test_record_path_owners_across_spellings_and_nested_sites(locations):
     """Who lists each absolute path (integrity's overlap input) is Distribution.abspath of every row, whether
     the row is plain, ``./``, ``..`` or absolute, and whether one site directory lies inside another."""
-    from pytest_cudastack.wheels.integrity import _Listed
     from pytest_cudastack.wheels.inventory import Distribution, Inventory, RecordEntry
+    from pytest_cudastack.wheels.ownership import Listed
 
     rows = ("sub/a.py", "./sub/a.py", "a.py", "sub/../a.py", "/s/site/sub/a.py", "x/.hidden", "a.py", "../b")
     dists = tuple(
@@ -324,7 +325,7 @@ def test_record_path_owners_across_spellings_and_nested_sites(locations):
             p = d.abspath(e)
             if p is not None and not any(o is d for o, _ in expected.setdefault(p, [])):
                 expected[p].append((d, e))
-    listed = _Listed(Inventory(dists, (), ()))
+    listed = Listed(Inventory(dists, (), ()))
     assert listed.shared == sorted(p for p, owners in expected.items() if len(owners) > 1)
     assert listed.shared  # every case has one
     for p, owners in expected.items():

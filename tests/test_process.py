@@ -1,4 +1,4 @@
-"""The import model (checks/process.py) on gcc-built stand-ins: import order, preloads, already-loaded by
+"""The import model (model/process.py) on gcc-built stand-ins: import order, preloads, already-loaded by
 SONAME, static ``if``/``try`` rules, and the dlopen targets listed as run-time loads."""
 
 from __future__ import annotations
@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from pytest_cudastack.checks.process import Interpreter, predict_import
 from pytest_cudastack.cuda.dlopen import Preload
 from pytest_cudastack.linker.elf import read_elf
 from pytest_cudastack.linker.elfcache import ElfCache
 from pytest_cudastack.linker.resolver import Resolver, SearchConfig
 from pytest_cudastack.linker.strings import read_strings
+from pytest_cudastack.model.process import Interpreter, predict_import
 from tests.helpers.sitebuild import HAVE_CC, compile_so, site_packages
 
 pytestmark = pytest.mark.skipif(not HAVE_CC, reason="needs a C compiler")

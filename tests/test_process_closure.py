@@ -1,4 +1,4 @@
-"""The closure check in import context (checks/closure.py + checks/process.py): modules loaded after
+"""The closure check in import context (checks/closure.py + model/process.py): modules loaded after
 ``import torch`` see torch's objects as already loaded. gcc-built stand-ins of the issue's false positives
 (sgl-kernel / vllm / deep_gemm needing libtorch.so): the clean twin gives no error, broken twins still do."""
 
@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from pytest_cudastack.checks.closure import extension_closures, module_trees
+from pytest_cudastack.checks.closure import extension_closures
 from pytest_cudastack.linker.elf import read_elf
 from pytest_cudastack.linker.resolver import Resolver, SearchConfig
+from pytest_cudastack.model.modules import module_trees
 from pytest_cudastack.wheels.inventory import installed_wheels
 from tests.helpers.sitebuild import HAVE_CC, compile_so, site_packages, write_dist
 

@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from pytest_cudastack.checks.closure import extension_closures, module_trees
-from pytest_cudastack.checks.process import Interpreter, predict_import
+from pytest_cudastack.checks.closure import extension_closures
 from pytest_cudastack.linker.elf import read_elf
 from pytest_cudastack.linker.resolver import Resolver, SearchConfig
+from pytest_cudastack.model.modules import module_trees
+from pytest_cudastack.model.process import Interpreter, predict_import
 from pytest_cudastack.wheels.inventory import installed_wheels
 from tests.helpers.sitebuild import CUPY_LIBS_GETATTR, HAVE_CC, compile_so, site_packages, write_dist
 

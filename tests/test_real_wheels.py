@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from pytest_cudastack.checks.repair import plan_repairs, render_plans
 from pytest_cudastack.cli import main
 from pytest_cudastack.cli.report import WheelReport, render_report, wheel_report
 from pytest_cudastack.findings import Severity
+from pytest_cudastack.model.repair import plan_repairs, render_plans
 
 # cp -al and pip in the copies change the ctime of the venv's own inodes: keep these on one xdist worker,
 # apart from tests that rely on those inodes staying untouched (test_treeview's closure-cache test).

@@ -1,4 +1,4 @@
-"""The repair plan (checks/repair.py) and the grouping of findings that share one cause (bounds, closure)."""
+"""The repair plan (model/repair.py) and the grouping of findings that share one cause (bounds, closure)."""
 
 from __future__ import annotations
 
@@ -6,16 +6,17 @@ from pathlib import Path
 
 import pytest
 
-from pytest_cudastack.checks.bounds import bound_findings, group_by_requirer, infer_wheel
+from pytest_cudastack.checks.bounds import bound_findings, group_by_requirer
 from pytest_cudastack.checks.closure import extension_closures
-from pytest_cudastack.checks.repair import plan_repairs, render_plans
-from pytest_cudastack.checks.torchindex import index_for, validate_indexes
+from pytest_cudastack.checks.integrity import check_integrity
 from pytest_cudastack.cli import main
 from pytest_cudastack.errors import DataError
 from pytest_cudastack.findings import Finding
 from pytest_cudastack.linker.elf import read_elf
 from pytest_cudastack.linker.resolver import Resolver, SearchConfig
-from pytest_cudastack.wheels.integrity import check_integrity
+from pytest_cudastack.model.needs import infer_wheel
+from pytest_cudastack.model.repair import plan_repairs, render_plans
+from pytest_cudastack.model.torchindex import index_for, validate_indexes
 from pytest_cudastack.wheels.inventory import Inventory, installed_wheels
 from tests.helpers.sitebuild import HAVE_CC, compile_so, site_packages, write_dist
 

@@ -1,5 +1,5 @@
 """Verified repairs (issue 12, part 5): every fix an integrity or closure finding prints is checked against the
-repair model first (checks/repair.py ``verified_fixes``, ``predict``): a fix whose predicted state still has an
+repair model first (model/repair.py ``verified_fixes``, ``predict``): a fix whose predicted state still has an
 error is replaced by the one that leaves none, or by "no safe automatic repair is known"."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import pytest
 
 from pytest_cudastack.checks.closure import extension_closures
 from pytest_cudastack.checks.integrity import integrity_findings
-from pytest_cudastack.checks.repair import NO_SAFE_REPAIR, plan_repairs, predict
 from pytest_cudastack.linker.elf import read_elf
 from pytest_cudastack.linker.resolver import Resolver, SearchConfig
+from pytest_cudastack.model.repair import NO_SAFE_REPAIR, plan_repairs, predict
 from pytest_cudastack.wheels.inventory import Inventory, installed_wheels
 from tests.helpers.sitebuild import HAVE_CC, write_dist
 from tests.test_repair import cudnn, venv

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from pytest_cudastack.wheels import integrity
+from pytest_cudastack.checks.integrity import check_integrity
+from pytest_cudastack.wheels import ownership
 from pytest_cudastack.wheels.distinfo import parse_record
-from pytest_cudastack.wheels.integrity import check_integrity
 from pytest_cudastack.wheels.inventory import installed_wheels
 from tests.helpers.sitebuild import HAVE_CC, compile_so, record_hash, site_packages, write_dist
 
@@ -65,13 +65,13 @@ def test_symlink_out_of_the_site_dir_is_never_hashed(tmp_path: Path, monkeypatch
     os.unlink(site / "p" / "libp.so.1")
     os.symlink(outside, site / "p" / "libp.so.1")
     opened: list[str] = []
-    real_open = integrity.open_regular
+    real_open = ownership.open_regular
 
     def spy(path: str) -> tuple[int, os.stat_result]:
         opened.append(path)
         return real_open(path)
 
-    monkeypatch.setattr(integrity, "open_regular", spy)
+    monkeypatch.setattr(ownership, "open_regular", spy)
     check_integrity(installed_wheels([str(site)]), verify_hashes=True)
     assert opened == []
     # a symlink that stays inside the site directory is still hashed

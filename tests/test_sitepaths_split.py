@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from pytest_cudastack.checks.closure import extension_closures
-from pytest_cudastack.checks.repair import plan_repairs
 from pytest_cudastack.linker.elf import read_elf
 from pytest_cudastack.linker.resolver import Resolver, SearchConfig
+from pytest_cudastack.model.repair import plan_repairs
 from pytest_cudastack.wheels.inventory import installed_wheels
 from pytest_cudastack.wheels.sitepaths import site_twin, split_site_dirs
 from tests.helpers.sitebuild import HAVE_CC, compile_so, write_dist

@@ -1,4 +1,4 @@
-"""The symbols check in import context (checks/symbols.py with checks/process.py's ``import_scopes``): a
+"""The symbols check in import context (checks/symbols.py with model/process.py's ``import_scopes``): a
 module's references bind in the global scope its import gives it (the executable's closure plus what
 RTLD_GLOBAL loads mapped before it) and in its own search list; an object an RTLD_LOCAL load mapped (an
 earlier extension module) never provides a symbol (glibc's ``_dl_lookup_symbol_x`` walks only those scopes).

@@ -35,76 +35,24 @@ from typing import TYPE_CHECKING
 
 from pytest_cudastack._sysio import real_path
 from pytest_cudastack.checks.majors import majors_findings
-from pytest_cudastack.checks.process import Interpreter, import_contexts
-from pytest_cudastack.checks.repair import load_facts, plan_repairs, predict, verified_fixes
 from pytest_cudastack.checks.requirements import requirement_for_soname
 from pytest_cudastack.cuda.compat import is_driver_soname
 from pytest_cudastack.errors import ElfError
 from pytest_cudastack.findings import Finding, Severity
 from pytest_cudastack.linker.elf import read_elf
-from pytest_cudastack.linker.elfcache import ElfCache
-from pytest_cudastack.linker.resolver import Library, Resolver, SearchConfig, Tree
-from pytest_cudastack.wheels.integrity import pip_command
-from pytest_cudastack.wheels.inventory import Distribution, Inventory, Reader, ShippedLib
+from pytest_cudastack.linker.resolver import Library, Resolver
+from pytest_cudastack.model.modules import ModuleTree, module_trees
+from pytest_cudastack.model.repair import load_facts, plan_repairs, predict, verified_fixes
+from pytest_cudastack.wheels.inventory import Distribution, Inventory
+from pytest_cudastack.wheels.ownership import pip_command
 from pytest_cudastack.wheels.sitepaths import split_site_dirs
 
 if TYPE_CHECKING:
     from pytest_cudastack.checks.facts import StackView, Target
 
-__all__ = ["ModuleTree", "default_resolver", "extension_closures", "extension_modules", "module_trees", "run"]
+__all__ = ["extension_closures", "run"]
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class ModuleTree:
-    """One extension module, its distribution and its resolved closure."""
-
-    dist: Distribution
-    module: ShippedLib
-    tree: Tree
-
-
-def default_resolver(inv: Inventory, config: SearchConfig | None = None, reader: Reader | None = None) -> Resolver:
-    """A Resolver for this process's search configuration that names owners from ``inv`` (``reader``: the
-    run's ``ElfCache.read``; default: uncached)."""
-    return Resolver(
-        config if config is not None else SearchConfig.from_environment(),
-        reader=reader,
-        owner=inv.owner,
-    )
-
-
-def extension_modules(inv: Inventory) -> tuple[tuple[Distribution, ShippedLib], ...]:
-    """Every RECORD-listed, present file that exports ``PyInit_<name>``, in inventory order."""
-    return tuple((d, lib) for d in inv.distributions for lib in d.libraries if lib.exists and lib.pyinit)
-
-
-def module_trees(
-    inv: Inventory, resolver: Resolver, read: Reader | None = None, cache: ElfCache | None = None
-) -> tuple[ModuleTree, ...]:
-    """The resolved closure of every extension module, in its import context.
-
-    A module whose closure alone misses a soname (other than the driver's) is resolved again with the
-    objects already mapped when its import reaches it (:func:`~pytest_cudastack.checks.process.import_contexts`:
-    ``sgl_kernel/__init__.py`` imports torch first, so libtorch.so is loaded and satisfies the module's
-    DT_NEEDED by SONAME). ``read``: the run's ``ElfCache.read`` (default uncached), ``cache``: its ELF cache
-    (keeps the Python files' import lists)."""
-    mods = extension_modules(inv)
-    trees = [resolver.tree(lib.path) for _, lib in mods]
-    needy = [
-        lib.path
-        for (_, lib), t in zip(mods, trees, strict=True)
-        if any(not is_driver_soname(x.soname) for x in t.missing)
-    ]
-    if needy:
-        interp = Interpreter.for_sites(inv.site_dirs)
-        contexts = import_contexts(needy, interp, resolver, read or read_elf, inv.owner, cache)
-        trees = [
-            resolver.tree(lib.path, loaded=contexts[lib.path]) if lib.path in contexts else t
-            for (_, lib), t in zip(mods, trees, strict=True)
-        ]
-    return tuple(ModuleTree(d, lib, t) for (d, lib), t in zip(mods, trees, strict=True))
 
 
 @dataclass
@@ -211,7 +159,7 @@ def run(stack: StackView, target: Target | None = None) -> tuple[Finding, ...]:
     """The ``closure`` item: every extension module of the stack's inventory through its resolver, each in
     its import context, and the mixed CUDA majors (:mod:`~pytest_cudastack.checks.majors`)."""
     inv = stack.inventory
-    trees = module_trees(inv, stack.resolver, stack.cache.read, stack.cache)
+    trees = stack.module_trees
     mixed = majors_findings(inv, stack.cache.read, lambda p: inv.relative(p))
     return (*mixed, *extension_closures(inv, stack.resolver, trees=trees))
 

@@ -23,134 +23,30 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
-from pytest_cudastack._sysio import real_path
-from pytest_cudastack.checks.closure import ModuleTree, module_trees
-from pytest_cudastack.checks.repair import NO_SAFE_REPAIR
-from pytest_cudastack.cuda.compat import is_driver_soname, soname_cuda_majors
-from pytest_cudastack.cuda.dlopen import DlopenRow, Miss, load_dlopen_targets
+from pytest_cudastack.cuda.compat import is_driver_soname
+from pytest_cudastack.cuda.dlopen import Miss
 from pytest_cudastack.errors import ElfError
 from pytest_cudastack.findings import Finding, Severity
 from pytest_cudastack.linker.elf import ElfInfo
-from pytest_cudastack.linker.resolver import Library, Resolver, Route
+from pytest_cudastack.linker.resolver import Resolver
 from pytest_cudastack.linker.strings import StringFacts
+from pytest_cudastack.model.modules import Caller, ModuleTree, callers
+from pytest_cudastack.model.repair import NO_SAFE_REPAIR
+from pytest_cudastack.model.runtime import Load, caller_majors, expand_origin, loads_of, read_or_none
 
 if TYPE_CHECKING:
     from pytest_cudastack.checks.facts import StackView, Target
     from pytest_cudastack.wheels.inventory import Inventory
 
-__all__ = ["Caller", "Load", "caller_majors", "callers", "dlopen_findings", "loads_of", "run"]
+__all__ = ["dlopen_findings", "run"]
 
 _SEVERITY: Mapping[Miss, Severity] = MappingProxyType(
     {Miss.FATAL: Severity.ERROR, Miss.FALLBACK: Severity.WARNING, Miss.OPTIONAL: Severity.INFO}
 )
-
-
-@dataclass(frozen=True)
-class Load:
-    """One run-time load a caller performs: the row that says so, the name opened and where it resolves."""
-
-    caller: str
-    row: DlopenRow
-    name: str
-    library: Library
-
-
-def caller_majors(info: ElfInfo) -> frozenset[int]:
-    """The CUDA majors a file is built for: those its soname and its DT_NEEDED sonames all allow (cuDNN 8's
-    soname allows CUDA 11 and 12; its libcublas.so.11 decides), or all they name when they disagree."""
-    sets = [m for name in (info.soname, *info.needed) if name and (m := soname_cuda_majors(name))]
-    if not sets:
-        return frozenset()
-    common = frozenset.intersection(*sets)
-    return common or frozenset().union(*sets)
-
-
-def _expand_origin(directory: str, caller: str) -> str:
-    origin = os.path.dirname(caller) or "."
-    return directory.replace("${ORIGIN}", origin).replace("$ORIGIN", origin)
-
-
-def loads_of(
-    path: str,
-    info: ElfInfo,
-    resolver: Resolver,
-    strings: Callable[[str], StringFacts],
-    loaded: Sequence[str] = (),
-    rows: Sequence[DlopenRow] | None = None,
-    loaders: Sequence[str] = (),
-) -> tuple[Load, ...]:
-    """The run-time loads the data table gives ``path`` (``info`` its ELF facts), each resolved as that
-    caller would with ``loaded`` already in the process and ``loaders`` the objects that loaded it (nearest
-    first: their RPATHs are searched); ``strings`` reads its read-only data (the run's
-    ``ElfCache.read_strings``), only for a row that names targets by pattern."""
-    out: list[Load] = []
-    for row in load_dlopen_targets() if rows is None else rows:
-        m = row.match(info.soname, os.path.basename(path))
-        if m is None:
-            continue
-        found: Sequence[str] = ()
-        if row.strings is not None:
-            try:
-                found = strings(path).names
-            except ElfError:
-                found = ()
-        for name in row.targets(m, found):
-            if row.search == "paths":
-                tries = [
-                    resolver.dlopen(os.path.join(_expand_origin(d, path), name), path, loaded, loaders)
-                    for d in row.paths
-                ]
-                hit = next((t for t in tries if t.path is not None), tries[-1])  # paths: non-empty (validated)
-                lib = replace(hit, soname=name, tried=tuple(x for t in tries for x in t.tried))
-            else:
-                lib = resolver.dlopen(name, path, loaded, loaders)
-            out.append(Load(path, row, name, lib))
-    return tuple(out)
-
-
-def _read(resolver_read: Callable[[str], ElfInfo], path: str) -> ElfInfo | None:
-    try:
-        return resolver_read(path)
-    except ElfError:
-        return None
-
-
-@dataclass(frozen=True)
-class Caller:
-    """A library that may dlopen: its path, the objects that loaded it at import (nearest first; None when
-    no extension module's closure reaches it) and the distribution shipping it."""
-
-    path: str
-    loaders: tuple[str, ...] | None
-    owner: str
-    loaded: tuple[str, ...] = ()  # what the import has mapped when the caller runs: its module's closure
-
-
-def callers(inv: Inventory, resolver: Resolver, trees: Sequence[ModuleTree] | None = None) -> tuple[Caller, ...]:
-    """Every extension module and every library its closure maps (with the chain that loaded it, first
-    occurrence), then every other present shipped library (loaded by nothing at import)."""
-    out: dict[str, Caller] = {}
-    dirs: dict[str, str] = {}
-    for mt in module_trees(inv, resolver) if trees is None else trees:
-        key = real_path(mt.module.path, dirs)
-        mapped = (mt.module.path, *(x.path for x in mt.tree.libraries if x.path is not None))
-        out.setdefault(key, Caller(mt.module.path, (), mt.dist.label, mapped))
-        for lib in mt.tree.libraries:
-            if lib.path is None or lib.route is Route.ALREADY_LOADED:
-                continue
-            key = lib.realpath or real_path(lib.path, dirs)
-            if key not in out:
-                chain = mt.tree.chain(lib.soname)
-                out[key] = Caller(lib.path, tuple(reversed(chain)), inv.owner(lib.path) or "", mapped)
-    for dist in inv.distributions:
-        for shipped in dist.libraries:
-            if shipped.exists and not shipped.problem:
-                out.setdefault(real_path(shipped.path, dirs), Caller(shipped.path, None, dist.label))
-    return tuple(out.values())
 
 
 def dlopen_findings(
@@ -158,14 +54,14 @@ def dlopen_findings(
     resolver: Resolver,
     read: Callable[[str], ElfInfo],
     strings: Callable[[str], StringFacts],
-    trees: Sequence[ModuleTree] | None = None,
+    trees: Sequence[ModuleTree],
 ) -> tuple[Finding, ...]:
-    """The ``dlopen`` findings for every caller of ``inv`` (module docstring). A caller no extension module
-    loads is judged alone (its loader chain unknown): its misses are INFO."""
+    """The ``dlopen`` findings for every caller of ``inv`` (module docstring; ``trees``: its module trees). A
+    caller no extension module loads is judged alone (its loader chain unknown): its misses are INFO."""
     findings: list[Finding] = []
     unexplained: dict[str, list[tuple[str, tuple[str, ...]]]] = {}
-    for c in callers(inv, resolver, trees):
-        info = _read(read, c.path)
+    for c in callers(inv, trees):
+        info = read_or_none(read, c.path)
         if info is None:
             continue
         loads = loads_of(c.path, info, resolver, strings, c.loaded, loaders=c.loaders or ())
@@ -261,8 +157,7 @@ def _load_finding(ld: Load, caller: ElfInfo, inv: Inventory, read: Callable[[str
             Miss.OPTIONAL: "an optional feature is unavailable",
         }[ld.row.miss]
         how = (
-            "opened by full path "
-            + ", ".join(os.path.join(_expand_origin(d, ld.caller), ld.name) for d in ld.row.paths)
+            "opened by full path " + ", ".join(os.path.join(expand_origin(d, ld.caller), ld.name) for d in ld.row.paths)
             if ld.row.search == "paths"
             else "searched as glibc's dlopen from the caller does (its RPATH unless RUNPATH, LD_LIBRARY_PATH, its "
             "RUNPATH, ld.so.cache, default directories)"
@@ -288,7 +183,7 @@ def _load_finding(ld: Load, caller: ElfInfo, inv: Inventory, read: Callable[[str
             details=(f"the table row: {source}",),
         )
     want = caller_majors(caller)
-    got_info = _read(read, lib.path)
+    got_info = read_or_none(read, lib.path)
     got = caller_majors(got_info) if got_info is not None else frozenset()
     if want and got and not want & got:
         return Finding(
@@ -310,4 +205,6 @@ def _load_finding(ld: Load, caller: ElfInfo, inv: Inventory, read: Callable[[str
 
 def run(stack: StackView, target: Target | None = None) -> tuple[Finding, ...]:
     """The ``dlopen`` item: the run-time loads of every shipped library of the stack's inventory."""
-    return dlopen_findings(stack.inventory, stack.resolver, stack.cache.read, stack.cache.read_strings)
+    return dlopen_findings(
+        stack.inventory, stack.resolver, stack.cache.read, stack.cache.read_strings, stack.module_trees
+    )

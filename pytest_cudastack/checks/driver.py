@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from pytest_cudastack.checks.bounds import CudaNeed, Inference
 from pytest_cudastack.cuda.verdicts import driver_verdict
 from pytest_cudastack.findings import Finding, Severity
+from pytest_cudastack.model.needs import CudaNeed, Inference
 
 if TYPE_CHECKING:
     from pytest_cudastack.checks.facts import StackView, Target

@@ -10,13 +10,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from pytest_cudastack.checks.bounds import Inference
     from pytest_cudastack.cuda.driver import DriverInfo
     from pytest_cudastack.findings import Finding
     from pytest_cudastack.linker.elfcache import ElfCache
     from pytest_cudastack.linker.fatbin import Fatbin
     from pytest_cudastack.linker.resolver import Resolver, Tree
+    from pytest_cudastack.model.modules import ModuleTree
+    from pytest_cudastack.model.needs import Inference
     from pytest_cudastack.wheels.inventory import Inventory
+    from pytest_cudastack.wheels.requirements import Requirements
 
 __all__ = ["Options", "StackView", "Target"]
 
@@ -64,6 +66,16 @@ class StackView(Protocol):
 
     @property
     def resolver(self) -> Resolver: ...
+
+    @property
+    def module_trees(self) -> tuple[ModuleTree, ...]:
+        """Every extension module with its closure, in its import context (built once per run)."""
+        ...
+
+    @property
+    def requirements(self) -> Requirements:
+        """Every installed distribution's Requires-Dist, evaluated once for the inspected interpreter."""
+        ...
 
     @property
     def cache(self) -> ElfCache:

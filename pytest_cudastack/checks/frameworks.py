@@ -36,8 +36,8 @@ from pytest_cudastack.cuda.frameworks import FrameworkRules, Rule, judge, load_r
 from pytest_cudastack.errors import CudaStackError
 from pytest_cudastack.findings import Finding, Severity
 from pytest_cudastack.linker.resolver import Library
-from pytest_cudastack.wheels.integrity import pip_command
-from pytest_cudastack.wheels.requirements import Requirements, requirement_facts
+from pytest_cudastack.wheels.ownership import pip_command
+from pytest_cudastack.wheels.requirements import Requirements
 
 if TYPE_CHECKING:
     from pytest_cudastack.checks.facts import StackView, Target
@@ -94,10 +94,10 @@ def build_info(dist: Distribution, rule: Rule) -> str:
     return f"; its {os.path.basename(rule.build_file)} says {', '.join(found)}" if found else ""
 
 
-def framework_findings(stack: StackView, reqs: Requirements | None = None) -> tuple[Finding, ...]:
+def framework_findings(stack: StackView) -> tuple[Finding, ...]:
     """The framework rules' findings for every installed framework (see the module docstring)."""
     inv = stack.inventory
-    reqs = reqs if reqs is not None else requirement_facts(inv)
+    reqs = stack.requirements
     try:
         data = load_rules()
     except CudaStackError as e:

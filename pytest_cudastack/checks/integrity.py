@@ -1,20 +1,505 @@
-"""The integrity check: the wheels floor's verdict on the installed distributions, as one item, each failing
-finding's fix replaced by the one the repair model verifies (``repair.verified_fixes``: the plan's command
-for the whole item where it repairs the finding)."""
+"""The integrity check: are the installed distributions' files intact, and whose bytes are on disk?
+
+Four kinds of finding, each naming the distributions, the paths and the bytes on disk, with the repair:
+
+* **overlap**: one path listed by the RECORDs of two or more distributions with different contents (pip
+  installs the second over the first without a word; uninstalling either deletes what the other lists).
+  Overlaps whose RECORDs agree byte for byte (namespace ``__init__.py`` files) are not reported, except
+  shared libraries, which are reported as INFO (uninstalling either still deletes the other's copy).
+* **broken pin**: a distribution requires Y, but Y's shared libraries on disk are another distribution's
+  bytes (torch pins nvidia-cudnn-cu13==9.24.0.43, libcudnn.so.9 on disk is nvidia-cudnn-cu12 9.19.0.56's).
+* **missing / altered**: a RECORD-listed shared library is gone, or its size (hash when the size cannot tell)
+  is not what the RECORD says and no other RECORD claims those bytes. A distribution whose every file is
+  gone gets one finding saying so ("ships nothing it claims").
+* **placeholder**: a ``0.0.x.devN`` / "placeholder" distribution that ships no files.
+
+The facts (whose bytes are where) come from :mod:`pytest_cudastack.wheels.ownership`; each failing finding's
+fix is replaced by the one the repair model verifies (``repair.verified_fixes``: the plan's command for the
+whole item where it repairs the finding).
+"""
 
 from __future__ import annotations
 
+import logging
+import os
+import re
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from pytest_cudastack.checks.repair import verified_fixes
-from pytest_cudastack.wheels.integrity import check_integrity
+from packaging.utils import canonicalize_name
+
+from pytest_cudastack.findings import Finding, Severity
+from pytest_cudastack.model.repair import verified_fixes
+from pytest_cudastack.wheels.inventory import Distribution, Inventory, is_shared_lib_path
+from pytest_cudastack.wheels.ownership import (
+    Disk,
+    Listed,
+    PathState,
+    Requirer,
+    StateFn,
+    active_requirements,
+    attribute,
+    exact_pin,
+    in_dist_info,
+    inside_site,
+    pip_command,
+    variant_sibling,
+)
 
 if TYPE_CHECKING:
     from pytest_cudastack.checks.facts import StackView, Target
-    from pytest_cudastack.findings import Finding
-    from pytest_cudastack.wheels.inventory import Inventory
 
-__all__ = ["integrity_findings", "run"]
+__all__ = ["check_integrity", "integrity_findings", "run"]
+
+logger = logging.getLogger(__name__)
+
+_PLACEHOLDER_VERSION = re.compile(r"^0\.0\.\d+\.dev\d+$")
+
+
+_PLACEHOLDER_SUMMARY = re.compile(r"placeholder|fake package|dummy package|not the package", re.IGNORECASE)
+
+
+_LIB_NAMES = {
+    "cudnn": "cuDNN",
+    "nccl": "NCCL",
+    "cusparselt": "cuSPARSELt",
+    "nvshmem": "NVSHMEM",
+    "cublas": "cuBLAS",
+    "cufft": "cuFFT",
+    "cusparse": "cuSPARSE",
+    "cusolver": "cuSOLVER",
+    "curand": "cuRAND",
+    "cutensor": "cuTENSOR",
+}
+
+
+_Required = Callable[[], "dict[str, list[Requirer]]"]  # who requires what, computed on the first call
+
+
+def check_integrity(inv: Inventory, *, verify_hashes: bool = False) -> tuple[Finding, ...]:
+    """Integrity findings for an inventory (overlaps, broken pins, missing/altered libraries, placeholders).
+
+    ``verify_hashes=True`` also hashes every existing RECORD-listed shared library whose size matches
+    (slow on a CUDA venv: gigabytes); by default a matching size is taken as intact.
+    """
+    disk = Disk(verify_hashes)
+    memo: list[dict[str, list[Requirer]]] = []
+
+    def required_by() -> dict[str, list[Requirer]]:
+        """active_requirements(inv), computed when a finding first needs it (most runs find nothing)."""
+        if not memo:
+            memo.append(active_requirements(inv))
+        return memo[0]
+
+    by_path = Listed(inv)
+    states: dict[str, PathState] = {}
+
+    def state(path: str) -> PathState:
+        if path not in states:
+            owners = by_path.get(path)
+            on_disk, undecided = attribute(path, owners, disk)
+            states[path] = PathState(path, owners[0].entry.path, tuple(owners), disk.size(path), on_disk, undecided)
+        return states[path]
+
+    findings: list[Finding] = []
+    findings += _overlaps(inv, by_path, state, required_by)
+    findings += _broken_pins(inv, state, required_by)
+    findings += _missing_or_altered(inv, by_path, state, disk, required_by)
+    findings += _placeholders(inv, required_by)
+    if disk.hashed:
+        logger.debug("integrity hashed %d file(s): %s", len(disk.hashed), disk.hashed[:5])
+    return tuple(findings)
+
+
+def _pinned_version(dist: Distribution, requirers: Sequence[Requirer]) -> str:
+    for r in requirers:
+        specs = list(r.requirement.specifier)
+        if len(specs) == 1 and specs[0].operator in ("==", "===") and "*" not in specs[0].version:
+            return specs[0].version
+    return dist.version
+
+
+def _who_requires(dist: Distribution, required_by: dict[str, list[Requirer]]) -> list[Requirer]:
+    return [r for r in required_by.get(dist.key, []) if r.dist is not dist]
+
+
+def _keep_one(dists: Sequence[Distribution], required_by: dict[str, list[Requirer]]) -> tuple[str, str]:
+    """(reason, fix) for distributions that install the same paths: keep the required one."""
+    names = " and ".join(d.name for d in dists) if len(dists) == 2 else ", ".join(d.name for d in dists)
+    head = f"{names} install the same paths; keep one"
+    req = {d.key: _who_requires(d, required_by) for d in dists}
+    required = [d for d in dists if req[d.key]]
+    pip = pip_command(dists[0])
+    if len(required) == 1:
+        keep = required[0]
+        drop = [d for d in dists if d is not keep]
+        version = _pinned_version(keep, req[keep.key])
+        why = "; ".join(f"{r.dist.label} requires {r.text}" for r in req[keep.key][:3])
+        reason = f"{head}: {why}, nothing installed requires {', '.join(d.name for d in drop)}"
+        fix = (
+            f"{pip} uninstall -y {' '.join(d.name for d in drop)} && "
+            f"{pip} install --force-reinstall --no-deps {keep.name}=={version}"
+        )
+        return reason, fix
+    if not required:
+        reason = f"{head}: nothing installed requires any of them"
+        fix = (
+            f"uninstall the one you do not use, then force-reinstall the other, e.g. "
+            f"{pip} uninstall -y {dists[0].name} && "
+            f"{pip} install --force-reinstall --no-deps {dists[-1].name}=={dists[-1].version}"
+        )
+        return reason, fix
+    why = "; ".join(f"{r.dist.label} requires {r.text}" for d in required for r in req[d.key][:2])
+    reason = f"{head}, but more than one is required ({why}): they cannot share one environment"
+    fix = (
+        "keep the one the package you run needs (force-reinstall it with --no-deps after uninstalling "
+        "the other) and move the other's dependents to a separate environment"
+    )
+    return reason, fix
+
+
+def _summarise(paths: Sequence[str], limit: int = 4) -> str:
+    names = [os.path.basename(p) for p in paths]
+    shown = ", ".join(names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def _common_dir(rels: Sequence[str]) -> str:
+    try:
+        common = os.path.commonpath([os.path.dirname(r) or "." for r in rels])
+    except ValueError:
+        return ""
+    return common if common not in ("", ".") else ""
+
+
+def _overlaps(
+    inv: Inventory,
+    by_path: Listed,
+    state: StateFn,
+    required_by: _Required,
+) -> list[Finding]:
+    groups: dict[tuple[int, ...], list[PathState]] = {}
+    order: dict[int, int] = {id(d): i for i, d in enumerate(inv.distributions)}
+    for path in by_path.shared:
+        owners = by_path.get(path)
+        key = tuple(sorted(order[id(o.dist)] for o in owners))
+        groups.setdefault(key, []).append(state(path))
+    findings: list[Finding] = []
+    for key, paths in sorted(groups.items()):
+        dists = [inv.distributions[i] for i in key]
+        conflicting = [s for s in paths if s.conflicting]
+        libs = [s for s in paths if is_shared_lib_path(s.path)]
+        if not conflicting and not libs:
+            continue
+        labels = " and ".join(d.label for d in dists) if len(dists) == 2 else ", ".join(d.label for d in dists)
+        rels = sorted(s.rel for s in paths)
+        where_dir = _common_dir(rels)
+        under = f" under {where_dir}/" if where_dir else ""
+        lib_rels = sorted(s.rel for s in libs)
+        what = f"{len(paths)} file(s){under}"
+        if lib_rels:
+            what += f", {len(lib_rels)} of them shared libraries ({_summarise(lib_rels)})"
+        # whose bytes are on disk
+        winners: dict[str, list[str]] = {}
+        for s in sorted(conflicting or paths, key=lambda s: s.rel):
+            if s.size is None:
+                winners.setdefault("missing", []).append(s.rel)
+            elif s.on_disk:
+                winners.setdefault(" / ".join(d.label for d in s.on_disk), []).append(s.rel)
+            else:
+                winners.setdefault("unknown", []).append(s.rel)
+        on_disk_parts = []
+        for who, rs in winners.items():
+            if who == "missing":
+                on_disk_parts.append(f"{len(rs)} are missing")
+            elif who == "unknown":
+                on_disk_parts.append(f"{len(rs)} match no RECORD")
+            elif len(winners) == 1:
+                on_disk_parts.append(f"the bytes on disk are {who}'s")
+            else:
+                on_disk_parts.append(f"{len(rs)} on disk are {who}'s ({_summarise(rs, 2)})")
+        same_name = len({d.key for d in dists}) == 1
+        if conflicting:
+            severity = Severity.ERROR
+            message = f"{labels} install the same {what}; " + "; ".join(on_disk_parts)
+            if same_name:
+                reason = (
+                    f"two dist-info directories of {dists[0].name} list the same files: one is left over "
+                    "from an interrupted install or uninstall"
+                )
+                fix = (
+                    f"{pip_command(dists[0])} uninstall -y {dists[0].name} (repeat until none is left), then "
+                    f"{pip_command(dists[0])} install --no-deps {dists[-1].name}=={dists[-1].version}"
+                )
+            else:
+                reason, fix = _keep_one(dists, required_by())
+            cause = (
+                "pip installs one distribution's files over the other's without a warning, and uninstalling "
+                f"either deletes files the other's RECORD still lists. {reason}"
+            )
+        else:
+            severity = Severity.INFO
+            message = f"{labels} list the same {what} with identical bytes"
+            cause = "uninstalling either deletes the file the other still lists"
+            fix = ""
+        shown = sorted(conflicting or libs, key=lambda s: (not is_shared_lib_path(s.path), s.rel))
+        details = tuple(s.describe() for s in shown[:8])
+        if len(shown) > 8:
+            details += (f"... and {len(shown) - 8} more",)
+        findings.append(
+            Finding(
+                check="integrity",
+                severity=severity,
+                subject=" / ".join(d.name for d in dists),
+                distributions=tuple(d.key for d in dists),
+                message=message,
+                cause=cause,
+                fix=fix,
+                where=tuple(os.path.join(d.dist_info, "RECORD") for d in dists),
+                details=details,
+            )
+        )
+    return findings
+
+
+def _lib_name(dist_name: str) -> str:
+    base = re.sub(r"-cu\d+$", "", canonicalize_name(dist_name))
+    base = re.sub(r"^nvidia-", "", base)
+    return _LIB_NAMES.get(base, base)
+
+
+def _broken_pins(inv: Inventory, state: StateFn, required: _Required) -> list[Finding]:
+    findings: list[Finding] = []
+    if not any(_foreign_on_disk(y, state) for y in inv.distributions):
+        return findings  # no requirement can be broken: who requires what is not needed
+    required_by = required()
+    for key, requirers in required_by.items():
+        y = inv.get(key)
+        if y is None:
+            continue
+        foreign: dict[int, tuple[Distribution, list[PathState]]] = {}
+        for lib in y.libraries:
+            if lib.record is None or not lib.exists:
+                continue
+            s = state(lib.path)
+            if not s.on_disk or any(d is y for d in s.on_disk):
+                continue
+            z = s.on_disk[0]
+            foreign.setdefault(id(z), (z, []))[1].append(s)
+        if not foreign:
+            continue
+        for r in requirers:
+            if r.dist is y:
+                continue
+            for z, states in foreign.values():
+                states.sort(key=lambda s: s.rel)
+                rels = [s.rel for s in states]
+                more = f" (and {len(rels) - 1} more)" if len(rels) > 1 else ""
+                exact = exact_pin(r)
+                libname = _lib_name(y.name)
+                if exact is not None and z.version != exact and libname == "cuDNN" and r.dist.key == "torch":
+                    # torch compares the cuDNN version it was built with to the loaded one at first use
+                    predicted = (
+                        f"cuDNN version incompatibility at first use: torch was built against {exact}, the "
+                        f"files on disk are {z.version}"
+                    )
+                elif exact is not None and z.version != exact:
+                    predicted = (
+                        f"{r.dist.name} pins {y.name}=={exact} but will load {libname} {z.version} from {z.name}"
+                    )
+                else:
+                    predicted = f"{r.dist.name} will load {z.label}'s build of {libname}, not {y.label}'s"
+                if z.cuda_major is not None and y.cuda_major is not None and z.cuda_major != y.cuda_major:
+                    predicted += f" (built for CUDA {z.cuda_major}, {y.name} is for CUDA {y.cuda_major})"
+                _reason, fix = _keep_one([y, z], required_by)
+                findings.append(
+                    Finding(
+                        check="integrity",
+                        severity=Severity.ERROR,
+                        subject=f"{r.dist.name} -> {r.text}",
+                        distributions=(r.dist.key,),
+                        message=(
+                            f"{r.dist.label} requires {r.text}, but {rels[0]}{more} on disk "
+                            f"{'are' if more else 'is'} {z.label}'s"
+                        ),
+                        cause=f"predicted failure: {predicted}. "
+                        f"{z.name} was installed over {y.name}: both install the same paths",
+                        fix=fix,
+                        where=(os.path.join(y.dist_info, "RECORD"), os.path.join(z.dist_info, "RECORD")),
+                        details=tuple(s.describe() for s in states[:12]),
+                    )
+                )
+    return findings
+
+
+def _foreign_on_disk(y: Distribution, state: StateFn) -> bool:
+    """Is some present library ``y``'s RECORD lists another distribution's bytes (and not ``y``'s)?"""
+    for lib in y.libraries:
+        if lib.record is None or not lib.exists:
+            continue
+        s = state(lib.path)
+        if s.on_disk and not any(d is y for d in s.on_disk):
+            return True
+    return False
+
+
+def _missing_or_altered(
+    inv: Inventory,
+    by_path: Listed,
+    state: StateFn,
+    disk: Disk,
+    required: _Required,
+) -> list[Finding]:
+    findings: list[Finding] = []
+    for d in inv.distributions:
+        pip = pip_command(d)
+        reinstall = f"{pip} install --force-reinstall --no-deps {d.name}=={d.version}"
+        # ships nothing it claims?
+        own_iter = (p for p in (d.abspath(e) for e in d.records) if p is not None and not in_dist_info(d, p))
+        first = next(own_iter, None)
+        if first is not None and not os.path.lexists(first) and not any(os.path.lexists(p) for p in own_iter):
+            own = [p for p in (d.abspath(e) for e in d.records) if p is not None and not in_dist_info(d, p)]
+            others = sorted({o.dist.label for p in own for o in by_path.get(p) if o.dist is not d})
+            if others:
+                cause = (
+                    "its files were deleted, most likely by uninstalling another distribution that installs "
+                    f"the same paths; installed now and listing the same paths: {', '.join(others)}"
+                )
+            else:
+                cause = (
+                    "its files were deleted, most likely by uninstalling another distribution that installs "
+                    f"the same paths{_variant_hint(d)}; no installed distribution lists them now, so which "
+                    "one cannot be read from the files"
+                )
+            needed = _who_requires(d, required())
+            sibling = variant_sibling(d.key)
+            wanted = [r for r in required().get(sibling or "", []) if r.dist is not d]
+            if not needed and wanted:
+                # reinstalling it would put its bytes where the required variant's belong (an overlap)
+                pin = next((v for r in wanted if (v := exact_pin(r)) is not None), None)
+                version = f"=={pin}" if pin else ""
+                fix = (
+                    f"{pip} uninstall -y {d.name} && {pip} install --force-reinstall --no-deps {sibling}{version} "
+                    f"({wanted[0].dist.label} requires {wanted[0].text}; nothing installed requires {d.name})"
+                )
+            else:
+                fix = reinstall if needed else f"{reinstall} (or {pip} uninstall -y {d.name} if nothing needs it)"
+            findings.append(
+                Finding(
+                    check="integrity",
+                    severity=Severity.ERROR,
+                    subject=d.label,
+                    distributions=(d.key,),
+                    message=(
+                        f"{d.label} ships nothing it claims: all {len(own)} file(s) its RECORD lists are gone, "
+                        "only its dist-info is left"
+                    ),
+                    cause=cause,
+                    fix=fix,
+                    where=(os.path.join(d.dist_info, "RECORD"),),
+                    details=tuple(sorted(os.path.relpath(p, d.location) for p in own)[:8]),
+                )
+            )
+            continue
+        missing: list[str] = []
+        altered: list[str] = []
+        for lib in d.libraries:
+            if lib.record is None:
+                continue
+            s = state(lib.path)
+            if s.size is None:
+                missing.append(s.rel)
+                continue
+            if any(x is d for x in s.on_disk) or s.undecided:
+                continue
+            if s.on_disk:
+                continue  # another owner's bytes: reported as an overlap
+            altered.append(s.describe() + f" (RECORD: {lib.record.size} bytes)")
+        if missing:
+            missing.sort()
+            others = sorted(
+                {o.dist.label for rel in missing for o in by_path.get(os.path.join(d.location, rel)) if o.dist is not d}
+            )
+            if len(missing) == 1:
+                message = f"{d.label} lists {missing[0]} but the file is gone"
+            else:
+                message = f"{d.label} lists {len(missing)} shared libraries that are gone: {_summarise(missing)}"
+            if others:
+                cause = (
+                    f"{', '.join(others)} list(s) the same path(s); installing or uninstalling one of them "
+                    "replaces or deletes the other's files"
+                )
+            else:
+                cause = (
+                    "deleted after install, by hand or by uninstalling a distribution that installs the same "
+                    f"paths{_variant_hint(d)}; no installed distribution lists them now"
+                )
+            findings.append(
+                Finding(
+                    check="integrity",
+                    severity=Severity.ERROR,
+                    subject=d.label,
+                    distributions=(d.key,),
+                    message=message,
+                    cause=cause,
+                    fix=reinstall,
+                    where=(os.path.join(d.dist_info, "RECORD"),),
+                    details=tuple(f"{r}: missing on disk" for r in missing[:12]),
+                )
+            )
+        if altered:
+            findings.append(
+                Finding(
+                    check="integrity",
+                    severity=Severity.ERROR,
+                    subject=d.label,
+                    distributions=(d.key,),
+                    message=f"{d.label}: {len(altered)} shared librar{'y has' if len(altered) == 1 else 'ies have'} "
+                    "other bytes than its RECORD lists, and no installed RECORD claims them",
+                    cause="modified after install (patchelf, strip, a copy over it) or overwritten by a "
+                    "distribution that has since been uninstalled",
+                    fix=reinstall,
+                    where=(os.path.join(d.dist_info, "RECORD"),),
+                    details=tuple(altered[:12]),
+                )
+            )
+    return findings
+
+
+def _variant_hint(d: Distribution) -> str:
+    """`` (nvidia-cudnn-cu12 does)`` for the wheels whose other CUDA variant installs the same paths."""
+    sibling = variant_sibling(d.key)
+    return f" ({sibling} does)" if sibling else ""
+
+
+def _placeholders(inv: Inventory, required: _Required) -> list[Finding]:
+    findings: list[Finding] = []
+    for d in inv.distributions:
+        looks = bool(_PLACEHOLDER_VERSION.match(d.version)) or bool(_PLACEHOLDER_SUMMARY.search(d.summary))
+        if not looks:
+            continue
+        payload = [
+            e for e in d.records if (p := d.abspath(e)) is not None and not in_dist_info(d, p) and inside_site(d, p)
+        ]
+        if payload:
+            continue
+        why = f"its summary says {d.summary!r}" if d.summary else f"version {d.version}"
+        needed = _who_requires(d, required())
+        by = f"; required by {', '.join(r.dist.label for r in needed[:3])}" if needed else ""
+        findings.append(
+            Finding(
+                check="integrity",
+                severity=Severity.WARNING,
+                subject=d.label,
+                distributions=(d.key,),
+                message=f"{d.label} is a placeholder: it ships no modules or libraries ({why}){by}",
+                cause="a stub wheel published under the real name, installed instead of the real distribution",
+                fix=f"{pip_command(d)} uninstall -y {d.name}, then install the real distribution "
+                "(its summary or project page says from where)",
+                where=(os.path.join(d.dist_info, "METADATA"),),
+            )
+        )
+    return findings
 
 
 def integrity_findings(inventory: Inventory) -> tuple[Finding, ...]:

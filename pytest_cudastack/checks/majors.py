@@ -21,11 +21,11 @@ from collections.abc import Callable
 
 from packaging.utils import canonicalize_name
 
-from pytest_cudastack.checks.repair import NO_SAFE_REPAIR
 from pytest_cudastack.cuda.compat import soname_cuda_majors
 from pytest_cudastack.errors import ElfError
 from pytest_cudastack.findings import Finding, Severity
 from pytest_cudastack.linker.elf import ElfInfo
+from pytest_cudastack.model.repair import NO_SAFE_REPAIR
 from pytest_cudastack.wheels.inventory import Distribution, Inventory
 
 __all__ = ["linked_majors", "majors_findings", "stack_major"]

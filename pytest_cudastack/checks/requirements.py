@@ -30,14 +30,16 @@ from typing import TYPE_CHECKING
 
 from packaging.version import InvalidVersion, Version
 
-from pytest_cudastack.checks.repair import verified_fixes
+from pytest_cudastack.checks.frameworks import framework_findings
+from pytest_cudastack.checks.shadow import shadow_findings
 from pytest_cudastack.cuda.compat import soname_cuda_majors
 from pytest_cudastack.cuda.flavour import wheel_cuda_flavour
 from pytest_cudastack.cuda.frameworks import LibraryRow, framework_says, load_rules, reported_version
 from pytest_cudastack.errors import CudaStackError
 from pytest_cudastack.findings import Finding, Severity
-from pytest_cudastack.wheels.integrity import pip_command
+from pytest_cudastack.model.repair import verified_fixes
 from pytest_cudastack.wheels.inventory import Distribution, Inventory
+from pytest_cudastack.wheels.ownership import pip_command
 from pytest_cudastack.wheels.requirements import RequirementFact, Requirements, Status, requirement_facts
 
 if TYPE_CHECKING:
@@ -312,13 +314,8 @@ def nothing_to_check(stack: StackView, target: Target | None = None) -> str | No
 
 def run(stack: StackView, target: Target | None = None) -> tuple[Finding, ...]:
     """The ``requirements`` item: requirements, framework rules and shadowed copies of the stack."""
-    # lazy: frameworks and shadow import this module (cuda_relevant, library_of); importing them at the top
-    # would make the cycle
-    from pytest_cudastack.checks.frameworks import framework_findings
-    from pytest_cudastack.checks.shadow import shadow_findings
-
-    reqs = requirement_facts(stack.inventory)
-    found = requirement_findings(stack.inventory, reqs) + framework_findings(stack, reqs) + shadow_findings(stack, reqs)
+    reqs = stack.requirements
+    found = requirement_findings(stack.inventory, reqs) + framework_findings(stack) + shadow_findings(stack)
     # the integrity item's failing findings join the model's plan (a stray variant's uninstall is what meets a
     # pin whose files it overwrote), so both items print the one command; only this item's findings return
     context = tuple(f for f in stack.integrity if f.failing)

@@ -53,9 +53,9 @@ from pytest_cudastack.cuda.frameworks import (
 from pytest_cudastack.errors import CudaStackError
 from pytest_cudastack.findings import Finding, Severity
 from pytest_cudastack.linker.resolver import Library, Resolver, Route
-from pytest_cudastack.wheels.integrity import bytes_on_disk
 from pytest_cudastack.wheels.inventory import Distribution, Inventory
-from pytest_cudastack.wheels.requirements import Requirements, requirement_facts
+from pytest_cudastack.wheels.ownership import bytes_on_disk
+from pytest_cudastack.wheels.requirements import Requirements
 
 if TYPE_CHECKING:
     from pytest_cudastack.checks.facts import StackView, Target
@@ -238,10 +238,10 @@ def shadowing(inv: Inventory, lib: Library, row: LibraryRow, keys: set[str]) -> 
     return theirs[0] if theirs else None
 
 
-def shadow_findings(stack: StackView, reqs: Requirements | None = None) -> tuple[Finding, ...]:
+def shadow_findings(stack: StackView) -> tuple[Finding, ...]:
     """Shadowed-copy findings for every distribution of the stack (see the module docstring)."""
     inv = stack.inventory
-    reqs = reqs if reqs is not None else requirement_facts(inv)
+    reqs = stack.requirements
     try:
         rules = load_rules()
     except CudaStackError:

@@ -17,7 +17,7 @@ Lookup scopes are built as glibc builds them (2.36):
   decide what binds: :mod:`pytest_cudastack.linker.symbols`.
 
 **In import context.** A module whose references do not all bind in those scopes is checked again in the
-scopes its import gives it (:func:`~pytest_cudastack.checks.process.import_scopes`): the global scope is the
+scopes its import gives it (:func:`~pytest_cudastack.model.process.import_scopes`): the global scope is the
 executable's closure plus what RTLD_GLOBAL loads (torch's global deps, cupy's cuda-pathfinder loads) mapped
 before the module, nothing an RTLD_LOCAL load mapped (an earlier extension module never provides a symbol
 to a later one); its own search list is its closure with the objects already loaded matched by SONAME,
@@ -49,8 +49,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from pytest_cudastack._sysio import real_path
-from pytest_cudastack.checks.closure import ModuleTree, module_trees
-from pytest_cudastack.checks.process import ImportScope, Interpreter, import_scopes
 from pytest_cudastack.cuda.driver import DriverInfo
 from pytest_cudastack.cuda.driversyms import driver_entry_points
 from pytest_cudastack.errors import ElfError
@@ -58,6 +56,8 @@ from pytest_cudastack.findings import Finding, Severity
 from pytest_cudastack.linker.elf import ElfInfo, read_elf
 from pytest_cudastack.linker.resolver import Library, Resolver, Route, Tree
 from pytest_cudastack.linker.symbols import ScopeIndex, SymbolFacts
+from pytest_cudastack.model.modules import ModuleTree, module_trees
+from pytest_cudastack.model.process import ImportScope, Interpreter, import_scopes
 from pytest_cudastack.wheels.inventory import Inventory
 
 if TYPE_CHECKING:
@@ -698,6 +698,7 @@ def run(stack: StackView, target: Target | None = None) -> tuple[Finding, ...]:
             driver=driver,
             elf_read=cache.read,
             pycache=cache,
+            trees=stack.module_trees,
         )
     )
     for name, path in stack.scan_targets:

@@ -13,11 +13,11 @@ import json
 import sys
 
 from pytest_cudastack.checks import enabled_checks
-from pytest_cudastack.checks.repair import plan_repairs, render_plans
 from pytest_cudastack.cli.colour import painter_for
 from pytest_cudastack.cli.project import add_project_options, project_settings
 from pytest_cudastack.cli.sites import site_dirs_from
 from pytest_cudastack.errors import CudaStackError
+from pytest_cudastack.model.repair import plan_repairs, render_plans
 from pytest_cudastack.stack import Stack, write_snapshot
 
 __all__ = ["CHECK_SCHEMA", "CHECK_VERSION", "add_options", "cmd_check"]

@@ -4,7 +4,7 @@ The import runs in a child process (``sys.executable``, on purpose: importing ma
 which the inspecting process must never do). The child lists ``/proc/self/maps`` before and after the
 import and writes the new file-backed mappings as JSON; the parent adds each file's soname (``read_elf``)
 and owning distribution (``Inventory.owner``). ``--static`` imports nothing: the objects are predicted from
-the files (:mod:`pytest_cudastack.checks.process`), each with its route and reason.
+the files (:mod:`pytest_cudastack.model.process`), each with its route and reason.
 
 The child is isolated from where it runs: ``python -I`` (no current directory or script directory on
 ``sys.path``, no ``PYTHON*`` variables, no user site), so a ``json.py`` or ``importlib.py`` in the current
@@ -251,11 +251,11 @@ def loaded_libraries(
 def static_document(module: str, site_paths: Sequence[str] | None = None) -> tuple[dict[str, Any], bool]:
     """``loaded MODULE --static --json``'s document (the ``loaded`` schema with ``route`` and ``reason`` per
     library, ``run_time`` and ``missing``), and whether the prediction is clean (module found, nothing
-    missing). Predicted by :func:`~pytest_cudastack.checks.process.predict_import` for this interpreter
+    missing). Predicted by :func:`~pytest_cudastack.model.process.predict_import` for this interpreter
     with the site directories of ``site_paths`` (default: ``sys.path``); nothing is imported."""
     # lazy: the import model (ast, the resolver) only for --static
-    from pytest_cudastack.checks.process import Interpreter, predict_import
     from pytest_cudastack.linker.resolver import Resolver, SearchConfig
+    from pytest_cudastack.model.process import Interpreter, predict_import
     from pytest_cudastack.wheels.sitepaths import owner_index
 
     cache = ElfCache()

@@ -16,15 +16,16 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from pytest_cudastack.checks.arch import dist_gpu_code
-from pytest_cudastack.checks.closure import extension_closures, module_trees
-from pytest_cudastack.checks.repair import plan_repairs, render_plans
+from pytest_cudastack.checks.closure import extension_closures
+from pytest_cudastack.checks.integrity import check_integrity
 from pytest_cudastack.cli.colour import Painter, painter_for
 from pytest_cudastack.cli.sites import site_dirs_from
 from pytest_cudastack.cuda.gpucode import gpu_code_text
 from pytest_cudastack.findings import Finding, Severity, most_severe_first
 from pytest_cudastack.linker.elfcache import ElfCache
 from pytest_cudastack.linker.resolver import Resolver, SearchConfig
-from pytest_cudastack.wheels.integrity import check_integrity
+from pytest_cudastack.model.modules import module_trees
+from pytest_cudastack.model.repair import plan_repairs, render_plans
 from pytest_cudastack.wheels.inventory import Inventory, installed_wheels, memo_reader
 
 __all__ = [

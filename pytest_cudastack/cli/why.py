@@ -5,7 +5,7 @@ The answer is the one a real load gives: SONAME resolved as a DT_NEEDED of each 
 extension module or library in the inventory whose DT_NEEDED names it: torch's ``libtorch_cuda.so`` finds
 ``libcudnn.so.9`` through its RUNPATH), and of the Python executable (a program or ``ctypes.CDLL`` started
 from this interpreter). When two distributions' RECORDs list the path it loads from, the bytes on disk are
-attributed as the integrity check attributes them (:func:`pytest_cudastack.wheels.integrity.bytes_on_disk`).
+attributed as the integrity check attributes them (:func:`pytest_cudastack.wheels.ownership.bytes_on_disk`).
 
 Exit status: 0 when some load on this machine would find it, 1 when none would (NOT FOUND).
 """
@@ -24,8 +24,8 @@ from pytest_cudastack.cli.colour import Painter, painter_for
 from pytest_cudastack.linker.elf import ElfInfo
 from pytest_cudastack.linker.elfcache import ElfCache
 from pytest_cudastack.linker.resolver import Library, Resolver, SearchConfig
-from pytest_cudastack.wheels.integrity import bytes_on_disk
 from pytest_cudastack.wheels.inventory import Inventory, installed_wheels
+from pytest_cudastack.wheels.ownership import bytes_on_disk
 
 __all__ = ["cmd_why", "consumers_of", "render_why"]
 

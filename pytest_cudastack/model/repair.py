@@ -5,7 +5,7 @@ The model follows pip's own behaviour (pip ``uninstall`` deletes every file its 
 it; ``install --force-reinstall --no-deps X==V`` writes X's files again, replacing whatever is there), applied
 to the RECORD-listed shared libraries of the inventory: for each path, whose bytes it holds (or none). A
 distribution not installed (torch pins ``nvidia-cudnn-cu13`` after it was uninstalled) is modelled with the
-paths of its installed CUDA variant (``integrity.variant_sibling``: the -cu12 and -cu13 wheels of cuDNN, NCCL,
+paths of its installed CUDA variant (``ownership.variant_sibling``: the -cu12 and -cu13 wheels of cuDNN, NCCL,
 cuSPARSELt and NVSHMEM install the same paths), and only then.
 
 The plan, for the distributions of one installation prefix:
@@ -48,10 +48,11 @@ from typing import Any
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
-from pytest_cudastack.checks.torchindex import index_for
 from pytest_cudastack.findings import Finding
 from pytest_cudastack.linker.resolver import Tree
-from pytest_cudastack.wheels.integrity import (
+from pytest_cudastack.model.torchindex import index_for
+from pytest_cudastack.wheels.inventory import Distribution, Inventory
+from pytest_cudastack.wheels.ownership import (
     Requirer,
     active_requirements,
     bytes_on_disk,
@@ -59,7 +60,6 @@ from pytest_cudastack.wheels.integrity import (
     pip_command,
     variant_sibling,
 )
-from pytest_cudastack.wheels.inventory import Distribution, Inventory
 from pytest_cudastack.wheels.sitepaths import install_prefix
 
 __all__ = [
@@ -156,7 +156,7 @@ class LoadFacts:
 
 
 def load_facts(trees: Iterable[Tree]) -> LoadFacts:
-    """The :class:`LoadFacts` of resolved closures (``closure.module_trees``' trees)."""
+    """The :class:`LoadFacts` of resolved closures (``modules.module_trees``' trees)."""
     loaded: dict[tuple[str, str], None] = {}
     missing: dict[str, dict[str, None]] = {}
     for tree in trees:

@@ -58,7 +58,7 @@ def validate_indexes(raw: Any, where: str = DATA_FILE) -> tuple[TorchIndex, ...]
 @functools.lru_cache(maxsize=1)
 def load_indexes() -> tuple[TorchIndex, ...]:
     """The shipped index table (cached)."""
-    return validate_indexes(shipped_json(DATA_FILE, "pytest_cudastack.checks"))
+    return validate_indexes(shipped_json(DATA_FILE, "pytest_cudastack.model"))
 
 
 def index_for(kind: str, bound: str, major: int) -> TorchIndex | None:

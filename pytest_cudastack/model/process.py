@@ -37,24 +37,23 @@ the current directory at the head of ``sys.path``, and ctypes loads other than t
 
 from __future__ import annotations
 
-import ast
 import contextlib
 import fnmatch
 import importlib.machinery
 import os
-import re
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
 
-from pytest_cudastack._sysio import read_text, real_path
+from pytest_cudastack._sysio import real_path
 from pytest_cudastack.cuda.dlopen import Preload, load_preloads
 from pytest_cudastack.errors import ElfError
 from pytest_cudastack.linker.elf import ElfInfo
 from pytest_cudastack.linker.elfcache import ElfCache
 from pytest_cudastack.linker.resolver import Resolver, Route
 from pytest_cudastack.linker.strings import StringFacts
+from pytest_cudastack.model.pysource import Items, module_imports, string_constant
+from pytest_cudastack.model.runtime import loads_of
 
 __all__ = [
     "ImportScope",
@@ -67,10 +66,8 @@ __all__ = [
     "predict_import",
 ]
 
-_MODEL = 3  # the version of the import-list rules, part of each cached list's key
 MAX_MODULES = 20_000  # torch's import executes ~1,000 modules; a cap keeps a hostile tree finite
 _MAX_DEPTH = 100  # nested imports; each level costs ~3 Python frames of the model (recursion limit 1000)
-_MAX_SOURCE = 16 << 20
 
 
 @dataclass(frozen=True)
@@ -224,171 +221,6 @@ class _Finder:
         return ok
 
 
-# --------------------------------------------------------------------------------------------- reading imports
-
-
-def _truth(test: ast.expr) -> bool | None:
-    """The value of an ``if`` test the model can decide statically, else None."""
-    if isinstance(test, ast.Name) and test.id == "TYPE_CHECKING":
-        return False
-    if isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING":
-        return False
-    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
-        inner = _truth(test.operand)
-        return None if inner is None else not inner
-    if isinstance(test, ast.BoolOp):
-        vals = [_truth(v) for v in test.values]
-        if isinstance(test.op, ast.And):
-            return False if False in vals else (None if None in vals else True)
-        return True if True in vals else (None if None in vals else False)
-    if isinstance(test, ast.Compare) and len(test.ops) == 1 and len(test.comparators) == 1:
-        left, right, op = test.left, test.comparators[0], test.ops[0]
-        value: object
-        if isinstance(left, ast.Attribute) and isinstance(left.value, ast.Name):
-            key = f"{left.value.id}.{left.attr}"
-            value = {"sys.platform": sys.platform, "os.name": os.name, "sys.version_info": sys.version_info}.get(
-                key, _UNKNOWN
-            )
-        else:
-            return None
-        if value is _UNKNOWN:
-            return None
-        try:
-            other = ast.literal_eval(right)
-        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-            return None
-        ops: dict[type[ast.cmpop], Callable[[object, object], bool]] = {
-            ast.Eq: lambda a, b: a == b,
-            ast.NotEq: lambda a, b: a != b,
-            ast.Lt: lambda a, b: a < b,  # type: ignore[operator]
-            ast.LtE: lambda a, b: a <= b,  # type: ignore[operator]
-            ast.Gt: lambda a, b: a > b,  # type: ignore[operator]
-            ast.GtE: lambda a, b: a >= b,  # type: ignore[operator]
-        }
-        fn = ops.get(type(op))
-        if fn is None:
-            return None
-        try:
-            return bool(fn(tuple(value) if key == "sys.version_info" else value, other))  # type: ignore[arg-type]
-        except TypeError:
-            return None
-    if (
-        isinstance(test, ast.Call)
-        and isinstance(test.func, ast.Attribute)
-        and test.func.attr == "startswith"
-        and isinstance(test.func.value, ast.Attribute)
-        and isinstance(test.func.value.value, ast.Name)
-        and f"{test.func.value.value.id}.{test.func.value.attr}" == "sys.platform"
-        and len(test.args) == 1
-        and isinstance(test.args[0], ast.Constant)
-        and isinstance(test.args[0].value, str)
-    ):
-        return sys.platform.startswith(test.args[0].value)
-    return None
-
-
-_UNKNOWN = object()
-
-
-def _resolve_from(module: str, is_package: bool, node: ast.ImportFrom) -> str | None:
-    if not node.level:
-        return node.module
-    base = module if is_package else module.rpartition(".")[0]
-    for _ in range(node.level - 1):
-        base = base.rpartition(".")[0]
-    if not base:
-        return None
-    return f"{base}.{node.module}" if node.module else base
-
-
-Items = list[Any]
-"""One block's imports in execution order, JSON-able (cached): ``["i", [names]]`` (import the first, then
-each other name that is a submodule: ``from P import a``), ``["c", name]`` (a top-level call of ``name``:
-a preload trigger), ``["t", body, [handler, ...]]`` (a ``try``: the handlers' items run only when an import
-of the body is not found)."""
-
-
-def _imports(body: Sequence[ast.stmt], module: str, is_package: bool) -> Items:
-    out: Items = []
-    for node in body:
-        if isinstance(node, ast.Import):
-            out.extend(["i", [alias.name]] for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = _resolve_from(module, is_package, node)
-            if base is not None:
-                out.append(["i", [base] + [f"{base}.{a.name}" for a in node.names if a.name != "*"]])
-        elif isinstance(node, ast.If):
-            truth = _truth(node.test)
-            if truth is not False:
-                out.extend(_imports(node.body, module, is_package))
-            if truth is not True:
-                out.extend(_imports(node.orelse, module, is_package))
-        elif isinstance(node, ast.Try) or type(node).__name__ == "TryStar":
-            t: ast.Try = node  # type: ignore[assignment]
-            handlers = [_imports(h.body, module, is_package) for h in t.handlers]
-            out.append(["t", _imports(t.body, module, is_package), handlers])
-            out.extend(_imports(t.orelse, module, is_package))
-            out.extend(_imports(t.finalbody, module, is_package))
-        elif isinstance(node, (ast.With, ast.ClassDef)):  # a class body runs when the class statement does
-            out.extend(_imports(node.body, module, is_package))
-        elif isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) and isinstance(node.value.func, ast.Name):
-            out.append(["c", node.value.func.id])
-    return out
-
-
-def _valid_items(items: Any, depth: int = 0) -> bool:
-    """Whether a cached value is a well-formed ``Items`` (the cache file may be corrupt)."""
-    if not isinstance(items, list) or depth > 100:
-        return False
-    for it in items:
-        if not isinstance(it, list) or not it:
-            return False
-        if it[0] == "i":
-            if len(it) != 2 or not isinstance(it[1], list) or not it[1] or not all(isinstance(n, str) for n in it[1]):
-                return False  # an import names at least one module (the model unpacks the first)
-        elif it[0] == "c":
-            if len(it) != 2 or not isinstance(it[1], str):
-                return False
-        elif it[0] == "t":
-            if len(it) != 3 or not _valid_items(it[1], depth + 1) or not isinstance(it[2], list):
-                return False
-            if not all(_valid_items(h, depth + 1) for h in it[2]):
-                return False
-        else:
-            return False
-    return True
-
-
-def _skeleton(path: str, module: str, is_package: bool, cache: ElfCache | None) -> Items:
-    """The imports of a module's top-level code (parsed once; cached in the ELF cache's extras under the
-    file's (dev, inode, size, mtime) and this interpreter's version and platform, which decide ``if``s)."""
-    key: list[Any] | None = None
-    if cache is not None:
-        try:
-            st = os.stat(path)
-        except OSError:
-            return []
-        key = [
-            _MODEL,
-            st.st_dev,
-            st.st_ino,
-            st.st_size,
-            st.st_mtime_ns,
-            module,
-            sys.platform,
-            list(sys.version_info[:3]),
-        ]
-        hit = cache.get_extra(f"pyimports:{path}")
-        if isinstance(hit, dict) and hit.get("key") == key and _valid_items(hit.get("items")):
-            items: Items = hit["items"]
-            return items
-    tree = _read_module_source(path, strip=True)
-    items = [] if tree is None else _imports(tree.body, module, is_package)
-    if cache is not None and key is not None:
-        cache.put_extra(f"pyimports:{path}", {"key": key, "items": items})
-    return items
-
-
 # --------------------------------------------------------------------------------------------- the model
 
 
@@ -457,206 +289,6 @@ def _map(st: _State, path: str, route: str, reason: str, is_global: bool = False
 
 # Alternatives that each begin with a literal character (no groups): the regex engine then skips to the
 # next candidate character in C, which makes this scan ~10x faster than with named groups.
-_LEX = re.compile(
-    r"""\#[^\n]*"""
-    r'''|"""[^"\\]*(?:(?:\\[\s\S]|"(?!""))[^"\\]*)*"""'''
-    r"""|'''[^'\\]*(?:(?:\\[\s\S]|'(?!''))[^'\\]*)*'''"""
-    r"""|"[^"\\\n]*(?:\\[\s\S][^"\\\n]*)*"|'[^'\\\n]*(?:\\[\s\S][^'\\\n]*)*'"""
-    r"""|\\\r?\n"""
-)
-_QUIET = str.maketrans("()[]{};", "_______")  # inside a one-line string: no bracket or ; the scan would count
-_KEPT = frozenset({"import", "from", "if", "elif", "else", "try", "except", "finally", "with", "class"})
-_WORD = re.compile(r"[A-Za-z_]\w*")
-_CALL = re.compile(r"[A-Za-z_]\w*[ ]*\(")
-_TAB_INDENT = re.compile(r"^ *[\t\f]", re.M)
-
-
-def _quiet(m: re.Match[str]) -> str:
-    token = m.group()
-    first = token[0]
-    if first == "#":
-        return ""
-    if first == "\\":
-        return " "  # a backslash continuation joins the lines
-    if token[:3] in ('"""', "'''"):
-        return '""'  # a docstring (the model never reads one): its lines would look like statements
-    if "\n" in token:  # a backslash-newline inside a one-line string: one line, as for the tokenizer
-        token = token.replace("\\\n", "")
-    return token.translate(_QUIET)
-
-
-def _depth(line: str) -> int:
-    return line.count("(") + line.count("[") + line.count("{") - line.count(")") - line.count("]") - line.count("}")
-
-
-def _top_level_source(text: str) -> str | None:
-    """The statements of ``text`` the import model reads (imports, ``if``/``try``/``with``/``class`` blocks,
-    calls of a plain name, in their own lines and indentation), everything else dropped: parsing this is a
-    fraction of parsing the module (torch's sources: ~1/20). Strings and comments are lexed first (one
-    regex, left to right, as the tokenizer does), so a docstring's or a comment's text never looks like a
-    statement and a bracket in a string never counts; a logical line goes on while brackets are open; a
-    compound statement the model does not follow (``def``, ``for``, ``while``, ``match``, decorators'
-    targets) drops every line indented deeper than its header, and ``for``/``while`` their ``else``
-    clause too. None where the scan cannot decide (tab or form-feed indentation, brackets closing more than
-    they opened): the caller parses the whole module."""
-    if "\r" in text:
-        text = text.replace("\r\n", "\n").replace("\r", "\n")
-    if _TAB_INDENT.search(text):
-        return None
-    src = _LEX.sub(_quiet, text)
-    out: list[str] = []
-    pending = -1  # indentation of the last header kept, until a body line follows it
-    pos, n = 0, len(src)
-    while pos < n:
-        end = src.find("\n", pos)
-        if end < 0:
-            end = n
-        line = src[pos:end]
-        stripped = line.lstrip(" ")
-        if not stripped:
-            pos = end + 1
-            continue
-        indent = len(line) - len(stripped)
-        start = pos
-        depth = _depth(line)
-        while depth > 0 and end < n:  # the logical line's continuation lines
-            nxt = src.find("\n", end + 1)
-            if nxt < 0:
-                nxt = n
-            depth += _depth(src[end + 1 : nxt])
-            end = nxt
-        if depth != 0:
-            return None
-        logical = src[start:end]
-        pos = end + 1
-        header = logical.rstrip(" ").endswith(":")
-        m = _WORD.match(stripped)
-        word = m.group() if m else ""
-        if word in _KEPT or _CALL.match(stripped) or ";" in logical:
-            if pending >= 0 and indent <= pending:
-                out.append(" " * (pending + 1) + "pass")
-            out.append(logical)
-            pending = indent if header else -1
-            continue
-        if pending >= 0 and indent > pending:
-            pending = -1  # the kept header has a body (this dropped statement): no pass needed later
-            out.append(" " * indent + "pass")
-        if not header:
-            continue
-        # a compound statement the model does not follow: drop its body (every line indented deeper, found
-        # by one regex search), and a for/while's else clause too
-        dedent = re.compile(r"\n(?! {" + str(indent + 1) + r"}| *(?:\n|$))")  # a line not blank nor deeper
-        while True:
-            hit = dedent.search(src, pos - 1)
-            pos = n if hit is None else hit.start() + 1
-            if word not in ("for", "while") or not src.startswith(" " * indent + "else", pos):
-                break
-            eol = src.find("\n", pos)
-            rest = src[pos + indent + 4 : n if eol < 0 else eol].lstrip(" ")
-            if not rest.startswith(":"):
-                break
-            if rest[1:].strip():  # else: x  (one line): nothing deeper follows
-                pos = n if eol < 0 else eol + 1
-                break
-            pos = n if eol < 0 else eol + 1
-            word = ""
-    if pending >= 0:
-        out.append(" " * (pending + 1) + "pass")
-    return "\n".join(out) + "\n"
-
-
-_DEF = re.compile(r"^([ \t]*)(?:async[ \t]+)?def[ \t]")
-_OPEN = str.maketrans("", "", "".join(chr(c) for c in range(128) if chr(c) not in "([{)]}"))
-
-
-def _strip_defs(text: str) -> str:
-    """``text`` with the body of every ``def`` replaced by ``pass``: the import model never follows function
-    bodies, and parsing them is most of the cost (torch's sources: 3x). The header (up to the line where its
-    brackets close) is kept; a one-line ``def f(): ...`` is kept whole. A body line is one indented deeper than
-    the ``def`` (blank and comment lines included). Text this mangles (a triple-quoted string at a shallower
-    indent inside a body) fails to parse, and the caller parses the original instead."""
-    lines = text.split("\n")
-    out: list[str] = []
-    i, n = 0, len(lines)
-    while i < n:
-        line = lines[i]
-        m = _DEF.match(line)
-        if m is None:
-            out.append(line)
-            i += 1
-            continue
-        indent = len(m.group(1).expandtabs())
-        depth = 0
-        j = i
-        while True:
-            code = lines[j].split("#", 1)[0].rstrip()
-            brackets = code.translate(_OPEN)
-            depth += sum(brackets.count(c) for c in "([{") - sum(brackets.count(c) for c in ")]}")
-            out.append(lines[j])
-            if depth <= 0 or j + 1 >= n:
-                break
-            j += 1
-        if not code.endswith(":"):  # a one-line def (its body follows the colon): nothing to drop
-            i = j + 1
-            continue
-        out.append(" " * (indent + 1) + "pass")
-        j += 1
-        while j < n:
-            body = lines[j]
-            stripped = body.strip()
-            if (
-                stripped
-                and not stripped.startswith("#")
-                and len(body.expandtabs()) - len(body.expandtabs().lstrip()) <= indent
-            ):
-                break
-            out.append("")
-            j += 1
-        i = j
-    return "\n".join(out)
-
-
-def _read_module_source(path: str, strip: bool = False) -> ast.Module | None:
-    """The module's AST; with ``strip``, of its top-level statements the model reads only (the scan of
-    :func:`_top_level_source`, else its text with function bodies dropped, else the whole text: each step
-    is tried when the one before it does not parse)."""
-    text = read_text(path, _MAX_SOURCE)
-    if text is None:
-        return None
-    if strip:
-        top = _top_level_source(text)
-        if top is not None:
-            try:
-                return ast.parse(top, filename=path)
-            except (SyntaxError, ValueError, RecursionError, MemoryError):
-                pass  # the scan misread the text: the slower steps decide
-        try:
-            return ast.parse(_strip_defs(text), filename=path)
-        except (SyntaxError, ValueError, RecursionError, MemoryError):
-            pass  # mangled by the stripping (or not Python): the original decides
-    try:
-        return ast.parse(text, filename=path)
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return None
-
-
-def _cuda_major(package_dir: str, spec: str) -> str | None:
-    """``FILE:NAME``'s string value (``version.py:cuda`` -> "13.0") in the package, major only."""
-    file, _, name = spec.partition(":")
-    tree = _read_module_source(os.path.join(package_dir, file))
-    if tree is None:
-        return None
-    for node in tree.body:
-        targets = (
-            [node.target] if isinstance(node, ast.AnnAssign) else node.targets if isinstance(node, ast.Assign) else []
-        )
-        value = getattr(node, "value", None)
-        for t in targets:
-            if isinstance(t, ast.Name) and t.id == name and isinstance(value, ast.Constant):
-                return str(value.value).split(".")[0] if value.value is not None else None
-    return None
-
-
 def _preload(st: _State, row: Preload, module: str, package_dir: str) -> None:
     reason = f"preload by path ({module}.{row.at}, {row.flags})"
     is_global = row.flags == "RTLD_GLOBAL"
@@ -671,7 +303,7 @@ def _preload(st: _State, row: Preload, module: str, package_dir: str) -> None:
         (o.soname or os.path.basename(o.path)).startswith(row.when_mapped) for o in st.objects
     ):
         return
-    major = _cuda_major(package_dir, row.cuda_major) if row.cuda_major else None
+    major = string_constant(package_dir, row.cuda_major) if row.cuda_major else None
     dirs = [d for d in row.dirs if "{cuda_major}" not in d or major is not None]
     for folder, pattern in row.libraries:
         subs = [d.format(folder=folder, cuda_major=major or "") for d in dirs]
@@ -736,7 +368,7 @@ def _import(st: _State, finder: _Finder, name: str, depth: int = 0) -> bool:
         return True
     is_package = os.path.basename(file) == "__init__.py"
     rows = [r for r in st.preloads if r.module == name and not r.before_import]
-    _run_body(st, finder, _skeleton(file, name, is_package, st.cache), name, os.path.dirname(file), rows, depth)
+    _run_body(st, finder, module_imports(file, name, is_package, st.cache), name, os.path.dirname(file), rows, depth)
     return True
 
 
@@ -916,7 +548,6 @@ def predict_import(
     later: list[Mapped] = []
     if strings is not None:
         # lazy: checks.dlopen imports checks.closure, which imports this module for import contexts
-        from pytest_cudastack.checks.dlopen import loads_of
 
         seen = set(st.real)
         for obj in list(st.objects):

@@ -1,0 +1,362 @@
+"""Whose bytes are on disk? The installed distributions' RECORD rows against the files they list.
+
+Every path some RECORD lists maps to its owners (``Listed``: each distribution once, merged across spellings
+of one site directory); the bytes at a path are attributed to the owners whose rows match it (``attribute``):
+sizes come from ``stat``, and a file is hashed only when sizes cannot decide between owners (or with
+``verify_hashes``), never outside its site directory. The integrity check turns these facts into findings;
+``cudastack why`` and the shadow rule read ``bytes_on_disk``.
+
+Also here: who requires what (``active_requirements``; markers evaluated for the inspected interpreter by
+:mod:`pytest_cudastack.wheels.requirements`), the -cu12/-cu13 variants that install the same paths
+(``variant_sibling``) and the environment's own pip (``pip_command``).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import logging
+import os
+import re
+import stat
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+from packaging.markers import InvalidMarker, UndefinedComparison, UndefinedEnvironmentName
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
+
+from pytest_cudastack._sysio import open_regular
+from pytest_cudastack.errors import ElfError
+from pytest_cudastack.wheels.inventory import Distribution, Inventory, RecordEntry, install_prefix
+from pytest_cudastack.wheels.sitepaths import record_abspath
+
+__all__ = [
+    "Disk",
+    "Listed",
+    "Owned",
+    "PathState",
+    "Requirer",
+    "StateFn",
+    "active_requirements",
+    "attribute",
+    "bytes_on_disk",
+    "exact_pin",
+    "in_dist_info",
+    "inside_site",
+    "pip_command",
+    "variant_sibling",
+]
+
+logger = logging.getLogger(__name__)
+
+# wheels whose -cu12 and -cu13 variants install into one directory (reference/cuda-facts.md §3a, LOCAL)
+_VARIANT = re.compile(r"^nvidia-(cudnn|nccl|nvshmem|cusparselt)-cu(12|13)$")
+
+
+@dataclass(frozen=True)
+class Requirer:
+    """``dist`` requires ``requirement`` (active for this interpreter and the extras asked of ``dist``)."""
+
+    dist: Distribution
+    requirement: Requirement
+
+    @property
+    def text(self) -> str:
+        r = self.requirement
+        extras = f"[{','.join(sorted(r.extras))}]" if r.extras else ""
+        return f"{r.name}{extras}{r.specifier}"
+
+
+def active_requirements(inv: Inventory) -> dict[str, list[Requirer]]:
+    """Canonical name -> who requires it, following extras through the installed distributions."""
+    parsed: dict[int, list[Requirement]] = {}
+    for d in inv.distributions:
+        reqs: list[Requirement] = []
+        for text in d.requires:
+            try:
+                reqs.append(Requirement(text))
+            except InvalidRequirement as e:
+                logger.debug("%s: unparsable Requires-Dist %r: %s", d.label, text, e)
+        parsed[id(d)] = reqs
+    extras: dict[str, set[str]] = {d.key: set() for d in inv.distributions}
+    active: dict[tuple[int, int], Requirer] = {}
+    memo: dict[tuple[str, str], bool] = {}
+    changed = True
+    while changed:
+        changed = False
+        for d in inv.distributions:
+            asked = extras.get(d.key, set())
+            for i, req in enumerate(parsed[id(d)]):
+                if (id(d), i) in active or not _marker_ok(req, asked, memo):
+                    continue
+                active[(id(d), i)] = Requirer(d, req)
+                key = canonicalize_name(req.name)
+                new = {canonicalize_name(e) for e in req.extras} - extras.setdefault(key, set())
+                if new:
+                    extras[key] |= new
+                    changed = True
+                changed = True
+    out: dict[str, list[Requirer]] = {}
+    for r in active.values():
+        out.setdefault(canonicalize_name(r.requirement.name), []).append(r)
+    return out
+
+
+def _marker_ok(req: Requirement, extras: Iterable[str], memo: dict[tuple[str, str], bool]) -> bool:
+    if req.marker is None:
+        return True
+    text = str(req.marker)
+    for extra in ("", *sorted(extras)):
+        key = (text, extra)
+        if key not in memo:
+            try:
+                memo[key] = bool(req.marker.evaluate({"extra": extra}))
+            except (InvalidMarker, UndefinedComparison, UndefinedEnvironmentName):
+                memo[key] = False
+        if memo[key]:
+            return True
+    return False
+
+
+def pip_command(dist: Distribution) -> str:
+    """``<prefix>/bin/python -m pip`` for a venv-style site directory, else ``pip``."""
+    prefix = install_prefix(dist.location)
+    if prefix != os.path.normpath(dist.location):
+        py = os.path.join(prefix, "bin", "python")
+        if os.path.exists(py):
+            return f"{py} -m pip"
+    return "pip"
+
+
+class Disk:
+    """Memoised stat and hashes; hashes only regular files inside a site directory."""
+
+    def __init__(self, verify_hashes: bool) -> None:
+        self.verify = verify_hashes
+        self._size: dict[str, int | None] = {}
+        self._hash: dict[tuple[str, str], str | None] = {}
+        self.hashed: list[str] = []
+
+    def size(self, path: str) -> int | None:
+        if path not in self._size:
+            try:
+                st = os.stat(path)
+                self._size[path] = st.st_size if stat.S_ISREG(st.st_mode) else None
+            except OSError:
+                self._size[path] = None
+        return self._size[path]
+
+    def digest(self, path: str, algorithm: str, site: str) -> str | None:
+        """``algorithm=<urlsafe b64, no padding>``, None when not allowed or unreadable."""
+        key = (path, algorithm)
+        if key in self._hash:
+            return self._hash[key]
+        result: str | None = None
+        # realpath, not normpath: a RECORD-listed symlink into another tree must not get that tree hashed
+        site_n = os.path.realpath(site).rstrip(os.sep) + os.sep
+        if os.path.realpath(path).startswith(site_n) and algorithm in hashlib.algorithms_available:
+            try:
+                fd, _st = open_regular(path)
+            except ElfError:
+                fd = -1
+            if fd >= 0:
+                try:
+                    h = hashlib.new(algorithm)
+                    while chunk := os.read(fd, 1 << 20):
+                        h.update(chunk)
+                    result = algorithm + "=" + base64.urlsafe_b64encode(h.digest()).rstrip(b"=").decode()
+                    self.hashed.append(path)
+                except (OSError, TypeError, ValueError):  # TypeError: SHAKE's digest() needs a length
+                    result = None
+                finally:
+                    os.close(fd)
+        self._hash[key] = result
+        return result
+
+    def matches(self, path: str, entry: RecordEntry, site: str, need_hash: bool) -> bool | None:
+        """Do the bytes on disk match this RECORD row? None: cannot tell."""
+        size = self.size(path)
+        if size is None:
+            return False
+        if entry.size is not None and entry.size != size:
+            return False
+        if not need_hash and entry.size is not None:
+            return True
+        if entry.hash is None:
+            return None if entry.size is None else True
+        algorithm = entry.hash.partition("=")[0]
+        d = self.digest(path, algorithm, site)
+        if d is None:
+            return None
+        return d == entry.hash
+
+
+@dataclass(frozen=True)
+class Owned:
+    dist: Distribution
+    entry: RecordEntry
+
+
+@dataclass(frozen=True)
+class PathState:
+    path: str  # absolute
+    rel: str  # as in the first owner's RECORD
+    owners: tuple[Owned, ...]
+    size: int | None  # on disk, None when missing
+    on_disk: tuple[Distribution, ...]  # owners whose RECORD matches the bytes on disk
+    undecided: bool  # the bytes could not be attributed (no hash allowed/possible)
+
+    @property
+    def conflicting(self) -> bool:
+        rows = {(o.entry.hash, o.entry.size) for o in self.owners}
+        return len(rows) > 1
+
+    def describe(self) -> str:
+        if self.size is None:
+            return f"{self.rel}: missing on disk"
+        if self.on_disk:
+            whose = " / ".join(d.label for d in self.on_disk)
+            return f"{self.rel}: {self.size} bytes on disk = {whose}'s"
+        if self.undecided:
+            return f"{self.rel}: {self.size} bytes on disk, not attributable without a hash"
+        return f"{self.rel}: {self.size} bytes on disk, matching no RECORD"
+
+
+StateFn = Callable[[str], PathState]
+
+
+def attribute(path: str, owners: Sequence[Owned], disk: Disk) -> tuple[tuple[Distribution, ...], bool]:
+    size = disk.size(path)
+    if size is None:
+        return (), False
+    candidates = [o for o in owners if o.entry.size is None or o.entry.size == size]
+    if not candidates:
+        return (), False
+    # size decides when every owner with this size lists the same hash (or there is only one)
+    need_hash = (
+        disk.verify or len({o.entry.hash for o in candidates}) > 1 or any(o.entry.size is None for o in candidates)
+    )
+    site = owners[0].dist.location
+    matched: list[Distribution] = []
+    undecided = False
+    for o in candidates:
+        m = disk.matches(path, o.entry, site, need_hash)
+        if m is None:
+            undecided = True
+        elif m:
+            matched.append(o.dist)
+    return tuple(matched), undecided and not matched
+
+
+def inside_site(dist: Distribution, path: str) -> bool:
+    site = os.path.normpath(dist.location).rstrip(os.sep) + os.sep
+    return path.startswith(site)
+
+
+def in_dist_info(dist: Distribution, path: str) -> bool:
+    return path == dist.dist_info or path.startswith(dist.dist_info.rstrip(os.sep) + os.sep)
+
+
+class Listed:
+    """Every path listed by some RECORD -> its owners (each distribution once, in inventory order, with its
+    first row for the path), merged across spellings of one site directory: the absolute path is
+    ``Distribution.abspath`` of the row. A plain row's absolute path is ``<site dir>/<path>`` unchanged, so
+    it is looked up by that relative path in ``Distribution.plain_rows`` (shared with the owner lookups);
+    only the few other rows (``..``, absolute, ``./``) are resolved."""
+
+    def __init__(self, inv: Inventory) -> None:
+        self.dists = inv.distributions
+        self._prefix: list[str] = []
+        self._odd: list[dict[str, tuple[int, RecordEntry]]] = []
+        for d in self.dists:
+            loc = os.path.normpath(d.location)
+            self._prefix.append("" if loc == "." else ("/" if loc == "/" else loc + "/"))  # as record_abspath
+            self._odd.append(_odd_rows(d))
+        self._memo: dict[str, list[Owned]] = {}
+        self.shared = self._shared()  # listed by two or more distributions
+
+    def _shared(self) -> list[str]:
+        prefixes = set(self._prefix)
+        if any(a != b and b.startswith(a) for a in prefixes for b in prefixes):
+            # a site directory inside another: one path can be plain in two spellings
+            return self._shared_by_abspath()
+        shared: set[str] = set()
+        groups: dict[str, list[Distribution]] = {}
+        for d, prefix in zip(self.dists, self._prefix, strict=True):
+            groups.setdefault(prefix, []).append(d)
+        for prefix, dists in groups.items():
+            seen: set[str] = set()
+            for d in dists:
+                rows = d.plain_rows
+                if seen:
+                    shared.update(prefix + rel for rel in rows.keys() & seen)
+                seen.update(rows)
+        for odd in self._odd:
+            shared.update(full for full in odd if len(self.get(full)) > 1)
+        return sorted(shared)
+
+    def _shared_by_abspath(self) -> list[str]:
+        seen: set[str] = set()
+        shared: set[str] = set()
+        for d, prefix, odd in zip(self.dists, self._prefix, self._odd, strict=True):
+            own = {prefix + rel for rel in d.plain_rows}
+            own.update(odd)
+            shared |= own & seen
+            seen |= own
+        return sorted(shared)
+
+    def get(self, path: str) -> list[Owned]:
+        got = self._memo.get(path)
+        if got is None:
+            got = []
+            for d, prefix, odd in zip(self.dists, self._prefix, self._odd, strict=True):
+                e = d.plain_rows.get(path[len(prefix) :]) if path.startswith(prefix) else None
+                o = odd.get(path)
+                if o is not None and (e is None or next(j for j, x in enumerate(d.records) if x is e) > o[0]):
+                    e = o[1]  # a row that is not plain, listed before the plain one for the same path
+                if e is not None:
+                    got.append(Owned(d, e))
+            self._memo[path] = got
+        return got
+
+
+def _odd_rows(d: Distribution) -> dict[str, tuple[int, RecordEntry]]:
+    """``d.abspath(e) -> (index, e)`` for the first row ``e`` of each path that is not plain (None ones left
+    out)."""
+    odd = set(d.nonplain_paths)
+    out: dict[str, tuple[int, RecordEntry]] = {}
+    if odd:
+        for i, e in enumerate(d.records):
+            if e.path in odd:
+                full = record_abspath(d.location, e.path)
+                if full is not None and full not in out:
+                    out[full] = (i, e)
+    return out
+
+
+def bytes_on_disk(inv: Inventory, path: str) -> tuple[tuple[Distribution, ...], bool]:
+    """Whose bytes are at ``path`` (absolute), decided as the overlap finding decides it: the distributions
+    whose RECORD rows for it match the file, and whether the bytes could not be attributed (no hash to
+    tell). ``((), False)`` when no RECORD lists the path or the file is gone."""
+    owners = Listed(inv).get(os.path.normpath(path))
+    if not owners:
+        return (), False
+    return attribute(os.path.normpath(path), owners, Disk(False))
+
+
+def exact_pin(r: Requirer) -> str | None:
+    """The version ``r`` pins with ``==`` (no wildcard), else None."""
+    specs = list(r.requirement.specifier)
+    if len(specs) == 1 and specs[0].operator in ("==", "===") and "*" not in specs[0].version:
+        return specs[0].version
+    return None
+
+
+def variant_sibling(name: str) -> str | None:
+    """The other CUDA variant of a wheel whose -cu12 and -cu13 builds install the same paths
+    (``nvidia-cudnn-cu12`` -> ``nvidia-cudnn-cu13``; reference/cuda-facts.md §3a), else None."""
+    m = _VARIANT.match(canonicalize_name(name))
+    if m is None:
+        return None
+    return f"nvidia-{m.group(1)}-cu{'12' if m.group(2) == '13' else '13'}"
