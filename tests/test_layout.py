@@ -128,3 +128,37 @@ def test_no_import_module_of_our_own_package() -> None:
                 and str(node.args[0].value).startswith("pytest_cudastack")
             ):
                 pytest.fail(f"{path.relative_to(REPO)}:{node.lineno}: import_module({node.args[0].value!r})")
+
+
+_CYCLES = """
+import json, grimp
+g = grimp.build_graph("pytest_cudastack", cache_dir=None)
+index, low, stack, on, out = {}, {}, [], set(), []
+def visit(v):
+    index[v] = low[v] = len(index); stack.append(v); on.add(v)
+    for w in g.find_modules_directly_imported_by(v):
+        if w not in index:
+            visit(w); low[v] = min(low[v], low[w])
+        elif w in on:
+            low[v] = min(low[v], index[w])
+    if low[v] == index[v]:
+        comp = []
+        while True:
+            w = stack.pop(); on.discard(w); comp.append(w)
+            if w == v:
+                break
+        if len(comp) > 1:
+            out.append(sorted(comp))
+for m in sorted(g.modules):
+    if m not in index:
+        visit(m)
+print(json.dumps(out))
+"""
+
+
+def test_no_import_circle_anywhere() -> None:
+    # Tarjan's strongly connected components over grimp's graph, which counts imports inside functions and under
+    # TYPE_CHECKING: a circle inside one floor (closure -> process -> dlopen -> closure) is as bad as one across.
+    proc = subprocess.run([sys.executable, "-c", _CYCLES], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]", proc.stdout
