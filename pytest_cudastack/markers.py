@@ -36,7 +36,13 @@ from pytest_cudastack.cuda.versions import (
 )
 from pytest_cudastack.errors import OptionError, RuleError
 from pytest_cudastack.findings import Finding
-from pytest_cudastack.wheels.requirements import RequirementFact, Status, evaluate_requirement, requirement_facts
+from pytest_cudastack.wheels.requirements import (
+    RequirementFact,
+    Requirements,
+    Status,
+    evaluate_requirement,
+    marker_environment,
+)
 
 if TYPE_CHECKING:
     from pytest_cudastack.linker.resolver import Library
@@ -79,6 +85,9 @@ class Facts(Protocol):
 
     @property
     def integrity(self) -> tuple[Finding, ...]: ...
+
+    @property
+    def requirements(self) -> Requirements: ...
 
     def find(self, soname: str) -> Library: ...
 
@@ -214,9 +223,10 @@ def _wheel_unmet(text: str, facts: Facts) -> str | None:
     extras add), then the distribution intact: its RECORD-listed libraries present, no integrity error, its
     own CUDA requirements met (a torch whose nvidia pins are unmet is not intact)."""
     req = Requirement(text)
-    if req.marker is not None and not req.marker.evaluate():
-        return None
     inv = facts.inventory
+    # the one evaluator's environment: the inspected interpreter (its site directory), as for Requires-Dist
+    if req.marker is not None and not req.marker.evaluate(marker_environment(next(iter(inv.site_dirs), None))):
+        return None
     own, *added = evaluate_requirement(req, inv)
     dist = own.installed
     if dist is None:
@@ -229,7 +239,7 @@ def _wheel_unmet(text: str, facts: Facts) -> str | None:
     broken = _broken(dist, facts.integrity)
     broken += [
         f"it requires {f.text}, {_found(f)}"
-        for f in requirement_facts(inv).of(dist)
+        for f in facts.requirements.of(dist)
         if not f.met and not f.inferred and cuda_relevant(f)
     ]
     if broken:

@@ -163,7 +163,7 @@ class Stack:
     @cached_property
     def integrity(self) -> tuple[Finding, ...]:
         """Inventory problems (malformed dist-infos, one name installed twice) and integrity findings."""
-        return integrity_findings(self.inventory)
+        return integrity_findings(self.inventory, self.requirements)
 
     @cached_property
     def resolver(self) -> Resolver:
@@ -251,13 +251,26 @@ class Stack:
         return self._findings[key]
 
     def run_checks(self) -> dict[str, tuple[Finding, ...]]:
-        """Every invariant item the settings turn on, as the plugin names them ("integrity",
-        "scan[bin/train]") -> its findings; what ``cudastack check`` reports."""
+        """Every invariant item the settings turn on and that has something to check, as the plugin names them
+        ("integrity", "scan[bin/train]") -> its findings; what ``cudastack check`` reports. An item with nothing
+        to check (:attr:`skipped`) is not run, as pytest does not run a SKIPPED item."""
+        skipped = self.skipped
         out: dict[str, tuple[Finding, ...]] = {}
         for check in enabled_checks(self.settings):
             for name, target in check.expand(self):
-                out[name] = self.findings(check.name, target)
+                if name not in skipped:
+                    out[name] = self.findings(check.name, target)
         return out
+
+    @cached_property
+    def skipped(self) -> dict[str, str]:
+        """The enabled items with nothing to check on this stack -> why (``Check.skip_reason``), decided once."""
+        return {
+            name: reason
+            for check in enabled_checks(self.settings)
+            for name, target in check.expand(self)
+            if (reason := check.skip_reason(self, target)) is not None
+        }
 
     def recorded_snapshot(self, path: str) -> dict[str, Any]:
         """The snapshot recorded in ``path`` (from the rootdir): the baseline check's old side."""

@@ -85,19 +85,9 @@ def test_a_registered_check_is_in_settings_items_and_stack(dummy: None, tmp_path
     assert Settings(cuda_max="12.9").items == ("cuda-max",)
     stack = Stack(Settings(cudastack=True), driver_info=DRIVER, rootdir=str(tmp_path), site_paths=(str(tmp_path),))
     results = stack.run_checks()
-    assert list(results) == [
-        "integrity",
-        "closure",
-        "dlopen",
-        "symbols",
-        "driver",
-        "arch",
-        "requirements",
-        "toolchain",
-        "dummy",
-        "each[a]",
-        "each[b]",
-    ]
+    every = ["integrity", "closure", "dlopen", "symbols", "driver", "arch", "requirements", "toolchain", "dummy"]
+    assert list(stack.skipped) == ["driver", "arch", "requirements", "toolchain"]  # an empty site: nothing to check
+    assert list(results) == [n for n in every if n not in stack.skipped] + ["each[a]", "each[b]"]
     assert results["each[b]"][0].message == "looked at /t/b"
     assert stack.findings("dummy")[0].message == "dummy says no"
 
@@ -171,7 +161,10 @@ def test_every_builtin_check_runs_from_the_registry(tmp_path: Path):
         "baseline",
         "scan[gone]",
     ]
-    assert list(results) == order
+    assert list(results) == [n for n in order if n not in stack.skipped]
+    assert list(stack.skipped) == ["driver", "arch", "requirements", "toolchain"]  # nothing to check: not run
+    for name in stack.skipped:  # each still runs from the registry when asked
+        assert stack.findings(name) == ()
     assert results["baseline"] == ()  # the same empty stack as recorded
     assert stack.findings("scan", ("gone", str(tmp_path / "gone")))[0].message == "no such file"
 
@@ -225,3 +218,20 @@ def test_each_items_findings_are_computed_once_per_stack(monkeypatch: pytest.Mon
     assert stack.findings("dummy") is first
     assert stack.run_checks() == {"dummy": first}
     assert calls == [None]
+
+
+def _never(stack: StackView, target: Target | None) -> tuple[Finding, ...]:
+    raise AssertionError("a skipped check was run")
+
+
+def test_a_skipped_item_is_not_run_by_check(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys):
+    # cudastack check reports a skipped item with its reason and runs nothing for it (round 2 ran every check
+    # and then threw the skipped ones' results away)
+    idle = Check("idle", "nothing here", _never, lambda o: o.cudastack, skip=lambda stack, target: "nothing to do")
+    monkeypatch.setattr(checks, "CHECKS", registry(idle))
+    stack = Stack(Settings(cudastack=True), driver_info=DRIVER, rootdir=str(tmp_path), site_paths=(str(tmp_path),))
+    assert stack.run_checks() == {}
+    assert stack.skipped == {"idle": "nothing to do"}
+    monkeypatch.chdir(tmp_path)
+    assert main(["check", "--site", str(tmp_path), "--cuda-driver=550.54.15", "--cuda-arch=sm_90"]) == 0
+    assert "skip cudastack::idle: nothing to do" in capsys.readouterr().out

@@ -14,6 +14,7 @@ from pytest_cudastack.linker.elf import read_elf
 from pytest_cudastack.linker.resolver import Resolver, SearchConfig
 from pytest_cudastack.model.repair import NO_SAFE_REPAIR, plan_repairs, predict
 from pytest_cudastack.wheels.inventory import Inventory, installed_wheels
+from pytest_cudastack.wheels.requirements import requirement_facts
 from tests.helpers.sitebuild import HAVE_CC, write_dist
 from tests.test_repair import cudnn, venv
 
@@ -25,7 +26,7 @@ CU12 = ("nvidia-cudnn-cu12", "9.19.0.56")
 def items(site: Path):
     inv = installed_wheels([str(site)], reader=read_elf)
     resolver = Resolver(SearchConfig.from_environment({}), reader=read_elf, owner=inv.owner)
-    return integrity_findings(inv), extension_closures(inv, resolver), inv
+    return integrity_findings(inv, requirement_facts(inv)), extension_closures(inv, resolver), inv
 
 
 def metadata_only(tmp_path: Path) -> Path:

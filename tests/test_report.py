@@ -11,9 +11,7 @@ from pytest_cudastack.cli import main
 from pytest_cudastack.cli.report import cmd_report, wheel_findings, wheel_report
 from pytest_cudastack.cli.sites import site_dirs_from
 from pytest_cudastack.findings import Severity
-from pytest_cudastack.linker.elf import read_elf
-from pytest_cudastack.linker.resolver import Resolver, SearchConfig
-from pytest_cudastack.wheels.inventory import installed_wheels
+from pytest_cudastack.stack import Stack
 from tests.helpers.sitebuild import HAVE_CC, compile_so, site_packages, write_dist
 
 pytestmark = pytest.mark.skipif(not HAVE_CC, reason="needs a C compiler")
@@ -104,8 +102,7 @@ def test_json(tmp_path, monkeypatch, capsys):
 def test_wheel_findings_errors_first(tmp_path):
     site = broken_site(tmp_path)
     write_dist(site, "broken-meta", "1", {"x.py": ""}, extra_rows=["a,b"])
-    inv = installed_wheels([str(site)], reader=read_elf)
-    found = wheel_findings(inv, Resolver(SearchConfig.from_environment({}), reader=read_elf, owner=inv.owner))
+    found = wheel_findings(Stack(site_paths=(str(site),)))
     sev = [f.severity for f in found]
     assert sev == sorted(sev, key=[Severity.ERROR, Severity.WARNING, Severity.INFO].index)
     assert {f.check for f in found} >= {"integrity", "inventory"}

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from packaging.markers import default_environment
 from packaging.requirements import Requirement
 
 from pytest_cudastack.checks.closure import extension_closures
@@ -14,7 +15,9 @@ from pytest_cudastack.findings import Severity
 from pytest_cudastack.linker.elf import read_elf
 from pytest_cudastack.linker.resolver import Resolver, SearchConfig
 from pytest_cudastack.markers import check_marker, evaluate
+from pytest_cudastack.model.repair import predict
 from pytest_cudastack.wheels.inventory import Inventory, installed_wheels
+from pytest_cudastack.wheels.ownership import active_requirements
 from pytest_cudastack.wheels.requirements import (
     Status,
     evaluate_requirement,
@@ -225,6 +228,40 @@ def test_marker_environment_is_the_inspected_interpreters(tmp_path):
     assert fact.status is Status.MISSING
 
 
+def test_marker_environment_is_packagings_default_with_the_site_python(tmp_path):
+    # one evaluator: packaging's default_environment(), only the inspected interpreter's version overridden
+    site = site_packages(tmp_path / "venv", python="python3.12")
+    env = marker_environment(str(site))
+    want = dict(default_environment())
+    assert set(env) == set(want)
+    assert env["python_version"] == "3.12"
+    assert {k: v for k, v in env.items() if "version" not in k} == {k: v for k, v in want.items() if "version" not in k}
+
+
+def test_a_site_of_another_python_is_judged_by_that_python_everywhere(tmp_path):
+    # Inspected from 3.11, a Python 3.12 site whose a pins b only under python_version >= "3.12": the requirements
+    # item, integrity's and the repair model's requirers and requires_wheel all see the pin (round 2's integrity
+    # and repair model evaluated markers for the running interpreter and saw no requirement at all).
+    site = site_packages(tmp_path / "venv", python="python3.12")
+    write_dist(site, "a", "1.0", requires=['b==1.0; python_version >= "3.12"', 'c; python_version < "3.12"'])
+    write_dist(site, "b", "2.0")
+    inv = inv_of(site)
+    reqs = requirement_facts(inv)
+    (fact,) = reqs.facts
+    assert (fact.name, fact.status) == ("b", Status.VERSION)
+    required = active_requirements(inv, reqs)
+    assert [r.text for r in required["b"]] == ["b==1.0"]
+    assert "c" not in required
+    assert predict([("uninstall", "b", None)], inv, reqs=reqs) == [
+        "a 1.0 requires b==1.0, which would not be installed"
+    ]
+    reason = evaluate(check_marker("requires_wheel", ("b",), {}), _Facts(inv))  # type: ignore[arg-type]
+    assert reason is None  # b itself is intact
+    got = evaluate(check_marker("requires_wheel", ("b==1.0",), {}), _Facts(inv))  # type: ignore[arg-type]
+    assert got is not None
+    assert "does not satisfy ==1.0" in got.reason
+
+
 def test_cuda_relevance(tmp_path):
     site = torch_site(tmp_path, requires=[*TORCH_PINS, "triton"])
     write_dist(site, "triton", "3.8.0")
@@ -241,6 +278,7 @@ class _Facts:
     def __init__(self, inv: Inventory) -> None:
         self.inventory = inv
         self.integrity = ()
+        self.requirements = requirement_facts(inv)
 
     driver = None
 

@@ -19,6 +19,7 @@ from pytest_cudastack.markers import (
     short_reason,
 )
 from pytest_cudastack.wheels.inventory import Inventory
+from pytest_cudastack.wheels.requirements import requirement_facts
 
 
 class Facts:
@@ -34,6 +35,7 @@ class Facts:
         self.found = found or {}
         self.inventory = inventory or Inventory((), ("/site",), ())
         self.integrity = integrity
+        self.requirements = requirement_facts(self.inventory)
         self.driver = driver or DriverInfo("absent", None, None, reason="no NVML")
 
     def find(self, soname: str) -> Library:

@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import json
+import sys
+from typing import Any
 
 import pytest
 
@@ -9,6 +11,7 @@ from pytest_cudastack.errors import DataError
 from pytest_cudastack.plugin import header_lines
 from pytest_cudastack.settings import Settings
 from pytest_cudastack.stack import Stack, load_snapshot, write_snapshot
+from tests.helpers.sitebuild import HAVE_CC, compile_so, site_packages, write_dist
 
 
 @pytest.fixture
@@ -88,18 +91,9 @@ def test_run_checks_names_items_like_the_plugin(tmp_path):
         site_paths=(str(tmp_path),),
     )
     results = s.run_checks()
-    assert list(results) == [
-        "integrity",
-        "closure",
-        "dlopen",
-        "symbols",
-        "cuda-max",
-        "driver",
-        "arch",
-        "requirements",
-        "toolchain",
-        "scan[gone]",
-    ]
+    every = ["integrity", "closure", "dlopen", "symbols", "cuda-max", "driver", "arch", "requirements", "toolchain"]
+    assert list(results) == [n for n in every if n not in s.skipped] + ["scan[gone]"]
+    assert set(s.skipped) == {"driver", "arch", "requirements", "toolchain"}
     assert results["scan[gone]"][0].message == "no such file"
 
 
@@ -112,3 +106,40 @@ def test_integrity_item_carries_inventory_problems(tmp_path):
     found = stack.findings("integrity")
     assert [f.check for f in found] == ["inventory"]
     assert "METADATA" in found[0].message
+
+
+def _count_calls(monkeypatch: pytest.MonkeyPatch, function: Any) -> list[int]:
+    """Wrap ``function`` wherever a pytest_cudastack module bound it by name; the list counts its calls."""
+    calls = [0]
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        return function(*args, **kwargs)
+
+    for name, module in list(sys.modules.items()):
+        if name.startswith("pytest_cudastack") and getattr(module, function.__name__, None) is function:
+            monkeypatch.setattr(module, function.__name__, counted)
+    return calls
+
+
+@pytest.mark.skipif(not HAVE_CC, reason="needs a C compiler")
+def test_each_shared_fact_is_computed_once_per_run(tmp_path, monkeypatch):
+    # A failing stack (an extension module missing a soname, an unmet pin): every item the repair model and the
+    # other rules touch reads the Stack's one requirement facts and one set of module trees.
+    import pytest_cudastack.checks.closure
+    import pytest_cudastack.checks.requirements
+    import pytest_cudastack.checks.symbols  # noqa: F401
+    from pytest_cudastack.model.modules import module_trees
+    from pytest_cudastack.wheels.requirements import requirement_facts
+
+    site = site_packages(tmp_path / "venv")
+    write_dist(site, "pkg", "1.0", {"pkg/_ext.abi3.so": compile_so(None, pyinit="_ext", needed=["libgone.so.1"])})
+    write_dist(site, "torch", "2.14.1", requires=["nvidia-nccl-cu13==2.30.7"])
+    write_dist(site, "nvidia-nccl-cu13", "2.28.9")
+    reqs = _count_calls(monkeypatch, requirement_facts)
+    trees = _count_calls(monkeypatch, module_trees)
+    stack = Stack(Settings(cudastack=True), driver_info=DriverInfo("absent", None, None), site_paths=(str(site),))
+    results = stack.run_checks()
+    assert any(f.failing for f in results["closure"])
+    assert any(f.failing for f in results["requirements"])
+    assert (reqs[0], trees[0]) == (1, 1)

@@ -25,6 +25,7 @@ from pytest_cudastack.findings import Finding, Severity
 from pytest_cudastack.model.needs import CudaNeed, Inference
 from pytest_cudastack.model.torchindex import index_for
 from pytest_cudastack.wheels.ownership import active_requirements, pip_command
+from pytest_cudastack.wheels.requirements import Requirements
 
 if TYPE_CHECKING:
     from pytest_cudastack.checks.facts import StackView, Target
@@ -127,7 +128,9 @@ def _key(need: CudaNeed) -> tuple[int, int]:
     return need.key
 
 
-def group_by_requirer(findings: Sequence[Finding], inventory: Inventory, kind: str, bound: str) -> tuple[Finding, ...]:
+def group_by_requirer(
+    findings: Sequence[Finding], inventory: Inventory, kind: str, bound: str, reqs: Requirements | None = None
+) -> tuple[Finding, ...]:
     """One ERROR per root cause: a violating distribution and the violating wheels it pulls in.
 
     A wheel is pulled by a distribution whose Requires-Dist names it, directly or through other violating
@@ -140,7 +143,7 @@ def group_by_requirer(findings: Sequence[Finding], inventory: Inventory, kind: s
     bad = {by_label[f.subject].key: f for f in findings if f.failing and f.subject in by_label}
     if len(bad) < 2:
         return tuple(findings)
-    required = active_requirements(inventory)
+    required = active_requirements(inventory, reqs)
     parents: dict[str, list[str]] = {}  # key -> the violating distributions that require it
     for key in bad:
         for r in required.get(key, ()):
@@ -229,7 +232,7 @@ def run_max(stack: StackView, target: Target | None = None) -> tuple[Finding, ..
     if bound is None:
         raise ValueError("cudastack check 'cuda-max' needs --cuda-max")
     found = bound_findings("max", bound, stack.inferences, stack.settings.describe("cuda_max"))
-    return group_by_requirer(found, stack.inventory, "max", bound)
+    return group_by_requirer(found, stack.inventory, "max", bound, stack.requirements)
 
 
 def run_min(stack: StackView, target: Target | None = None) -> tuple[Finding, ...]:
@@ -238,4 +241,4 @@ def run_min(stack: StackView, target: Target | None = None) -> tuple[Finding, ..
     if bound is None:
         raise ValueError("cudastack check 'cuda-min' needs --cuda-min")
     found = bound_findings("min", bound, stack.inferences, stack.settings.describe("cuda_min"))
-    return group_by_requirer(found, stack.inventory, "min", bound)
+    return group_by_requirer(found, stack.inventory, "min", bound, stack.requirements)

@@ -45,6 +45,7 @@ from pytest_cudastack.model.modules import ModuleTree, module_trees
 from pytest_cudastack.model.repair import load_facts, plan_repairs, predict, verified_fixes
 from pytest_cudastack.wheels.inventory import Distribution, Inventory
 from pytest_cudastack.wheels.ownership import pip_command
+from pytest_cudastack.wheels.requirements import Requirements, requirement_facts
 from pytest_cudastack.wheels.sitepaths import split_site_dirs
 
 if TYPE_CHECKING:
@@ -79,13 +80,18 @@ def _claims(inv: Inventory, soname: str) -> tuple[list[str], list[str], list[Dis
 
 
 def extension_closures(
-    inv: Inventory, resolver: Resolver, *, trees: Sequence[ModuleTree] | None = None
+    inv: Inventory,
+    resolver: Resolver,
+    *,
+    trees: Sequence[ModuleTree] | None = None,
+    reqs: Requirements | None = None,
 ) -> tuple[Finding, ...]:
     """Closure findings for every extension module of every distribution in ``inv``.
 
-    ``trees``: precomputed :func:`module_trees` (to share them with other reports).
+    ``trees`` and ``reqs``: the run's module trees and requirement facts (``Stack``); built here when not given.
     """
     mts = tuple(trees) if trees is not None else module_trees(inv, resolver)
+    reqs = reqs if reqs is not None else requirement_facts(inv)
     missing: dict[str, _Missing] = {}
     reached: set[str] = set()
     dirs: dict[str, str] = {}
@@ -117,20 +123,20 @@ def extension_closures(
         if is_driver_soname(soname):
             driver_missing.append(m)
             continue
-        finding = _missing_finding(inv, m)
+        finding = _missing_finding(inv, m, reqs)
         split = _split_site_finding(inv, resolver, m, finding)
         if split is not None:
             finding = split
             verified.append(split)
         else:
-            finding = _required_install(inv, m, finding, verified)
+            finding = _required_install(inv, m, finding, verified, reqs)
         claims = inv.shipping(soname)
         if claims and not any(os.path.lexists(p) for _, p in claims):
             gone.append(finding)
         else:
             findings.append(finding)
     if len(gone) > 1:
-        findings.insert(0, _gone_finding(inv, gone))
+        findings.insert(0, _gone_finding(inv, gone, reqs))
     else:
         findings[0:0] = gone
     if driver_missing:
@@ -152,7 +158,7 @@ def extension_closures(
     findings.extend(_unreachable(inv, resolver, reached, lambda s: is_driver_soname(s) or s in reported, dirs))
     if not any(f.failing for f in findings):
         return tuple(findings)
-    return verified_fixes(findings, inv, facts=load_facts(mt.tree for mt in mts), keep=verified)
+    return verified_fixes(findings, inv, facts=load_facts(mt.tree for mt in mts), keep=verified, reqs=reqs)
 
 
 def run(stack: StackView, target: Target | None = None) -> tuple[Finding, ...]:
@@ -161,7 +167,7 @@ def run(stack: StackView, target: Target | None = None) -> tuple[Finding, ...]:
     inv = stack.inventory
     trees = stack.module_trees
     mixed = majors_findings(inv, stack.cache.read, lambda p: inv.relative(p))
-    return (*mixed, *extension_closures(inv, stack.resolver, trees=trees))
+    return (*mixed, *extension_closures(inv, stack.resolver, trees=trees, reqs=stack.requirements))
 
 
 def _best_chain(m: _Missing) -> tuple[str, ...]:
@@ -170,7 +176,7 @@ def _best_chain(m: _Missing) -> tuple[str, ...]:
     return min(chains, key=len)
 
 
-def _missing_finding(inv: Inventory, m: _Missing) -> Finding:
+def _missing_finding(inv: Inventory, m: _Missing, reqs: Requirements) -> Finding:
     chain = _best_chain(m)
     dists = sorted({mt.dist.label for mt in m.needers})
     modules = sorted({inv.relative(mt.module.path) for mt in m.needers})
@@ -186,7 +192,7 @@ def _missing_finding(inv: Inventory, m: _Missing) -> Finding:
             "no installed distribution ships it, and the dynamic linker's search (RPATH, LD_LIBRARY_PATH, "
             "RUNPATH, ld.so.cache, default directories) finds no file of that name"
         )
-    wanted = None if claimers else requirement_for_soname(inv, m.soname, [mt.dist for mt in m.needers])
+    wanted = None if claimers else requirement_for_soname(inv, m.soname, [mt.dist for mt in m.needers], reqs)
     if wanted is not None:  # the requirement that would have installed it (requirements.py)
         cause = f"{wanted.requester} requires {wanted.text}, which is not installed; {cause}"
     if claimers:
@@ -219,17 +225,19 @@ def _missing_finding(inv: Inventory, m: _Missing) -> Finding:
     )
 
 
-def _required_install(inv: Inventory, m: _Missing, finding: Finding, verified: list[Finding]) -> Finding:
+def _required_install(
+    inv: Inventory, m: _Missing, finding: Finding, verified: list[Finding], reqs: Requirements
+) -> Finding:
     """A missing soname that a missing requirement's wheel would ship: its fix installs that requirement,
     kept (``verified``) when the repair model predicts the install breaks nothing installed. The model holds
     no files of a wheel that is not on disk, so that the wheel ships the soname rests on the requirer's pin
     and the library table (``framework_rules.json``); the fix says so."""
     if inv.shipping(m.soname):
         return finding
-    wanted = requirement_for_soname(inv, m.soname, [mt.dist for mt in m.needers])
+    wanted = requirement_for_soname(inv, m.soname, [mt.dist for mt in m.needers], reqs)
     if wanted is None or wanted.requirer is None or wanted.pin is None:
         return finding
-    if predict([("install", wanted.name, wanted.pin)], inv):
+    if predict([("install", wanted.name, wanted.pin)], inv, reqs=reqs):
         return finding
     fixed = replace(
         finding,
@@ -240,7 +248,7 @@ def _required_install(inv: Inventory, m: _Missing, finding: Finding, verified: l
     return fixed
 
 
-def _gone_finding(inv: Inventory, gone: Sequence[Finding]) -> Finding:
+def _gone_finding(inv: Inventory, gone: Sequence[Finding], reqs: Requirements) -> Finding:
     """The missing sonames whose files the installed RECORDs list but are gone, as one finding with one fix:
     the repair plan's command when its model repairs them all (``repair.plan_repairs``), else one pip
     command reinstalling every claimer."""
@@ -263,7 +271,7 @@ def _gone_finding(inv: Inventory, gone: Sequence[Finding]) -> Finding:
         + tuple(modules[:8])
         + ((f"... and {len(modules) - 8} more module(s)",) if len(modules) > 8 else ()),
     )
-    plans = plan_repairs([grouped], inv)
+    plans = plan_repairs([grouped], inv, reqs=reqs)
     if len(plans) == 1 and plans[0].steps and not plans[0].unresolved:
         fix = plans[0].command
     else:

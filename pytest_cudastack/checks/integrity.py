@@ -45,6 +45,7 @@ from pytest_cudastack.wheels.ownership import (
     pip_command,
     variant_sibling,
 )
+from pytest_cudastack.wheels.requirements import Requirements
 
 if TYPE_CHECKING:
     from pytest_cudastack.checks.facts import StackView, Target
@@ -76,7 +77,9 @@ _LIB_NAMES = {
 _Required = Callable[[], "dict[str, list[Requirer]]"]  # who requires what, computed on the first call
 
 
-def check_integrity(inv: Inventory, *, verify_hashes: bool = False) -> tuple[Finding, ...]:
+def check_integrity(
+    inv: Inventory, *, verify_hashes: bool = False, reqs: Requirements | None = None
+) -> tuple[Finding, ...]:
     """Integrity findings for an inventory (overlaps, broken pins, missing/altered libraries, placeholders).
 
     ``verify_hashes=True`` also hashes every existing RECORD-listed shared library whose size matches
@@ -86,9 +89,9 @@ def check_integrity(inv: Inventory, *, verify_hashes: bool = False) -> tuple[Fin
     memo: list[dict[str, list[Requirer]]] = []
 
     def required_by() -> dict[str, list[Requirer]]:
-        """active_requirements(inv), computed when a finding first needs it (most runs find nothing)."""
+        """active_requirements(inv, reqs), computed when a finding first needs it (most runs find nothing)."""
         if not memo:
-            memo.append(active_requirements(inv))
+            memo.append(active_requirements(inv, reqs))
         return memo[0]
 
     by_path = Listed(inv)
@@ -502,10 +505,11 @@ def _placeholders(inv: Inventory, required: _Required) -> list[Finding]:
     return findings
 
 
-def integrity_findings(inventory: Inventory) -> tuple[Finding, ...]:
+def integrity_findings(inventory: Inventory, reqs: Requirements) -> tuple[Finding, ...]:
     """Inventory problems (malformed dist-infos, one name installed twice), then ``check_integrity``'s, with
-    verified fixes."""
-    return verified_fixes((*inventory.findings, *check_integrity(inventory)), inventory)
+    verified fixes (``reqs``: the run's requirement facts)."""
+    found = (*inventory.findings, *check_integrity(inventory, reqs=reqs))
+    return verified_fixes(found, inventory, reqs=reqs)
 
 
 def run(stack: StackView, target: Target | None = None) -> tuple[Finding, ...]:

@@ -319,4 +319,4 @@ def run(stack: StackView, target: Target | None = None) -> tuple[Finding, ...]:
     # the integrity item's failing findings join the model's plan (a stray variant's uninstall is what meets a
     # pin whose files it overwrote), so both items print the one command; only this item's findings return
     context = tuple(f for f in stack.integrity if f.failing)
-    return verified_fixes(found + context, stack.inventory)[: len(found)]
+    return verified_fixes(found + context, stack.inventory, reqs=reqs)[: len(found)]

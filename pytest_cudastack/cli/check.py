@@ -45,6 +45,8 @@ def cmd_check(args: argparse.Namespace) -> int:
         settings = settings.with_values(cudastack=True)
     stack = Stack(settings, rootdir=config.rootdir, site_paths=site_dirs_from(args))
     try:
+        # a skipped item is not run, as in pytest: only what is reported is computed
+        skipped = stack.skipped
         results = stack.run_checks()
         if settings.cudastack_snapshot:
             write_snapshot(stack, settings.cudastack_snapshot)
@@ -53,29 +55,23 @@ def cmd_check(args: argparse.Namespace) -> int:
         return 2
     finally:
         stack.flush_cache()
-    skipped = {
-        name: reason
-        for check in enabled_checks(settings)
-        for name, target in check.expand(stack)
-        if (reason := check.skip_reason(stack, target)) is not None
-    }
-    # a skipped item is not run, as in pytest: its findings count for nothing and are not shown
-    results = {name: () if name in skipped else found for name, found in results.items()}
+    order = [name for check in enabled_checks(settings) for name, _ in check.expand(stack)]
     failing = any(f.failing for found in results.values() for f in found)
-    plans = plan_repairs([f for found in results.values() for f in found], stack.inventory)
+    plans = plan_repairs([f for found in results.values() for f in found], stack.inventory, reqs=stack.requirements)
     if getattr(args, "json", False):
         payload = {
             "schema": CHECK_SCHEMA,
             "version": CHECK_VERSION,
             "ok": not failing,
-            "items": {name: [f.to_json() for f in found] for name, found in results.items()},
+            "items": {name: [f.to_json() for f in results.get(name, ())] for name in order},
             "skipped": skipped,
             "repair": [plan.to_json() for plan in plans],
         }
         print(json.dumps(payload, indent=2))
         return 1 if failing else 0
     paint = painter_for(getattr(args, "color", None), sys.stdout)
-    for name, found in results.items():
+    for name in order:
+        found = results.get(name, ())
         if name in skipped:  # nothing to check: as the plugin's SKIPPED item, with the reason
             print(f"skip cudastack::{name}: {skipped[name]}")
             continue

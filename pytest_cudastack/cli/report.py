@@ -1,4 +1,5 @@
-"""``cudastack report``: the installed wheels (inventory + integrity + closure) on one screen, findings first,
+"""``cudastack report``: the installed wheels (inventory + integrity + closure, the ``Stack``'s items) on one
+screen, findings first,
 then each distribution's GPU code (the SASS and PTX its libraries carry, as the snapshot and ``tree`` list it).
 
 The site directories are :func:`pytest_cudastack.cli.sites.site_dirs_from`'s.
@@ -16,17 +17,15 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from pytest_cudastack.checks.arch import dist_gpu_code
-from pytest_cudastack.checks.closure import extension_closures
-from pytest_cudastack.checks.integrity import check_integrity
 from pytest_cudastack.cli.colour import Painter, painter_for
 from pytest_cudastack.cli.sites import site_dirs_from
 from pytest_cudastack.cuda.gpucode import gpu_code_text
 from pytest_cudastack.findings import Finding, Severity, most_severe_first
 from pytest_cudastack.linker.elfcache import ElfCache
-from pytest_cudastack.linker.resolver import Resolver, SearchConfig
-from pytest_cudastack.model.modules import module_trees
-from pytest_cudastack.model.repair import plan_repairs, render_plans
-from pytest_cudastack.wheels.inventory import Inventory, installed_wheels, memo_reader
+from pytest_cudastack.model.repair import RepairPlan, plan_repairs, render_plans
+from pytest_cudastack.settings import Settings
+from pytest_cudastack.stack import Stack
+from pytest_cudastack.wheels.inventory import Inventory
 
 __all__ = [
     "WheelReport",
@@ -39,10 +38,10 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 
-def wheel_findings(inv: Inventory, resolver: Resolver) -> tuple[Finding, ...]:
-    """Inventory, integrity and closure findings for ``inv``, errors first (stable within a severity)."""
-    found = (*inv.findings, *check_integrity(inv), *extension_closures(inv, resolver))
-    return most_severe_first(found)
+def wheel_findings(stack: Stack) -> tuple[Finding, ...]:
+    """The stack's integrity and closure items' findings (inventory problems included; fixes verified by the
+    repair model, as ``cudastack check`` prints them), errors first (stable within a severity)."""
+    return most_severe_first((*stack.findings("integrity"), *stack.findings("closure")))
 
 
 @dataclass(frozen=True)
@@ -52,6 +51,7 @@ class WheelReport:
     modules: int  # extension modules whose closure was resolved
     seconds: float
     gpu_code: Mapping[str, dict[str, list[str]]] = field(default_factory=dict)  # by distribution label
+    plans: tuple[RepairPlan, ...] = ()  # the verified repair plan over ``findings``
 
     @property
     def failing(self) -> tuple[Finding, ...]:
@@ -90,22 +90,24 @@ class WheelReport:
 
 
 def wheel_report(paths: Sequence[str] | None = None, cache: ElfCache | None = None) -> WheelReport:
-    """Inventory + integrity + closure of ``paths`` (default: this interpreter's site directories).
+    """Inventory + integrity + closure of ``paths`` (default: this interpreter's site directories), read from
+    one :class:`~pytest_cudastack.stack.Stack`, the composition root ``check``, ``snapshot`` and the plugin use:
+    the same facts, computed once, and the same verified fixes and plan.
 
     ``cache``: the run's ELF cache, flushed by its owner; default: one for this environment, flushed here.
     """
     t0 = time.perf_counter()
-    elf_cache = cache if cache is not None else ElfCache()
-    reader = memo_reader(elf_cache.read)
-    inv = installed_wheels(paths, reader=reader)
-    resolver = Resolver(SearchConfig.from_environment(), reader=reader, owner=inv.owner)
-    trees = module_trees(inv, resolver)
-    found = (*inv.findings, *check_integrity(inv), *extension_closures(inv, resolver, trees=trees))
-    findings = most_severe_first(found)
-    gpu = {d.label: dist_gpu_code(d, elf_cache.fatbin) for d in inv.distributions}
-    if cache is None:
-        elf_cache.flush()
-    return WheelReport(inv, findings, len(trees), time.perf_counter() - t0, gpu)
+    stack = Stack(Settings(), cache=cache, site_paths=tuple(paths) if paths is not None else None)
+    try:
+        findings = wheel_findings(stack)
+        inv = stack.inventory
+        gpu = {d.label: dist_gpu_code(d, stack.fatbin) for d in inv.distributions}
+        plans = plan_repairs(findings, inv, reqs=stack.requirements)
+        modules = len(stack.module_trees)
+    finally:
+        if cache is None:
+            stack.flush_cache()
+    return WheelReport(inv, findings, modules, time.perf_counter() - t0, gpu, plans)
 
 
 def render_report(rep: WheelReport, *, verbose: bool = False, paint: Painter | None = None) -> str:
@@ -147,7 +149,7 @@ def render_report(rep: WheelReport, *, verbose: bool = False, paint: Painter | N
         lines.extend(f"  {label}: {text}" for label, text in coded)
     status = f"{len(errors)} error(s), {len(warnings)} warning(s), {len(infos)} info" if rep.findings else "no findings"
     lines.append(f"wheels: {status}")
-    plan = render_plans(plan_repairs(rep.findings, rep.inventory))
+    plan = render_plans(rep.plans)
     if plan:
         lines.append(plan)
     return "\n".join(lines)

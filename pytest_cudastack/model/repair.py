@@ -60,6 +60,7 @@ from pytest_cudastack.wheels.ownership import (
     pip_command,
     variant_sibling,
 )
+from pytest_cudastack.wheels.requirements import Requirements, requirement_facts
 from pytest_cudastack.wheels.sitepaths import install_prefix
 
 __all__ = [
@@ -366,9 +367,14 @@ def _named(f: Finding, inv: Inventory) -> set[str]:
 
 
 def plan_repairs(
-    findings: Iterable[Finding], inventory: Inventory, *, facts: LoadFacts | None = None
+    findings: Iterable[Finding],
+    inventory: Inventory,
+    *,
+    facts: LoadFacts | None = None,
+    reqs: Requirements | None = None,
 ) -> tuple[RepairPlan, ...]:
-    """One plan per installation prefix that has failing findings (none when nothing fails).
+    """One plan per installation prefix that has failing findings (none when nothing fails); ``reqs``: the
+    run's requirement facts (computed when not given).
 
     ``facts``: the extension modules' closures (:func:`load_facts`) for the model's closure check; without
     them it assumes the conservative :func:`_fallback_facts`."""
@@ -387,7 +393,8 @@ def plan_repairs(
             orphan.append(f)
         else:
             by_env.setdefault(env, []).append(f)
-    plans = [_plan(env, envs[env], fs, inventory, facts) for env, fs in by_env.items()]
+    required = active_requirements(inventory, reqs)
+    plans = [_plan(env, envs[env], fs, inventory, facts, required) for env, fs in by_env.items()]
     if orphan:
         if plans:
             first = plans[0]
@@ -405,9 +412,13 @@ def plan_repairs(
 
 
 def _plan(
-    env: str, dists: Sequence[Distribution], findings: Sequence[Finding], inv: Inventory, facts: LoadFacts | None
+    env: str,
+    dists: Sequence[Distribution],
+    findings: Sequence[Finding],
+    inv: Inventory,
+    facts: LoadFacts | None,
+    required: dict[str, list[Requirer]],
 ) -> RepairPlan:
-    required = active_requirements(inv)
     by_key = {d.key: d for d in dists}
     named = {id(f): _named(f, inv) for f in findings}
     touched = set().union(*named.values()) if named else set()
@@ -602,6 +613,7 @@ def verified_fixes(
     *,
     facts: LoadFacts | None = None,
     keep: Sequence[Finding] = (),
+    reqs: Requirements | None = None,
 ) -> tuple[Finding, ...]:
     """``findings`` with the fix of each failing integrity / closure / requirements (pip) finding replaced by
     one the model verifies (a requirements finding keeps its own command when the model finds no error after
@@ -613,7 +625,8 @@ def verified_fixes(
     failing = [f for f in findings if f.failing and _verifiable(f) and id(f) not in kept]
     if not failing:
         return tuple(findings)
-    plans = plan_repairs(failing, inventory, facts=facts)
+    reqs = reqs if reqs is not None else requirement_facts(inventory)  # once for every plan below
+    plans = plan_repairs(failing, inventory, facts=facts, reqs=reqs)
     by_key = {k: p for p in plans if p.steps for k in p.fixes}
     chosen: dict[int, str] = {}
     for f in failing:
@@ -621,13 +634,13 @@ def verified_fixes(
         refused: list[str] = []
         if plan is None and f.check == "requirements":
             own = _parse_fix(f.fix)
-            if own is None or not predict(own, inventory, facts=facts, findings=[f]):
+            if own is None or not predict(own, inventory, facts=facts, findings=[f], reqs=reqs):
                 continue  # no fix of its own (a plan that claims it gives one), or one that leaves no error
         if plan is None:
-            alone = plan_repairs([f], inventory, facts=facts)
+            alone = plan_repairs([f], inventory, facts=facts, reqs=reqs)
             plan = next((p for p in alone if p.steps and _key(f) in p.fixes), None)
             refused = [r for p in alone for r in p.refused]
-        chosen[id(f)] = plan.command if plan is not None else _no_safe_repair(f, refused, inventory, facts)
+        chosen[id(f)] = plan.command if plan is not None else _no_safe_repair(f, refused, inventory, facts, reqs)
     return tuple(replace(f, fix=chosen[id(f)]) if id(f) in chosen else f for f in findings)
 
 
@@ -643,11 +656,13 @@ def _verifiable(f: Finding) -> bool:
     return f.check == "requirements" and (not f.fix or _parse_fix(f.fix) is not None)
 
 
-def _no_safe_repair(f: Finding, refused: Sequence[str], inv: Inventory, facts: LoadFacts | None) -> str:
+def _no_safe_repair(
+    f: Finding, refused: Sequence[str], inv: Inventory, facts: LoadFacts | None, reqs: Requirements
+) -> str:
     actions = _parse_fix(f.fix)
     reason = ""
     if actions:
-        left = predict(actions, inv, facts=facts, findings=[f])
+        left = predict(actions, inv, facts=facts, findings=[f], reqs=reqs)
         if left:
             reason = f"the model predicts that {f.fix.split(' (')[0]} would leave: {'; '.join(left[:2])}"
     if not reason and refused:
@@ -698,12 +713,13 @@ def predict(
     *,
     facts: LoadFacts | None = None,
     findings: Sequence[Finding] = (),
+    reqs: Requirements | None = None,
 ) -> list[str]:
     """What the model finds wrong after pip ``actions`` (in order, each ``(verb, name, version)``):
     the errors they create or leave about what they act on, plus those left about ``findings``; [] when
     none. An install of a version not on disk takes the installed version's paths (or, for an absent CUDA
     variant, its installed sibling's) with unknown RECORD rows."""
-    required = active_requirements(inventory)
+    required = active_requirements(inventory, reqs)
     keys = {k for _, k, _ in actions}
     env = next((_environment(d) for k in sorted(keys) if (d := inventory.get(k)) is not None), None)
     dists = [d for d in inventory.distributions if env is None or _environment(d) == env]
@@ -721,9 +737,9 @@ def predict(
         paths = before.libs.get(source.key, ())
         same = d is not None and (version is None or version == d.version)
         rows = before.rows.get(source.key, {}) if same else _unknown_rows(paths)
-        reqs = before.requires.get(key) if d is not None else ()
+        stated = before.requires.get(key) if d is not None else ()
         after.install(
-            key, paths, rows, name=source.name if d else key, version=version or source.version, requires=reqs
+            key, paths, rows, name=source.name if d else key, version=version or source.version, requires=stated
         )
     f_facts = facts or _fallback_facts(findings, inventory, before)
     bad, remaining = _verdict(before, after, keys, f_facts)

@@ -19,16 +19,16 @@ import logging
 import os
 import re
 import stat
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from packaging.markers import InvalidMarker, UndefinedComparison, UndefinedEnvironmentName
-from packaging.requirements import InvalidRequirement, Requirement
+from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from pytest_cudastack._sysio import open_regular
 from pytest_cudastack.errors import ElfError
 from pytest_cudastack.wheels.inventory import Distribution, Inventory, RecordEntry, install_prefix
+from pytest_cudastack.wheels.requirements import Requirements, requirement_facts
 from pytest_cudastack.wheels.sitepaths import record_abspath
 
 __all__ = [
@@ -56,7 +56,7 @@ _VARIANT = re.compile(r"^nvidia-(cudnn|nccl|nvshmem|cusparselt)-cu(12|13)$")
 
 @dataclass(frozen=True)
 class Requirer:
-    """``dist`` requires ``requirement`` (active for this interpreter and the extras asked of ``dist``)."""
+    """``dist`` requires ``requirement`` (active for the inspected interpreter and the extras asked of ``dist``)."""
 
     dist: Distribution
     requirement: Requirement
@@ -68,55 +68,17 @@ class Requirer:
         return f"{r.name}{extras}{r.specifier}"
 
 
-def active_requirements(inv: Inventory) -> dict[str, list[Requirer]]:
-    """Canonical name -> who requires it, following extras through the installed distributions."""
-    parsed: dict[int, list[Requirement]] = {}
-    for d in inv.distributions:
-        reqs: list[Requirement] = []
-        for text in d.requires:
-            try:
-                reqs.append(Requirement(text))
-            except InvalidRequirement as e:
-                logger.debug("%s: unparsable Requires-Dist %r: %s", d.label, text, e)
-        parsed[id(d)] = reqs
-    extras: dict[str, set[str]] = {d.key: set() for d in inv.distributions}
-    active: dict[tuple[int, int], Requirer] = {}
-    memo: dict[tuple[str, str], bool] = {}
-    changed = True
-    while changed:
-        changed = False
-        for d in inv.distributions:
-            asked = extras.get(d.key, set())
-            for i, req in enumerate(parsed[id(d)]):
-                if (id(d), i) in active or not _marker_ok(req, asked, memo):
-                    continue
-                active[(id(d), i)] = Requirer(d, req)
-                key = canonicalize_name(req.name)
-                new = {canonicalize_name(e) for e in req.extras} - extras.setdefault(key, set())
-                if new:
-                    extras[key] |= new
-                    changed = True
-                changed = True
+def active_requirements(inv: Inventory, reqs: Requirements | None = None) -> dict[str, list[Requirer]]:
+    """Canonical name -> who requires it: the requirement facts of ``inv`` (``reqs``, the run's; computed when
+    not given) that a distribution states, with the extras other distributions request (an extra counted only
+    by inference is left out: nothing asked for it). Markers are evaluated for the inspected interpreter, by
+    the one evaluator (:func:`~pytest_cudastack.wheels.requirements.requirement_facts`)."""
+    facts = reqs if reqs is not None else requirement_facts(inv)
     out: dict[str, list[Requirer]] = {}
-    for r in active.values():
-        out.setdefault(canonicalize_name(r.requirement.name), []).append(r)
+    for f in facts.facts:
+        if f.requirer is not None and not f.inferred:
+            out.setdefault(f.name, []).append(Requirer(f.requirer, f.requirement))
     return out
-
-
-def _marker_ok(req: Requirement, extras: Iterable[str], memo: dict[tuple[str, str], bool]) -> bool:
-    if req.marker is None:
-        return True
-    text = str(req.marker)
-    for extra in ("", *sorted(extras)):
-        key = (text, extra)
-        if key not in memo:
-            try:
-                memo[key] = bool(req.marker.evaluate({"extra": extra}))
-            except (InvalidMarker, UndefinedComparison, UndefinedEnvironmentName):
-                memo[key] = False
-        if memo[key]:
-            return True
-    return False
 
 
 def pip_command(dist: Distribution) -> str:

@@ -28,13 +28,11 @@ import enum
 import functools
 import logging
 import os
-import platform
 import re
-import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from packaging.markers import InvalidMarker, Marker, UndefinedComparison, UndefinedEnvironmentName
+from packaging.markers import InvalidMarker, Marker, UndefinedComparison, UndefinedEnvironmentName, default_environment
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
@@ -155,26 +153,17 @@ def _site_python(location: str) -> str | None:
 
 
 def marker_environment(location: str | None = None) -> dict[str, str]:
-    """PEP 508's marker environment for the interpreter owning site directory ``location``: this
-    interpreter's, with ``python_version`` / ``python_full_version`` of the inspected one when its site
-    directory's layout names another (``--site`` of another venv)."""
-    env: dict[str, str] = {
-        "implementation_name": sys.implementation.name,
-        "implementation_version": platform.python_version(),
-        "os_name": os.name,
-        "platform_machine": platform.machine(),
-        "platform_release": platform.release(),
-        "platform_system": platform.system(),
-        "platform_version": platform.version(),
-        "python_full_version": platform.python_version(),
-        "platform_python_implementation": platform.python_implementation(),
-        "python_version": ".".join(platform.python_version_tuple()[:2]),
-        "sys_platform": sys.platform,
-    }
+    """PEP 508's marker environment for the interpreter owning site directory ``location``: packaging's
+    ``default_environment()`` (this interpreter's), with ``python_version`` / ``python_full_version`` (and, for
+    CPython, ``implementation_version``) of the inspected one when its site directory's layout names another
+    (``--site`` of another venv). Only what differs is overridden, as packaging's own callers do."""
+    env: dict[str, str] = {key: str(value) for key, value in default_environment().items()}
     full = _site_python(location) if location is not None else None
     if full is not None and full.split(".")[:2] != env["python_version"].split("."):
         env["python_full_version"] = full
         env["python_version"] = ".".join(full.split(".")[:2])
+        if env["implementation_name"] == "cpython":
+            env["implementation_version"] = full
     return env
 
 
