@@ -165,23 +165,25 @@ def _check_top(raw: Any, source: str, schema: Mapping[str, Any]) -> dict[str, An
     return raw
 
 
-def _rows_at(raw: Mapping[str, Any], table: str) -> Iterator[tuple[int, dict[str, Any]]]:
-    """The object rows (with their index) of the list at dotted path ``table``; none where the path does
-    not lead to a list (the schema names what is missing or mistyped there)."""
+def _rows_at(raw: Mapping[str, Any], table: str) -> Iterator[tuple[int | None, dict[str, Any]]]:
+    """The object rows (with their index) of the list at dotted path ``table``, or the one object there
+    (index None); none where the path leads to neither (the schema names what is missing or mistyped)."""
     node: Any = raw
     for part in table.split("."):
         node = node.get(part) if isinstance(node, dict) else None
-    if isinstance(node, list):
+    if isinstance(node, dict):
+        yield None, node
+    elif isinstance(node, list):
         yield from ((i, row) for i, row in enumerate(node) if isinstance(row, dict))
 
 
 def _check_rows(
-    rows: Iterator[tuple[int, dict[str, Any]]], where: str, keys: tuple[str, ...], sources: Mapping[str, Any] | None
+    rows: Iterator[tuple[int | None, dict[str, Any]]], where: str, keys: tuple[str, ...], sources: Mapping[str, Any] | None
 ) -> None:
     """Each row citing a listed source (when ``sources`` is given) and none repeating an earlier row's key."""
     seen: dict[str, int] = {}
     for i, row in rows:
-        at = f"{where}[{i}]"
+        at = where if i is None else f"{where}[{i}]"
         if sources is not None:
             cited(row, sources, at)
         key = json.dumps([row.get(k) for k in keys] if keys else row, sort_keys=True)
