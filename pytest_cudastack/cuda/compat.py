@@ -241,17 +241,16 @@ SHAPE = DataShape(
         "toolkit_drivers": ("toolkit",),
         "mvc_floors": ("major",),
         "driver_branches": ("branch",),
-        "forward_compat": (),
         "sonames": ("soname", "regex"),
         "driver_sonames": ("soname",),
         "wheels.name_rules": ("regex",),
-        "wheels.local_version": (),
         "wheels.meta_packages": ("name",),
         "wheels.unsuffixed": ("name",),
         "wheels.install_dirs": ("regex",),
         "archs": ("cc",),
         "sm_targets": ("toolkit",),
     },
+    objects=("forward_compat", "wheels.local_version"),
 )
 
 

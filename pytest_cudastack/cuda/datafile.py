@@ -121,11 +121,13 @@ def check_row(
 class DataShape:
     """What the header rule needs of one data file beside its schema: the schema's file name (in
     ``cuda/data/schemas/``), its row tables (a dotted path such as ``wheels.unsuffixed`` -> the fields whose
-    values key a row; ``()``: the whole row), whether rows cite ids of ``sources`` and whether each source
-    quotes its words (``says``)."""
+    values key a row; ``()``: the whole row), the single objects that cite a source as rows do
+    (``forward_compat``), whether rows cite ids of ``sources`` and whether each source quotes its words
+    (``says``)."""
 
     schema: str
     tables: Mapping[str, tuple[str, ...]]
+    objects: tuple[str, ...] = ()
     cites: bool = True
     says: bool = False
 
@@ -145,7 +147,9 @@ def check_data(raw: Any, source: str, shape: DataShape) -> dict[str, Any]:
     raw = _check_top(raw, source, schema)
     sources = check_sources(raw.get("sources"), source, says=shape.says) if shape.cites else {}
     for table, keys in shape.tables.items():
-        _check_rows(_rows_at(raw, table), f"{source}: {table}", keys, sources if shape.cites else None)
+        _check_rows(_rows_at(raw, table, list), f"{source}: {table}", keys, sources if shape.cites else None)
+    for table in shape.objects:
+        _check_rows(_rows_at(raw, table, dict), f"{source}: {table}", (), sources)
     error = first_error(raw, schema)
     if error is not None:
         raise DataError(f"{source}: {error.removeprefix('$.')}")
@@ -165,15 +169,16 @@ def _check_top(raw: Any, source: str, schema: Mapping[str, Any]) -> dict[str, An
     return raw
 
 
-def _rows_at(raw: Mapping[str, Any], table: str) -> Iterator[tuple[int | None, dict[str, Any]]]:
-    """The object rows (with their index) of the list at dotted path ``table``, or the one object there
-    (index None); none where the path leads to neither (the schema names what is missing or mistyped)."""
+def _rows_at(raw: Mapping[str, Any], table: str, kind: type) -> Iterator[tuple[int | None, dict[str, Any]]]:
+    """The object rows (with their index) of the list at dotted path ``table`` (``kind`` list), or the one
+    object there (``kind`` dict, index None); none where the path leads elsewhere (the schema names what is
+    missing or mistyped there)."""
     node: Any = raw
     for part in table.split("."):
         node = node.get(part) if isinstance(node, dict) else None
-    if isinstance(node, dict):
+    if kind is dict and isinstance(node, dict):
         yield None, node
-    elif isinstance(node, list):
+    elif kind is list and isinstance(node, list):
         yield from ((i, row) for i, row in enumerate(node) if isinstance(row, dict))
 
 
