@@ -152,7 +152,9 @@ def _duplicate_soname() -> dict[str, Any]:
             id="source a list (unhashable)",
         ),
         pytest.param(
-            _mutate(("forward_compat", "source"), {"a": 1}), "forward_compat: source {'a': 1}", id="forward source an object"
+            _mutate(("forward_compat", "source"), {"a": 1}),
+            "forward_compat: source {'a': 1}",
+            id="forward source an object",
         ),
         pytest.param(
             _mutate(("toolkit_drivers", 5, "driver"), "five hundred"), "toolkit_drivers[5]: 'driver'", id="bad driver"

@@ -184,7 +184,9 @@ BROKEN_PRELOADS = [
     pytest.param(lambda r: r.update(preloads={}), "preloads: expected array", id="not a list"),
     pytest.param(_pre0("source", "nowhere"), "is not listed in 'sources'", id="unlisted source"),
     pytest.param(_pre0("bogus", 1), "preloads[0].bogus: not allowed here", id="key"),
-    pytest.param(_pre0("flags", "RTLD_LAZY"), "preloads[0].flags: expected one of 'RTLD_GLOBAL', 'RTLD_LOCAL'", id="flags"),
+    pytest.param(
+        _pre0("flags", "RTLD_LAZY"), "preloads[0].flags: expected one of 'RTLD_GLOBAL', 'RTLD_LOCAL'", id="flags"
+    ),
     pytest.param(_pre0("path", "../../evil.so"), "inside it", id="path escapes"),
     pytest.param(_pre0("kind", "env"), "'kind' must be 'path' or 'sys_path'", id="kind"),
     pytest.param(_pre0("at", ""), "'at' must be a non-empty string", id="no trigger"),

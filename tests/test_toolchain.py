@@ -335,10 +335,18 @@ def _broken(change):
 @pytest.mark.parametrize(
     ("change", "match"),
     [
-        pytest.param(lambda d: d.update(schema="x"), r"toolchain\.json: unsupported schema 'x' \(expected 'pytest-cudastack-toolchain'\)", id="schema"),
+        pytest.param(
+            lambda d: d.update(schema="x"),
+            r"toolchain\.json: unsupported schema 'x' \(expected 'pytest-cudastack-toolchain'\)",
+            id="schema",
+        ),
         pytest.param(lambda d: d["frameworks"][0].update(source="nope"), "not listed", id="source"),
         pytest.param(lambda d: d["frameworks"][0].pop("rule"), r"frameworks\[0\]\.rule: missing", id="missing key"),
-        pytest.param(lambda d: d["frameworks"][0].update(rule="guess"), r"frameworks\[0\]\.rule: expected one of 'ptx-isa'", id="rule"),
+        pytest.param(
+            lambda d: d["frameworks"][0].update(rule="guess"),
+            r"frameworks\[0\]\.rule: expected one of 'ptx-isa'",
+            id="rule",
+        ),
         pytest.param(lambda d: d["frameworks"][0]["lookup"].append({"cwd": True}), "unknown lookup step", id="step"),
         pytest.param(
             lambda d: d["frameworks"][0]["lookup"][0]["first_dir_of"].append({"path": True}),
@@ -438,7 +446,9 @@ GPU_CODE = Path(__file__).resolve().parent.parent / "pytest_cudastack" / "cuda" 
         pytest.param(lambda d: d["arch_cuda"][0].update(arch="sm_9"), r"arch_cuda\[0\].*invalid GPU arch", id="arch"),
         pytest.param(lambda d: d["arch_cuda"][0].update(arch="compute_90"), "sm_XX names", id="not sm"),
         pytest.param(lambda d: d["arch_cuda"][0].update(cuda="twelve"), r"arch_cuda\[0\]: 'cuda'", id="cuda"),
-        pytest.param(lambda d: d["arch_cuda"].append(dict(d["arch_cuda"][0])), r"arch_cuda\[34\]: duplicate row", id="duplicate"),
+        pytest.param(
+            lambda d: d["arch_cuda"].append(dict(d["arch_cuda"][0])), r"arch_cuda\[34\]: duplicate row", id="duplicate"
+        ),
         pytest.param(lambda d: d["arch_cuda"][0].pop("cuda"), r"arch_cuda\[0\]\.cuda: missing", id="missing key"),
     ],
 )

@@ -132,7 +132,7 @@ class DataShape:
     says: bool = False
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _schema(name: str) -> Mapping[str, Any]:
     """The shipped schema ``cuda/data/schemas/NAME`` (read once, on the first check of its file)."""
     schema: Mapping[str, Any] = shipped_json(f"data/schemas/{name}")
@@ -183,7 +183,10 @@ def _rows_at(raw: Mapping[str, Any], table: str, kind: type) -> Iterator[tuple[i
 
 
 def _check_rows(
-    rows: Iterator[tuple[int | None, dict[str, Any]]], where: str, keys: tuple[str, ...], sources: Mapping[str, Any] | None
+    rows: Iterator[tuple[int | None, dict[str, Any]]],
+    where: str,
+    keys: tuple[str, ...],
+    sources: Mapping[str, Any] | None,
 ) -> None:
     """Each row citing a listed source (when ``sources`` is given) and none repeating an earlier row's key."""
     seen: dict[str, int] = {}

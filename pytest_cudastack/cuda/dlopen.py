@@ -55,9 +55,7 @@ DATA_FILE = "data/dlopen_targets.json"
 _TEMPLATE_FIELD = re.compile(r"\{([^{}]*)\}")
 _NAME = re.compile(r"[A-Za-z0-9_.+-]+")
 _MODULE = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*")
-SHAPE = DataShape(
-    "dlopen_targets.schema.json", {"targets": ("caller",), "preloads": ()}, says=True
-)
+SHAPE = DataShape("dlopen_targets.schema.json", {"targets": ("caller",), "preloads": ()}, says=True)
 
 
 class Miss(str, Enum):
