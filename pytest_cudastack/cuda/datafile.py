@@ -144,16 +144,16 @@ def check_data(raw: Any, source: str, shape: DataShape) -> dict[str, Any]:
     sources, rows citing them, no duplicate rows), then the rest of its schema; ``DataError`` naming ``source``
     and the row or field otherwise."""
     schema = _schema(shape.schema)
-    raw = _check_top(raw, source, schema)
-    sources = check_sources(raw.get("sources"), source, says=shape.says) if shape.cites else {}
+    data = _check_top(raw, source, schema)
+    sources = check_sources(data.get("sources"), source, says=shape.says) if shape.cites else {}
     for table, keys in shape.tables.items():
-        _check_rows(_rows_at(raw, table, list), f"{source}: {table}", keys, sources if shape.cites else None)
+        _check_rows(_rows_at(data, table, list), f"{source}: {table}", keys, sources if shape.cites else None)
     for table in shape.objects:
-        _check_rows(_rows_at(raw, table, dict), f"{source}: {table}", (), sources)
-    error = first_error(raw, schema)
+        _check_rows(_rows_at(data, table, dict), f"{source}: {table}", (), sources)
+    error = first_error(data, schema)
     if error is not None:
         raise DataError(f"{source}: {error.removeprefix('$.')}")
-    return raw
+    return data
 
 
 def _check_top(raw: Any, source: str, schema: Mapping[str, Any]) -> dict[str, Any]:
@@ -189,7 +189,7 @@ def _check_rows(
     sources: Mapping[str, Any] | None,
 ) -> None:
     """Each row citing a listed source (when ``sources`` is given) and none repeating an earlier row's key."""
-    seen: dict[str, int] = {}
+    seen: dict[str, int | None] = {}
     for i, row in rows:
         at = where if i is None else f"{where}[{i}]"
         if sources is not None:
