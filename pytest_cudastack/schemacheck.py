@@ -44,11 +44,32 @@ def first_error(instance: Any, schema: Mapping[str, Any]) -> str | None:
 
 
 def _check(value: Any, node: Mapping[str, Any], root: Mapping[str, Any], where: str, depth: int) -> str | None:
+    """The first complaint of ``node`` about ``value``: its references and alternatives, then its own
+    keywords, then the members of an object or array."""
     if depth > _MAX_DEPTH:
         return f"{where}: nested too deeply"
     unknown = set(node) - KEYWORDS - _ANNOTATIONS
     if unknown:
         raise ValueError(f"schema keyword(s) {sorted(unknown)} not supported by pytest_cudastack.schemacheck")
+    error = _check_applicators(value, node, root, where, depth)
+    if error is None:
+        error = _check_value(value, node, where)
+    if error is not None:
+        return error
+    if isinstance(value, dict):
+        return _check_object(value, node, root, where, depth)
+    if isinstance(value, list) and "items" in node:
+        for i, item in enumerate(value):
+            error = _check(item, node["items"], root, f"{where}[{i}]", depth + 1)
+            if error is not None:
+                return error
+    return None
+
+
+def _check_applicators(
+    value: Any, node: Mapping[str, Any], root: Mapping[str, Any], where: str, depth: int
+) -> str | None:
+    """What ``$ref`` and ``anyOf`` say of ``value`` (anyOf: a complaint only when no alternative accepts it)."""
     if "$ref" in node:
         error = _check(value, _resolve(root, node["$ref"]), root, where, depth + 1)
         if error is not None:
@@ -58,6 +79,11 @@ def _check(value: Any, node: Mapping[str, Any], root: Mapping[str, Any], where: 
         if all(e is not None for e in errors):
             # none accepts it: the first alternative's complaint names the field (the others' are alternatives)
             return str(errors[0]) if len(errors) == 1 else f"{errors[0]} (nor any of {len(errors) - 1} other form(s))"
+    return None
+
+
+def _check_value(value: Any, node: Mapping[str, Any], where: str) -> str | None:
+    """What ``type``, ``const``, ``enum``, ``pattern`` and ``minimum`` say of ``value`` itself."""
     if "type" in node:
         types = node["type"] if isinstance(node["type"], list) else [node["type"]]
         if not any(_is_type(value, t) for t in types):
@@ -70,13 +96,6 @@ def _check(value: Any, node: Mapping[str, Any], root: Mapping[str, Any], where: 
         return f"{where}: {_show(value)} does not match {node['pattern']!r}"
     if "minimum" in node and _is_type(value, "number") and value < node["minimum"]:
         return f"{where}: {value!r} is less than the minimum {node['minimum']!r}"
-    if isinstance(value, dict):
-        return _check_object(value, node, root, where, depth)
-    if isinstance(value, list) and "items" in node:
-        for i, item in enumerate(value):
-            error = _check(item, node["items"], root, f"{where}[{i}]", depth + 1)
-            if error is not None:
-                return error
     return None
 
 

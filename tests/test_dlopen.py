@@ -102,7 +102,7 @@ BROKEN = [
     pytest.param(lambda r: r["sources"]["sdnext-539"].pop("says"), "needs 'url', 'retrieved'", id="source words"),
     pytest.param(lambda r: r.update(targets=[]), "'targets' must be a non-empty list", id="no rows"),
     pytest.param(_row0("source", "nowhere"), "is not listed in 'sources'", id="unlisted source"),
-    pytest.param(_row0("bogus", 1), "unknown key(s) bogus", id="row key"),
+    pytest.param(_row0("bogus", 1), "targets[0].bogus: not allowed here", id="row key"),
     pytest.param(_row0("caller", "lib(["), "not a valid regex", id="bad regex"),
     pytest.param(_row0("names", ["libx.so.{minor}"]), "not a named group of 'caller'", id="template group"),
     pytest.param(_row0("names", ["../libx.so"]), "not a library file name", id="name with slash"),
@@ -113,7 +113,7 @@ BROKEN = [
     pytest.param(_row0("miss", "fallback"), "'fallback' (what happens instead)", id="fallback unsaid"),
     pytest.param(_row0("fallback", "CPU"), "'fallback' (what happens instead)", id="fallback on fatal"),
     pytest.param(_row0("names", []), "needs 'names' or 'strings'", id="no targets"),
-    pytest.param(lambda r: r["targets"].append(dict(r["targets"][0])), "repeats targets[0]", id="duplicate"),
+    pytest.param(lambda r: r["targets"].append(dict(r["targets"][0])), "targets[6]: duplicate row", id="duplicate"),
     pytest.param(_drop0("source"), "is not listed in 'sources'", id="no source"),
 ]
 
@@ -182,10 +182,12 @@ def _pre0(key: str, value: Any) -> Any:
 
 
 BROKEN_PRELOADS = [
-    pytest.param(lambda r: r.update(preloads={}), "'preloads' must be a list", id="not a list"),
+    pytest.param(lambda r: r.update(preloads={}), "preloads: expected array", id="not a list"),
     pytest.param(_pre0("source", "nowhere"), "is not listed in 'sources'", id="unlisted source"),
-    pytest.param(_pre0("bogus", 1), "unknown key(s) bogus", id="key"),
-    pytest.param(_pre0("flags", "RTLD_LAZY"), "'flags' must be RTLD_GLOBAL or RTLD_LOCAL", id="flags"),
+    pytest.param(_pre0("bogus", 1), "preloads[0].bogus: not allowed here", id="key"),
+    pytest.param(
+        _pre0("flags", "RTLD_LAZY"), "preloads[0].flags: expected one of 'RTLD_GLOBAL', 'RTLD_LOCAL'", id="flags"
+    ),
     pytest.param(_pre0("path", "../../evil.so"), "inside it", id="path escapes"),
     pytest.param(_pre0("kind", "env"), "'kind' must be 'path' or 'sys_path'", id="kind"),
     pytest.param(_pre0("at", ""), "'at' must be a non-empty string", id="no trigger"),
@@ -195,10 +197,10 @@ BROKEN_PRELOADS = [
         lambda r: r["preloads"][1].update(dirs=["nvidia/{0}/lib"]), "allowed fields: {cuda_major}, {folder}", id="dirs"
     ),
     pytest.param(lambda r: r["preloads"][1].update(dirs=["nvidia/{folder/lib"]), "is not a template", id="brace"),
-    pytest.param(_pre0("before_import", "cupy"), "'before_import' must be a list", id="before not a list"),
+    pytest.param(_pre0("before_import", "cupy"), "preloads[0].before_import: expected array", id="before not a list"),
     pytest.param(_pre0("before_import", ["a..b"]), "dotted module names", id="before bad name"),
-    pytest.param(_pre0("order", "random"), "'order' must be 'entries' or 'dirs'", id="order"),
-    pytest.param(_pre0("unless_loaded", "yes"), "'unless_loaded' must be true or false", id="unless_loaded"),
+    pytest.param(_pre0("order", "random"), "preloads[0].order: expected one of 'entries', 'dirs'", id="order"),
+    pytest.param(_pre0("unless_loaded", "yes"), "preloads[0].unless_loaded: expected boolean", id="unless_loaded"),
 ]
 
 

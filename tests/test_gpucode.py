@@ -370,10 +370,12 @@ def _raw() -> dict[str, Any]:
         pytest.param(lambda r: r["ptx_isa"][0].update(isa="one"), "MAJOR.MINOR", id="bad ISA"),
         pytest.param(lambda r: r["variants"][0].update(sass=["compute_80"]), "sm_XX", id="PTX listed as SASS"),
         pytest.param(lambda r: r["variants"][0].update(sass=["sm_9"]), "invalid GPU arch", id="bad arch"),
-        pytest.param(lambda r: r["variants"][0].pop("index"), "missing key", id="missing key"),
-        pytest.param(lambda r: r["variants"][0].update(extra=1), "unknown key", id="unknown key"),
+        pytest.param(lambda r: r["variants"][0].pop("index"), r"variants\[0\]\.index: missing", id="missing key"),
+        pytest.param(
+            lambda r: r["variants"][0].update(extra=1), r"variants\[0\]\.extra: not allowed here", id="unknown key"
+        ),
         pytest.param(lambda r: r.update(variants=[]), "non-empty list", id="empty table"),
-        pytest.param(lambda r: r.update(schema="x"), "not a", id="foreign file"),
+        pytest.param(lambda r: r.update(schema="x"), "unsupported schema 'x'", id="foreign file"),
     ],
 )
 def test_malformed_data_is_a_data_error(edit: Any, match: str) -> None:

@@ -78,7 +78,7 @@ def test_validation_names_the_row():
     with pytest.raises(DataError, match=r"rows\[0\]: bad CUDA version"):
         validate_entry_points(bad, "t.json")
     twice = {**good, "rows": [{"symbol": "cuX", "cuda": "12.0", "source": "PFN_cuX_v12000"}] * 2}
-    with pytest.raises(DataError, match="listed twice"):
+    with pytest.raises(DataError, match=r"rows\[1\]: duplicate row"):
         validate_entry_points(twice, "t.json")
 
 

@@ -335,10 +335,18 @@ def _broken(change):
 @pytest.mark.parametrize(
     ("change", "match"),
     [
-        pytest.param(lambda d: d.update(schema="x"), "not a pytest-cudastack-toolchain", id="schema"),
+        pytest.param(
+            lambda d: d.update(schema="x"),
+            r"toolchain\.json: unsupported schema 'x' \(expected 'pytest-cudastack-toolchain'\)",
+            id="schema",
+        ),
         pytest.param(lambda d: d["frameworks"][0].update(source="nope"), "not listed", id="source"),
-        pytest.param(lambda d: d["frameworks"][0].pop("rule"), "missing key", id="missing key"),
-        pytest.param(lambda d: d["frameworks"][0].update(rule="guess"), "'rule' one of", id="rule"),
+        pytest.param(lambda d: d["frameworks"][0].pop("rule"), r"frameworks\[0\]\.rule: missing", id="missing key"),
+        pytest.param(
+            lambda d: d["frameworks"][0].update(rule="guess"),
+            r"frameworks\[0\]\.rule: expected one of 'ptx-isa'",
+            id="rule",
+        ),
         pytest.param(lambda d: d["frameworks"][0]["lookup"].append({"cwd": True}), "unknown lookup step", id="step"),
         pytest.param(
             lambda d: d["frameworks"][0]["lookup"][0]["first_dir_of"].append({"path": True}),
@@ -348,7 +356,7 @@ def _broken(change):
         pytest.param(lambda d: d["frameworks"][0]["minimum"].update(ptxas="new"), "not a version", id="minimum"),
         pytest.param(lambda d: d["frameworks"][0]["minimum"].update(nvcc="12.0"), "map tools", id="minimum tool"),
         pytest.param(lambda d: d["frameworks"][0].update(tools=[]), "non-empty list", id="tools"),
-        pytest.param(lambda d: d.update(frameworks=[1]), "expected an object", id="row type"),
+        pytest.param(lambda d: d.update(frameworks=[1]), r"frameworks\[0\]: expected object", id="row type"),
     ],
 )
 def test_broken_data_file_names_the_row(change, match: str) -> None:
@@ -433,13 +441,15 @@ GPU_CODE = Path(__file__).resolve().parent.parent / "pytest_cudastack" / "cuda" 
 @pytest.mark.parametrize(
     ("change", "match"),
     [
-        pytest.param(lambda d: d.pop("arch_cuda"), "'arch_cuda' must be a non-empty list", id="missing table"),
+        pytest.param(lambda d: d.pop("arch_cuda"), r"gpu_code\.json: arch_cuda: missing", id="missing table"),
         pytest.param(lambda d: d["arch_cuda"][0].update(source="nope"), "not listed", id="source"),
         pytest.param(lambda d: d["arch_cuda"][0].update(arch="sm_9"), r"arch_cuda\[0\].*invalid GPU arch", id="arch"),
         pytest.param(lambda d: d["arch_cuda"][0].update(arch="compute_90"), "sm_XX names", id="not sm"),
         pytest.param(lambda d: d["arch_cuda"][0].update(cuda="twelve"), r"arch_cuda\[0\]: 'cuda'", id="cuda"),
-        pytest.param(lambda d: d["arch_cuda"].append(dict(d["arch_cuda"][0])), "listed twice", id="duplicate"),
-        pytest.param(lambda d: d["arch_cuda"][0].pop("cuda"), "missing key", id="missing key"),
+        pytest.param(
+            lambda d: d["arch_cuda"].append(dict(d["arch_cuda"][0])), r"arch_cuda\[34\]: duplicate row", id="duplicate"
+        ),
+        pytest.param(lambda d: d["arch_cuda"][0].pop("cuda"), r"arch_cuda\[0\]\.cuda: missing", id="missing key"),
     ],
 )
 def test_broken_arch_cuda_rows_name_the_row(change, match: str) -> None:

@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from pytest_cudastack.cuda.datafile import check_header, cited, shipped_json
+from pytest_cudastack.cuda.datafile import DataShape, check_data, cited, shipped_json
 from pytest_cudastack.cuda.versions import CudaVersion, DriverVersion, parse_arch, parse_cuda, parse_driver
 from pytest_cudastack.errors import DataError, OptionError, RuleError
 
@@ -166,13 +166,6 @@ class _Row:
         self.row: dict[str, Any] = row
         self.source = cited(row, sources, self.where)
 
-    def keys(self, allowed: set[str]) -> None:
-        extra = set(self.row) - allowed - {"source", "note", "unconfirmed"}
-        if extra:
-            raise DataError(f"{self.where}: unknown key(s) {', '.join(sorted(extra))}")
-        if "unconfirmed" in self.row and not isinstance(self.row["unconfirmed"], bool):
-            raise DataError(f"{self.where}: 'unconfirmed' must be true or false")
-
     def get(self, key: str, kind: type | tuple[type, ...], optional: bool = False) -> Any:
         if key not in self.row:
             if optional:
@@ -214,64 +207,57 @@ class _Row:
 
 
 def _table(raw: Mapping[str, Any], key: str, source: str) -> list[Any]:
+    """The rows of table ``key``, which the file must not leave empty."""
     value = raw.get(key)
     if not isinstance(value, list) or not value:
         raise DataError(f"{source}: top-level {key!r} must be a non-empty list")
     return value
 
 
-def _major_regexes(
-    wheels: Mapping[str, Any], key: str, source: str, sources: Mapping[str, Any]
-) -> list[tuple[_Row, re.Pattern[str], str]]:
-    """Rows ``{"regex": ..., "evidence": ...}`` of ``wheels[key]`` whose regex has a ``major`` group."""
-    rows = []
-    for i, row in enumerate(_table(wheels, key, f"{source}: wheels")):
-        r = _Row(source, f"wheels.{key}", i, row, sources)
-        r.keys({"regex", "evidence"})
+def _rows(raw: Mapping[str, Any], table: str, source: str, sources: Mapping[str, Any]) -> list[_Row]:
+    """The rows of the dotted ``table`` (``wheels.unsuffixed``) with typed access, each naming its place."""
+    *parents, key = table.split(".")
+    node = raw
+    for part in parents:
+        node = node[part]
+    where = ": ".join([source, *parents])
+    return [_Row(source, table, i, row, sources) for i, row in enumerate(_table(node, key, where))]
+
+
+def _major_regexes(rows: list[_Row]) -> list[tuple[_Row, re.Pattern[str], str]]:
+    """Rows ``{"regex": ..., "evidence": ...}`` whose regex must have a ``major`` group."""
+    out = []
+    for r in rows:
         rx = r.regex("regex")
         if "major" not in rx.groupindex:
             raise DataError(f"{r.where}: regex needs a (?P<major>...) group")
-        rows.append((r, rx, str(r.get("evidence", str))))
-    return rows
+        out.append((r, rx, str(r.get("evidence", str))))
+    return out
 
 
-_TOP_KEYS = {
-    "schema",
-    "description",
-    "sources",
-    "toolkit_drivers",
-    "mvc_floors",
-    "driver_branches",
-    "forward_compat",
-    "sonames",
-    "driver_sonames",
-    "wheels",
-    "archs",
-    "sm_targets",
-}
+SHAPE = DataShape(
+    "cuda_compat.schema.json",
+    {
+        "toolkit_drivers": ("toolkit",),
+        "mvc_floors": ("major",),
+        "driver_branches": ("branch",),
+        "sonames": ("soname", "regex"),
+        "driver_sonames": ("soname",),
+        "wheels.name_rules": ("regex",),
+        "wheels.meta_packages": ("name",),
+        "wheels.unsuffixed": ("name",),
+        "wheels.install_dirs": ("regex",),
+        "archs": ("cc",),
+        "sm_targets": ("toolkit",),
+    },
+    objects=("forward_compat", "wheels.local_version"),
+)
 
 
-def validate_compat(raw: Any, source: str = DATA_FILE) -> CompatData:
-    """Check the raw JSON object of the data file and build :class:`CompatData`.
-
-    Raises DataError naming ``source`` and the offending row: unknown keys, a row citing an unlisted
-    source, bad versions or regexes, minimum drivers that do not rise with the toolkit version, branches
-    whose CUDA version goes down, duplicate rows.
-    """
-    check_header(raw, source, _TOP_KEYS)
-    sources = raw["sources"]
-
-    def rows(table: str, allowed: set[str]) -> list[_Row]:
-        out = []
-        for i, row in enumerate(_table(raw, table, source)):
-            r = _Row(source, table, i, row, sources)
-            r.keys(allowed)
-            out.append(r)
-        return out
-
-    # toolkit -> minimum driver: sorted by toolkit, drivers non-decreasing
+def _toolkits(rows: list[_Row]) -> tuple[ToolkitRow, ...]:
+    """Toolkit -> minimum driver rows: sorted by toolkit, drivers never falling, none unconfirmed."""
     toolkits: list[ToolkitRow] = []
-    for r in rows("toolkit_drivers", {"toolkit", "label", "driver"}):
+    for r in rows:
         tk = r.version("toolkit", parse_cuda)
         drv = r.version("driver", parse_driver)
         row = ToolkitRow(tk, str(r.get("label", str)), drv, r.source)
@@ -285,9 +271,13 @@ def validate_compat(raw: Any, source: str = DATA_FILE) -> CompatData:
         if r.unconfirmed:
             raise DataError(f"{r.where}: unconfirmed toolkit rows must be left out")
         toolkits.append(row)
+    return tuple(toolkits)
 
+
+def _mvc_floors(rows: list[_Row], source: str) -> tuple[MvcFloor, ...]:
+    """Minor-version-compatibility floors, one per major, each below its ``below`` and above the last major's."""
     floors: list[MvcFloor] = []
-    for r in rows("mvc_floors", {"major", "driver", "below"}):
+    for r in rows:
         major = r.get("major", int)
         drv = r.version("driver", parse_driver)
         below = r.opt_version("below", parse_driver)
@@ -300,9 +290,13 @@ def validate_compat(raw: Any, source: str = DATA_FILE) -> CompatData:
     for lower, higher in itertools.pairwise(floors):
         if higher.driver <= lower.driver:
             raise DataError(f"{source}: mvc_floors: floor for CUDA {higher.major} is not above CUDA {lower.major}'s")
+    return tuple(floors)
 
+
+def _branches(rows: list[_Row]) -> tuple[BranchRow, ...]:
+    """Driver branch -> CUDA rows, both rising."""
     branches: list[BranchRow] = []
-    for r in rows("driver_branches", {"branch", "cuda"}):
+    for r in rows:
         branch = r.get("branch", int)
         cuda = r.version("cuda", parse_cuda)
         if branches and branch <= branches[-1].branch:
@@ -310,141 +304,130 @@ def validate_compat(raw: Any, source: str = DATA_FILE) -> CompatData:
         if branches and cuda <= branches[-1].cuda:
             raise DataError(f"{r.where}: CUDA {cuda} of R{branch} is not above R{branches[-1].branch}'s")
         branches.append(BranchRow(branch, cuda, r.source, r.unconfirmed, r.note))
+    return tuple(branches)
 
-    sonames: list[SonameRow] = []
-    seen: set[str] = set()
-    for r in rows("sonames", {"soname", "regex", "majors"}):
-        name = r.get("soname", str, optional=True)
-        pattern = r.regex("regex") if "regex" in r.row else None
-        if (name is None) == (pattern is None):
-            raise DataError(f"{r.where}: needs exactly one of 'soname' or 'regex'")
-        majors_raw = r.get("majors", list, optional=True)
-        if majors_raw is not None and (
-            not majors_raw or not all(isinstance(m, int) and not isinstance(m, bool) for m in majors_raw)
-        ):
-            raise DataError(f"{r.where}: 'majors' must be a non-empty list of integers")
-        if majors_raw is None and (pattern is None or "major" not in pattern.groupindex):
-            raise DataError(f"{r.where}: without 'majors' the regex must have a (?P<major>...) group")
-        key = name if name is not None else str(r.row["regex"])
-        if key in seen:
-            raise DataError(f"{r.where}: duplicate row {key!r}")
-        seen.add(key)
-        if r.unconfirmed:
-            continue
-        sonames.append(
-            SonameRow(name, pattern, frozenset(majors_raw) if majors_raw is not None else None, r.source, r.note)
-        )
 
-    driver_sonames: set[str] = set()
-    for r in rows("driver_sonames", {"soname"}):
-        driver_sonames.add(r.get("soname", str))  # unconfirmed rows kept: this list only relaxes checks
+def _soname(r: _Row) -> SonameRow:
+    """One soname row: a ``soname`` or a ``regex``, with its ``majors`` or a regex ``major`` group."""
+    name = r.get("soname", str, optional=True)
+    pattern = r.regex("regex") if "regex" in r.row else None
+    if (name is None) == (pattern is None):
+        raise DataError(f"{r.where}: needs exactly one of 'soname' or 'regex'")
+    majors_raw = r.get("majors", list, optional=True)
+    if majors_raw is not None and (
+        not majors_raw or not all(isinstance(m, int) and not isinstance(m, bool) for m in majors_raw)
+    ):
+        raise DataError(f"{r.where}: 'majors' must be a non-empty list of integers")
+    if majors_raw is None and (pattern is None or "major" not in pattern.groupindex):
+        raise DataError(f"{r.where}: without 'majors' the regex must have a (?P<major>...) group")
+    majors = frozenset(majors_raw) if majors_raw is not None else None
+    return SonameRow(name, pattern, majors, r.source, r.note)
 
-    wheels = raw.get("wheels")
-    if not isinstance(wheels, dict):
-        raise DataError(f"{source}: 'wheels' must be an object")
-    extra = set(wheels) - {
-        "name_rules",
-        "tracks_cuda_suffixed",
-        "local_version",
-        "meta_packages",
-        "unsuffixed",
-        "install_dirs",
-    }
-    if extra:
-        raise DataError(f"{source}: wheels: unknown key(s) {', '.join(sorted(extra))}")
-    name_rules = [
-        (rx, evidence, r.unconfirmed) for r, rx, evidence in _major_regexes(wheels, "name_rules", source, sources)
-    ]
-    tracks = wheels.get("tracks_cuda_suffixed", [])
-    if not isinstance(tracks, list) or not all(isinstance(t, str) for t in tracks):
-        raise DataError(f"{source}: wheels.tracks_cuda_suffixed must be a list of names")
-    lv = _Row(source, "wheels.local_version", 0, wheels.get("local_version"), sources)
-    lv.keys({"regex", "evidence"})
+
+def _sonames(rows: list[_Row]) -> tuple[SonameRow, ...]:
+    """The confirmed soname rows (unconfirmed ones are checked, then left out)."""
+    return tuple(row for r in rows if (row := _soname(r)) and not r.unconfirmed)
+
+
+def _local_version(raw: Any, source: str, sources: Mapping[str, Any]) -> re.Pattern[str]:
+    """The local-version regex, which must name ``major`` and ``minor``."""
+    lv = _Row(source, "wheels.local_version", 0, raw, sources)
     local_version = lv.regex("regex")
     if not {"major", "minor"} <= set(local_version.groupindex):
         raise DataError(f"{lv.where}: regex needs (?P<major>) and (?P<minor>) groups")
-    metas = []
-    for i, row in enumerate(_table(wheels, "meta_packages", f"{source}: wheels")):
-        r = _Row(source, "wheels.meta_packages", i, row, sources)
-        r.keys({"name", "evidence"})
-        metas.append(canonicalize_name(r.get("name", str)))
-    unsuffixed = []
-    for i, row in enumerate(_table(wheels, "unsuffixed", f"{source}: wheels")):
-        r = _Row(source, "wheels.unsuffixed", i, row, sources)
-        r.keys({"name", "min_version", "major", "tracks_cuda"})
+    return local_version
+
+
+def _unsuffixed(rows: list[_Row]) -> tuple[UnsuffixedWheel, ...]:
+    """The confirmed wheels whose name carries no CUDA suffix, from their ``min_version`` on."""
+    out = []
+    for r in rows:
         try:
             minv = Version(r.get("min_version", str))
         except InvalidVersion as e:
             raise DataError(f"{r.where}: 'min_version': {e}") from e
         if r.unconfirmed:
             continue
-        unsuffixed.append(
-            UnsuffixedWheel(
-                canonicalize_name(r.get("name", str)),
-                minv,
-                r.get("major", int),
-                bool(r.get("tracks_cuda", bool)),
-                r.source,
-            )
-        )
-    install_dirs = [(rx, evidence) for _r, rx, evidence in _major_regexes(wheels, "install_dirs", source, sources)]
+        name = canonicalize_name(r.get("name", str))
+        out.append(UnsuffixedWheel(name, minv, r.get("major", int), bool(r.get("tracks_cuda", bool)), r.source))
+    return tuple(out)
 
+
+def _arch(r: _Row) -> ArchRow:
+    """One arch row: a compute capability, the first CUDA that knows it, the last major that still does."""
+    cc = r.get("cc", str)
+    try:
+        is_cc = parse_arch(cc).cc == cc
+    except OptionError:
+        is_cc = False
+    if not is_cc:
+        raise DataError(f"{r.where}: 'cc' {cc!r} is not a compute capability like 8.6")
+    first = r.version("first_cuda", parse_cuda)
+    last = r.get("last_major", int, optional=True)
+    if last is not None and last < first.major:
+        raise DataError(f"{r.where}: last_major {last} is before first_cuda {first}")
+    return ArchRow(cc, first, last, r.source, r.note)
+
+
+def _archs(rows: list[_Row]) -> tuple[ArchRow, ...]:
+    """The confirmed arch rows, each compute capability once."""
     archs: list[ArchRow] = []
-    for r in rows("archs", {"cc", "first_cuda", "last_major"}):
-        cc = r.get("cc", str)
-        try:
-            is_cc = parse_arch(cc).cc == cc
-        except OptionError:
-            is_cc = False
-        if not is_cc:
-            raise DataError(f"{r.where}: 'cc' {cc!r} is not a compute capability like 8.6")
-        first = r.version("first_cuda", parse_cuda)
-        last = r.get("last_major", int, optional=True)
-        if last is not None and last < first.major:
-            raise DataError(f"{r.where}: last_major {last} is before first_cuda {first}")
-        if any(a.cc == cc for a in archs):
-            raise DataError(f"{r.where}: duplicate cc {cc}")
-        if r.unconfirmed:
-            continue
-        archs.append(ArchRow(cc, first, last, r.source, r.note))
+    for r in rows:
+        row = _arch(r)
+        if any(a.cc == row.cc for a in archs):
+            raise DataError(f"{r.where}: duplicate cc {row.cc}")
+        if not r.unconfirmed:
+            archs.append(row)
+    return tuple(archs)
 
+
+def _sm_targets(rows: list[_Row]) -> tuple[tuple[CudaVersion, frozenset[str]], ...]:
+    """Toolkit -> the SM targets it builds, sorted by toolkit."""
     sm_targets: list[tuple[CudaVersion, frozenset[str]]] = []
-    for r in rows("sm_targets", {"toolkit", "sm"}):
+    for r in rows:
         tk = r.version("toolkit", parse_cuda)
-        sms = r.get("sm", list)
         try:
-            normalized = frozenset(str(parse_arch(s)) for s in sms)
+            normalized = frozenset(str(parse_arch(s)) for s in r.get("sm", list))
         except OptionError as e:
             raise DataError(f"{r.where}: 'sm': {e}") from e
         if sm_targets and tk <= sm_targets[-1][0]:
             raise DataError(f"{r.where}: toolkit {tk} is not after {sm_targets[-1][0]} (rows must be sorted)")
         sm_targets.append((tk, normalized))
+    return tuple(sm_targets)
 
-    fwd = raw.get("forward_compat")
-    if (
-        not isinstance(fwd, dict)
-        or not isinstance(fwd.get("rule"), str)
-        or not isinstance(fwd.get("source"), str)
-        or fwd["source"] not in sources
-    ):
-        raise DataError(f"{source}: 'forward_compat' needs 'rule' and a listed 'source'")
 
+def validate_compat(raw: Any, source: str = DATA_FILE) -> CompatData:
+    """Check the raw JSON object of the data file and build :class:`CompatData`.
+
+    Raises DataError naming ``source`` and the offending row: the shape (``cuda_compat.schema.json``) and
+    header (:func:`~pytest_cudastack.cuda.datafile.check_data`: unknown keys, a row citing an unlisted source,
+    duplicate rows), then what only code can say: bad versions or regexes, minimum drivers that do not rise
+    with the toolkit version, branches whose CUDA version goes down.
+    """
+    raw = check_data(raw, source, SHAPE)
+    sources = raw["sources"]
+
+    def rows(table: str) -> list[_Row]:
+        return _rows(raw, table, source, sources)
+
+    wheels = raw["wheels"]
     return CompatData(
         sources={k: dict(v) for k, v in sources.items()},
-        toolkits=tuple(toolkits),
-        mvc_floors=tuple(floors),
-        branches=tuple(branches),
-        sonames=tuple(sonames),
-        driver_sonames=frozenset(driver_sonames),
-        name_rules=tuple(name_rules),
-        tracks_cuda_suffixed=frozenset(canonicalize_name(t) for t in tracks),
-        local_version=local_version,
-        meta_packages=tuple(metas),
-        unsuffixed=tuple(unsuffixed),
-        install_dirs=tuple(install_dirs),
-        archs=tuple(archs),
-        sm_targets=tuple(sm_targets),
-        forward_compat_rule=str(fwd["rule"]),
+        toolkits=_toolkits(rows("toolkit_drivers")),
+        mvc_floors=_mvc_floors(rows("mvc_floors"), source),
+        branches=_branches(rows("driver_branches")),
+        sonames=_sonames(rows("sonames")),
+        # unconfirmed rows kept: this list only relaxes checks
+        driver_sonames=frozenset(str(r.get("soname", str)) for r in rows("driver_sonames")),
+        name_rules=tuple((rx, ev, r.unconfirmed) for r, rx, ev in _major_regexes(rows("wheels.name_rules"))),
+        tracks_cuda_suffixed=frozenset(canonicalize_name(t) for t in wheels.get("tracks_cuda_suffixed", [])),
+        local_version=_local_version(wheels["local_version"], source, sources),
+        meta_packages=tuple(canonicalize_name(r.get("name", str)) for r in rows("wheels.meta_packages")),
+        unsuffixed=_unsuffixed(rows("wheels.unsuffixed")),
+        install_dirs=tuple((rx, ev) for _r, rx, ev in _major_regexes(rows("wheels.install_dirs"))),
+        archs=_archs(rows("archs")),
+        sm_targets=_sm_targets(rows("sm_targets")),
+        forward_compat_rule=str(raw["forward_compat"]["rule"]),
     )
 
 

@@ -1,20 +1,37 @@
-"""What every data file in ``cuda/data/`` shares: a JSON object with a ``schema`` number, no unknown top-level
-key, and ``sources`` (id -> ``url``, ``retrieved`` date and, where a file asks for them, the quoted words
-``says``) that each row cites by id. One check of that header, so each file's validator checks only its rows
-and every one names the file and the offending entry the same way (``DataError``)."""
+"""What every shipped data file (``cuda/data/*.json``, ``checks/data/*.json``) shares, checked by one rule.
+
+Each file's shape is a JSON schema in ``cuda/data/schemas/`` (checked by :mod:`pytest_cudastack.schemacheck`),
+and :func:`check_data` applies the one header rule to all of them: a top-level object with only the keys its
+schema lists and its ``schema`` value; ``sources`` (id -> ``url``, ``retrieved`` date and, where a file asks
+for them, the quoted words ``says``) non-empty with each entry a full citation; every row of the file's row
+tables citing a listed source; no two rows with the same key. Each file's validator then checks only what a
+schema cannot say (versions, regexes, rows that must rise), and every check names the file and the offending
+entry the same way (``DataError``)."""
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import string
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
 from pytest_cudastack.errors import DataError
+from pytest_cudastack.schemacheck import first_error
 
-__all__ = ["check_header", "check_row", "check_sources", "check_template", "cited", "shipped_json"]
+__all__ = [
+    "DataShape",
+    "check_data",
+    "check_header",
+    "check_row",
+    "check_sources",
+    "check_template",
+    "cited",
+    "shipped_json",
+]
 
 _DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
 
@@ -98,3 +115,86 @@ def check_row(
             raise DataError(f"{where}: '{key}' must be a non-empty string")
     cited(raw, sources, where)
     return raw
+
+
+@dataclass(frozen=True)
+class DataShape:
+    """What the header rule needs of one data file beside its schema: the schema's file name (in
+    ``cuda/data/schemas/``), its row tables (a dotted path such as ``wheels.unsuffixed`` -> the fields whose
+    values key a row; ``()``: the whole row), the single objects that cite a source as rows do
+    (``forward_compat``), whether rows cite ids of ``sources`` and whether each source quotes its words
+    (``says``)."""
+
+    schema: str
+    tables: Mapping[str, tuple[str, ...]]
+    objects: tuple[str, ...] = ()
+    cites: bool = True
+    says: bool = False
+
+
+@functools.cache
+def _schema(name: str) -> Mapping[str, Any]:
+    """The shipped schema ``cuda/data/schemas/NAME`` (read once, on the first check of its file)."""
+    schema: Mapping[str, Any] = shipped_json(f"data/schemas/{name}")
+    return schema
+
+
+def check_data(raw: Any, source: str, shape: DataShape) -> dict[str, Any]:
+    """``raw`` as a data file of ``shape``: the header rule (known top-level keys, its ``schema``, cited
+    sources, rows citing them, no duplicate rows), then the rest of its schema; ``DataError`` naming ``source``
+    and the row or field otherwise."""
+    schema = _schema(shape.schema)
+    data = _check_top(raw, source, schema)
+    sources = check_sources(data.get("sources"), source, says=shape.says) if shape.cites else {}
+    for table, keys in shape.tables.items():
+        _check_rows(_rows_at(data, table, list), f"{source}: {table}", keys, sources if shape.cites else None)
+    for table in shape.objects:
+        _check_rows(_rows_at(data, table, dict), f"{source}: {table}", (), sources)
+    error = first_error(data, schema)
+    if error is not None:
+        raise DataError(f"{source}: {error.removeprefix('$.')}")
+    return data
+
+
+def _check_top(raw: Any, source: str, schema: Mapping[str, Any]) -> dict[str, Any]:
+    """``raw`` as an object of only the top-level keys ``schema`` lists, with the ``schema`` value it fixes."""
+    if not isinstance(raw, dict):
+        raise DataError(f"{source}: top level must be an object")
+    unknown = set(raw) - set(schema["properties"])
+    if unknown:
+        raise DataError(f"{source}: unknown top-level key(s) {', '.join(sorted(unknown))}")
+    expected = schema["properties"]["schema"]["const"]
+    if raw.get("schema") != expected:
+        raise DataError(f"{source}: unsupported schema {raw.get('schema')!r} (expected {expected!r})")
+    return raw
+
+
+def _rows_at(raw: Mapping[str, Any], table: str, kind: type) -> Iterator[tuple[int | None, dict[str, Any]]]:
+    """The object rows (with their index) of the list at dotted path ``table`` (``kind`` list), or the one
+    object there (``kind`` dict, index None); none where the path leads elsewhere (the schema names what is
+    missing or mistyped there)."""
+    node: Any = raw
+    for part in table.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    if kind is dict and isinstance(node, dict):
+        yield None, node
+    elif kind is list and isinstance(node, list):
+        yield from ((i, row) for i, row in enumerate(node) if isinstance(row, dict))
+
+
+def _check_rows(
+    rows: Iterator[tuple[int | None, dict[str, Any]]],
+    where: str,
+    keys: tuple[str, ...],
+    sources: Mapping[str, Any] | None,
+) -> None:
+    """Each row citing a listed source (when ``sources`` is given) and none repeating an earlier row's key."""
+    seen: dict[str, int | None] = {}
+    for i, row in rows:
+        at = where if i is None else f"{where}[{i}]"
+        if sources is not None:
+            cited(row, sources, at)
+        key = json.dumps([row.get(k) for k in keys] if keys else row, sort_keys=True)
+        if key in seen:
+            raise DataError(f"{at}: duplicate row {key} (as {where.rpartition(': ')[2]}[{seen[key]}])")
+        seen[key] = i

@@ -31,12 +31,13 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
+from types import MappingProxyType
 from typing import Any
 
-from pytest_cudastack.cuda.datafile import check_header, check_row, check_sources, check_template, cited, shipped_json
+from pytest_cudastack.cuda.datafile import DataShape, check_data, check_row, check_template, cited, shipped_json
 from pytest_cudastack.errors import DataError
 
 __all__ = [
@@ -54,7 +55,7 @@ DATA_FILE = "data/dlopen_targets.json"
 _TEMPLATE_FIELD = re.compile(r"\{([^{}]*)\}")
 _NAME = re.compile(r"[A-Za-z0-9_.+-]+")
 _MODULE = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*")
-_ROW_KEYS = frozenset({"caller", "names", "strings", "search", "paths", "miss", "fallback", "source", "note"})
+SHAPE = DataShape("dlopen_targets.schema.json", {"targets": ("caller",), "preloads": ()}, says=True)
 
 
 class Miss(str, Enum):
@@ -126,9 +127,6 @@ def _row(source: str, i: int, row: Any, sources: Mapping[str, Any]) -> DlopenRow
     where = _where(source, i)
     if not isinstance(row, dict):
         raise DataError(f"{where}: expected an object, got {type(row).__name__}")
-    extra = set(row) - _ROW_KEYS
-    if extra:
-        raise DataError(f"{where}: unknown key(s) {', '.join(sorted(extra))}")
     src = cited(row, sources, where)
     caller = _regex(where, "caller", row.get("caller"))
     names_raw = row.get("names", [])
@@ -172,20 +170,12 @@ def validate_dlopen_targets(raw: Any, source: str = DATA_FILE) -> tuple[DlopenRo
     """The rows of a dlopen-targets document; DataError naming ``source`` and the offending row otherwise
     (unknown keys, a row citing an unlisted source, a bad regex, a template naming a group the caller
     pattern lacks, a search without its paths, a fallback row that does not say what happens instead)."""
-    check_header(raw, source, {"schema", "sources", "targets", "preloads"}, says=True)
+    raw = check_data(raw, source, SHAPE)
     sources = raw["sources"]
     table = raw.get("targets")
     if not isinstance(table, list) or not table:
         raise DataError(f"{source}: top-level 'targets' must be a non-empty list")
-    rows = tuple(_row(source, i, row, sources) for i, row in enumerate(table))
-    seen: dict[str, int] = {}
-    for i, r in enumerate(rows):
-        if r.caller.pattern in seen:
-            raise DataError(
-                f"{_where(source, i)}: caller {r.caller.pattern!r} repeats targets[{seen[r.caller.pattern]}]"
-            )
-        seen[r.caller.pattern] = i
-    return rows
+    return tuple(_row(source, i, row, sources) for i, row in enumerate(table))  # duplicates: check_data's
 
 
 @dataclass(frozen=True)
@@ -238,88 +228,76 @@ _PRELOAD_KEYS = frozenset(
 )
 
 
+def _path_preload(row: dict[str, Any], where: str) -> dict[str, Any]:
+    """The fields of a kind ``path`` row: its ``path``, relative to the package and inside it."""
+    path = row.get("path")
+    if not isinstance(path, str) or not path or path.startswith("/") or ".." in path.split("/"):
+        raise DataError(f"{where}: kind 'path' needs 'path', relative to the package, inside it")
+    return {"path": path}
+
+
+def _sys_path_preload(row: dict[str, Any], where: str) -> dict[str, Any]:
+    """The fields of a kind ``sys_path`` row: ``dirs`` templates, ``[folder, glob]`` libraries, ``cuda_major``."""
+    dirs = row.get("dirs")
+    libs = row.get("libraries")
+    if not isinstance(dirs, list) or not dirs or not all(isinstance(d, str) and d for d in dirs):
+        raise DataError(f"{where}: kind 'sys_path' needs 'dirs', a non-empty list")
+    for d in dirs:
+        check_template(d, {"folder", "cuda_major"}, f"{where}: 'dirs'")
+    if (
+        not isinstance(libs, list)
+        or not libs
+        or not all(isinstance(x, list) and len(x) == 2 and all(isinstance(y, str) and y for y in x) for x in libs)
+    ):
+        raise DataError(f"{where}: 'libraries' must be a non-empty list of [folder, glob] pairs")
+    major = row.get("cuda_major", "")
+    if not isinstance(major, str) or (major and major.count(":") != 1):
+        raise DataError(f"{where}: 'cuda_major' must be FILE:NAME")
+    if any("{cuda_major}" in d for d in dirs) and not major:
+        raise DataError(f"{where}: 'dirs' use {{cuda_major}} but 'cuda_major' is not given")
+    return {
+        "when_mapped": str(row.get("when_mapped", "")),
+        "cuda_major": major,
+        "dirs": tuple(dirs),
+        "libraries": tuple((a, b) for a, b in libs),
+        "order": row.get("order", "entries"),
+    }
+
+
+_PRELOAD_KINDS: Mapping[str, Callable[[dict[str, Any], str], dict[str, Any]]] = MappingProxyType(
+    {"path": _path_preload, "sys_path": _sys_path_preload}
+)
+
+
+def _preload(row: Any, where: str, sources: Mapping[str, Any]) -> Preload:
+    """One preload row: the fields every kind has, then its kind's own."""
+    row = check_row(row, where, _PRELOAD_KEYS, ("module", "at", "kind", "flags"), sources)
+    before = row.get("before_import", [])  # flags, order and the types: the schema's
+    if not all(_MODULE.fullmatch(m) for m in before):
+        raise DataError(f"{where}: 'before_import' must be a list of dotted module names")
+    unless = bool(row.get("unless_loaded", False))
+    kind = row["kind"]
+    if kind not in _PRELOAD_KINDS:
+        raise DataError(f"{where}: 'kind' must be 'path' or 'sys_path', not {kind!r}")
+    return Preload(
+        row["module"],
+        row["at"],
+        kind,
+        row["flags"],
+        row["source"],
+        note=str(row.get("note", "")),
+        before_import=tuple(before),
+        unless_loaded=unless,
+        **_PRELOAD_KINDS[kind](row, where),
+    )
+
+
 def validate_preloads(raw: Any, source: str = DATA_FILE) -> tuple[Preload, ...]:
     """The ``preloads`` rows of a dlopen-targets document (none when absent); DataError naming ``source``
     and the row otherwise."""
-    if not isinstance(raw, dict):
-        raise DataError(f"{source}: top level must be an object")
-    sources = check_sources(raw.get("sources"), source, says=True)
-    table = raw.get("preloads", [])
-    if not isinstance(table, list):
-        raise DataError(f"{source}: 'preloads' must be a list")
-    out: list[Preload] = []
-    for i, row in enumerate(table):
-        where = f"{source}: preloads[{i}]"
-        row = check_row(row, where, _PRELOAD_KEYS, ("module", "at", "kind", "flags"), sources)
-        if row["flags"] not in ("RTLD_GLOBAL", "RTLD_LOCAL"):
-            raise DataError(f"{where}: 'flags' must be RTLD_GLOBAL or RTLD_LOCAL")
-        before = row.get("before_import", [])
-        if not isinstance(before, list) or not all(isinstance(m, str) and _MODULE.fullmatch(m) for m in before):
-            raise DataError(f"{where}: 'before_import' must be a list of dotted module names")
-        order = row.get("order", "entries")
-        if order not in ("entries", "dirs"):
-            raise DataError(f"{where}: 'order' must be 'entries' or 'dirs'")
-        unless = row.get("unless_loaded", False)
-        if not isinstance(unless, bool):
-            raise DataError(f"{where}: 'unless_loaded' must be true or false")
-        kind = row["kind"]
-        if kind == "path":
-            path = row.get("path")
-            if not isinstance(path, str) or not path or path.startswith("/") or ".." in path.split("/"):
-                raise DataError(f"{where}: kind 'path' needs 'path', relative to the package, inside it")
-            out.append(
-                Preload(
-                    row["module"],
-                    row["at"],
-                    kind,
-                    row["flags"],
-                    row["source"],
-                    path=path,
-                    note=str(row.get("note", "")),
-                    before_import=tuple(before),
-                    unless_loaded=unless,
-                )
-            )
-        elif kind == "sys_path":
-            dirs = row.get("dirs")
-            libs = row.get("libraries")
-            if not isinstance(dirs, list) or not dirs or not all(isinstance(d, str) and d for d in dirs):
-                raise DataError(f"{where}: kind 'sys_path' needs 'dirs', a non-empty list")
-            for d in dirs:
-                check_template(d, {"folder", "cuda_major"}, f"{where}: 'dirs'")
-            if (
-                not isinstance(libs, list)
-                or not libs
-                or not all(
-                    isinstance(x, list) and len(x) == 2 and all(isinstance(y, str) and y for y in x) for x in libs
-                )
-            ):
-                raise DataError(f"{where}: 'libraries' must be a non-empty list of [folder, glob] pairs")
-            major = row.get("cuda_major", "")
-            if not isinstance(major, str) or (major and major.count(":") != 1):
-                raise DataError(f"{where}: 'cuda_major' must be FILE:NAME")
-            if any("{cuda_major}" in d for d in dirs) and not major:
-                raise DataError(f"{where}: 'dirs' use {{cuda_major}} but 'cuda_major' is not given")
-            out.append(
-                Preload(
-                    row["module"],
-                    row["at"],
-                    kind,
-                    row["flags"],
-                    row["source"],
-                    when_mapped=str(row.get("when_mapped", "")),
-                    cuda_major=major,
-                    dirs=tuple(dirs),
-                    libraries=tuple((a, b) for a, b in libs),
-                    note=str(row.get("note", "")),
-                    before_import=tuple(before),
-                    order=order,
-                    unless_loaded=unless,
-                )
-            )
-        else:
-            raise DataError(f"{where}: 'kind' must be 'path' or 'sys_path', not {kind!r}")
-    return tuple(out)
+    raw = check_data(raw, source, SHAPE)
+    sources = raw["sources"]
+    return tuple(_preload(row, f"{source}: preloads[{i}]", sources) for i, row in enumerate(raw.get("preloads", [])))
 
 
 @functools.lru_cache(maxsize=1)

@@ -17,12 +17,13 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from pytest_cudastack.cuda.datafile import shipped_json
+from pytest_cudastack.cuda.datafile import DataShape, check_data, shipped_json
 from pytest_cudastack.errors import DataError
 
 __all__ = ["DATA_FILE", "EntryPoint", "driver_entry_points", "validate_entry_points"]
 
 DATA_FILE = "data/driver_symbols.json"
+SHAPE = DataShape("driver_symbols.schema.json", {"rows": ("symbol",)}, cites=False)  # rows cite typedefs
 _SYMBOL = re.compile(r"cu\w+")
 _VERSION = re.compile(r"(\d+)\.(\d+)")
 _SOURCE = re.compile(r"PFN_cu\w+_v\d+(_ptds|_ptsz)?")
@@ -43,19 +44,13 @@ class EntryPoint:
 
 def validate_entry_points(raw: Any, where: str) -> Mapping[str, EntryPoint]:
     """The rows of a driver-symbols document by symbol; DataError naming *where* and the row otherwise."""
-    if not isinstance(raw, dict) or raw.get("schema") != 1:
-        raise DataError(f"{where}: not a schema-1 driver symbol table")
-    source = raw.get("source")
-    if not isinstance(source, dict) or source.get("file") != "cudaTypedefs.h" or not source.get("sha256"):
-        raise DataError(f"{where}: 'source' must name cudaTypedefs.h and its sha256")
-    rows = raw.get("rows")
-    if not isinstance(rows, list) or not rows:
+    raw = check_data(raw, where, SHAPE)  # 'source' names cudaTypedefs.h and its sha256; rows are exact
+    rows = raw["rows"]
+    if not rows:
         raise DataError(f"{where}: 'rows' must be a non-empty list")
     out: dict[str, EntryPoint] = {}
     for i, row in enumerate(rows):
         at = f"{where}: rows[{i}]"
-        if not isinstance(row, dict) or set(row) != {"symbol", "cuda", "source"}:
-            raise DataError(f"{at}: expected exactly symbol, cuda and source")
         symbol, cuda, src = row["symbol"], row["cuda"], row["source"]
         if not isinstance(symbol, str) or not _SYMBOL.fullmatch(symbol):
             raise DataError(f"{at}: bad symbol {symbol!r}")
@@ -64,8 +59,6 @@ def validate_entry_points(raw: Any, where: str) -> Mapping[str, EntryPoint]:
             raise DataError(f"{at}: bad CUDA version {cuda!r}")
         if not isinstance(src, str) or not _SOURCE.fullmatch(src):
             raise DataError(f"{at}: bad source {src!r} (a PFN_ typedef of cudaTypedefs.h)")
-        if symbol in out:
-            raise DataError(f"{at}: {symbol} listed twice")
         out[symbol] = EntryPoint(symbol, (int(m.group(1)), int(m.group(2))), src)
     return MappingProxyType(out)
 

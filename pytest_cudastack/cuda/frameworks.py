@@ -39,7 +39,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from pytest_cudastack.cuda.datafile import check_header, check_row, check_template, shipped_json
+from pytest_cudastack.cuda.datafile import DataShape, check_data, check_row, check_template, shipped_json
 from pytest_cudastack.errors import DataError
 
 __all__ = [
@@ -64,7 +64,9 @@ KINDS = ("build_match", "pin_floor", "floor", "undecidable", "loads_by_name", "p
 VERSION_KINDS = ("build_match", "pin_floor", "floor")  # judged on reported versions by judge()
 ANY_LIBRARY = "*"  # a provider rule's library: every library of the table
 
-_TOP_KEYS = frozenset({"schema", "description", "sources", "libraries", "rules"})
+SHAPE = DataShape(
+    "framework_rules.schema.json", {"libraries": ("library",), "rules": ("framework", "versions", "library")}
+)
 _LIB_KEYS = frozenset({"library", "name", "wheel", "sonames", "reports", "header", "macros", "source"})
 _RULE_KEYS = frozenset(
     {
@@ -270,23 +272,25 @@ def _library(raw: Any, i: int, source: str, sources: Mapping[str, Any]) -> Libra
     return LibraryRow(raw["library"], raw["name"], raw["wheel"], stems, reports, header, macros, raw["source"])
 
 
-def _rule(raw: Any, i: int, source: str, sources: Mapping[str, Any], libraries: Mapping[str, LibraryRow]) -> Rule:
-    where = f"{source}: rules[{i}]"
-    raw = check_row(raw, where, _RULE_KEYS, ("framework", "library", "kind", "source"), sources)
-    kind = raw["kind"]
+def _check_kind(raw: dict[str, Any], where: str, libraries: Mapping[str, LibraryRow]) -> str:
+    """The rule's ``kind``, and its ``library`` one of the table's (``*`` for kind provider only)."""
+    kind = str(raw["kind"])
     if kind not in KINDS:
         raise DataError(f"{where}: kind {kind!r} is not one of {', '.join(KINDS)}")
     if (raw["library"] == ANY_LIBRARY) != (kind == "provider"):
         raise DataError(f"{where}: library '{ANY_LIBRARY}' is for kind 'provider' only, which needs it")
     if raw["library"] not in libraries and raw["library"] != ANY_LIBRARY:
         raise DataError(f"{where}: library {raw['library']!r} is not in 'libraries'")
-    try:
-        versions = SpecifierSet(raw.get("versions", ""))
-    except (InvalidSpecifier, TypeError) as e:
-        raise DataError(f"{where}: 'versions' is not a version specifier: {e}") from e
     for key, owner in (("soname", "loads_by_name"), ("major", "loads_by_name"), ("provider", "provider")):
         if key in raw and kind != owner:
             raise DataError(f"{where}: '{key}' belongs to kind '{owner}' only")
+    if kind in ("build_match", "pin_floor") and libraries[raw["library"]].reports is None:
+        raise DataError(f"{where}: kind {kind!r} needs a library whose reported version is known ('reports')")
+    return kind
+
+
+def _check_loads(raw: dict[str, Any], where: str, kind: str, libraries: Mapping[str, LibraryRow]) -> None:
+    """A loads_by_name rule's ``soname`` (one of its library's) and ``major``; a provider's ``provider`` path."""
     soname, major, provider = raw.get("soname"), raw.get("major"), raw.get("provider")
     if kind == "loads_by_name":
         if not isinstance(soname, str) or not re.fullmatch(r"lib[\w+-]+\.so\.\d+", soname):
@@ -299,6 +303,10 @@ def _rule(raw: Any, i: int, source: str, sources: Mapping[str, Any], libraries: 
         not isinstance(provider, str) or provider.startswith("/") or ".." in provider.split("/")
     ):
         raise DataError(f"{where}: 'provider' must be a path inside the site directory, got {provider!r}")
+
+
+def _check_versions(raw: dict[str, Any], where: str, kind: str) -> tuple[VersionTuple | None, VersionTuple | None]:
+    """The rule's ``bad`` version (an undecidable rule's, with its ``says``) and ``min`` (a floor's)."""
     bad = None
     if "bad" in raw:
         if kind != "undecidable" or not raw.get("says"):
@@ -307,6 +315,11 @@ def _rule(raw: Any, i: int, source: str, sources: Mapping[str, Any], libraries: 
     minimum = _tuple(raw.get("min"), where) if kind == "floor" else None
     if kind != "floor" and "min" in raw:
         raise DataError(f"{where}: 'min' belongs to kind 'floor' only")
+    return bad, minimum
+
+
+def _check_says(raw: dict[str, Any], where: str, kind: str) -> None:
+    """An undecidable rule's ``reason``, a decidable one's ``says`` (a template of build and runtime)."""
     if kind == "undecidable":
         if not isinstance(raw.get("reason"), str) or not raw["reason"]:
             raise DataError(f"{where}: an undecidable rule needs its 'reason'")
@@ -314,22 +327,39 @@ def _rule(raw: Any, i: int, source: str, sources: Mapping[str, Any], libraries: 
         raise DataError(f"{where}: a decidable rule needs 'says' (the framework's own message)")
     if isinstance(raw.get("says"), str):
         check_template(raw["says"], {"build", "runtime"}, f"{where}: 'says'")
-    if kind in ("build_match", "pin_floor") and libraries[raw["library"]].reports is None:
-        raise DataError(f"{where}: kind {kind!r} needs a library whose reported version is known ('reports')")
+
+
+def _build_source(raw: dict[str, Any], where: str) -> tuple[str | None, tuple[str, ...]]:
+    """The ``build_file`` (inside the site directory) and the ``build_keys`` read from it."""
+    build_file = raw.get("build_file")
+    if build_file is None:
+        if "build_keys" in raw:
+            raise DataError(f"{where}: 'build_keys' without 'build_file'")
+        return None, ()
+    if not isinstance(build_file, str) or build_file.startswith("/") or ".." in build_file.split("/"):
+        raise DataError(f"{where}: 'build_file' must be a path inside the site directory, got {build_file!r}")
+    return build_file, _str_list(raw.get("build_keys"), where, "build_keys")
+
+
+def _rule(raw: Any, i: int, source: str, sources: Mapping[str, Any], libraries: Mapping[str, LibraryRow]) -> Rule:
+    """One rule row, each of its parts checked for its kind."""
+    where = f"{source}: rules[{i}]"
+    raw = check_row(raw, where, _RULE_KEYS, ("framework", "library", "kind", "source"), sources)
+    kind = _check_kind(raw, where, libraries)
+    try:
+        versions = SpecifierSet(raw.get("versions", ""))
+    except (InvalidSpecifier, TypeError) as e:
+        raise DataError(f"{where}: 'versions' is not a version specifier: {e}") from e
+    _check_loads(raw, where, kind, libraries)
+    bad, minimum = _check_versions(raw, where, kind)
+    _check_says(raw, where, kind)
     skip_env = raw.get("skip_env")
     if skip_env is not None and (not isinstance(skip_env, str) or not re.fullmatch(r"[A-Z_][A-Z0-9_]*", skip_env)):
         raise DataError(f"{where}: 'skip_env' must be an environment variable name, got {skip_env!r}")
     name = raw["framework"]
     if canonicalize_name(name) != name:
         raise DataError(f"{where}: 'framework' must be a canonical distribution name, got {name!r}")
-    build_file = raw.get("build_file")
-    build_keys: tuple[str, ...] = ()
-    if build_file is not None:
-        if not isinstance(build_file, str) or build_file.startswith("/") or ".." in build_file.split("/"):
-            raise DataError(f"{where}: 'build_file' must be a path inside the site directory, got {build_file!r}")
-        build_keys = _str_list(raw.get("build_keys"), where, "build_keys")
-    elif "build_keys" in raw:
-        raise DataError(f"{where}: 'build_keys' without 'build_file'")
+    build_file, build_keys = _build_source(raw, where)
     return Rule(
         name,
         versions,
@@ -342,9 +372,9 @@ def _rule(raw: Any, i: int, source: str, sources: Mapping[str, Any], libraries: 
         raw["source"],
         build_file,
         build_keys,
-        soname,
-        major,
-        provider,
+        raw.get("soname"),
+        raw.get("major"),
+        raw.get("provider"),
         bad,
     )
 
@@ -353,16 +383,12 @@ def validate_rules(raw: Any, source: str = DATA_FILE) -> FrameworkRules:
     """Check the raw JSON object of the rules file and build :class:`FrameworkRules`; ``DataError`` naming
     ``source`` and the row otherwise (unknown keys, unlisted sources, bad kinds, versions or names, a library
     or rule given twice)."""
-    check_header(raw, source, _TOP_KEYS)
+    raw = check_data(raw, source, SHAPE)
     sources = raw["sources"]
-    raw_libs, raw_rules = raw.get("libraries"), raw.get("rules")
-    if not isinstance(raw_libs, list) or not isinstance(raw_rules, list):
-        raise DataError(f"{source}: 'libraries' and 'rules' must be lists")
+    raw_libs, raw_rules = raw["libraries"], raw["rules"]
     libraries: dict[str, LibraryRow] = {}
     for i, item in enumerate(raw_libs):
         row = _library(item, i, source, sources)
-        if row.library in libraries:
-            raise DataError(f"{source}: libraries[{i}]: library {row.library!r} given twice")
         clash = next((o for o in libraries.values() if o.wheel == row.wheel or set(o.sonames) & set(row.sonames)), None)
         if clash is not None:
             raise DataError(f"{source}: libraries[{i}]: wheel or soname stem already claimed by {clash.library!r}")

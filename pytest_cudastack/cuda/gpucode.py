@@ -17,7 +17,7 @@ from typing import Any
 
 from packaging.utils import canonicalize_name
 
-from pytest_cudastack.cuda.datafile import check_sources, cited, shipped_json
+from pytest_cudastack.cuda.datafile import DataShape, check_data, cited, shipped_json
 from pytest_cudastack.cuda.versions import Arch, CudaVersion, parse_arch, parse_cuda
 from pytest_cudastack.errors import DataError, ElfError, OptionError
 from pytest_cudastack.linker.fatbin import Fatbin, FatbinEntry, runs_on
@@ -39,7 +39,9 @@ __all__ = [
 ]
 
 GPU_CODE_FILE = "data/gpu_code.json"
-_SCHEMA = "pytest-cudastack-gpu-code"
+SHAPE = DataShape(
+    "gpu_code.schema.json", {"ptx_isa": ("isa",), "arch_cuda": ("arch",), "variants": ("package", "variant")}
+)
 _ISA = re.compile(r"(\d+)\.(\d+)")
 
 
@@ -100,9 +102,8 @@ def _archs(row: dict[str, Any], key: str, prefix: str, where: str) -> tuple[Arch
 
 def validate_gpu_code(raw: Any, source: str = GPU_CODE_FILE) -> GpuCodeData:
     """The data file's facts; DataError naming the file and row for anything malformed."""
-    if not isinstance(raw, dict) or raw.get("schema") != _SCHEMA:
-        raise DataError(f"{source}: not a {_SCHEMA} file")
-    sources = check_sources(raw.get("sources"), source)
+    raw = check_data(raw, source, SHAPE)
+    sources = raw["sources"]
     isas: list[tuple[tuple[int, int], CudaVersion]] = []
     for i, item in enumerate(_table(raw, "ptx_isa", source)):
         row = _row(item, "ptx_isa", i, {"isa", "cuda"}, sources, source)

@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pytest_cudastack.cuda.datafile import check_sources, cited, shipped_json
+from pytest_cudastack.cuda.datafile import DataShape, check_data, cited, shipped_json
 from pytest_cudastack.cuda.gpucode import load_gpu_code
 from pytest_cudastack.errors import DataError
 from pytest_cudastack.linker.toolversion import ToolVersion
@@ -38,7 +38,7 @@ __all__ = [
 ]
 
 TOOLCHAIN_FILE = "data/toolchain.json"
-_SCHEMA = "pytest-cudastack-toolchain"
+SHAPE = DataShape("toolchain.schema.json", {"frameworks": ("framework",)})
 _DIR_KINDS = ("env", "wheel", "xla_flag", "which", "dir")
 _KINDS = (*_DIR_KINDS, "env_file", "path", "bundled", "first_dir_of")
 _ACCEPT = ("version", "first")
@@ -145,9 +145,8 @@ def _names(raw: Any, key: str, where: str) -> tuple[str, ...]:
 
 def validate_toolchain(raw: Any, source: str = TOOLCHAIN_FILE) -> tuple[Framework, ...]:
     """The data file's frameworks; DataError naming the file and row for anything malformed."""
-    if not isinstance(raw, dict) or raw.get("schema") != _SCHEMA:
-        raise DataError(f"{source}: not a {_SCHEMA} file")
-    sources = check_sources(raw.get("sources"), source)
+    raw = check_data(raw, source, SHAPE)
+    sources = raw["sources"]
     rows = raw.get("frameworks")
     if not isinstance(rows, list) or not rows:
         raise DataError(f"{source}: top-level 'frameworks' must be a non-empty list")

@@ -264,6 +264,10 @@ class _Rec:
 _Verdict = tuple[str, Any]  # ("ok", ElfInfo) | ("absent", reason) | ("skip", reason) | ("fatal", reason)
 
 
+_Hit = tuple[str | None, Route, str, str | None]
+"""One search step's answer: the path found (None: stop, not found), its route, detail and a fatal problem."""
+
+
 class Resolver:
     """Resolves closures; reuse one instance across many files (directory listings and ELF facts are
     memoised). Not thread-safe. ``reader`` parses an ELF file: default :func:`read_elf`, uncached; a run
@@ -618,55 +622,85 @@ class Resolver:
         return _Rec(name, path, route, detail, list(tried), [], problem, None)
 
     def _search_uncached(self, name: str, req: _Obj, main: _Obj, want: ElfInfo) -> _Rec:
+        """Where ld.so finds ``name`` for ``req``: a path as given, else the first of the rpath chain,
+        LD_LIBRARY_PATH, runpath, the cache (or ld.so.conf) and the default directories that answers."""
         tried: list[str] = []
         skipped: list[str] = []
-
-        def rec(path: str | None, route: Route, detail: str, fatal: str | None = None) -> _Rec:
-            problem = fatal
-            if problem is None and path is None and skipped:
-                problem = "; ".join(skipped)
-            elif problem is None and skipped:
-                problem = "skipped: " + "; ".join(skipped)
-            return _Rec(name, path, route, detail, tried, [], problem, None)
-
+        hit: _Hit | None
         if "/" in name:
-            exp = self._expand(name, req.origin)
-            if exp is None:
-                return rec(None, Route.NOT_FOUND, "cannot expand dynamic string token")
-            tried.append(exp)
-            found, fatal, _ = self._judge(exp, want, skipped) if self._exists(exp) else (None, None, False)
-            return rec(found, Route.DIRECT if found else Route.NOT_FOUND, "", fatal)
+            hit = self._search_direct(name, req, want, tried, skipped)
+        else:
+            hit = (
+                self._search_rpath(name, req, main, want, tried, skipped)
+                or self._search_env(name, main, want, tried, skipped)
+                or self._search_runpath(name, req, want, tried, skipped)
+                or self._search_cache(name, req, want, tried, skipped)
+                or self._search_default(name, req, want, tried, skipped)
+            )
+        path, route, detail, fatal = hit if hit is not None else (None, Route.NOT_FOUND, "", None)
+        problem = fatal
+        if problem is None and path is None and skipped:
+            problem = "; ".join(skipped)
+        elif problem is None and skipped:
+            problem = "skipped: " + "; ".join(skipped)
+        return _Rec(name, path, route, detail, tried, [], problem, None)
 
-        if not req.info.runpath:
-            o: _Obj | None = req
-            did_main = False
-            while o is not None:
-                dirs = self._rpath_dirs(o)
-                if dirs:
-                    found, fatal = self._open_path(name, dirs, want, tried, skipped)
-                    if found or fatal:
-                        return rec(found, Route.RPATH if found else Route.NOT_FOUND, f"rpath of {o.path}", fatal)
-                    did_main |= o is main
-                o = o.loader
-            if not did_main and main is not req:
-                dirs = self._rpath_dirs(main)
-                if dirs:
-                    found, fatal = self._open_path(name, dirs, want, tried, skipped)
-                    if found or fatal:
-                        return rec(found, Route.RPATH if found else Route.NOT_FOUND, f"rpath of {main.path}", fatal)
+    def _search_direct(self, name: str, req: _Obj, want: ElfInfo, tried: list[str], skipped: list[str]) -> _Hit:
+        """A name with a slash: that file (its dynamic string tokens expanded), or not found; always answers."""
+        exp = self._expand(name, req.origin)
+        if exp is None:
+            return None, Route.NOT_FOUND, "cannot expand dynamic string token", None
+        tried.append(exp)
+        found, fatal, _ = self._judge(exp, want, skipped) if self._exists(exp) else (None, None, False)
+        return found, Route.DIRECT if found else Route.NOT_FOUND, "", fatal
 
-        if self.config.ld_library_path:
-            dirs = self._dirlist(self.config.ld_library_path, main.origin)
-            found, fatal = self._open_path(name, dirs, want, tried, skipped)
-            if found or fatal:
-                return rec(found, Route.LD_LIBRARY_PATH if found else Route.NOT_FOUND, "LD_LIBRARY_PATH", fatal)
-
+    def _search_rpath(
+        self, name: str, req: _Obj, main: _Obj, want: ElfInfo, tried: list[str], skipped: list[str]
+    ) -> _Hit | None:
+        """Without a runpath: the DT_RPATH of ``req`` and each of its loaders in turn, then the main program's."""
         if req.info.runpath:
-            dirs = self._runpath_dirs(req)
-            found, fatal = self._open_path(name, dirs, want, tried, skipped)
-            if found or fatal:
-                return rec(found, Route.RUNPATH if found else Route.NOT_FOUND, f"runpath of {req.path}", fatal)
+            return None
+        o: _Obj | None = req
+        did_main = False
+        while o is not None:
+            dirs = self._rpath_dirs(o)
+            if dirs:
+                found, fatal = self._open_path(name, dirs, want, tried, skipped)
+                if found or fatal:
+                    return found, Route.RPATH if found else Route.NOT_FOUND, f"rpath of {o.path}", fatal
+                did_main |= o is main
+            o = o.loader
+        if not did_main and main is not req:
+            dirs = self._rpath_dirs(main)
+            if dirs:
+                found, fatal = self._open_path(name, dirs, want, tried, skipped)
+                if found or fatal:
+                    return found, Route.RPATH if found else Route.NOT_FOUND, f"rpath of {main.path}", fatal
+        return None
 
+    def _search_env(self, name: str, main: _Obj, want: ElfInfo, tried: list[str], skipped: list[str]) -> _Hit | None:
+        """The directories of LD_LIBRARY_PATH (tokens expanded against the main program)."""
+        if not self.config.ld_library_path:
+            return None
+        dirs = self._dirlist(self.config.ld_library_path, main.origin)
+        found, fatal = self._open_path(name, dirs, want, tried, skipped)
+        if found or fatal:
+            return found, Route.LD_LIBRARY_PATH if found else Route.NOT_FOUND, "LD_LIBRARY_PATH", fatal
+        return None
+
+    def _search_runpath(self, name: str, req: _Obj, want: ElfInfo, tried: list[str], skipped: list[str]) -> _Hit | None:
+        """The DT_RUNPATH of ``req`` itself (never its loaders')."""
+        if not req.info.runpath:
+            return None
+        dirs = self._runpath_dirs(req)
+        found, fatal = self._open_path(name, dirs, want, tried, skipped)
+        if found or fatal:
+            return found, Route.RUNPATH if found else Route.NOT_FOUND, f"runpath of {req.path}", fatal
+        return None
+
+    def _search_cache(self, name: str, req: _Obj, want: ElfInfo, tried: list[str], skipped: list[str]) -> _Hit | None:
+        """The ld.so.cache entry (none from a system directory under DF_1_NODEFLIB), or without a cache the
+        ld.so.conf directories."""
         cache = self.config.ld_cache
         if cache is not None:
             cached = cache.lookup(name, want.elf_class, want.machine, self.config.hwcaps)
@@ -677,17 +711,21 @@ class Resolver:
                 tried.append(cached)
                 found, fatal, _ = self._judge(cached, want, skipped) if self._exists(cached) else (None, None, False)
                 if found or fatal:
-                    return rec(found, Route.LD_CACHE if found else Route.NOT_FOUND, cache.path, fatal)
+                    return found, Route.LD_CACHE if found else Route.NOT_FOUND, cache.path, fatal
         elif self.config.conf_dirs and not req.info.nodeflib:
             found, fatal = self._open_path(name, self.config.conf_dirs, want, tried, skipped)
             if found or fatal:
-                return rec(found, Route.LD_CACHE if found else Route.NOT_FOUND, "ld.so.conf (no ld.so.cache)", fatal)
+                return found, Route.LD_CACHE if found else Route.NOT_FOUND, "ld.so.conf (no ld.so.cache)", fatal
+        return None
 
-        if not req.info.nodeflib:
-            found, fatal = self._open_path(name, self.config.default_dirs, want, tried, skipped)
-            if found or fatal:
-                return rec(found, Route.DEFAULT if found else Route.NOT_FOUND, "default directories", fatal)
-        return rec(None, Route.NOT_FOUND, "")
+    def _search_default(self, name: str, req: _Obj, want: ElfInfo, tried: list[str], skipped: list[str]) -> _Hit | None:
+        """The default directories, unless ``req`` is DF_1_NODEFLIB."""
+        if req.info.nodeflib:
+            return None
+        found, fatal = self._open_path(name, self.config.default_dirs, want, tried, skipped)
+        if found or fatal:
+            return found, Route.DEFAULT if found else Route.NOT_FOUND, "default directories", fatal
+        return None
 
     # ------------------------------------------------------------------ public
     def _new_obj(self, path: str, info: ElfInfo, loader: _Obj | None) -> _Obj:

@@ -313,6 +313,30 @@ class _Reader:
         return data
 
     def facts(self) -> SymbolFacts:
+        """The file's dynamic symbol facts: header, segments, dynamic table, then the symbols."""
+        dyn_seg, dyn = self.segments()
+        if dyn_seg is None:  # a static executable or an object file: it binds nothing, needs nothing
+            return SymbolFacts(self.p, False, False, (), (), (), (), (), ())
+        tags, bind_now = self.dynamic(dyn_seg, dyn)
+        syms, versym, first_hashed = self.symbol_table(tags)
+        verdefs = self.verdefs(tags) if _DT_VERDEF in tags else ()
+        verneeds = self.verneeds(tags) if _DT_VERNEED in tags else ()
+        def_names, def_codes, ref_names, ref_codes = self.classify(syms, versym, first_hashed)
+        return SymbolFacts(
+            path=self.p,
+            bind_now=bind_now,
+            versioned=bool(versym),
+            verdefs=tuple(verdefs),
+            verneeds=tuple(verneeds),
+            def_names=tuple(def_names),
+            def_codes=tuple(def_codes),
+            ref_names=tuple(ref_names),
+            ref_codes=tuple(ref_codes),
+        )
+
+    def segments(self) -> tuple[tuple[int, int] | None, struct.Struct]:
+        """The PT_DYNAMIC segment (offset, size; None when there is none) and the dynamic entry layout, after
+        reading the ELF header and keeping the PT_LOAD segments (``self.loads``)."""
         p = self.p
         head = self.read(0, min(64, self.size), "ELF header")
         if len(head) < 52 or head[:4] != b"\x7fELF":
@@ -348,8 +372,10 @@ class _Reader:
             elif ph[it] == _PT_DYNAMIC:
                 dyn_seg = (ph[io_], ph[iz])
         self.loads = loads
-        if dyn_seg is None:  # a static executable or an object file: it binds nothing, needs nothing
-            return SymbolFacts(p, False, False, (), (), (), (), (), ())
+        return dyn_seg, dyn
+
+    def dynamic(self, dyn_seg: tuple[int, int], dyn: struct.Struct) -> tuple[dict[int, int], bool]:
+        """The first value of each dynamic tag, and whether the object asks to be bound at load (BIND_NOW)."""
         tags: dict[int, int] = {}
         bind_now = False
         raw = self.read(dyn_seg[0], dyn_seg[1] - dyn_seg[1] % dyn.size, "dynamic table")
@@ -363,12 +389,18 @@ class _Reader:
                 or (tag == _DT_FLAGS_1 and val & _DF_1_NOW)
             ):
                 bind_now = True
+        return tags, bind_now
+
+    def symbol_table(self, tags: Mapping[int, int]) -> tuple[bytes, Sequence[int], int]:
+        """The raw .dynsym, its version indexes (empty when unversioned) and the first hashed index, after
+        reading .dynstr (``self.strtab``)."""
+        p = self.p
         if _DT_SYMTAB not in tags or _DT_STRTAB not in tags:
             raise ElfError(f"{p}: no DT_SYMTAB/DT_STRTAB")
         strsz = tags.get(_DT_STRSZ, 0)
         stroff = self.offset(tags[_DT_STRTAB], strsz, "DT_STRTAB")
         self.strtab = self.read(stroff, strsz, ".dynstr")
-        entsize = 24 if is64 else 16
+        entsize = 24 if self.is64 else 16
         if tags.get(_DT_SYMENT, entsize) != entsize:
             raise ElfError(f"{p}: DT_SYMENT {tags[_DT_SYMENT]} is not {entsize}")
         first_hashed, count = self.symbol_count(tags)
@@ -377,15 +409,19 @@ class _Reader:
         versym: Sequence[int] = ()
         if _DT_VERSYM in tags:
             vs = self.read(self.offset(tags[_DT_VERSYM], 2 * count, "DT_VERSYM"), 2 * count, ".gnu.version")
-            versym = struct.unpack(f"{e}{count}H", vs)
-        verdefs = self.verdefs(tags) if _DT_VERDEF in tags else ()
-        verneeds = self.verneeds(tags) if _DT_VERNEED in tags else ()
+            versym = struct.unpack(f"{self.e}{count}H", vs)
+        return syms, versym, first_hashed
 
+    def classify(
+        self, syms: bytes, versym: Sequence[int], first_hashed: int
+    ) -> tuple[list[str], list[int], list[str], list[int]]:
+        """The symbols ld.so can bind to (names, version << 8 | info codes), then those the file needs."""
         def_names: list[str] = []
         def_codes: list[int] = []
         ref_names: list[str] = []
         ref_codes: list[int] = []
-        sym = struct.Struct(e + ("IBBHQQ" if is64 else "IIIBBH"))
+        is64 = self.is64
+        sym = struct.Struct(self.e + ("IBBHQQ" if is64 else "IIIBBH"))
         for idx, fields_ in enumerate(sym.iter_unpack(syms)):
             if idx == 0:
                 continue
@@ -413,17 +449,7 @@ class _Reader:
                 continue
             def_names.append(self.name(st_name))
             def_codes.append(vs_ << 8 | info)
-        return SymbolFacts(
-            path=p,
-            bind_now=bind_now,
-            versioned=bool(versym),
-            verdefs=tuple(verdefs),
-            verneeds=tuple(verneeds),
-            def_names=tuple(def_names),
-            def_codes=tuple(def_codes),
-            ref_names=tuple(ref_names),
-            ref_codes=tuple(ref_codes),
-        )
+        return def_names, def_codes, ref_names, ref_codes
 
     def offset(self, vaddr: int, n: int, what: str) -> int:
         """The file offset of the *n* bytes at *vaddr*, which one PT_LOAD must hold."""
