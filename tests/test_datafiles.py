@@ -18,19 +18,11 @@ import pytest
 
 import pytest_cudastack
 from pytest_cudastack.cuda import compat, dlopen, driversyms, frameworks, gpucode, toolchain
-from pytest_cudastack.cuda.datafile import DataShape, check_data
 from pytest_cudastack.errors import DataError
+from pytest_cudastack.model import torchindex
 
 PACKAGE = Path(pytest_cudastack.__file__).parent
 SCHEMAS = PACKAGE / "cuda" / "data" / "schemas"
-
-# checks/torchindex.py (being restructured elsewhere) still runs its own checks; its file's shape is here
-TORCH_INDEXES = DataShape("torch_indexes.schema.json", {"indexes": ("tag",)})
-
-
-def _torch(raw: Any, where: str) -> object:
-    return check_data(raw, where, TORCH_INDEXES)
-
 
 # file (under the package), its validator, the first row table, the header key that holds its citations
 FILES: list[tuple[str, Callable[[Any, str], object], str, str]] = [
@@ -41,7 +33,7 @@ FILES: list[tuple[str, Callable[[Any, str], object], str, str]] = [
     ("cuda/data/dlopen_targets.json", dlopen.validate_dlopen_targets, "targets", "sources"),
     ("cuda/data/dlopen_targets.json", dlopen.validate_preloads, "preloads", "sources"),
     ("cuda/data/driver_symbols.json", driversyms.validate_entry_points, "rows", "source"),
-    ("checks/data/torch_indexes.json", _torch, "indexes", "sources"),
+    ("model/data/torch_indexes.json", torchindex.validate_indexes, "indexes", "sources"),
 ]
 IDS = [f"{Path(f).stem}:{table}" for f, _, table, _ in FILES]
 

@@ -243,8 +243,13 @@ def test_torch_index_table():
     assert index_for("max", "12.4", 13).tag == "cu124"
     assert index_for("min", "13.0", 12).tag == "cu130"
     assert index_for("max", "11.0", 13) is None
-    with pytest.raises(DataError, match=r"indexes\[0\]: needs a 'source'"):
+    with pytest.raises(DataError, match=r"'sources' must be a non-empty object"):
         validate_indexes({"schema": 1, "url": "u/{tag}", "sources": {}, "indexes": [{"tag": "cu1", "cuda": "1.0"}]})
+    source = {"s": {"url": "https://download.pytorch.org/whl/", "retrieved": "2026-01-01"}}
+    with pytest.raises(DataError, match=r"url: needs \{tag\}"):
+        validate_indexes(
+            {"schema": 1, "url": "u/", "sources": source, "indexes": [{"tag": "cu1", "cuda": "1.0", "source": "s"}]}
+        )
 
 
 def test_plan_json_shape(tmp_path):

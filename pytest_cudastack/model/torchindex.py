@@ -12,7 +12,7 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
-from pytest_cudastack.cuda.datafile import shipped_json
+from pytest_cudastack.cuda.datafile import DataShape, check_data, shipped_json
 from pytest_cudastack.cuda.versions import parse_cuda
 from pytest_cudastack.errors import DataError
 
@@ -36,21 +36,18 @@ class TorchIndex:
         return f"{self.url} is PyTorch's index for CUDA {cuda}; that it carries torch {release} is a guess"
 
 
+_SHAPE = DataShape("torch_indexes.schema.json", {"indexes": ("tag",)})
+
+
 def validate_indexes(raw: Any, where: str = DATA_FILE) -> tuple[TorchIndex, ...]:
-    """The indexes of a parsed data file, oldest CUDA first; DataError naming the row when one is malformed."""
-    if not isinstance(raw, dict) or raw.get("schema") != 1:
-        raise DataError(f"{where}: not a schema-1 torch index file")
-    url, sources, rows = raw.get("url"), raw.get("sources"), raw.get("indexes")
-    if not isinstance(url, str) or "{tag}" not in url or not isinstance(sources, dict) or not isinstance(rows, list):
-        raise DataError(f"{where}: needs 'url' (with {{tag}}), 'sources' and 'indexes'")
+    """The indexes of a parsed data file, oldest CUDA first; DataError naming the row when one is malformed
+    (the shape and the header rule: ``cuda/datafile.check_data``; here only what a schema cannot say)."""
+    data = check_data(raw, where, _SHAPE)
+    url = data["url"]  # its schema's pattern asks for {tag}
     out: list[TorchIndex] = []
-    for i, row in enumerate(rows):
-        if not isinstance(row, dict) or row.get("source") not in sources:
-            raise DataError(f"{where}: indexes[{i}]: needs a 'source' listed in 'sources'")
-        tag, cuda = row.get("tag"), row.get("cuda")
-        if not isinstance(tag, str) or not isinstance(cuda, str):
-            raise DataError(f"{where}: indexes[{i}]: needs 'tag' and 'cuda' strings")
-        parsed = parse_cuda(cuda, error=DataError)
+    for row in data["indexes"]:
+        parsed = parse_cuda(row["cuda"], error=DataError)
+        tag = row["tag"]
         out.append(TorchIndex(tag, (parsed.major, parsed.minor or 0), url.format(tag=tag), str(row["source"])))
     return tuple(sorted(out, key=lambda x: x.cuda))
 
