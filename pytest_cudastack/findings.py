@@ -3,11 +3,28 @@
 from __future__ import annotations
 
 import enum
+import shlex
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar, TypeAlias
 
-__all__ = ["SEVERITY_ORDER", "Finding", "Severity", "most_severe_first"]
+__all__ = [
+    "SEVERITY_ORDER",
+    "DriverUpgrade",
+    "Env",
+    "Facts",
+    "Finding",
+    "Manual",
+    "Pip",
+    "Rebuild",
+    "Remedy",
+    "SearchPath",
+    "Severity",
+    "UseBuild",
+    "manual",
+    "most_severe_first",
+    "remedy_from_json",
+]
 
 _COMPACT_ITEMS = 3  # places looked in and details the compact form lists before saying how many more
 # The full form's caps: an RPATH at the ELF reader's cap (4,096 directories) times 1,000 missing sonames
@@ -34,15 +51,242 @@ SEVERITY_ORDER: tuple[Severity, ...] = tuple(Severity)
 
 
 @dataclass(frozen=True)
+class Pip:
+    """``python -m pip VERB [FLAGS] SPEC...`` in one environment: ``python`` is that environment's interpreter
+    (``<prefix>/bin/python``), "" where no interpreter of its own is known (plain ``pip``). The only kind of
+    remedy the repair plan runs automatically, and only once its model has verified it."""
+
+    verb: str  # "install" | "uninstall"
+    specs: tuple[str, ...]
+    python: str = ""
+    flags: tuple[str, ...] = ()
+    index_url: str | None = None
+    why: str = ""
+    kind: ClassVar[str] = "pip"
+
+    @property
+    def argv(self) -> tuple[str, ...]:
+        head = (self.python, "-m", "pip") if self.python else ("pip",)
+        index = ("--index-url", self.index_url) if self.index_url else ()
+        return (*head, self.verb, *self.flags, *index, *self.specs)
+
+    def render(self) -> str:
+        return shlex.join(self.argv)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "verb": self.verb,
+            "specs": list(self.specs),
+            "python": self.python,
+            "flags": list(self.flags),
+            "index_url": self.index_url,
+            "argv": list(self.argv),
+            "why": self.why,
+        }
+
+
+@dataclass(frozen=True)
+class Env:
+    """Set (``value``) or unset (None) an environment variable where the software runs."""
+
+    variable: str
+    value: str | None = None
+    why: str = ""
+    kind: ClassVar[str] = "env"
+
+    def render(self) -> str:
+        return f"unset {self.variable}" if self.value is None else f"export {self.variable}={shlex.quote(self.value)}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "variable": self.variable, "value": self.value, "why": self.why}
+
+
+@dataclass(frozen=True)
+class SearchPath:
+    """Remove ``directory`` from, or prepend it to, a search path (``LD_LIBRARY_PATH``, an RPATH, ld.so.conf)."""
+
+    directory: str
+    path: str = "LD_LIBRARY_PATH"
+    op: str = "remove"  # "remove" | "prepend"
+    why: str = ""
+    kind: ClassVar[str] = "search-path"
+
+    def render(self) -> str:
+        if self.op == "prepend" and self.path == "LD_LIBRARY_PATH":
+            return f"export LD_LIBRARY_PATH={shlex.quote(self.directory)}${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}"
+        return f"{self.op} {self.directory} {'from' if self.op == 'remove' else 'to'} {self.path}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "directory": self.directory, "path": self.path, "op": self.op, "why": self.why}
+
+
+@dataclass(frozen=True)
+class DriverUpgrade:
+    """An NVIDIA driver at least ``minimum`` (which brings CUDA ``cuda``); ``rule``: the GPU class rule where
+    forward compatibility applies (data centre GPUs only, ...)."""
+
+    minimum: str
+    cuda: str | None = None
+    rule: str = ""
+    why: str = ""
+    kind: ClassVar[str] = "driver"
+
+    def render(self) -> str:
+        brings = f" (CUDA {self.cuda})" if self.cuda else ""
+        return f"use an NVIDIA driver >= {self.minimum}{brings}" + (f"; {self.rule}" if self.rule else "")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "minimum": self.minimum, "cuda": self.cuda, "rule": self.rule, "why": self.why}
+
+
+@dataclass(frozen=True)
+class Rebuild:
+    """Rebuild ``binary`` with ``flags`` (``-gencode arch=compute_90,code=sm_90``, a CUDA toolkit version)."""
+
+    binary: str
+    flags: tuple[str, ...] = ()
+    why: str = ""
+    kind: ClassVar[str] = "rebuild"
+
+    def render(self) -> str:
+        return f"rebuild {self.binary}" + (f" with {' '.join(self.flags)}" if self.flags else "")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "binary": self.binary, "flags": list(self.flags), "why": self.why}
+
+
+@dataclass(frozen=True)
+class UseBuild:
+    """Use ``build`` of ``package`` instead (its CUDA 12 build ``cupy-cuda12x``, torch from a CUDA index):
+    ``install``, when set, is the pip command that gets it."""
+
+    package: str
+    build: str
+    install: Pip | None = None
+    why: str = ""
+    kind: ClassVar[str] = "use-build"
+
+    def render(self) -> str:
+        how = f": {self.install.render()}" if self.install is not None else ""
+        return f"use {self.build} of {self.package}{how}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "package": self.package,
+            "build": self.build,
+            "install": self.install.to_json() if self.install is not None else None,
+            "why": self.why,
+        }
+
+
+@dataclass(frozen=True)
+class Manual:
+    """What to do by hand, where no action above says it: exact steps, in order."""
+
+    steps: tuple[str, ...]
+    why: str = ""
+    kind: ClassVar[str] = "manual"
+
+    def render(self) -> str:
+        return "; ".join(self.steps)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "steps": list(self.steps), "why": self.why}
+
+
+Remedy: TypeAlias = "Pip | Env | SearchPath | DriverUpgrade | Rebuild | UseBuild | Manual"
+"""One action that repairs what a finding reports."""
+
+
+def manual(*steps: str, why: str = "") -> tuple[Remedy, ...]:
+    """A finding's remedies when all there is to say is what to do by hand: one :class:`Manual` of the
+    non-empty ``steps``, or none."""
+    kept = tuple(s for s in steps if s)
+    return (Manual(kept, why),) if kept else ()
+
+
+def remedy_from_json(data: dict[str, Any]) -> Remedy:
+    """The remedy ``to_json`` wrote (xdist carries findings from workers this way); ValueError when not one."""
+    kind = data.get("kind")
+    why = str(data.get("why", ""))
+    if kind == "pip":
+        return Pip(
+            str(data["verb"]),
+            tuple(data["specs"]),
+            str(data.get("python", "")),
+            tuple(data.get("flags", ())),
+            data.get("index_url"),
+            why,
+        )
+    if kind == "env":
+        return Env(str(data["variable"]), data.get("value"), why)
+    if kind == "search-path":
+        return SearchPath(str(data["directory"]), str(data.get("path", "LD_LIBRARY_PATH")), str(data["op"]), why)
+    if kind == "driver":
+        return DriverUpgrade(str(data["minimum"]), data.get("cuda"), str(data.get("rule", "")), why)
+    if kind == "rebuild":
+        return Rebuild(str(data["binary"]), tuple(data.get("flags", ())), why)
+    if kind == "use-build":
+        install = data.get("install")
+        pip = remedy_from_json(install) if isinstance(install, dict) else None
+        return UseBuild(str(data["package"]), str(data["build"]), pip if isinstance(pip, Pip) else None, why)
+    if kind == "manual":
+        return Manual(tuple(data["steps"]), why)
+    raise ValueError(f"not a cudastack remedy: kind {kind!r}")
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What a finding is about, as data (the checks fill what they know; text is made from it at the edge):
+    what was ``required`` and what was ``found``, the ``sonames`` and ``objects`` (files) involved, the
+    ``versions`` named (``(name, version)``), the ``bound`` (``--cuda-max`` / ``--cuda-min`` value) and the
+    ``consumer`` (the distribution or file that needs it)."""
+
+    required: str = ""
+    found: str = ""
+    sonames: tuple[str, ...] = ()
+    objects: tuple[str, ...] = ()
+    versions: tuple[tuple[str, str], ...] = ()
+    bound: str | None = None
+    consumer: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "required": self.required,
+            "found": self.found,
+            "sonames": list(self.sonames),
+            "objects": list(self.objects),
+            "versions": [list(v) for v in self.versions],
+            "bound": self.bound,
+            "consumer": self.consumer,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Facts:
+        return cls(
+            str(data.get("required", "")),
+            str(data.get("found", "")),
+            tuple(data.get("sonames", ())),
+            tuple(data.get("objects", ())),
+            tuple((str(a), str(b)) for a, b in data.get("versions", ())),
+            data.get("bound"),
+            data.get("consumer"),
+        )
+
+
+@dataclass(frozen=True)
 class Finding:
     """One problem (or notable fact) about the stack.
 
-    ``check`` is the invariant it belongs to ("integrity", "closure", "cuda-max", "cuda-min", "scan",
-    "driver", "arch", "baseline", "inventory"); ``subject`` the file, soname or distribution it is about.
-    ``message`` says what was required and what was found, ``cause`` why, ``fix`` what to do.
-    ``where`` lists places looked at (directories tried, RECORD files), ``chain`` the load chain that
-    needs a missing library (root first). ``distributions`` names (canonically) the installed distributions
-    the finding makes not intact, for checks such as ``requires_wheel``.
+    ``check`` is the invariant item it belongs to (a name of ``checks.CHECKS``: "integrity", "closure",
+    "cuda-max", ...); ``subject`` the file, soname or distribution it is about. ``message`` says what was
+    required and what was found, ``cause`` why; ``facts`` holds the same as data. ``remedies`` are the
+    actions that repair it (:data:`Remedy`), each with why; text is made from them where it is shown
+    (:attr:`fix`). ``where`` lists places looked at (directories tried, RECORD files), ``chain`` the load
+    chain that needs a missing library (root first). ``distributions`` names (canonically) the installed
+    distributions the finding makes not intact, for checks such as ``requires_wheel``.
     """
 
     check: str
@@ -50,24 +294,49 @@ class Finding:
     subject: str
     message: str
     cause: str = ""
-    fix: str = ""
+    remedies: tuple[Remedy, ...] = ()
     where: tuple[str, ...] = ()
     chain: tuple[str, ...] = ()
     details: tuple[str, ...] = field(default=())
     distributions: tuple[str, ...] = ()
+    facts: Facts = field(default_factory=Facts)
 
     @property
     def failing(self) -> bool:
         return self.severity is Severity.ERROR
 
+    @property
+    def id(self) -> str:
+        """``check: subject``, what the repair plan's steps name in ``resolves``."""
+        return f"{self.check}: {self.subject}"
+
+    @property
+    def fix(self) -> str:
+        """The remedies as one line of text (what the text output shows after ``fix:``)."""
+        return "; or ".join(r.render() for r in self.remedies)
+
+    @property
+    def pip(self) -> tuple[Pip, ...]:
+        """The pip commands among the remedies, in order (a UseBuild's install included)."""
+        out: list[Pip] = []
+        for r in self.remedies:
+            if isinstance(r, Pip):
+                out.append(r)
+            elif isinstance(r, UseBuild) and r.install is not None:
+                out.append(r.install)
+        return tuple(out)
+
     def to_json(self) -> dict[str, Any]:
         return {
+            "id": self.id,
             "check": self.check,
             "severity": self.severity.value,
             "subject": self.subject,
             "message": self.message,
             "cause": self.cause,
             "fix": self.fix,
+            "remedies": [r.to_json() for r in self.remedies],
+            "facts": self.facts.to_json(),
             "where": list(self.where),
             "chain": list(self.chain),
             "details": list(self.details),
@@ -82,11 +351,12 @@ class Finding:
             subject=str(data["subject"]),
             message=str(data["message"]),
             cause=str(data.get("cause", "")),
-            fix=str(data.get("fix", "")),
+            remedies=tuple(remedy_from_json(r) for r in data.get("remedies", ())),
             where=tuple(data.get("where", ())),
             chain=tuple(data.get("chain", ())),
             details=tuple(data.get("details", ())),
             distributions=tuple(data.get("distributions", ())),
+            facts=Facts.from_json(data.get("facts", {})),
         )
 
     def render(self, *, compact: bool = False) -> str:
@@ -120,8 +390,8 @@ class Finding:
         lines.extend(f"  {_clip(d)}" for d in details)
         if len(self.details) > len(details):
             lines.append(f"  ... {len(self.details) - len(details)} more ({'-v or --json' if compact else '--json'})")
-        if self.fix:
-            lines.append(f"  fix: {_clip(self.fix)}")
+        for remedy in self.remedies:
+            lines.append(f"  fix: {_clip(remedy.render())}")
         return "\n".join(lines)
 
 

@@ -21,7 +21,7 @@ from pytest_cudastack.cuda.gpucode import gpu_code_json, ptx_isa_cuda, variants_
 from pytest_cudastack.cuda.verdicts import driver_verdict, gpu_verdict
 from pytest_cudastack.cuda.versions import parse_arch
 from pytest_cudastack.errors import ElfError
-from pytest_cudastack.findings import Finding, Severity
+from pytest_cudastack.findings import Finding, Severity, manual
 from pytest_cudastack.linker.fatbin import Fatbin, FatbinEntry, read_fatbin, runs_on
 
 if TYPE_CHECKING:
@@ -154,7 +154,9 @@ def arch_findings(
                         f"no SASS for {name} ({source}); only PTX {ptx[0].name} can be JIT-compiled for it"
                         + (f"; {jit.text}" if jit.fails else ""),
                         cause=f"the file carries {carries}",
-                        fix=f"rebuild with -gencode arch=compute_{cc},code=sm_{cc} to avoid JIT at first launch",
+                        remedies=manual(
+                            f"rebuild with -gencode arch=compute_{cc},code=sm_{cc} to avoid JIT at first launch"
+                        ),
                     )
                 )
                 continue
@@ -165,7 +167,9 @@ def arch_findings(
                     path,
                     f"no GPU code runs on {name} ({source}): {_NO_IMAGE}",
                     cause=f"the file carries {carries}; none of it runs on compute capability {cc // 10}.{cc % 10}",
-                    fix=f"rebuild with -gencode arch=compute_{cc},code=sm_{cc} (or add PTX for an older arch)",
+                    remedies=manual(
+                        f"rebuild with -gencode arch=compute_{cc},code=sm_{cc} (or add PTX for an older arch)"
+                    ),
                 )
             )
     return tuple(findings)
@@ -313,7 +317,7 @@ def wheel_arch_findings(
                         cause=f"{_of_its(len(none), len(fats))} ({_files(none)}) {_verb(len(none), 'carry')} nothing "
                         "for compute capability "
                         f"{_cc_text(cc)}{dropped}",
-                        fix=_wheel_fix(dist, name, cc),
+                        remedies=manual(_wheel_fix(dist, name, cc)),
                     )
                 )
             elif failing_jit:
@@ -326,7 +330,7 @@ def wheel_arch_findings(
                         f"{failing_jit[0][1].text}",
                         cause=f"{_of_its(len(failing_jit), len(fats))} ({_files([p for p, _ in failing_jit])}) "
                         f"{_verb(len(failing_jit), 'have')} no SASS for compute capability {_cc_text(cc)}",
-                        fix=f"update the driver, or {_wheel_fix(dist, name, cc)}",
+                        remedies=manual(f"update the driver, or {_wheel_fix(dist, name, cc)}"),
                     )
                 )
             elif jit:
@@ -340,7 +344,7 @@ def wheel_arch_findings(
                         cause=f"{_of_its(len(jit), len(fats))} ({_files([p for p, _ in jit])}) "
                         f"{_verb(len(jit), 'carry')} only PTX "
                         f"for compute capability {_cc_text(cc)}",
-                        fix=_jit_fix(dist, name, cc),
+                        remedies=manual(_jit_fix(dist, name, cc)),
                     )
                 )
     return tuple(findings)
@@ -371,7 +375,7 @@ def cuda_major_findings(inventory: Inventory, archs: Sequence[str], source: str 
                 name,
                 f"the stack is CUDA {cuda}, which cannot run on {name} ({source}): {verdict.message}",
                 cause=f"CUDA {cuda} from {why}",
-                fix=fix,
+                remedies=manual(fix),
             )
         )
     return tuple(findings)

@@ -6,7 +6,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pytest_cudastack.findings import Finding, Severity
+from pytest_cudastack.findings import Finding, Severity, manual
 
 if TYPE_CHECKING:
     from pytest_cudastack.checks.facts import StackView, Target
@@ -112,7 +112,7 @@ def baseline_findings(baseline: str, old: Mapping[str, Any], new: Mapping[str, A
             Severity.ERROR,
             baseline,
             f"drift from baseline: {line}",
-            fix=f"restore the recorded stack, or re-record it (pytest --cudastack-snapshot={baseline})",
+            remedies=manual(f"restore the recorded stack, or re-record it (pytest --cudastack-snapshot={baseline})"),
         )
         for line in diff_snapshots(old, new)
     )

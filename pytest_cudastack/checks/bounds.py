@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING
 
 from pytest_cudastack.cuda.compat import load_compat
 from pytest_cudastack.cuda.versions import parse_cuda
-from pytest_cudastack.findings import Finding, Severity
+from pytest_cudastack.findings import Facts, Finding, Pip, Remedy, Severity, UseBuild, manual
 from pytest_cudastack.model.needs import CudaNeed, Inference
 from pytest_cudastack.model.torchindex import index_for
-from pytest_cudastack.wheels.ownership import active_requirements, pip_command
+from pytest_cudastack.wheels.ownership import active_requirements, pip_python
 from pytest_cudastack.wheels.requirements import Requirements
 
 if TYPE_CHECKING:
@@ -98,9 +98,12 @@ def bound_findings(
                     inf.subject,
                     f"{worst.evidence.split(' via ')[0]} but {label}",
                     cause=f"it requires CUDA {worst.version}; {label} forbids anything {word} than {bound}",
-                    fix=f"rebuild or reinstall {inf.subject} against CUDA {bound}"
-                    if kind == "max"
-                    else f"rebuild or reinstall {inf.subject} for CUDA >= {bound}",
+                    facts=Facts(required=f"CUDA {worst.version}", bound=bound, consumer=inf.subject),
+                    remedies=manual(
+                        f"rebuild or reinstall {inf.subject} against CUDA {bound}"
+                        if kind == "max"
+                        else f"rebuild or reinstall {inf.subject} for CUDA >= {bound}"
+                    ),
                     details=tuple(f"evidence: {n.evidence}" for n in bad),
                 )
             )
@@ -197,18 +200,17 @@ def _group_finding(
     names = [m.name for m, _, _ in members]
     shown = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
     label = own.message.rpartition(" but ")[2]
-    pip = pip_command(root)
-    uninstall = f"{pip} uninstall -y {root.name} {' '.join(names)}"
+    word = "<=" if kind == "max" else ">="
+    drop = Pip("uninstall", (root.name, *names), pip_python(root), ("-y",), why=f"{root.name} and the wheels it pulled")
     index = index_for(kind, bound, major) if root.key == "torch" and major is not None else None
+    build = f"a build for CUDA {word} {bound}"
     if index is not None:
         release = root.version.split("+")[0]
-        fix = (
-            f"{uninstall} && {pip} install {root.name}=={release} --index-url {index.url} "
-            f"({index.guess(release)}; source: {index.source})"
-        )
+        why = f"{index.guess(release)}; source: {index.source}"
+        get = Pip("install", (f"{root.name}=={release}",), pip_python(root), index_url=index.url, why=why)
+        fix: tuple[Remedy, ...] = (drop, UseBuild(root.name, build, get, why="its CUDA wheels follow it"))
     else:
-        word = "<=" if kind == "max" else ">="
-        fix = f"{uninstall}, then install a build of {root.name} for CUDA {word} {bound} (its CUDA wheels follow it)"
+        fix = (drop, UseBuild(root.name, build, why="its CUDA wheels follow it"))
     details = [f"{root.label}: {own.message.rpartition(' but ')[0]}"]
     for dist, f, via in members:
         chain = " -> ".join((*reversed(via), dist.name))
@@ -220,7 +222,8 @@ def _group_finding(
         f"{root.label} is a {cuda} build; it pulls {len(members)} {cuda} wheel(s): {shown}, but {label}",
         cause=f"{root.name} requires each of them (Requires-Dist, directly or through the others): they are "
         f"one cause, said once here for {root.name} and its {len(members)} wheel(s); {own.cause}",
-        fix=fix,
+        remedies=fix,
+        facts=Facts(bound=bound, consumer=root.key, versions=tuple((m.name, m.version) for m, _, _ in members)),
         details=tuple(details),
         distributions=(root.key, *(m.key for m, _, _ in members)),
     )

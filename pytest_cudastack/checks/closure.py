@@ -38,13 +38,13 @@ from pytest_cudastack.checks.majors import majors_findings
 from pytest_cudastack.checks.requirements import requirement_for_soname
 from pytest_cudastack.cuda.compat import is_driver_soname
 from pytest_cudastack.errors import ElfError
-from pytest_cudastack.findings import Finding, Severity
+from pytest_cudastack.findings import Facts, Finding, Manual, Pip, Remedy, SearchPath, Severity, manual
 from pytest_cudastack.linker.elf import read_elf
 from pytest_cudastack.linker.resolver import Library, Resolver
 from pytest_cudastack.model.modules import ModuleTree, module_trees
-from pytest_cudastack.model.repair import load_facts, plan_repairs, predict, verified_fixes
+from pytest_cudastack.model.repair import NO_SAFE_REPAIR, load_facts, plan_repairs, predict, verified_fixes
 from pytest_cudastack.wheels.inventory import Distribution, Inventory
-from pytest_cudastack.wheels.ownership import pip_command
+from pytest_cudastack.wheels.ownership import FORCE, pip_python, reinstall
 from pytest_cudastack.wheels.requirements import Requirements, requirement_facts
 from pytest_cudastack.wheels.sitepaths import split_site_dirs
 
@@ -149,7 +149,8 @@ def extension_closures(
                 subject=names,
                 message=f"{names}: provided by the NVIDIA driver, not found here; {count} extension module(s) need it",
                 cause="no NVIDIA driver is installed on this machine (no wheel ships the driver's libraries)",
-                fix="nothing to do for a build or CI machine; on a GPU machine install the NVIDIA driver",
+                remedies=manual("nothing to do for a build or CI machine; on a GPU machine install the NVIDIA driver"),
+                facts=Facts(sonames=tuple(m.soname for m in driver_missing)),
                 chain=tuple(inv.relative(p) for p in _best_chain(driver_missing[0])),
                 where=driver_missing[0].libs[0].searched[:12],
             )
@@ -195,13 +196,14 @@ def _missing_finding(inv: Inventory, m: _Missing, reqs: Requirements) -> Finding
     wanted = None if claimers else requirement_for_soname(inv, m.soname, [mt.dist for mt in m.needers], reqs)
     if wanted is not None:  # the requirement that would have installed it (requirements.py)
         cause = f"{wanted.requester} requires {wanted.text}, which is not installed; {cause}"
+    fix: tuple[Remedy, ...]
     if claimers:
-        fixes = [f"{pip_command(d)} install --force-reinstall --no-deps {d.name}=={d.version}" for d in claimers]
-        fix = "; ".join(fixes)
+        fix = tuple(reinstall(d, why=f"its RECORD lists {m.soname}") for d in claimers)
     elif wanted is not None and wanted.requirer is not None:
-        fix = f"{pip_command(wanted.requirer)} install '{wanted.text}'"
+        why = f"{wanted.requester} requires it"
+        fix = (Pip("install", (wanted.text,), pip_python(wanted.requirer), why=why),)
     else:
-        fix = f"install the package that provides {m.soname} (a wheel or a system package)"
+        fix = manual(f"install the package that provides {m.soname} (a wheel or a system package)")
     tried: list[str] = []  # directories searched that exist (nonexistent RPATH entries are noise)
     for lib in m.libs:
         for t in lib.tried:
@@ -218,7 +220,8 @@ def _missing_finding(inv: Inventory, m: _Missing, reqs: Requirements) -> Finding
         subject=m.soname,
         message=message,
         cause=cause,
-        fix=fix,
+        remedies=fix,
+        facts=Facts(required=m.soname, sonames=(m.soname,), objects=tuple(mt.module.path for mt in m.needers)),
         where=tuple(tried[:16]),
         chain=tuple(inv.relative(p) for p in chain),
         details=details,
@@ -239,11 +242,11 @@ def _required_install(
         return finding
     if predict([("install", wanted.name, wanted.pin)], inv, reqs=reqs):
         return finding
-    fixed = replace(
-        finding,
-        fix=f"{finding.fix} (checked: it changes no installed file; {wanted.name} {wanted.pin} is the wheel "
-        f"{wanted.requester} pins for {m.soname})",
+    why = (
+        f"checked: it changes no installed file; {wanted.name} {wanted.pin} is the wheel {wanted.requester} pins "
+        f"for {m.soname}"
     )
+    fixed = replace(finding, remedies=tuple(replace(r, why=why) for r in finding.remedies))
     verified.append(fixed)
     return fixed
 
@@ -270,15 +273,16 @@ def _gone_finding(inv: Inventory, gone: Sequence[Finding], reqs: Requirements) -
         details=details
         + tuple(modules[:8])
         + ((f"... and {len(modules) - 8} more module(s)",) if len(modules) > 8 else ()),
+        facts=Facts(sonames=tuple(names), objects=tuple(o for f in gone for o in f.facts.objects)),
     )
     plans = plan_repairs([grouped], inv, reqs=reqs)
     if len(plans) == 1 and plans[0].steps and not plans[0].unresolved:
-        fix = plans[0].command
+        fix = plans[0].remedies
     else:
-        claimers = list(dict.fromkeys((d.name, d.version, pip_command(d)) for n in names for d, _ in inv.shipping(n)))
-        specs = " ".join(f"{name}=={version}" for name, version, _ in claimers)
-        fix = f"{claimers[0][2]} install --force-reinstall --no-deps {specs}"
-    return replace(grouped, fix=fix)
+        claimers = list(dict.fromkeys(d for n in names for d, _ in inv.shipping(n)))
+        specs = tuple(f"{d.name}=={d.version}" for d in claimers)
+        fix = (Pip("install", specs, pip_python(claimers[0]), FORCE, why="their RECORDs list the files"),)
+    return replace(grouped, remedies=fix)
 
 
 def _shipped_note(inv: Inventory, soname: str) -> str:
@@ -313,13 +317,13 @@ def _unreachable(
             libraries = f"{n} optional librar{'y' if n == 1 else 'ies'} (loaded by no extension module)"
             if unshipped:
                 message = f"{libraries} need{'s' if n == 1 else ''} sonames not found here"
-                fix = "install the missing libraries only if you use that feature"
+                fix = manual("install the missing libraries only if you use that feature")
             else:  # every one is installed: the search finds it once what ships it is loaded
                 message = (
                     f"{libraries} need{'s' if n == 1 else ''} sonames that their own search does not find; "
                     "each is installed here and is found when what ships it is already loaded"
                 )
-                fix = "nothing to install; load the library that ships it first (as its users do)"
+                fix = manual("nothing to install; load the library that ships it first (as its users do)")
             findings.append(
                 Finding(
                     check="closure",
@@ -327,7 +331,7 @@ def _unreachable(
                     subject=d.label,
                     message=message,
                     cause="loaded only on demand (dlopen) when the feature is used; not needed to import anything",
-                    fix=fix,
+                    remedies=fix,
                     where=tuple(searched) or (d.location,),
                     details=tuple(notes),
                 )
@@ -423,19 +427,17 @@ def _split_site_finding(inv: Inventory, resolver: Resolver, m: _Missing, finding
         "paths again"
     )
     llp = os.pathsep.join(dirs)
-    fix = f"export LD_LIBRARY_PATH={llp}${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}} before starting Python"
+    venv = Manual(
+        ("install into a virtual environment (python3 -m venv: one site directory, its lib64 a link to lib)",)
+    )
+    fix: tuple[Remedy, ...]
     if not _resolves_with(inv, resolver, m, dirs):
-        fix = (
-            f"no safe automatic repair is known: the resolver still misses {m.soname} with LD_LIBRARY_PATH={llp}. "
-            "By hand: install into a virtual environment (python3 -m venv: one site directory, its lib64 a link "
-            "to lib)"
-        )
+        why = f"{NO_SAFE_REPAIR}: the resolver still misses {m.soname} with LD_LIBRARY_PATH={llp}"
+        fix = (replace(venv, why=why),)
     else:
-        fix += (
-            " (checked: the linker then finds it there); lasting alternative: install into a virtual "
-            "environment (python3 -m venv: one site directory)"
-        )
-    return replace(finding, cause=cause, fix=fix)
+        checked = "checked: the linker then finds it there, before starting Python"
+        fix = (SearchPath(llp, op="prepend", why=checked), replace(venv, why="the lasting alternative"))
+    return replace(finding, cause=cause, remedies=fix)
 
 
 def _resolves_with(inv: Inventory, resolver: Resolver, m: _Missing, dirs: Sequence[str]) -> bool:

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 from pytest_cudastack.cuda.compat import is_driver_soname
 from pytest_cudastack.cuda.dlopen import Miss
 from pytest_cudastack.errors import ElfError
-from pytest_cudastack.findings import Finding, Severity
+from pytest_cudastack.findings import Finding, Manual, Severity, manual
 from pytest_cudastack.linker.elf import ElfInfo
 from pytest_cudastack.linker.resolver import Resolver
 from pytest_cudastack.linker.strings import StringFacts
@@ -93,7 +93,7 @@ def dlopen_findings(
                 "may load at run time and are not found here",
                 cause="a name written in a library's data is what it can pass to dlopen; no DT_NEEDED lists "
                 "it, so only the feature that opens it fails, when used",
-                fix="install the library that provides the name only if you use that feature",
+                remedies=manual("install the library that provides the name only if you use that feature"),
                 where=tuple(searched),
                 details=tuple(note for note, _ in notes),  # every one: the text rendering caps, --json keeps all
             )
@@ -147,7 +147,7 @@ def _load_finding(ld: Load, caller: ElfInfo, inv: Inventory, read: Callable[[str
                 subject=ld.name,
                 message=f"{ld.name}: loaded at run time by {who}, provided by the NVIDIA driver, not found here",
                 cause="no NVIDIA driver is installed on this machine",
-                fix="nothing to do for a build or CI machine; on a GPU machine install the NVIDIA driver",
+                remedies=manual("nothing to do for a build or CI machine; on a GPU machine install the NVIDIA driver"),
                 where=lib.searched[:12],
                 chain=(who,),
             )
@@ -171,12 +171,14 @@ def _load_finding(ld: Load, caller: ElfInfo, inv: Inventory, read: Callable[[str
             cause=f"{how}; no file of that name is there"
             + (f" ({'; '.join(shipped)}, outside that search)" if shipped else "")
             + (f"; {ld.row.note}" if ld.row.note else ""),
-            fix=f"{NO_SAFE_REPAIR}: nothing installed here provides it to check. By hand: install the library "
-            f"that provides {ld.name} where {who} looks for it"
-            + (
-                " (its own directory)"
-                if ld.row.search == "paths"
-                else " (a wheel on its RPATH/RUNPATH, or ld.so.cache)"
+            remedies=manual(
+                f"{NO_SAFE_REPAIR}: nothing installed here provides it to check. By hand: install the library "
+                f"that provides {ld.name} where {who} looks for it"
+                + (
+                    " (its own directory)"
+                    if ld.row.search == "paths"
+                    else " (a wheel on its RPATH/RUNPATH, or ld.so.cache)"
+                )
             ),
             where=lib.searched[:12] or tuple(os.path.dirname(t) for t in lib.tried[:12]),
             chain=(who,),
@@ -194,8 +196,15 @@ def _load_finding(ld: Load, caller: ElfInfo, inv: Inventory, read: Callable[[str
             f"{who} is built for CUDA {'/'.join(map(str, sorted(want)))}",
             cause=f"found at {lib.path} ({lib.route.value}{': ' + lib.route_detail if lib.route_detail else ''}), "
             "the first match of the caller's search, from another CUDA release",
-            fix=f"{NO_SAFE_REPAIR}: the right build is not installed here to check. By hand: install {ld.name} of "
-            f"CUDA {'/'.join(map(str, sorted(want)))} where {who} finds it first, or remove {lib.path} from its search",
+            remedies=(
+                Manual(
+                    (
+                        f"install {ld.name} of CUDA {'/'.join(map(str, sorted(want)))} where {who} finds it first",
+                        f"or remove {lib.path} from its search",
+                    ),
+                    why=f"{NO_SAFE_REPAIR}: the right build is not installed here to check",
+                ),
+            ),
             where=(os.path.dirname(lib.path),),
             chain=(who, lib.path),
             details=(f"the table row: {source}",),

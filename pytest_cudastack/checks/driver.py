@@ -6,7 +6,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from pytest_cudastack.cuda.verdicts import driver_verdict
-from pytest_cudastack.findings import Finding, Severity
+from pytest_cudastack.findings import Finding, Severity, manual
 from pytest_cudastack.model.needs import CudaNeed, Inference
 
 if TYPE_CHECKING:
@@ -59,7 +59,7 @@ def driver_findings(inferences: Iterable[Inference], driver: DriverInfo) -> tupl
                 subject,
                 verdict.message,
                 cause=cause,
-                fix=fix,
+                remedies=manual(fix),
                 details=tuple(f"{n.subject}: {n.evidence}" for n in needs),
             )
         )
@@ -75,7 +75,7 @@ def driver_findings(inferences: Iterable[Inference], driver: DriverInfo) -> tupl
                 subject,
                 message,
                 cause=f"the stack requires CUDA {', '.join(r for r, _, _ in unknown)} (the highest decides)",
-                fix="pass --cuda-driver=VER to check a deployment target" if not driver.version else "",
+                remedies=manual("pass --cuda-driver=VER to check a deployment target" if not driver.version else ""),
                 details=tuple(f"{n.subject}: {n.evidence}" for n in needs),
             )
         )

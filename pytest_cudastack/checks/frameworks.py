@@ -34,7 +34,7 @@ from pytest_cudastack._sysio import read_text
 from pytest_cudastack.checks.shadow import Copy, copy_version, loaded_libraries, providers, shadowing
 from pytest_cudastack.cuda.frameworks import FrameworkRules, Rule, judge, load_rules, reported_version, version_text
 from pytest_cudastack.errors import CudaStackError
-from pytest_cudastack.findings import Finding, Severity
+from pytest_cudastack.findings import Finding, Severity, manual
 from pytest_cudastack.linker.resolver import Library
 from pytest_cudastack.wheels.ownership import pip_command
 from pytest_cudastack.wheels.requirements import Requirements
@@ -189,7 +189,7 @@ def _broken(
         subject=f"{dist.name} {row.name}",
         message=f'{dist.label} would fail its {row.name} check: "{says}"',
         cause=cause,
-        fix=fix,
+        remedies=manual(fix),
         where=(copy.path, dist.dist_info),
         # the pinned wheel too: the repair plan claims this finding only when it meets that pin
         distributions=(dist.key, *pinned),
@@ -214,8 +214,10 @@ def _known_bad(stack: StackView, dist: Distribution, rule: Rule, row: LibraryRow
         message=f'{dist.label} refuses {row.name} {bad} unless it was built against it: "{rule.says}"',
         cause=f"it would load {copy.described}{route}; whether it was built against {bad} "
         f"{judge(rule, None, None).text}",
-        fix=f"no safe automatic repair is known. By hand: install a {row.name} wheel other than {bad} that "
-        f"{dist.name}'s requirements accept",
+        remedies=manual(
+            f"no safe automatic repair is known. By hand: install a {row.name} wheel other than {bad} that "
+            f"{dist.name}'s requirements accept"
+        ),
         where=(copy.path, dist.dist_info),
         distributions=(dist.key,),
         details=(f"rule: {rule.kind} ({rule.source}: {_source_url(rule)})",),
@@ -265,8 +267,10 @@ def _by_name(stack: StackView, dist: Distribution, rule: Rule, row: LibraryRow) 
         f"through cuda-pathfinder (NVIDIA wheels in site-packages, then the OS loader, then CUDA_HOME/CUDA_PATH), "
         f"and neither the wheels nor the linker's search path have {soname}, so unless CUDA_HOME/CUDA_PATH holds "
         f'it: "{rule.says}"',
-        fix=f"no safe automatic repair is known. By hand: install the {dist.name.split('-cuda')[0]} package built for "
-        f"the installed CUDA major, or the CUDA {rule.major} wheels ({dist.name}[ctk])",
+        remedies=manual(
+            f"no safe automatic repair is known. By hand: install the {dist.name.split('-cuda')[0]} package built for "
+            f"the installed CUDA major, or the CUDA {rule.major} wheels ({dist.name}[ctk])"
+        ),
         where=(dist.dist_info,),
         distributions=(dist.key,),
         details=(f"rule: {rule.kind} ({rule.source}: {_source_url(rule)})",),
@@ -298,8 +302,10 @@ def _provider(stack: StackView, dist: Distribution, rule: Rule, data: FrameworkR
             cause=f"{dist.name} loads {rule.provider} when a session asks for it; when that load fails it logs "
             f'"{rule.says}" and creates the session with the remaining providers: the model runs, on the CPU, '
             "without an error (unless the program preloads these libraries itself, e.g. onnxruntime.preload_dlls())",
-            fix="no safe automatic repair is known. By hand: install the CUDA libraries of the major its provider "
-            f"links ({names}), or the {dist.name} build for the installed CUDA major",
+            remedies=manual(
+                "no safe automatic repair is known. By hand: install the CUDA libraries of the major its provider "
+                f"links ({names}), or the {dist.name} build for the installed CUDA major"
+            ),
             where=(path, dist.dist_info),
             distributions=(dist.key,),
             details=(f"rule: {rule.kind} ({rule.source}: {_source_url(rule)})",),

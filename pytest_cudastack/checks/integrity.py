@@ -28,10 +28,11 @@ from typing import TYPE_CHECKING
 
 from packaging.utils import canonicalize_name
 
-from pytest_cudastack.findings import Finding, Severity
+from pytest_cudastack.findings import Facts, Finding, Manual, Pip, Remedy, Severity, manual
 from pytest_cudastack.model.repair import verified_fixes
 from pytest_cudastack.wheels.inventory import Distribution, Inventory, is_shared_lib_path
 from pytest_cudastack.wheels.ownership import (
+    FORCE,
     Disk,
     Listed,
     PathState,
@@ -43,6 +44,9 @@ from pytest_cudastack.wheels.ownership import (
     in_dist_info,
     inside_site,
     pip_command,
+    pip_python,
+    reinstall,
+    uninstall,
     variant_sibling,
 )
 from pytest_cudastack.wheels.requirements import Requirements
@@ -126,39 +130,33 @@ def _who_requires(dist: Distribution, required_by: dict[str, list[Requirer]]) ->
     return [r for r in required_by.get(dist.key, []) if r.dist is not dist]
 
 
-def _keep_one(dists: Sequence[Distribution], required_by: dict[str, list[Requirer]]) -> tuple[str, str]:
-    """(reason, fix) for distributions that install the same paths: keep the required one."""
+def _keep_one(dists: Sequence[Distribution], required_by: dict[str, list[Requirer]]) -> tuple[str, tuple[Remedy, ...]]:
+    """(reason, remedies) for distributions that install the same paths: keep the required one."""
     names = " and ".join(d.name for d in dists) if len(dists) == 2 else ", ".join(d.name for d in dists)
     head = f"{names} install the same paths; keep one"
     req = {d.key: _who_requires(d, required_by) for d in dists}
     required = [d for d in dists if req[d.key]]
-    pip = pip_command(dists[0])
     if len(required) == 1:
         keep = required[0]
         drop = [d for d in dists if d is not keep]
         version = _pinned_version(keep, req[keep.key])
         why = "; ".join(f"{r.dist.label} requires {r.text}" for r in req[keep.key][:3])
         reason = f"{head}: {why}, nothing installed requires {', '.join(d.name for d in drop)}"
-        fix = (
-            f"{pip} uninstall -y {' '.join(d.name for d in drop)} && "
-            f"{pip} install --force-reinstall --no-deps {keep.name}=={version}"
-        )
-        return reason, fix
+        return reason, (uninstall(drop, why=reason), reinstall(keep, version, why=why))
     if not required:
         reason = f"{head}: nothing installed requires any of them"
-        fix = (
-            f"uninstall the one you do not use, then force-reinstall the other, e.g. "
+        pip = pip_command(dists[0])
+        return reason, manual(
+            "uninstall the one you do not use, then force-reinstall the other, e.g. "
             f"{pip} uninstall -y {dists[0].name} && "
             f"{pip} install --force-reinstall --no-deps {dists[-1].name}=={dists[-1].version}"
         )
-        return reason, fix
     why = "; ".join(f"{r.dist.label} requires {r.text}" for d in required for r in req[d.key][:2])
     reason = f"{head}, but more than one is required ({why}): they cannot share one environment"
-    fix = (
+    return reason, manual(
         "keep the one the package you run needs (force-reinstall it with --no-deps after uninstalling "
         "the other) and move the other's dependents to a separate environment"
     )
-    return reason, fix
 
 
 def _summarise(paths: Sequence[str], limit: int = 4) -> str:
@@ -230,9 +228,9 @@ def _overlaps(
                     f"two dist-info directories of {dists[0].name} list the same files: one is left over "
                     "from an interrupted install or uninstall"
                 )
-                fix = (
-                    f"{pip_command(dists[0])} uninstall -y {dists[0].name} (repeat until none is left), then "
-                    f"{pip_command(dists[0])} install --no-deps {dists[-1].name}=={dists[-1].version}"
+                fix = manual(
+                    f"{pip_command(dists[0])} uninstall -y {dists[0].name} (repeat until none is left)",
+                    f"{pip_command(dists[0])} install --no-deps {dists[-1].name}=={dists[-1].version}",
                 )
             else:
                 reason, fix = _keep_one(dists, required_by())
@@ -244,7 +242,7 @@ def _overlaps(
             severity = Severity.INFO
             message = f"{labels} list the same {what} with identical bytes"
             cause = "uninstalling either deletes the file the other still lists"
-            fix = ""
+            fix = ()
         shown = sorted(conflicting or libs, key=lambda s: (not is_shared_lib_path(s.path), s.rel))
         details = tuple(s.describe() for s in shown[:8])
         if len(shown) > 8:
@@ -257,7 +255,7 @@ def _overlaps(
                 distributions=tuple(d.key for d in dists),
                 message=message,
                 cause=cause,
-                fix=fix,
+                remedies=fix,
                 where=tuple(os.path.join(d.dist_info, "RECORD") for d in dists),
                 details=details,
             )
@@ -327,7 +325,14 @@ def _broken_pins(inv: Inventory, state: StateFn, required: _Required) -> list[Fi
                         ),
                         cause=f"predicted failure: {predicted}. "
                         f"{z.name} was installed over {y.name}: both install the same paths",
-                        fix=fix,
+                        remedies=fix,
+                        facts=Facts(
+                            required=r.text,
+                            found=f"{z.name} {z.version}",
+                            objects=tuple(s.path for s in states),
+                            versions=((y.name, y.version), (z.name, z.version)),
+                            consumer=r.dist.key,
+                        ),
                         where=(os.path.join(y.dist_info, "RECORD"), os.path.join(z.dist_info, "RECORD")),
                         details=tuple(s.describe() for s in states[:12]),
                     )
@@ -355,8 +360,7 @@ def _missing_or_altered(
 ) -> list[Finding]:
     findings: list[Finding] = []
     for d in inv.distributions:
-        pip = pip_command(d)
-        reinstall = f"{pip} install --force-reinstall --no-deps {d.name}=={d.version}"
+        again = (reinstall(d),)
         # ships nothing it claims?
         own_iter = (p for p in (d.abspath(e) for e in d.records) if p is not None and not in_dist_info(d, p))
         first = next(own_iter, None)
@@ -380,13 +384,13 @@ def _missing_or_altered(
             if not needed and wanted:
                 # reinstalling it would put its bytes where the required variant's belong (an overlap)
                 pin = next((v for r in wanted if (v := exact_pin(r)) is not None), None)
-                version = f"=={pin}" if pin else ""
-                fix = (
-                    f"{pip} uninstall -y {d.name} && {pip} install --force-reinstall --no-deps {sibling}{version} "
-                    f"({wanted[0].dist.label} requires {wanted[0].text}; nothing installed requires {d.name})"
+                why = f"{wanted[0].dist.label} requires {wanted[0].text}; nothing installed requires {d.name}"
+                fix: tuple[Remedy, ...] = (
+                    uninstall([d], why=why),
+                    Pip("install", (f"{sibling}=={pin}" if pin else str(sibling),), pip_python(d), FORCE, why=why),
                 )
             else:
-                fix = reinstall if needed else f"{reinstall} (or {pip} uninstall -y {d.name} if nothing needs it)"
+                fix = again if needed else (*again, uninstall([d], why="if nothing needs it"))
             findings.append(
                 Finding(
                     check="integrity",
@@ -398,7 +402,7 @@ def _missing_or_altered(
                         "only its dist-info is left"
                     ),
                     cause=cause,
-                    fix=fix,
+                    remedies=fix,
                     where=(os.path.join(d.dist_info, "RECORD"),),
                     details=tuple(sorted(os.path.relpath(p, d.location) for p in own)[:8]),
                 )
@@ -445,7 +449,7 @@ def _missing_or_altered(
                     distributions=(d.key,),
                     message=message,
                     cause=cause,
-                    fix=reinstall,
+                    remedies=again,
                     where=(os.path.join(d.dist_info, "RECORD"),),
                     details=tuple(f"{r}: missing on disk" for r in missing[:12]),
                 )
@@ -461,7 +465,7 @@ def _missing_or_altered(
                     "other bytes than its RECORD lists, and no installed RECORD claims them",
                     cause="modified after install (patchelf, strip, a copy over it) or overwritten by a "
                     "distribution that has since been uninstalled",
-                    fix=reinstall,
+                    remedies=again,
                     where=(os.path.join(d.dist_info, "RECORD"),),
                     details=tuple(altered[:12]),
                 )
@@ -497,8 +501,10 @@ def _placeholders(inv: Inventory, required: _Required) -> list[Finding]:
                 distributions=(d.key,),
                 message=f"{d.label} is a placeholder: it ships no modules or libraries ({why}){by}",
                 cause="a stub wheel published under the real name, installed instead of the real distribution",
-                fix=f"{pip_command(d)} uninstall -y {d.name}, then install the real distribution "
-                "(its summary or project page says from where)",
+                remedies=(
+                    uninstall([d], why="a placeholder, not the real distribution"),
+                    Manual(("install the real distribution (its summary or project page says from where)",)),
+                ),
                 where=(os.path.join(d.dist_info, "METADATA"),),
             )
         )

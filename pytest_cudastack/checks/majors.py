@@ -23,7 +23,7 @@ from packaging.utils import canonicalize_name
 
 from pytest_cudastack.cuda.compat import soname_cuda_majors
 from pytest_cudastack.errors import ElfError
-from pytest_cudastack.findings import Finding, Severity
+from pytest_cudastack.findings import Finding, Severity, manual
 from pytest_cudastack.linker.elf import ElfInfo
 from pytest_cudastack.model.repair import NO_SAFE_REPAIR
 from pytest_cudastack.wheels.inventory import Distribution, Inventory
@@ -100,9 +100,11 @@ def majors_findings(inv: Inventory, read: Callable[[str], ElfInfo], rel: Callabl
                     f"{want}",
                     cause=f"it links {', '.join(names)} (CUDA {other}); {evidence}: one process cannot use both "
                     "majors, so the import fails or, for a provider loaded at run time, silently falls back",
-                    fix=f"{NO_SAFE_REPAIR}: the other build is not installed here to check. By hand: "
-                    f"{_other_build(d, want)}"
-                    + (f", or a torch built for CUDA {other}" if torch is not None and len(got) == 1 else ""),
+                    remedies=manual(
+                        f"{NO_SAFE_REPAIR}: the other build is not installed here to check. By hand: "
+                        f"{_other_build(d, want)}"
+                        + (f", or a torch built for CUDA {other}" if torch is not None and len(got) == 1 else "")
+                    ),
                     where=(os.path.dirname(lib.path),),
                     chain=(rel(lib.path),),
                     details=tuple(f"links {n}" for n in names),

@@ -36,10 +36,10 @@ from pytest_cudastack.cuda.compat import soname_cuda_majors
 from pytest_cudastack.cuda.flavour import wheel_cuda_flavour
 from pytest_cudastack.cuda.frameworks import LibraryRow, framework_says, load_rules, reported_version
 from pytest_cudastack.errors import CudaStackError
-from pytest_cudastack.findings import Finding, Severity
+from pytest_cudastack.findings import Facts, Finding, Pip, Remedy, Severity, manual
 from pytest_cudastack.model.repair import verified_fixes
 from pytest_cudastack.wheels.inventory import Distribution, Inventory
-from pytest_cudastack.wheels.ownership import pip_command
+from pytest_cudastack.wheels.ownership import pip_python
 from pytest_cudastack.wheels.requirements import RequirementFact, Requirements, Status, requirement_facts
 
 if TYPE_CHECKING:
@@ -162,11 +162,11 @@ def _version_finding(fact: RequirementFact, reqs: Requirements, severity: Severi
             "because all its requirements are; ignore it if you never installed that extra)"
         )
     version, on = repair_version(reqs, fact.name)
+    fix: tuple[Remedy, ...] = ()
     if version is not None:
-        fix = f"{pip_command(installed)} install --no-deps '{installed.name}{version}'"
+        fix = (Pip("install", (f"{installed.name}{version}",), pip_python(installed), ("--no-deps",), why=cause),)
     else:
         asks = "; ".join(f"{f.requester} requires {f.text}" for f in on)
-        fix = ""
         cause += f"; no release is pinned that every requirement accepts ({asks}): no safe automatic repair is known"
     return Finding(
         check=_CHECK,
@@ -174,7 +174,13 @@ def _version_finding(fact: RequirementFact, reqs: Requirements, severity: Severi
         subject=installed.name,
         message=f"{fact.requester} requires {fact.text}; {installed.version} is installed",
         cause=cause,
-        fix=fix,
+        remedies=fix,
+        facts=Facts(
+            required=fact.text,
+            found=f"{installed.name} {installed.version}",
+            versions=((installed.name, installed.version),),
+            consumer=requirer.key,
+        ),
         where=(installed.dist_info, requirer.dist_info),
         distributions=(installed.key, requirer.key),
     )
@@ -202,13 +208,14 @@ def _missing_finding(requirer: Distribution, facts: Sequence[RequirementFact], r
     for f in facts:
         version, on = repair_version(reqs, f.name)
         if version is not None:
-            specs.append(f"'{f.requirement.name}{version}'")
+            specs.append(f"{f.requirement.name}{version}")
         elif all(g.pin is None for g in on):
             joined = ",".join(sorted({str(s) for g in on for s in g.requirement.specifier}))
-            specs.append(f"'{f.requirement.name}{joined}'")
+            specs.append(f"{f.requirement.name}{joined}")
         else:
             unresolved.append(f.text)
-    fix = f"{pip_command(requirer)} install {' '.join(specs)}" if specs else ""
+    why = f"{requirer.label} requires them"
+    fix = (Pip("install", tuple(specs), pip_python(requirer), why=why),) if specs else ()
     severity = Severity.ERROR
     if not used(requirer, reqs):
         severity = Severity.WARNING
@@ -226,7 +233,8 @@ def _missing_finding(requirer: Distribution, facts: Sequence[RequirementFact], r
         subject=requirer.label,
         message=message,
         cause=cause,
-        fix=fix,
+        remedies=fix,
+        facts=Facts(required=", ".join(texts), consumer=requirer.key),
         where=(requirer.dist_info,),
         distributions=(requirer.key, *sorted({f.name for f in facts})),  # the repair plan matches these
     )
@@ -263,7 +271,7 @@ def requirement_findings(inv: Inventory, reqs: Requirements | None = None) -> tu
                 subject="requirements",
                 message=f"{len(others)} requirement(s) outside the CUDA stack unmet (as pip check reports them)",
                 cause="they do not change which CUDA libraries load; the distributions may still fail when used",
-                fix="pip install the versions named, if you use those distributions",
+                remedies=manual("pip install the versions named, if you use those distributions"),
                 details=tuple(others[:24]) + ((f"... and {len(others) - 24} more",) if len(others) > 24 else ()),
             )
         )

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from pytest_cudastack._sysio import open_regular
 from pytest_cudastack.cuda.compat import is_driver_soname
 from pytest_cudastack.errors import ElfError
-from pytest_cudastack.findings import Finding, Severity
+from pytest_cudastack.findings import Finding, Severity, manual
 
 if TYPE_CHECKING:
     from pytest_cudastack.checks.facts import StackView, Target
@@ -140,7 +140,7 @@ def skipped_findings(directory: str, name: str) -> tuple[Finding, ...]:
             os.path.join(name, os.path.relpath(path, directory)),
             f"not checked: {why}",
             cause="a scan checks the regular ELF files of the directories it walks",
-            fix="remove it from the scanned directory, or name the binaries to scan",
+            remedies=manual("remove it from the scanned directory, or name the binaries to scan"),
         )
         for path, why in skipped_files(directory)
     )
@@ -156,7 +156,8 @@ def binary_findings(
     """
     out: list[Finding] = []
     out.extend(
-        Finding("scan", Severity.ERROR, subject, problem, fix="scan only ELF binaries") for problem in tree.problems
+        Finding("scan", Severity.ERROR, subject, problem, remedies=manual("scan only ELF binaries"))
+        for problem in tree.problems
     )
     searched: dict[str, str | None] = {}  # the missing libraries of one tree share their search lists
     for lib in tree.missing:
@@ -192,7 +193,7 @@ def binary_findings(
                 subject,
                 f"needs {lib.soname}, which the dynamic linker does not find",
                 cause=lib.problem or ("; ".join(claims) if claims else "no directory searched holds it"),
-                fix=fix,
+                remedies=manual(fix),
                 where=lib.searched_in(searched),
                 chain=chain,
                 details=claims,
@@ -207,7 +208,9 @@ def run(stack: StackView, target: Target | None) -> tuple[Finding, ...]:
         raise ValueError("cudastack check 'scan' runs per target: scan[NAME]")
     name, path = target
     if not os.path.lexists(path):
-        return (Finding("scan", Severity.ERROR, name, "no such file", fix="fix the --cudastack-scan path"),)
+        return (
+            Finding("scan", Severity.ERROR, name, "no such file", remedies=manual("fix the --cudastack-scan path")),
+        )
     if os.path.isdir(path):  # a walked directory's own item: the files it did not check
         return skipped_findings(path, name)
     return binary_findings(stack.tree(path), name, stack.inventory, stack.driver)

@@ -51,7 +51,7 @@ from pytest_cudastack.cuda.frameworks import (
     version_text,
 )
 from pytest_cudastack.errors import CudaStackError
-from pytest_cudastack.findings import Finding, Severity
+from pytest_cudastack.findings import Finding, Severity, manual
 from pytest_cudastack.linker.resolver import Library, Resolver, Route
 from pytest_cudastack.wheels.inventory import Distribution, Inventory
 from pytest_cudastack.wheels.ownership import bytes_on_disk
@@ -294,7 +294,7 @@ def _finding(
             cause=f"whether the versions differ cannot be decided statically because {winner.path}'s version "
             f"is not readable (no owning {row.name} wheel, no version in its file name, no {row.header or 'header'} "
             "next to it)",
-            fix=_fix(stack, dist, lib, expected),
+            remedies=manual(_fix(stack, dist, lib, expected)),
             where=lib.searched[:12],
             details=details,
         )
@@ -339,7 +339,7 @@ def _finding(
         subject=lib.soname,
         message=message + f": {row.name} {version_text(winner.version)} instead of {shown}",
         cause=cause,
-        fix=_fix(stack, dist, lib, expected),
+        remedies=manual(_fix(stack, dist, lib, expected)),
         where=lib.searched[:12],
         details=details,
         distributions=(dist.key,),

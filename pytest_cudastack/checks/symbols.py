@@ -52,7 +52,7 @@ from pytest_cudastack._sysio import real_path
 from pytest_cudastack.cuda.driver import DriverInfo
 from pytest_cudastack.cuda.driversyms import driver_entry_points
 from pytest_cudastack.errors import ElfError
-from pytest_cudastack.findings import Finding, Severity
+from pytest_cudastack.findings import Finding, Severity, manual
 from pytest_cudastack.linker.elf import ElfInfo, read_elf
 from pytest_cudastack.linker.resolver import Library, Resolver, Route, Tree
 from pytest_cudastack.linker.symbols import ScopeIndex, SymbolFacts
@@ -336,8 +336,10 @@ def _driver_findings(
                     f"driver: {lines[0]}",
                     cause=f"{_LIBCUDA} comes with the driver; the one for CUDA {driver.cuda_version} does not "
                     "define them, so loading fails with 'undefined symbol'",
-                    fix="run on a driver that supports the CUDA these entry points need, or install a build "
-                    f"for CUDA {driver.cuda_version}",
+                    remedies=manual(
+                        "run on a driver that supports the CUDA these entry points need, or install a build "
+                        f"for CUDA {driver.cuda_version}"
+                    ),
                     details=tuple(sorted(lines)),
                 )
             )
@@ -448,7 +450,7 @@ def _findings(
                 subject=needer,
                 message=f"{' and '.join(what)} needed by {needer} are not defined: {target}",
                 cause=f"the dynamic linker binds every reference at load time; {when}",
-                fix=fix,
+                remedies=manual(fix),
                 details=(*details, *notes),
                 where=(display(lib.path),) if lib is not None and lib.path is not None else (),
             )

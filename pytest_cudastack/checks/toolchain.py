@@ -33,7 +33,7 @@ from pytest_cudastack.cuda.toolchain import (
 )
 from pytest_cudastack.cuda.versions import Arch, parse_arch
 from pytest_cudastack.errors import ElfError, OptionError
-from pytest_cudastack.findings import Finding, Severity
+from pytest_cudastack.findings import Finding, Severity, manual
 
 if TYPE_CHECKING:
     from pytest_cudastack.checks.facts import StackView, Target
@@ -245,7 +245,7 @@ def toolchain_findings(
                 dist.label,
                 message,
                 cause=cause,
-                fix=fix,
+                remedies=manual(fix),
                 where=_where(first),
                 details=details,
                 distributions=(dist.key,),
@@ -340,7 +340,7 @@ def arch_tool_findings(
                 dist.label,
                 message,
                 cause=f"{found.path} comes first in {framework.name}'s lookup (via {found.via})",
-                fix=fix,
+                remedies=manual(fix),
                 where=_where(lookup),
                 details=tuple(f"also {a}: needs CUDA {n} ({_tool_text(lk, c)})" for a, lk, c, n in bad[1:]),
                 distributions=(dist.key,),

@@ -39,25 +39,24 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
-import shlex
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
-from pytest_cudastack.findings import Finding
+from pytest_cudastack.findings import Finding, Manual, Pip, Remedy
 from pytest_cudastack.linker.resolver import Tree
 from pytest_cudastack.model.torchindex import index_for
 from pytest_cudastack.wheels.inventory import Distribution, Inventory
 from pytest_cudastack.wheels.ownership import (
+    FORCE,
     Requirer,
     active_requirements,
     bytes_on_disk,
     exact_pin,
-    pip_command,
+    pip_python,
     variant_sibling,
 )
 from pytest_cudastack.wheels.requirements import Requirements, requirement_facts
@@ -66,8 +65,8 @@ from pytest_cudastack.wheels.sitepaths import install_prefix
 __all__ = [
     "NO_SAFE_REPAIR",
     "LoadFacts",
+    "PlanStep",
     "RepairPlan",
-    "RepairStep",
     "load_facts",
     "plan_repairs",
     "predict",
@@ -75,72 +74,110 @@ __all__ = [
     "verified_fixes",
 ]
 
-_BOUND = re.compile(r"--cuda-(?:max|min)=([0-9][0-9.]*)")  # the bound a cuda-max/min message names
 _MODELLED = ("integrity", "closure", "requirements", "cuda-max", "cuda-min")
 
 
 @dataclass(frozen=True)
-class RepairStep:
-    """One command (``argv``) and why it is in the plan."""
+class PlanStep:
+    """One step of a plan: ``automatic`` (a pip command the model verified: applied to the modelled state it
+    leaves none of the errors it claims and no new one) or ``manual`` (an exact step by hand, a structured
+    :data:`~pytest_cudastack.findings.Remedy`), the findings (ids) it resolves and why."""
 
-    argv: tuple[str, ...]
-    why: str
+    kind: str  # "automatic" | "manual"
+    action: Remedy
+    resolves: tuple[str, ...]
+    why: str = ""
+
+    @property
+    def argv(self) -> tuple[str, ...] | None:
+        """The command line of an automatic step (None for a manual one)."""
+        return self.action.argv if self.kind == "automatic" and isinstance(self.action, Pip) else None
 
     @property
     def command(self) -> str:
-        return shlex.join(self.argv)
+        return self.action.render()
+
+    def to_json(self) -> dict[str, Any]:
+        argv = self.argv
+        return {
+            "kind": self.kind,
+            "argv": list(argv) if argv is not None else None,
+            "command": self.command,
+            "action": self.action.to_json(),
+            "resolves": list(self.resolves),
+            "why": self.why,
+        }
 
 
 @dataclass(frozen=True)
 class RepairPlan:
-    """The steps for one environment (``environment``: its installation prefix), in order; ``fixes``: the
-    findings (``check: subject``) the model says they repair; ``unresolved``: the failing findings they do
-    not; ``notes``: what the model takes on trust (an index that is a guess); ``refused``: when the steps
-    the plan would take are not proposed, the errors the model predicts after them."""
+    """The steps for one environment (``environment``: its installation prefix, or "this machine"), in order:
+    the automatic ones first, then the manual ones, so that every failing finding is covered. ``fixes``: the
+    findings (ids) the automatic steps repair; ``unresolved``: those they do not (each covered by a manual
+    step); ``notes``: what the model takes on trust (an index that is a guess); ``refused``: the errors the
+    model predicts after a candidate it did not propose; ``chose``: what the plan chose over what."""
 
     environment: str
-    steps: tuple[RepairStep, ...]
+    steps: tuple[PlanStep, ...]
     fixes: tuple[str, ...]
     unresolved: tuple[str, ...] = ()
     notes: tuple[str, ...] = field(default=())
     refused: tuple[str, ...] = field(default=())
+    chose: tuple[str, ...] = field(default=())
+
+    @property
+    def automatic(self) -> tuple[PlanStep, ...]:
+        return tuple(s for s in self.steps if s.kind == "automatic")
+
+    @property
+    def remedies(self) -> tuple[Remedy, ...]:
+        """The automatic steps' pip commands, in order (what a finding the plan repairs carries as its fix)."""
+        return tuple(s.action for s in self.automatic)
 
     @property
     def command(self) -> str:
-        """The whole plan as one shell command line."""
-        return " && ".join(step.command for step in self.steps)
+        """The automatic steps as one shell command line ("" when there are none)."""
+        return " && ".join(step.command for step in self.automatic)
 
     def render(self) -> str:
-        lines = [f"repair plan for {self.environment} (fixes {len(self.fixes)} finding(s)):"]
-        lines.extend(f"  {step.command}" for step in self.steps)
+        lines = [f"repair plan for {self.environment}:"]
+        for i, step in enumerate(self.steps, 1):
+            label = "run" if step.kind == "automatic" else "by hand"
+            lines.append(f"  {i}. [{label}] {step.command}")
+            if step.why:
+                lines.append(f"     why: {step.why}")
         lines.extend(f"  note: {n}" for n in self.notes)
-        if self.unresolved:
-            lines.append(f"  not repaired by it: {', '.join(self.unresolved)}")
+        lines.extend(f"  chose: {c}" for c in self.chose)
         return "\n".join(lines)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "environment": self.environment,
-            "steps": [{"argv": list(s.argv), "command": s.command, "why": s.why} for s in self.steps],
+            "steps": [s.to_json() for s in self.steps],
             "command": self.command,
             "fixes": list(self.fixes),
             "unresolved": list(self.unresolved),
             "notes": list(self.notes),
+            "chose": list(self.chose),
         }
+
+    def step_of(self, finding_id: str) -> int | None:
+        """The number (from 1) of the first step that resolves ``finding_id``, else None."""
+        return next((i for i, s in enumerate(self.steps, 1) if finding_id in s.resolves), None)
 
 
 def render_plans(plans: Sequence[RepairPlan]) -> str:
-    """The plans with steps, one block each; "" when there is nothing to run."""
+    """The plans with steps, one block each; "" when there is nothing to do."""
     return "\n".join(p.render() for p in plans if p.steps)
 
 
-def _sonames(f: Finding) -> list[str]:
-    """The sonames a closure finding is about (a grouped one lists several, ``", "``-separated)."""
-    return f.subject.split(", ")
+def _sonames(f: Finding) -> tuple[str, ...]:
+    """The sonames a finding is about (its facts)."""
+    return f.facts.sonames
 
 
 def _key(f: Finding) -> str:
-    return f"{f.check}: {f.subject}"
+    return f.id
 
 
 _Row = tuple[str | None, int | None]  # (hash, size) of a RECORD row; (None, None): not known (not on disk)
@@ -235,10 +272,6 @@ class _Model:
 
     def label(self, key: str) -> str:
         return f"{self.names.get(key, key)} {self.versions.get(key, '?')}"
-
-    def overlapping(self) -> set[str]:
-        """Installed keys that list a path another installed key lists with another RECORD row."""
-        return {k for e in self.errors(LoadFacts()) if e.kind == "overlap" for k in e.about}
 
     def errors(self, facts: LoadFacts) -> set[_Err]:
         """What integrity, the requirements and closure resolution would report on this state."""
@@ -355,12 +388,12 @@ def _version_for(d: Distribution, requirers: Sequence[Requirer]) -> str:
 
 def _named(f: Finding, inv: Inventory) -> set[str]:
     """Keys of the installed distributions a finding is about: its ``distributions``, the requirement of a
-    broken pin (``torch -> nvidia-cudnn-cu13==9.24.0.43``), the claimers of a missing soname."""
+    broken pin (its facts: ``required`` by ``consumer``), the claimers of a missing soname."""
     keys = set(f.distributions)
-    if f.check == "integrity" and " -> " in f.subject:
+    if f.check == "integrity" and f.facts.required and f.facts.consumer:
         with contextlib.suppress(InvalidRequirement):
-            keys.add(canonicalize_name(Requirement(f.subject.partition(" -> ")[2]).name))
-        keys.discard(f.distributions[0] if f.distributions else "")
+            keys.add(canonicalize_name(Requirement(f.facts.required).name))
+        keys.discard(f.facts.consumer)
     if f.check == "closure":
         keys.update(d.key for soname in _sonames(f) for d, _ in inv.shipping(soname))
     return {k for k in keys if inv.get(k) is not None}
@@ -373,14 +406,18 @@ def plan_repairs(
     facts: LoadFacts | None = None,
     reqs: Requirements | None = None,
 ) -> tuple[RepairPlan, ...]:
-    """One plan per installation prefix that has failing findings (none when nothing fails); ``reqs``: the
-    run's requirement facts (computed when not given).
-
-    ``facts``: the extension modules' closures (:func:`load_facts`) for the model's closure check; without
-    them it assumes the conservative :func:`_fallback_facts`."""
+    """One plan per installation prefix that has failing findings (none when nothing fails), covering every
+    failing finding: the model's verified pip steps first, then each finding's own pip remedy where the model
+    verifies it, then a manual step for every finding left (its structured remedies, or what to do by hand
+    when it has none). Findings about no installed distribution (the driver, GPU code, a binary) go to a plan
+    for "this machine". ``facts``: the extension modules' closures (:func:`load_facts`) for the model's
+    closure check (without them: the conservative :func:`_fallback_facts`); ``reqs``: the run's requirement
+    facts (computed when not given)."""
     failing = [f for f in findings if f.failing]
     if not failing:
         return ()
+    reqs = reqs if reqs is not None else requirement_facts(inventory)
+    required = active_requirements(inventory, reqs)
     envs: dict[str, list[Distribution]] = {}
     for d in inventory.distributions:
         envs.setdefault(_environment(d), []).append(d)
@@ -389,26 +426,50 @@ def plan_repairs(
     for f in failing:
         keys = _named(f, inventory)
         env = next((_environment(dist) for k in sorted(keys) if (dist := inventory.get(k)) is not None), None)
-        if env is None or f.check not in _MODELLED:
+        if env is None:
             orphan.append(f)
         else:
             by_env.setdefault(env, []).append(f)
-    required = active_requirements(inventory, reqs)
-    plans = [_plan(env, envs[env], fs, inventory, facts, required) for env, fs in by_env.items()]
+    plans = []
+    for env, fs in by_env.items():
+        modelled = [f for f in fs if f.check in _MODELLED]
+        plan = _plan(env, envs[env], modelled, inventory, facts, required) if modelled else RepairPlan(env, (), ())
+        plans.append(_covered(plan, fs, inventory, facts, reqs))
     if orphan:
-        if plans:
-            first = plans[0]
-            plans[0] = RepairPlan(
-                first.environment,
-                first.steps,
-                first.fixes,
-                first.unresolved + tuple(_key(f) for f in orphan),
-                first.notes,
-                first.refused,
-            )
-        else:
-            plans.append(RepairPlan("this machine", (), (), tuple(_key(f) for f in orphan)))
+        plans.append(_covered(RepairPlan("this machine", (), ()), orphan, inventory, facts, reqs))
     return tuple(plans)
+
+
+def _covered(
+    plan: RepairPlan, findings: Sequence[Finding], inv: Inventory, facts: LoadFacts | None, reqs: Requirements
+) -> RepairPlan:
+    """``plan`` with a step for every finding its automatic steps do not repair: the finding's own pip remedy
+    when the model verifies it (with the plan's steps before it: no error about the finding left, none
+    created), else manual steps from its other remedies, else "no safe automatic repair is known" with the
+    model's reason. Equal actions are one step resolving each finding they serve."""
+    done = set(plan.fixes)
+    automatic: dict[Remedy, list[str]] = {s.action: list(s.resolves) for s in plan.automatic}
+    manual: dict[Remedy, list[str]] = {}
+    prior = _actions(r for r in plan.remedies if isinstance(r, Pip))
+    fixed = list(plan.fixes)
+    for f in findings:
+        if f.id in done:
+            continue
+        own = f.pip
+        if own and not predict([*prior, *_actions(own)], inv, facts=facts, findings=[f], reqs=reqs):
+            for r in own:
+                automatic.setdefault(r, []).append(f.id)
+            prior += _actions(own)
+            fixed.append(f.id)
+            continue
+        by_hand = [r for r in f.remedies if not isinstance(r, Pip)]
+        for step in by_hand or [_no_safe_repair(f, plan.refused, inv, facts, reqs)]:
+            manual.setdefault(step, []).append(f.id)
+    steps = [PlanStep("automatic", a, tuple(ids), a.why) for a, ids in automatic.items()]
+    steps += [PlanStep("manual", a, tuple(ids), a.why) for a, ids in manual.items()]
+    left = set(fixed)
+    unresolved = tuple(f.id for f in findings if f.id not in left)
+    return replace(plan, steps=tuple(steps), fixes=tuple(dict.fromkeys(fixed)), unresolved=unresolved)
 
 
 def _plan(
@@ -419,6 +480,8 @@ def _plan(
     facts: LoadFacts | None,
     required: dict[str, list[Requirer]],
 ) -> RepairPlan:
+    """The model's own plan for the modelled findings of one environment (module docstring: strays out,
+    what stays written again, torch from the right index), each claim verified against the model."""
     by_key = {d.key: d for d in dists}
     named = {id(f): _named(f, inv) for f in findings}
     touched = set().union(*named.values()) if named else set()
@@ -426,38 +489,84 @@ def _plan(
     def needed_by(key: str, gone: set[str]) -> list[Requirer]:
         return [r for r in required.get(key, ()) if r.dist.key != key and r.dist.key not in gone]
 
-    # 3. a torch built for the wrong CUDA major: the whole group goes, torch comes back from the right index
-    drop: set[str] = set()
-    torch_step: RepairStep | None = None
-    notes: list[str] = []
-    torch_fixes: list[Finding] = []
-    for f in findings:
-        if f.check in ("cuda-max", "cuda-min") and f.distributions and f.distributions[0] == "torch":
-            torch = by_key.get("torch")
-            majors = [d.cuda_major for k in f.distributions if (d := by_key.get(k)) is not None and d.cuda_major]
-            kind = f.check.rpartition("-")[2]
-            bound = _BOUND.search(f.message)
-            try:
-                index = index_for(kind, bound.group(1), max(majors)) if torch and majors and bound else None
-            except ValueError:
-                index = None
-            group = {k for k in f.distributions if k in by_key}
-            outside = [r for k in group for r in needed_by(k, group)]
-            # a variant that stays would share its paths with the one the new build pulls: an overlap
-            clash = [k for k in by_key if k not in group and variant_sibling(k) is not None]
-            if torch is None or index is None or outside or clash:
-                continue
-            drop |= group
-            release = torch.version.split("+")[0]
-            torch_step = RepairStep(
-                (*_pip(torch), "install", f"torch=={release}", "--index-url", index.url),
-                f"torch {release} built for CUDA {index.cuda[0]}.{index.cuda[1]}",
-            )
-            notes.append(f"{index.guess(release)} (source: {index.source})")
-            torch_fixes.append(f)
+    rebuild = _torch_rebuild(findings, by_key, needed_by)
+    drop = set(rebuild.drop)
+    installs = _strays(findings, named, by_key, drop, needed_by, inv)
+    before = _model(dists, required, inv)
+    model = before.copy()
+    reinstall = _writes(before, model, dists, drop, touched, installs, needed_by)
+    acted = drop | {canonicalize_name(n) for n, _ in reinstall}
+    bad, remaining = _verdict(before, model, acted, facts or _fallback_facts(findings, inv, before))
+    fixed, unresolved = _claims(findings, named, rebuild.fixes, acted, drop, reinstall, bad, remaining)
+    refused = tuple(e.text for e in sorted(bad, key=lambda e: (e.kind, e.subject)))
+    steps = _steps(by_key, dists, drop, reinstall, rebuild.step, fixed) if fixed else []
+    resolved = tuple(_key(f) for f in fixed) if steps else ()
+    return RepairPlan(
+        env,
+        tuple(PlanStep("automatic", a, resolved, a.why) for a in steps),
+        resolved,
+        tuple(_key(f) for f in (unresolved if steps else findings)),
+        rebuild.notes if rebuild.step is not None and steps else (),
+        refused=refused if not steps else (),
+    )
 
-    # 1. strays: unrequired, while their variant or their overlap partner is required
-    installs: dict[str, Distribution] = {}  # absent pinned variant -> the installed sibling whose paths it takes
+
+@dataclass(frozen=True)
+class _Rebuild:
+    """Step 3 of the plan: torch built for the wrong CUDA major goes with the wheels it pulled, and comes back
+    from PyTorch's index for the bound."""
+
+    drop: frozenset[str] = frozenset()
+    step: Pip | None = None
+    notes: tuple[str, ...] = ()
+    fixes: tuple[Finding, ...] = ()
+
+
+def _torch_rebuild(
+    findings: Sequence[Finding], by_key: dict[str, Distribution], needed_by: Callable[[str, set[str]], list[Requirer]]
+) -> _Rebuild:
+    """The torch rebuild of a grouped cuda-max / cuda-min finding about torch (its bound in the facts), when
+    PyTorch serves a build for the bound and nothing outside the group needs what goes."""
+    out = _Rebuild()
+    for f in findings:
+        if f.check not in ("cuda-max", "cuda-min") or not f.distributions or f.distributions[0] != "torch":
+            continue
+        torch = by_key.get("torch")
+        majors = [d.cuda_major for k in f.distributions if (d := by_key.get(k)) is not None and d.cuda_major]
+        kind = f.check.rpartition("-")[2]
+        try:
+            index = index_for(kind, f.facts.bound, max(majors)) if torch and majors and f.facts.bound else None
+        except ValueError:
+            index = None
+        group = {k for k in f.distributions if k in by_key}
+        outside = [r for k in group for r in needed_by(k, group)]
+        # a variant that stays would share its paths with the one the new build pulls: an overlap
+        clash = [k for k in by_key if k not in group and variant_sibling(k) is not None]
+        if torch is None or index is None or outside or clash:
+            continue
+        release = torch.version.split("+")[0]
+        why = f"torch {release} built for CUDA {index.cuda[0]}.{index.cuda[1]}"
+        step = Pip("install", (f"torch=={release}",), pip_python(torch), index_url=index.url, why=why)
+        out = _Rebuild(
+            out.drop | group,
+            step,
+            (*out.notes, f"{index.guess(release)} (source: {index.source})"),
+            (*out.fixes, f),
+        )
+    return out
+
+
+def _strays(
+    findings: Sequence[Finding],
+    named: dict[int, set[str]],
+    by_key: dict[str, Distribution],
+    drop: set[str],
+    needed_by: Callable[[str, set[str]], list[Requirer]],
+    inv: Inventory,
+) -> dict[str, Distribution]:
+    """Step 1: the strays (unrequired, while their CUDA variant or their overlap partner is required) join
+    ``drop``; returns the absent pinned variants -> the installed sibling whose paths they take."""
+    installs: dict[str, Distribution] = {}
     for f in findings:
         if f.check not in ("integrity", "closure"):
             continue
@@ -475,15 +584,25 @@ def _plan(
                     installs[sibling] = d
             elif partners:
                 drop.add(k)
+    return installs
 
-    before = _model(dists, required, inv)
-    model = before.copy()
+
+def _writes(
+    before: _Model,
+    model: _Model,
+    dists: Sequence[Distribution],
+    drop: set[str],
+    touched: set[str],
+    installs: dict[str, Distribution],
+    needed_by: Callable[[str, set[str]], list[Requirer]],
+) -> list[tuple[str, str]]:
+    """Steps 1 and 2 applied to ``model``: the strays uninstalled, then (name, version) of everything written
+    again: what the findings name and the model does not find intact, what lost a file to the uninstall, and
+    the absent pinned variants."""
     dropped_paths = {p for k in drop for p in model.libs.get(k, ())}
     for k in sorted(drop):
         model.uninstall(k)
-
-    # 2. reinstall what the findings name and the model does not find intact, plus the absent pinned variants
-    reinstall: list[tuple[str, str]] = []  # (name, version)
+    reinstall: list[tuple[str, str]] = []
 
     def put_back(d: Distribution) -> None:
         version = _version_for(d, needed_by(d.key, drop))
@@ -494,9 +613,7 @@ def _plan(
         model.install(d.key, paths, rows, version=version)
 
     for d in dists:
-        if d.key in drop or d.key not in touched:
-            continue
-        if not model.intact(d.key):
+        if d.key not in drop and d.key in touched and not model.intact(d.key):
             put_back(d)
     for d in dists:  # a kept distribution sharing a path with a dropped one lost that file to the uninstall
         if d.key not in drop and not model.intact(d.key) and dropped_paths.intersection(model.libs[d.key]):
@@ -508,58 +625,63 @@ def _plan(
         reinstall.append((name, pins[0]))
         sib_rows: dict[str, _Row] = {lib.path: (None, None) for lib in sib.libraries if lib.record is not None}
         model.install(name, tuple(sib_rows), sib_rows, name=name, version=pins[0], requires=())
+    return reinstall
 
-    # verify every claim against the model: the errors the state after the steps still has
-    acted = drop | {canonicalize_name(n) for n, _ in reinstall}
-    bad, remaining = _verdict(before, model, acted, facts or _fallback_facts(findings, inv, before))
+
+def _claims(
+    findings: Sequence[Finding],
+    named: dict[int, set[str]],
+    rebuilt: Sequence[Finding],
+    acted: set[str],
+    drop: set[str],
+    reinstall: Sequence[tuple[str, str]],
+    bad: set[_Err],
+    remaining: set[_Err],
+) -> tuple[list[Finding], list[Finding]]:
+    """(findings the steps repair, those they do not): no error about a finding left in the model."""
     fixed: list[Finding] = []
     unresolved: list[Finding] = []
     for f in findings:
-        if f in torch_fixes:
+        if f in rebuilt:
             fixed.append(f)
             continue
         about = _about(f, named[id(f)])
         if f.check == "requirements":
             # a pin or framework rule is met once the model meets the pins it names (its distributions, the
-            # absent ones included) and leaves no error about them; a shadowed copy (subject: a soname) depends
-            # on the search path, which the model does not hold
+            # absent ones included) and leaves no error about them; a shadowed copy (about a soname) depends on
+            # the search path, which the model does not hold
             about |= set(f.distributions)
-            ok = ".so" not in f.subject and not bad and bool(acted & set(f.distributions))
+            ok = not f.facts.sonames and not bad and bool(acted & set(f.distributions))
         else:
             ok = f.check in ("integrity", "closure") and not bad and bool(drop or reinstall)
         ok = ok and not any(e.about & about for e in remaining)
         (fixed if ok else unresolved).append(f)
-    refused = tuple(e.text for e in sorted(bad, key=lambda e: (e.kind, e.subject)))
+    return fixed, unresolved
 
-    steps: list[RepairStep] = []
-    if fixed:
-        anchor = by_key.get("torch") or dists[0]
-        if drop:
-            steps.append(
-                RepairStep(
-                    (*_pip(anchor), "uninstall", "-y", *sorted(by_key[k].name for k in drop)),
-                    "remove what nothing needs and what a rebuild replaces",
-                )
-            )
-        if reinstall:
-            specs = [f"{n}=={v}" for n, v in reinstall if canonicalize_name(n) not in drop]
-            if specs:
-                steps.append(
-                    RepairStep(
-                        (*_pip(anchor), "install", "--force-reinstall", "--no-deps", *specs),
-                        "write the RECORD-listed files of what stays again",
-                    )
-                )
-        if torch_step is not None:
-            steps.append(torch_step)
-    return RepairPlan(
-        env,
-        tuple(steps),
-        tuple(_key(f) for f in fixed) if steps else (),
-        tuple(_key(f) for f in (unresolved if steps else findings)),
-        tuple(notes) if torch_step is not None and steps else (),
-        refused=refused if not steps else (),
-    )
+
+def _steps(
+    by_key: dict[str, Distribution],
+    dists: Sequence[Distribution],
+    drop: set[str],
+    reinstall: Sequence[tuple[str, str]],
+    torch: Pip | None,
+    fixed: Sequence[Finding],
+) -> list[Pip]:
+    """The plan's pip commands, in the environment's interpreter: uninstall, write again, rebuild."""
+    anchor = by_key.get("torch") or dists[0]
+    python = pip_python(anchor)
+    steps: list[Pip] = []
+    if drop:
+        names = tuple(sorted(by_key[k].name for k in drop))
+        steps.append(
+            Pip("uninstall", names, python, ("-y",), why="remove what nothing needs and what a rebuild replaces")
+        )
+    specs = tuple(f"{n}=={v}" for n, v in reinstall if canonicalize_name(n) not in drop)
+    if specs:
+        steps.append(Pip("install", specs, python, FORCE, why="write the RECORD-listed files of what stays again"))
+    if torch is not None:
+        steps.append(torch)
+    return steps
 
 
 def _about(f: Finding, keys: set[str]) -> frozenset[str]:
@@ -599,10 +721,6 @@ def _verdict(before: _Model, after: _Model, acted: set[str], facts: LoadFacts) -
     return bad, new
 
 
-def _pip(d: Distribution) -> tuple[str, ...]:
-    return tuple(shlex.split(pip_command(d)))
-
-
 # --------------------------------------------------------------------------------------------------------------
 # each finding's own fix, verified
 
@@ -615,96 +733,108 @@ def verified_fixes(
     keep: Sequence[Finding] = (),
     reqs: Requirements | None = None,
 ) -> tuple[Finding, ...]:
-    """``findings`` with the fix of each failing integrity / closure / requirements (pip) finding replaced by
-    one the model verifies (a requirements finding keeps its own command when the model finds no error after
-    it): the command of the plan over all of them when it repairs that finding (one command for the
-    item, as in the run's plan), else the plan for the finding alone, else "no safe automatic repair is
-    known" with the reason the model gives (what the finding's own suggestion would leave) and what to do
-    by hand. ``keep``: findings whose fix the caller verified otherwise (by resolution), left as they are."""
+    """``findings`` with the remedies of each failing integrity / closure / requirements (pip) finding
+    replaced by ones the model verifies (a requirements finding keeps its own pip remedy when the model finds
+    no error after it): the automatic steps of the plan over all of them when it repairs that finding (one
+    command for the item, as in the run's plan), else of the plan for the finding alone, else "no safe
+    automatic repair is known" with the reason the model gives (what the finding's own suggestion would
+    leave) and what to do by hand. ``keep``: findings whose remedies the caller verified otherwise (by
+    resolution), left as they are."""
     kept = {id(f) for f in keep}
     failing = [f for f in findings if f.failing and _verifiable(f) and id(f) not in kept]
     if not failing:
         return tuple(findings)
     reqs = reqs if reqs is not None else requirement_facts(inventory)  # once for every plan below
-    plans = plan_repairs(failing, inventory, facts=facts, reqs=reqs)
+    modelled = [f for f in failing if f.check in _MODELLED]
+    plans = [
+        _plan(e, ds, fs, inventory, facts, active_requirements(inventory, reqs))
+        for e, ds, fs in _by_env(modelled, inventory)
+    ]
     by_key = {k: p for p in plans if p.steps for k in p.fixes}
-    chosen: dict[int, str] = {}
+    chosen: dict[int, tuple[Remedy, ...]] = {}
     for f in failing:
         plan = by_key.get(_key(f))
-        refused: list[str] = []
+        refused: tuple[str, ...] = ()
         if plan is None and f.check == "requirements":
-            own = _parse_fix(f.fix)
-            if own is None or not predict(own, inventory, facts=facts, findings=[f], reqs=reqs):
+            own = f.pip
+            if not own or not predict(_actions(own), inventory, facts=facts, findings=[f], reqs=reqs):
                 continue  # no fix of its own (a plan that claims it gives one), or one that leaves no error
         if plan is None:
-            alone = plan_repairs([f], inventory, facts=facts, reqs=reqs)
+            alone = [
+                _plan(e, ds, fs, inventory, facts, active_requirements(inventory, reqs))
+                for e, ds, fs in _by_env([f], inventory)
+            ]
             plan = next((p for p in alone if p.steps and _key(f) in p.fixes), None)
-            refused = [r for p in alone for r in p.refused]
-        chosen[id(f)] = plan.command if plan is not None else _no_safe_repair(f, refused, inventory, facts, reqs)
-    return tuple(replace(f, fix=chosen[id(f)]) if id(f) in chosen else f for f in findings)
+            refused = tuple(r for p in alone for r in p.refused)
+        chosen[id(f)] = plan.remedies if plan is not None else (_no_safe_repair(f, refused, inventory, facts, reqs),)
+    return tuple(replace(f, remedies=chosen[id(f)]) if id(f) in chosen else f for f in findings)
+
+
+def _by_env(findings: Sequence[Finding], inv: Inventory) -> list[tuple[str, list[Distribution], list[Finding]]]:
+    """(environment, its distributions, its findings) for the findings about an installed distribution."""
+    envs: dict[str, list[Distribution]] = {}
+    for d in inv.distributions:
+        envs.setdefault(_environment(d), []).append(d)
+    out: dict[str, list[Finding]] = {}
+    for f in findings:
+        keys = _named(f, inv)
+        env = next((_environment(dist) for k in sorted(keys) if (dist := inv.get(k)) is not None), None)
+        if env is not None:
+            out.setdefault(env, []).append(f)
+    return [(env, envs[env], fs) for env, fs in out.items()]
 
 
 NO_SAFE_REPAIR = "no safe automatic repair is known"
 
 
 def _verifiable(f: Finding) -> bool:
-    """Findings whose fix the model checks: integrity's and closure's, and the requirements item's pip fixes
-    or missing ones (a fix on the search path, such as a shadowed copy's, is not a pip command: the model does
-    not hold it)."""
+    """Findings whose remedies the model checks: integrity's and closure's, and the requirements item's pip
+    remedies or missing ones (a remedy on the search path, such as a shadowed copy's, is not a pip command: the
+    model does not hold it)."""
     if f.check in ("integrity", "closure"):
         return True
-    return f.check == "requirements" and (not f.fix or _parse_fix(f.fix) is not None)
+    return f.check == "requirements" and (not f.remedies or bool(f.pip))
 
 
 def _no_safe_repair(
     f: Finding, refused: Sequence[str], inv: Inventory, facts: LoadFacts | None, reqs: Requirements
-) -> str:
-    actions = _parse_fix(f.fix)
+) -> Manual:
+    """The manual step for a finding no verified pip command repairs: the model's reason, and what to do."""
+    own = f.pip
     reason = ""
-    if actions:
-        left = predict(actions, inv, facts=facts, findings=[f], reqs=reqs)
+    if own:
+        left = predict(_actions(own), inv, facts=facts, findings=[f], reqs=reqs)
         if left:
-            reason = f"the model predicts that {f.fix.split(' (')[0]} would leave: {'; '.join(left[:2])}"
+            shown = " && ".join(r.render() for r in own)
+            reason = f"the model predicts that {shown} would leave: {'; '.join(left[:2])}"
     if not reason and refused:
         reason = f"the model predicts that its candidate repair would leave: {'; '.join(refused[:2])}"
     if not reason:
         reason = "no pip command the model knows (uninstall, force-reinstall) repairs it"
-    if f.fix and not actions:
-        manual = f.fix
-    else:
-        manual = (
-            "decide which of the distributions named above the software you run needs, uninstall the others, "
-            "force-reinstall what stays with --no-deps at the versions its dependents pin, then re-run "
-            "cudastack check"
-        )
-    return f"{NO_SAFE_REPAIR}: {reason}. By hand: {manual}"
+    others = tuple(step for r in f.remedies if isinstance(r, Manual) for step in r.steps)
+    steps = others or (
+        "decide which of the distributions named above the software you run needs, uninstall the others, "
+        "force-reinstall what stays with --no-deps at the versions its dependents pin, then re-run "
+        "cudastack check",
+    )
+    return Manual(steps, why=f"{NO_SAFE_REPAIR}: {reason}")
 
 
 _Action = tuple[str, str, str | None]  # ("uninstall" | "install", canonical name, version or None)
 
 
-def _parse_fix(text: str) -> list[_Action] | None:
-    """The pip commands of a fix as this package writes them (``P -m pip uninstall -y A && P -m pip install
-    --force-reinstall --no-deps X==V (why)``); None when some part is not such a command."""
-    if not text:
-        return None
-    actions: list[_Action] = []
-    for part in re.split(r" && |; |, then ", text):
-        try:
-            argv = shlex.split(part.split(" (")[0])
-        except ValueError:
-            return None
-        if "pip" not in argv:
-            return None
-        rest = argv[argv.index("pip") + 1 :]
-        if not rest or rest[0] not in ("install", "uninstall"):
-            return None
-        for arg in rest[1:]:
-            if arg.startswith("-"):
+def _actions(pips: Iterable[Pip]) -> list[_Action]:
+    """The model's actions for pip commands: each spec's canonical name and ``==`` version, in order."""
+    out: list[_Action] = []
+    for pip in pips:
+        for spec in pip.specs:
+            try:
+                req = Requirement(spec)
+            except InvalidRequirement:
                 continue
-            name, _, version = arg.partition("==")
-            actions.append((rest[0], canonicalize_name(name), version or None))
-    return actions or None
+            pins = [s.version for s in req.specifier if s.operator in ("==", "===") and "*" not in s.version]
+            out.append((pip.verb, canonicalize_name(req.name), pins[0] if pins else None))
+    return out
 
 
 def predict(

@@ -35,7 +35,7 @@ from packaging.utils import canonicalize_name
 from pytest_cudastack._sysio import read_text
 from pytest_cudastack.cuda.flavour import wheel_cuda_flavour
 from pytest_cudastack.errors import CudaStackError
-from pytest_cudastack.findings import Finding, Severity
+from pytest_cudastack.findings import Finding, Pip, Severity, manual
 from pytest_cudastack.linker.elf import read_elf
 from pytest_cudastack.wheels.distinfo import (
     is_plain_record_path,
@@ -395,12 +395,16 @@ def _inventory_findings(dists: Iterable[Distribution]) -> list[Finding]:
         for p in d.problems:
             findings.append(
                 Finding(
-                    check="inventory",
+                    check="integrity",
                     severity=Severity.WARNING,
                     subject=d.label,
                     message=p,
                     cause="the dist-info directory is malformed or was edited by hand",
-                    fix=f"pip install --force-reinstall --no-deps {d.name}=={d.version}" if d.version else "",
+                    remedies=(
+                        (Pip("install", (f"{d.name}=={d.version}",), flags=("--force-reinstall", "--no-deps")),)
+                        if d.version
+                        else ()
+                    ),
                     where=(d.dist_info,),
                 )
             )
@@ -415,24 +419,23 @@ def _inventory_findings(dists: Iterable[Distribution]) -> list[Finding]:
                 "two dist-info directories for one name in one site directory: one is left over from an "
                 "interrupted install or uninstall, and tools pick either"
             )
-            fix = (
-                f"pip uninstall {first.name} (repeat until none is left), then "
-                f"pip install {first.name}=={first.version}"
+            fix = manual(
+                f"pip uninstall {first.name} (repeat until none is left)", f"pip install {first.name}=={first.version}"
             )
         else:
             cause = (
                 f"the first on the search path ({first.version} in {first.location}) is the one imported; "
                 "the others are shadowed"
             )
-            fix = f"uninstall the copies you do not mean to use (pip uninstall {first.name} there)"
+            fix = manual(f"uninstall the copies you do not mean to use (pip uninstall {first.name} there)")
         findings.append(
             Finding(
-                check="inventory",
+                check="integrity",
                 severity=Severity.WARNING,
                 subject=first.name,
                 message=f"{first.name} is installed {len(dups)} times: {listing}",
                 cause=cause,
-                fix=fix,
+                remedies=fix,
                 where=tuple(d.dist_info for d in dups),
             )
         )

@@ -27,11 +27,13 @@ from packaging.utils import canonicalize_name
 
 from pytest_cudastack._sysio import open_regular
 from pytest_cudastack.errors import ElfError
+from pytest_cudastack.findings import Pip
 from pytest_cudastack.wheels.inventory import Distribution, Inventory, RecordEntry, install_prefix
 from pytest_cudastack.wheels.requirements import Requirements, requirement_facts
 from pytest_cudastack.wheels.sitepaths import record_abspath
 
 __all__ = [
+    "FORCE",
     "Disk",
     "Listed",
     "Owned",
@@ -45,6 +47,9 @@ __all__ = [
     "in_dist_info",
     "inside_site",
     "pip_command",
+    "pip_python",
+    "reinstall",
+    "uninstall",
     "variant_sibling",
 ]
 
@@ -81,14 +86,35 @@ def active_requirements(inv: Inventory, reqs: Requirements | None = None) -> dic
     return out
 
 
-def pip_command(dist: Distribution) -> str:
-    """``<prefix>/bin/python -m pip`` for a venv-style site directory, else ``pip``."""
+def pip_python(dist: Distribution) -> str:
+    """The interpreter of ``dist``'s environment (``<prefix>/bin/python`` for a venv-style site directory),
+    "" when it has none of its own (then plain ``pip``)."""
     prefix = install_prefix(dist.location)
     if prefix != os.path.normpath(dist.location):
         py = os.path.join(prefix, "bin", "python")
         if os.path.exists(py):
-            return f"{py} -m pip"
-    return "pip"
+            return py
+    return ""
+
+
+def pip_command(dist: Distribution) -> str:
+    """``<prefix>/bin/python -m pip`` for a venv-style site directory, else ``pip``."""
+    py = pip_python(dist)
+    return f"{py} -m pip" if py else "pip"
+
+
+def reinstall(dist: Distribution, version: str | None = None, why: str = "") -> Pip:
+    """``pip install --force-reinstall --no-deps NAME==VERSION`` (default: its installed version) in its
+    environment: pip writes the distribution's files again over whatever is there."""
+    return Pip("install", (f"{dist.name}=={version or dist.version}",), pip_python(dist), FORCE, why=why)
+
+
+def uninstall(dists: Sequence[Distribution], why: str = "") -> Pip:
+    """``pip uninstall -y NAME...`` in the first one's environment."""
+    return Pip("uninstall", tuple(d.name for d in dists), pip_python(dists[0]), ("-y",), why=why)
+
+
+FORCE = ("--force-reinstall", "--no-deps")  # reinstall exactly these files, touching nothing else
 
 
 class Disk:
