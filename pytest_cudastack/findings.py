@@ -312,8 +312,13 @@ class Finding:
 
     @property
     def fix(self) -> str:
-        """The remedies as one line of text (what the text output shows after ``fix:``)."""
-        return "; or ".join(r.render() for r in self.remedies)
+        """The remedies as one line of text, in order (what one-line output shows after ``fix:``): pip
+        commands joined as a shell line joins them, other steps by "; "."""
+        out = ""
+        for before, r in zip((None, *self.remedies), self.remedies, strict=False):  # r and the one before it
+            sep = " && " if isinstance(before, Pip) and isinstance(r, Pip) else "; "
+            out += (sep if out else "") + r.render()
+        return out
 
     @property
     def pip(self) -> tuple[Pip, ...]:
@@ -392,6 +397,8 @@ class Finding:
             lines.append(f"  ... {len(self.details) - len(details)} more ({'-v or --json' if compact else '--json'})")
         for remedy in self.remedies:
             lines.append(f"  fix: {_clip(remedy.render())}")
+            if remedy.why:
+                lines.append(f"    why: {_clip(remedy.why)}")
         return "\n".join(lines)
 
 

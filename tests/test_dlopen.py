@@ -427,7 +427,7 @@ def test_cudnn8_unversioned_nvrtc_wrong_version_and_miss(tmp_path: Path):
     assert len(errors) == 1
     assert "built for CUDA 12" in errors[0].message
     assert "CUDA 11" in errors[0].message
-    assert errors[0].fix.startswith("no safe automatic repair is known: the right build is not installed here")
+    assert errors[0].remedies[0].why.startswith("no safe automatic repair is known: the right build is not installed")
 
 
 @needs_cc

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pytest_cudastack.findings import SEVERITY_ORDER, Finding, Severity, most_severe_first
+from pytest_cudastack.findings import SEVERITY_ORDER, Finding, Severity, manual, most_severe_first
 
 LONG = Finding(
     "closure",
@@ -10,7 +10,7 @@ LONG = Finding(
     "pkg/_ext.so",
     "libdep.so.1 not found",
     cause="no RUNPATH entry holds it",
-    fix="install nvidia-dep-cu13",
+    remedies=manual("install nvidia-dep-cu13"),
     where=("/a", "/b", "/c", "/d", "/e"),
     chain=("pkg/_ext.so", "libmid.so.1"),
     details=("d0", "d1", "d2", "d3", "d4", "d5"),

@@ -180,7 +180,7 @@ def test_bad_input_becomes_findings(tmp_path):
     assert by_name["nometa"].version == "2"
     assert "no readable RECORD" in by_name["norecord"].problems[0]
     assert by_name["emptymeta"].version == "1"
-    assert all(f.check == "inventory" and f.severity is Severity.WARNING for f in inv.findings)
+    assert all(f.check == "integrity" and f.severity is Severity.WARNING for f in inv.findings)
     subjects = {f.subject for f in inv.findings}
     assert {"badrec 1", "nometa 2", "norecord 3", "emptymeta 1"} <= subjects
 

@@ -16,7 +16,7 @@ from pytest_cudastack.checks import CHECKS, Check, registry
 from pytest_cudastack.checks.facts import StackView, Target
 from pytest_cudastack.cli import main
 from pytest_cudastack.cuda.driver import DriverInfo
-from pytest_cudastack.findings import Finding, Severity
+from pytest_cudastack.findings import Finding, Severity, manual
 from pytest_cudastack.settings import ENV, Settings
 from pytest_cudastack.stack import Stack, write_snapshot
 
@@ -24,7 +24,7 @@ DRIVER = DriverInfo("declared", "550.54.15", "12.4", archs=("sm_90",), arch_sour
 
 
 def _dummy(stack: StackView, target: Target | None) -> tuple[Finding, ...]:
-    return (Finding("dummy", Severity.ERROR, "the stack", "dummy says no", fix="drop the dummy check"),)
+    return (Finding("dummy", Severity.ERROR, "the stack", "dummy says no", remedies=manual("drop the dummy check")),)
 
 
 def _each(stack: StackView, target: Target | None) -> tuple[Finding, ...]:

@@ -96,11 +96,12 @@ def test_files_gone_one_command_for_all(tmp_path, capsys):
     assert closure.fix == plan.command
     lines = closure.render().splitlines()
     assert len(lines) <= 15
-    assert lines[-1] == f"  fix: {plan.command}"
+    assert f"  fix: {plan.command}" in lines
     assert {"libcudnn.so.9", "libnccl.so.2"} <= set(lines[0].replace(";", ",").replace(":", ",").split(", "))
     assert main(["report", "--site", str(site)]) == 1
     out = capsys.readouterr().out
-    assert out.rstrip().endswith(f"repair plan for {tmp_path / 'venv'} (fixes 3 finding(s)):\n  {plan.command}")
+    assert f"repair plan for {tmp_path / 'venv'}:\n  1. [run] {plan.command}\n" in out
+    assert out.count(plan.command) == 1 + 3  # the plan, and each failing finding's fix line
 
 
 def test_cu12_over_cu13_removes_the_stray_then_reinstalls_the_pinned(tmp_path):
@@ -125,8 +126,7 @@ def test_metadata_only_stray_is_removed_not_reinstalled(tmp_path):
     stray = next(f for f in found if f.subject == "nvidia-cudnn-cu12 9.19.0.56")
     assert "ships nothing it claims" in stray.message
     assert stray.fix == (
-        "pip uninstall -y nvidia-cudnn-cu12 && pip install --force-reinstall --no-deps nvidia-cudnn-cu13==9.24.0.43 "
-        "(torch 2.14.1 requires nvidia-cudnn-cu13==9.24.0.43; nothing installed requires nvidia-cudnn-cu12)"
+        "pip uninstall -y nvidia-cudnn-cu12 && pip install --force-reinstall --no-deps nvidia-cudnn-cu13==9.24.0.43"
     )
     (plan,) = plan_repairs(found, inv)
     assert [s.command for s in plan.steps] == [
@@ -145,9 +145,10 @@ def test_no_step_when_the_model_still_has_the_overlap(tmp_path):
     write_dist(site, "old-tool", "1.0", {"old_tool/__init__.py": ""}, requires=["nvidia-cudnn-cu12==9.19.0.56"])
     found, inv = findings_of(site)
     (plan,) = plan_repairs(found, inv)
-    assert plan.steps == ()
+    assert plan.automatic == ()
     assert "integrity: nvidia-cudnn-cu12 / nvidia-cudnn-cu13" in plan.unresolved
-    assert render_plans((plan,)) == ""
+    assert all(s.kind == "manual" for s in plan.steps)  # every error still has its step, by hand
+    assert "[run]" not in render_plans((plan,))
 
 
 def test_a_soname_no_wheel_ships_is_unresolved(tmp_path):
@@ -155,8 +156,11 @@ def test_a_soname_no_wheel_ships_is_unresolved(tmp_path):
     write_dist(site, "m", "1", {"m/_m.so": compile_so(None, pyinit="_m", needed=["libnowhere.so.7"])})
     found, inv = findings_of(site)
     (plan,) = plan_repairs(found, inv)
-    assert plan.steps == ()
+    assert plan.automatic == ()
     assert plan.unresolved == ("closure: libnowhere.so.7",)
+    (step,) = plan.steps
+    assert step.resolves == ("closure: libnowhere.so.7",)
+    assert step.why.startswith("no safe automatic repair is known: ")
 
 
 # -- one finding for torch's CUDA 13 build -----------------------------------------------------------------------
@@ -198,18 +202,21 @@ def test_cuda_max_torch_cuda13_build_is_one_finding(tmp_path):
         "nvidia-cudnn-cu13",
         "nvidia-nccl-cu13",
     }
-    assert torch.fix.startswith(
-        "pip uninstall -y torch cuda-toolkit nvidia-cublas nvidia-cudnn-cu13 nvidia-nccl-cu13 && "
-        "pip install torch==2.14.1 --index-url https://download.pytorch.org/whl/cu129 ("
+    assert torch.fix == (
+        "pip uninstall -y torch cuda-toolkit nvidia-cublas nvidia-cudnn-cu13 nvidia-nccl-cu13; use a build for "
+        "CUDA <= 12.9 of torch: pip install --index-url https://download.pytorch.org/whl/cu129 torch==2.14.1"
     )
-    assert "that it carries torch 2.14.1 is a guess" in torch.fix
+    assert torch.facts.bound == "12.9"
+    assert "that it carries torch 2.14.1 is a guess" in torch.pip[-1].why
     (plan,) = plan_repairs(grouped, inv)
     assert [s.command for s in plan.steps] == [
         "pip uninstall -y cuda-toolkit nvidia-cublas nvidia-cudnn-cu13 nvidia-nccl-cu13 torch",
-        "pip install torch==2.14.1 --index-url https://download.pytorch.org/whl/cu129",
+        "pip install --index-url https://download.pytorch.org/whl/cu129 torch==2.14.1",
+        "use a build for CUDA <= 12.9 of nvidia-cufile",
     ]
     assert plan.fixes == ("cuda-max: torch 2.14.1",)
     assert plan.unresolved == ("cuda-max: nvidia-cufile 1.15.1.6",)
+    assert [s.kind for s in plan.steps] == ["automatic", "automatic", "manual"]
     assert any("is a guess" in n for n in plan.notes)
 
 
@@ -217,7 +224,7 @@ def test_cuda_max_from_ini_plans_the_same(tmp_path):
     inv = installed_wheels([str(cuda13_torch(tmp_path))], reader=read_elf)
     raw = bound_findings("max", "12.9", [infer_wheel(d) for d in inv.distributions], "--cuda-max=12.9 (from ini)")
     (plan,) = plan_repairs(group_by_requirer(raw, inv, "max", "12.9"), inv)
-    assert plan.steps[-1].command == "pip install torch==2.14.1 --index-url https://download.pytorch.org/whl/cu129"
+    assert plan.automatic[-1].command == "pip install --index-url https://download.pytorch.org/whl/cu129 torch==2.14.1"
 
 
 def test_no_torch_rebuild_while_a_variant_would_stay(tmp_path):
@@ -228,7 +235,7 @@ def test_no_torch_rebuild_while_a_variant_would_stay(tmp_path):
     raw = bound_findings("max", "12.9", [infer_wheel(d) for d in inv.distributions], "--cuda-max=12.9")
     grouped = group_by_requirer(raw, inv, "max", "12.9")
     (plan,) = plan_repairs(grouped, inv)
-    assert plan.steps == ()
+    assert plan.automatic == ()
     assert "cuda-max: torch 2.14.1" in plan.unresolved
 
 

@@ -93,13 +93,13 @@ def test_two_required_variants_have_no_safe_repair(tmp_path):
     failing = [f for f in integrity if f.failing]
     assert failing
     for f in failing:
-        assert f.fix.startswith(f"{NO_SAFE_REPAIR}: "), f.render()
+        assert f.remedies[0].why.startswith(f"{NO_SAFE_REPAIR}: "), f.render()
         assert "pip install" not in f.fix.partition("By hand:")[2] or "they cannot share" in f.cause, f.fix
     (overlap,) = [f for f in failing if " / " in f.subject]
     assert "move the other's dependents to a separate environment" in overlap.fix
     pin = next(f for f in failing if f.subject == "torch -> nvidia-cudnn-cu13==9.24.0.43")
-    assert "the model predicts that" in pin.fix
-    assert plan_repairs(failing, inv)[0].steps == ()
+    assert "the model predicts that" in pin.remedies[0].why
+    assert plan_repairs(failing, inv)[0].automatic == ()
 
 
 def test_uninstalling_what_a_module_loads_is_an_error_of_the_model(tmp_path):
@@ -135,6 +135,8 @@ def test_the_plan_claims_the_requirement_findings_its_steps_meet(tmp_path):
     # the same finding with a pin the steps do not touch is not claimed
     from dataclasses import replace
 
-    other = replace(reqs[0], subject="torch 2.14.1 nccl", distributions=("torch", "nvidia-nccl-cu13"))
+    other = replace(reqs[0], subject="torch 2.14.1 nccl", distributions=("torch", "nvidia-nccl-cu13"), remedies=())
     (plan,) = plan_repairs([*integrity, *closure, other], inv)
     assert plan.unresolved == ("requirements: torch 2.14.1 nccl",)
+    assert plan.steps[-1].kind == "manual"  # covered all the same: by hand, with the model's reason
+    assert plan.steps[-1].resolves == ("requirements: torch 2.14.1 nccl",)

@@ -11,7 +11,7 @@ from packaging.requirements import Requirement
 
 from pytest_cudastack.checks.closure import extension_closures
 from pytest_cudastack.checks.requirements import cuda_relevant, requirement_findings, requirement_for_soname
-from pytest_cudastack.findings import Severity
+from pytest_cudastack.findings import Pip, Severity
 from pytest_cudastack.linker.elf import read_elf
 from pytest_cudastack.linker.resolver import Resolver, SearchConfig
 from pytest_cudastack.markers import check_marker, evaluate
@@ -65,7 +65,9 @@ def test_unmet_pin_is_an_error_saying_what_it_means(tmp_path):
     assert "torch was built against NCCL 2.30.7 and loads NCCL 2.28.9 instead" in f.cause
     assert "torch's own check says" in f.cause
     assert "NCCL (2, 30, 7) or later" in f.cause
-    assert f.fix.endswith("install --no-deps 'nvidia-nccl-cu13==2.30.7'")
+    (pip,) = f.remedies
+    assert isinstance(pip, Pip)
+    assert (pip.verb, pip.flags, pip.specs) == ("install", ("--no-deps",), ("nvidia-nccl-cu13==2.30.7",))
     assert f.distributions == ("nvidia-nccl-cu13", "torch")
 
 
@@ -96,7 +98,7 @@ def test_torch_201_without_its_nvidia_wheels(tmp_path):
         "nvidia-cudnn-cu11==8.5.0.96"
     )
     assert "cuBLAS libraries (libcublas.so.*" in f.cause
-    assert "'nvidia-cublas-cu11==11.10.3.66' 'nvidia-cudnn-cu11==8.5.0.96'" in f.fix
+    assert f.pip[0].specs == ("nvidia-cublas-cu11==11.10.3.66", "nvidia-cudnn-cu11==8.5.0.96")
     got = requirement_for_soname(inv, "libcublas.so.11", [inv.get("torch")])
     assert got is not None
     assert got.text == "nvidia-cublas-cu11==11.10.3.66"
@@ -108,7 +110,7 @@ def test_one_missing_requirement_is_one_sentence(tmp_path):
     inv = inv_of(torch_site(tmp_path, None))
     (f,) = errors(inv)
     assert f.message == "torch 2.14.1 requires nvidia-nccl-cu13==2.30.7, which is not installed"
-    assert f.fix.endswith("install 'nvidia-nccl-cu13==2.30.7'")
+    assert f.fix.endswith("install nvidia-nccl-cu13==2.30.7")
 
 
 def test_conflicting_pins_give_no_fix(tmp_path):
@@ -328,7 +330,8 @@ def test_closure_names_the_requirement_that_would_ship_the_missing_soname(tmp_pa
     assert f.subject == "libcublas.so.11"
     assert f.cause.startswith("torch 2.0.1 requires nvidia-cublas-cu11==11.10.3.66, which is not installed; ")
     # kept by the repair model: installing the pinned wheel changes no installed file
-    assert "install 'nvidia-cublas-cu11==11.10.3.66' (checked: it changes no installed file;" in f.fix
+    assert f.fix.endswith("install nvidia-cublas-cu11==11.10.3.66")
+    assert f.remedies[0].why.startswith("checked: it changes no installed file;")
     # the twin without the requirement keeps the generic cause
     site2 = site_packages(tmp_path / "venv2")
     write_dist(site2, "torch", "2.0.1", {"torch/_C.cpython-311-x86_64-linux-gnu.so": ext})

@@ -12,7 +12,7 @@ import pytest
 
 from pytest_cudastack.checks.scan import run, scan_targets, scan_walk, skipped_files
 from pytest_cudastack.errors import ElfError
-from pytest_cudastack.findings import Finding, Severity
+from pytest_cudastack.findings import Finding, Severity, manual
 from pytest_cudastack.items import MAX_SHOWN, FindingsRepr, render_findings
 from pytest_cudastack.settings import ENV, Settings
 from pytest_cudastack.stack import Stack
@@ -151,7 +151,7 @@ def _big(i: int) -> Finding:
         where=tuple(f"/opt/rpath/dir{j:05d}" for j in range(4096)),
         chain=tuple(f"/lib/l{j}.so" for j in range(1000)),
         details=tuple(f"detail {j}" for j in range(10_000)),
-        fix="rebuild",
+        remedies=manual("rebuild"),
     )
 
 

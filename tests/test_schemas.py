@@ -98,7 +98,7 @@ def delete(path: str) -> Callable[[Any], None]:
     return mutate
 
 
-COMMON_MUTATIONS = (assign("version", DOCUMENTS[TREE_SCHEMA] + 1), assign("schema", "pytest-cudastack/other"))
+COMMON_MUTATIONS = (assign("version", max(DOCUMENTS.values()) + 1), assign("schema", "pytest-cudastack/other"))
 
 
 @pytest.fixture(autouse=True)

@@ -90,10 +90,11 @@ def test_split_site_dirs_names_the_runpath_and_both_site_dirs(tmp_path):
     assert f"different directories ({platlib} and {purelib}" in f.cause
     assert "--force-reinstall" not in f.fix
     assert f.fix.startswith(f"export LD_LIBRARY_PATH={purelib}/nvidia/cudnn/lib${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}")
-    assert "(checked: the linker then finds it there)" in f.fix
-    # the naive reinstall the finding used to print is not in the run's plan either
+    assert f.remedies[0].why.startswith("checked: the linker then finds it there")
+    # the naive reinstall the finding used to print is not in the run's plan either: its steps are by hand
     (plan,) = plan_repairs(found, inv)
-    assert plan.steps == ()
+    assert plan.automatic == ()
+    assert [s.action for s in plan.steps] == list(f.remedies)
     assert plan.unresolved == ("closure: libcudnn.so.9",)
     # the oracle: the consumer fails to load as it is, and loads with the fix's LD_LIBRARY_PATH
     consumer = platlib / "torch/lib/libtorch_x.so"
@@ -124,4 +125,4 @@ def test_not_a_split_keeps_the_generic_cause(tmp_path):
     f = next(x for x in found if x.failing and x.subject == "libcudnn.so.9")
     assert "RUNPATH entry" not in f.cause
     assert "that directory is not on the search path" in f.cause
-    assert f.fix.startswith("no safe automatic repair is known: ")
+    assert f.remedies[0].why.startswith("no safe automatic repair is known: ")

@@ -104,7 +104,7 @@ def test_integrity_item_carries_inventory_problems(tmp_path):
     (tmp_path / "nvidia_x_cu12-1.0.dist-info" / "METADATA").unlink()
     stack = Stack(Settings(cudastack=True), site_paths=(str(tmp_path),), driver_info=DriverInfo("absent", None, None))
     found = stack.findings("integrity")
-    assert [f.check for f in found] == ["inventory"]
+    assert [f.check for f in found] == ["integrity"]
     assert "METADATA" in found[0].message
 
 

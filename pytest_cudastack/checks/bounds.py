@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from pytest_cudastack.cuda.compat import load_compat
 from pytest_cudastack.cuda.versions import parse_cuda
-from pytest_cudastack.findings import Facts, Finding, Pip, Remedy, Severity, UseBuild, manual
+from pytest_cudastack.findings import Facts, Finding, Pip, Rebuild, Remedy, Severity, UseBuild
 from pytest_cudastack.model.needs import CudaNeed, Inference
 from pytest_cudastack.model.torchindex import index_for
 from pytest_cudastack.wheels.ownership import active_requirements, pip_python
@@ -41,6 +41,17 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 _BUILTINS_RE = re.compile(r"libnvrtc-builtins(?:\.alt)?\.so\.(\d+)\.(\d+)")
+
+
+def _bound_remedy(inf: Inference, kind: str, bound: str) -> tuple[Remedy, ...]:
+    """A wheel: use its build for the bound; a binary: rebuild it with a toolkit within the bound."""
+    word = "<=" if kind == "max" else ">="
+    side = "newer" if kind == "max" else "older"
+    if inf.distribution is not None:
+        why = f"this build requires a CUDA {side} than {bound}"
+        return (UseBuild(inf.distribution, f"a build for CUDA {word} {bound}", why=why),)
+    why = f"it links the libraries of a CUDA {side} than {bound}"
+    return (Rebuild(inf.subject, (f"a CUDA {bound} toolkit",), why=why),)
 
 
 def _last_minor(major: int) -> int | None:
@@ -99,11 +110,8 @@ def bound_findings(
                     f"{worst.evidence.split(' via ')[0]} but {label}",
                     cause=f"it requires CUDA {worst.version}; {label} forbids anything {word} than {bound}",
                     facts=Facts(required=f"CUDA {worst.version}", bound=bound, consumer=inf.subject),
-                    remedies=manual(
-                        f"rebuild or reinstall {inf.subject} against CUDA {bound}"
-                        if kind == "max"
-                        else f"rebuild or reinstall {inf.subject} for CUDA >= {bound}"
-                    ),
+                    distributions=(inf.distribution,) if inf.distribution else (),
+                    remedies=_bound_remedy(inf, kind, bound),
                     details=tuple(f"evidence: {n.evidence}" for n in bad),
                 )
             )

@@ -390,7 +390,8 @@ def _missing_or_altered(
                     Pip("install", (f"{sibling}=={pin}" if pin else str(sibling),), pip_python(d), FORCE, why=why),
                 )
             else:
-                fix = again if needed else (*again, uninstall([d], why="if nothing needs it"))
+                alternative = f"or, if nothing needs it: {pip_command(d)} uninstall -y {d.name}"
+                fix = again if needed else (*again, Manual((alternative,)))
             findings.append(
                 Finding(
                     check="integrity",

@@ -24,7 +24,7 @@ __all__ = ["CHECK_SCHEMA", "CHECK_VERSION", "add_options", "cmd_check"]
 
 # --json's document: pytest_cudastack/schemas/check.schema.json
 CHECK_SCHEMA = "pytest-cudastack/check"
-CHECK_VERSION = 1
+CHECK_VERSION = 2
 
 
 def add_options(parser: argparse.ArgumentParser) -> None:

@@ -57,6 +57,7 @@ class Inference:
     subject: str
     needs: tuple[CudaNeed, ...] = ()
     undecided: tuple[str, ...] = ()
+    distribution: str | None = None  # the installed distribution's key, for a wheel
 
 
 def _single_major(soname: str) -> tuple[int, int | None] | None:
@@ -73,11 +74,12 @@ def infer_wheel(dist: Distribution) -> Inference:
         dist.name, dist.version, dist.requires, tuple(lib.path for lib in dist.libraries)
     )
     if cuda is None:
-        return Inference(dist.label)
+        return Inference(dist.label, distribution=dist.key)
     parsed = parse_cuda(cuda)
     major, minor = parsed.major, parsed.minor
     version = f"{major}.{minor}" if minor is not None else f"{major}.x"
-    return Inference(dist.label, (CudaNeed(major, minor, dist.label, f"needs CUDA {version}: {evidence}"),))
+    need = CudaNeed(major, minor, dist.label, f"needs CUDA {version}: {evidence}")
+    return Inference(dist.label, (need,), distribution=dist.key)
 
 
 def infer_shipped(dist: Distribution, reader: Callable[[str], ElfInfo]) -> Inference:
@@ -98,7 +100,7 @@ def infer_shipped(dist: Distribution, reader: Callable[[str], ElfInfo]) -> Infer
                 major, minor = single
                 version = f"{major}.{minor}" if minor is not None else f"{major}.x"
                 needs.append(CudaNeed(major, minor, dist.label, f"{rel} links {soname} (CUDA {version})"))
-    return Inference(dist.label, tuple(needs))
+    return Inference(dist.label, tuple(needs), distribution=dist.key)
 
 
 def infer_binary(tree: Tree, subject: str, inventory: Inventory | None = None) -> Inference:
