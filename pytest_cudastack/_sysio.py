@@ -13,7 +13,7 @@ import errno
 import os
 import stat
 
-from pytest_cudastack.errors import ElfError
+from pytest_cudastack.errors import ElfError, UnreadableFile
 
 __all__ = [
     "append_text",
@@ -31,25 +31,26 @@ __all__ = [
 _OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
 
 
-def open_regular(path: str) -> tuple[int, os.stat_result]:
+def open_regular(path: str, error: type[UnreadableFile] = ElfError) -> tuple[int, os.stat_result]:
     """Open without blocking (a FIFO named like a library must not hang us) and insist on a regular
-    file; returns (fd, stat). The caller closes fd. Raises ElfError naming the file: every caller inspects
-    a file it was pointed at, and says so in its own terms."""
+    file; returns (fd, stat). The caller closes fd. Raises *error* naming the file: by default ElfError,
+    for the ELF readers (each inspects a file it was pointed at, and says so in its own terms); this
+    module's readers of snapshots, caches and ``/proc`` files pass :class:`UnreadableFile`."""
     try:
         fd = os.open(path, _OPEN_FLAGS)
     except OSError as e:
-        raise ElfError(f"{path}: cannot open: {e.strerror or e}") from e
+        raise error(f"{path}: cannot open: {e.strerror or e}") from e
     except ValueError as e:  # an embedded NUL byte
-        raise ElfError(f"{path!r}: cannot open: {e}") from e
+        raise error(f"{path!r}: cannot open: {e}") from e
     try:
         st = os.fstat(fd)
     except OSError as e:
         os.close(fd)
-        raise ElfError(f"{path}: cannot stat: {e.strerror or e}") from e
+        raise error(f"{path}: cannot stat: {e.strerror or e}") from e
     if not stat.S_ISREG(st.st_mode):
         os.close(fd)
         kind = "is a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file"
-        raise ElfError(f"{path}: {kind}")
+        raise error(f"{path}: {kind}")
     return fd, st
 
 
@@ -57,8 +58,8 @@ def read_text(path: str, limit: int = 64 << 20) -> str | None:
     """Text of a regular file (at most *limit* bytes), None when missing, unreadable or not a regular
     file. Never blocks on a FIFO, never raises."""
     try:
-        fd, _st = open_regular(path)
-    except ElfError:
+        fd, _st = open_regular(path, UnreadableFile)
+    except UnreadableFile:
         return None
     try:
         chunks: list[bytes] = []
@@ -102,30 +103,30 @@ def untrusted_dir(directory: str) -> str | None:
 
 
 def read_owned(path: str, limit: int) -> bytes | None:
-    """The bytes of a cache file this process may trust, None when it does not exist. Raises ElfError naming
-    the file otherwise: not a regular file (a FIFO or ``/dev/zero`` is refused at open, never read), owned by
+    """The bytes of a cache file this process may trust, None when it does not exist. Raises UnreadableFile
+    naming the file otherwise: not a regular file (a FIFO or ``/dev/zero`` is refused at open, never read), owned by
     another user or writable by its group or others (see :func:`untrusted_dir`), over *limit* bytes, or
     unreadable. Never blocks."""
     try:
-        fd, st = open_regular(path)
-    except ElfError as e:
+        fd, st = open_regular(path, UnreadableFile)
+    except UnreadableFile as e:
         if isinstance(e.__cause__, FileNotFoundError):
             return None
         raise
     try:
         why = _foreign(st)
         if why is not None:
-            raise ElfError(f"{path}: {why}")
+            raise UnreadableFile(f"{path}: {why}")
         return _read_capped(fd, st, path, limit)
     finally:
         os.close(fd)
 
 
 def read_regular(path: str, limit: int) -> bytes:
-    """The bytes of a regular file we were pointed at (a snapshot, a baseline): ElfError naming the file
-    when it is missing, not a regular file (a FIFO is refused at open, never waited on), over *limit*
+    """The bytes of a regular file we were pointed at (a snapshot, a baseline): UnreadableFile naming the
+    file when it is missing, not a regular file (a FIFO is refused at open, never waited on), over *limit*
     bytes, or unreadable. Never blocks."""
-    fd, st = open_regular(path)
+    fd, st = open_regular(path, UnreadableFile)
     try:
         return _read_capped(fd, st, path, limit)
     finally:
@@ -134,7 +135,7 @@ def read_regular(path: str, limit: int) -> bytes:
 
 def _read_capped(fd: int, st: os.stat_result, path: str, limit: int) -> bytes:
     if st.st_size > limit:
-        raise ElfError(f"{path}: larger than {limit} bytes")
+        raise UnreadableFile(f"{path}: larger than {limit} bytes")
     try:
         chunks: list[bytes] = []
         total = 0
@@ -145,9 +146,9 @@ def _read_capped(fd: int, st: os.stat_result, path: str, limit: int) -> bytes:
             chunks.append(b)
             total += len(b)
     except OSError as e:
-        raise ElfError(f"{path}: cannot read: {e.strerror or e}") from e
+        raise UnreadableFile(f"{path}: cannot read: {e.strerror or e}") from e
     if total > limit:  # it grew after the fstat
-        raise ElfError(f"{path}: larger than {limit} bytes")
+        raise UnreadableFile(f"{path}: larger than {limit} bytes")
     return b"".join(chunks)
 
 
@@ -158,8 +159,8 @@ def read_cpuinfo_block(path: str = "/proc/cpuinfo", limit: int = 1 << 16) -> str
     flags are all the search needs. At most *limit* bytes; None when it cannot be read. Never blocks,
     never raises."""
     try:
-        fd, _st = open_regular(path)
-    except ElfError:
+        fd, _st = open_regular(path, UnreadableFile)
+    except UnreadableFile:
         return None
     try:
         buf = b""

@@ -24,7 +24,7 @@ from pytest_cudastack.checks import enabled_checks, lookup
 from pytest_cudastack.checks.integrity import integrity_findings
 from pytest_cudastack.checks.scan import scan_walk
 from pytest_cudastack.cuda.driver import declared_driver, linker_finder, probe_driver
-from pytest_cudastack.errors import DataError, ElfError
+from pytest_cudastack.errors import DataError, UnreadableFile
 from pytest_cudastack.findings import Finding
 from pytest_cudastack.linker.elfcache import ElfCache
 from pytest_cudastack.linker.resolver import Resolver, SearchConfig
@@ -331,7 +331,7 @@ def load_snapshot(path: str) -> dict[str, Any]:
     pytest-cudastack 0.1.0) is read by its ``"format"``, without the fields added since."""
     try:
         raw = read_regular(path, SNAPSHOT_LIMIT)
-    except ElfError as e:
+    except UnreadableFile as e:
         reason = str(e).removeprefix(f"{path}: ")
         raise DataError(f"{path}: cannot read cudastack snapshot: {reason}") from e
     try:

@@ -3,11 +3,13 @@ injected NVML modules, static driver files, declared targets; and the markers' p
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import shutil
 import subprocess
 import sys
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +28,7 @@ from pytest_cudastack.cuda.driver import (
     nvml_reason,
     parse_proc_version,
     probe_driver,
+    probe_nvml,
 )
 from pytest_cudastack.errors import OptionError, RuleError
 from pytest_cudastack.markers import cuda_satisfies, driver_satisfies, gpus_satisfy, parse_memory
@@ -38,10 +41,10 @@ GiB = 2**30
 @pytest.fixture(autouse=True)
 def _clear_caches(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    probe_driver.cache_clear()
+    probe_nvml.cache_clear()
     load_compat.cache_clear()
     yield
-    probe_driver.cache_clear()
+    probe_nvml.cache_clear()
 
 
 # --------------------------------------------------------------------------------------------- fake NVML (C)
@@ -390,8 +393,41 @@ def test_injected_nvml_probe():
 def test_probe_is_cached():
     nvml = FakeNvml()
     first = probe_driver(nvml)
-    assert probe_driver(nvml) is first
+    assert probe_driver(nvml) == first
     assert nvml.calls.count("nvmlInit") == 1
+
+
+def test_stacks_ask_nvml_once_and_the_cache_keeps_no_resolver(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each Stack hands the probe a finder over its own resolver: NVML is still asked once per process, and
+    no resolver outlives its Stack in the probe's cache (the cache was keyed on the per-Stack finder)."""
+    from pytest_cudastack import stack as stack_mod
+    from pytest_cudastack.linker.elfcache import ElfCache
+    from pytest_cudastack.linker.resolver import Resolver
+    from pytest_cudastack.settings import Settings
+
+    asked: list[int] = []
+
+    def child() -> DriverInfo:
+        asked.append(1)
+        return DriverInfo("absent", None, None, reason="no NVML in this test")
+
+    monkeypatch.setattr(drv, "_nvml_facts_in_child", child)
+    resolvers: list[weakref.ref[Resolver]] = []
+
+    def recording(*args: Any, **kwargs: Any) -> Resolver:
+        resolver = Resolver(*args, **kwargs)
+        resolvers.append(weakref.ref(resolver))
+        return resolver
+
+    monkeypatch.setattr(stack_mod, "Resolver", recording)
+    for _ in range(2):
+        stack = stack_mod.Stack(Settings(), probe=lambda: None, cache=ElfCache(enabled=False))
+        assert any(n.startswith("libcuda.so.1") for n in stack.driver.notes)  # the stack's finder ran
+        del stack
+    gc.collect()
+    assert len(asked) == 1
+    assert len(resolvers) == 2
+    assert [r() for r in resolvers] == [None, None]
 
 
 @pytest.mark.parametrize("code", sorted(NVML_REASONS), ids=[f"code {c}" for c in sorted(NVML_REASONS)])

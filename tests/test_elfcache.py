@@ -207,12 +207,12 @@ def test_stack_probe_reads_through_the_stack_cache(tmp_path: Path, monkeypatch: 
     from pytest_cudastack.stack import Stack
 
     monkeypatch.setattr(drv, "_nvml_facts_in_child", lambda: drv.DriverInfo("absent", None, None, reason="test"))
-    drv.probe_driver.cache_clear()
+    drv.probe_nvml.cache_clear()
     try:
         stack = Stack(Settings(), cache=ElfCache(str(tmp_path / "c"), enabled=True), probe=lambda: None)
         assert any(n.startswith("libcuda.so.1: ") for n in stack.driver.notes)
     finally:
-        drv.probe_driver.cache_clear()
+        drv.probe_nvml.cache_clear()
     assert not (tmp_path / "c").exists()  # written only by the flush
     stack.flush_cache()
     entries = json.loads((tmp_path / "c" / CACHE_FILE).read_text())["entries"]

@@ -4,7 +4,8 @@
 and libnvidia-ml.so.1 would load from, the version in their file names, ``/proc/driver/nvidia/version``, a
 forward-compatibility libcuda).  It never raises: an absent library, an unloaded driver or a refused
 permission is a ``reason`` in the result.  It never dlopens libcuda; NVML (the driver's management library)
-is loaded by pynvml, lazily, on the first call only (the result is cached).
+is asked once per process (:func:`probe_nvml` is cached), while the file lookups go through the finder each
+call hands in (a Stack's own linker search, which the cache must not keep alive).
 
 :func:`declared_driver` builds the deployment target from ``--cuda-driver`` / ``--cuda-arch``; the markers
 (:mod:`pytest_cudastack.markers`) and verdicts (:mod:`pytest_cudastack.cuda.verdicts`) are evaluated against
@@ -47,6 +48,7 @@ __all__ = [
     "nvml_reason",
     "parse_proc_version",
     "probe_driver",
+    "probe_nvml",
     "visible_gpus",
 ]
 
@@ -395,22 +397,30 @@ def _import_pynvml() -> Any:
 
 
 @functools.lru_cache(maxsize=8)
-def probe_driver(nvml: Any | None = None, find: Finder | None = None) -> DriverInfo:
-    """Probe the driver: NVML facts plus static file facts (:func:`driver_files` with ``find``).
+def probe_nvml(nvml: Any | None = None) -> DriverInfo:
+    """What NVML says, asked once per process: by default in a short-lived child process
+    (``sys.executable``), so neither libnvidia-ml nor the libcuda that ``nvmlSystemGetCudaDriverVersion_v2``
+    loads ever enters the test process, and a crash or hang in the driver stack becomes a reason; an injected
+    ``nvml`` (a pynvml-like module, for tests) is asked in-process.  Never raises; cached per ``nvml`` (None in
+    production): ``probe_nvml.cache_clear()`` to ask again."""
+    try:
+        return nvml_facts(nvml) if nvml is not None else _nvml_facts_in_child()
+    except Exception as e:  # pragma: no cover - neither raises, belt and braces
+        logger.debug("NVML probe failed", exc_info=True)
+        return DriverInfo("absent", None, None, reason=f"driver probe failed: {type(e).__name__}: {e}")
 
-    By default NVML is asked in a short-lived child process (``sys.executable``), so neither libnvidia-ml nor
-    the libcuda that ``nvmlSystemGetCudaDriverVersion_v2`` loads ever enters the test process; a crash or hang
-    in the driver stack becomes a reason.  An injected ``nvml`` (a pynvml-like module, for tests) is asked
-    in-process.  Never raises; cached per (``nvml``, ``find``): call it as ``probe_driver()`` and
-    ``probe_driver.cache_clear()`` to re-probe.
+
+def probe_driver(nvml: Any | None = None, find: Finder | None = None) -> DriverInfo:
+    """Probe the driver: NVML's facts (:func:`probe_nvml`, cached per process) plus static file facts
+    (:func:`driver_files` with ``find``, looked up on every call: ``find`` is the caller's, typically a
+    Stack's linker search over its own ELF cache, and is neither a cache key nor kept).  Never raises.
     """
     try:
         files = driver_files(find)
     except Exception as e:  # pragma: no cover - driver_files never raises, belt and braces
         files = DriverFiles(notes=(f"static driver facts unavailable: {e}",))
     try:
-        raw = nvml_facts(nvml) if nvml is not None else _nvml_facts_in_child()
-        return _combine(raw, files)
+        return _combine(probe_nvml(nvml), files)
     except Exception as e:  # never raise out of the probe
         logger.debug("driver probe failed", exc_info=True)
         return DriverInfo(

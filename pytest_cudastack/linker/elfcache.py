@@ -24,7 +24,7 @@ import json
 import os
 
 from pytest_cudastack._sysio import read_owned, untrusted_dir, write_atomic
-from pytest_cudastack.errors import ElfError
+from pytest_cudastack.errors import ElfError, UnreadableFile
 
 TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing (~5 ms) on tree's warm path
 if TYPE_CHECKING:
@@ -134,7 +134,7 @@ class ElfCache:
             return {}, False
         try:
             data = read_owned(file, limit)  # never blocks: a FIFO or a device is refused
-        except ElfError as e:
+        except UnreadableFile as e:
             self.refuse(str(e))
             return {}, False
         if data is None:

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from pytest_cudastack._sysio import open_regular
-from pytest_cudastack.errors import ElfError, LdCacheError
+from pytest_cudastack.errors import LdCacheError, UnreadableFile
 from pytest_cudastack.linker.hwcaps import host_search
 
 __all__ = [
@@ -234,8 +234,8 @@ def parse_ld_cache(data: bytes, path: str = "<bytes>") -> LdCache:
 def read_ld_cache(path: str = "/etc/ld.so.cache") -> LdCache:
     """Read and parse an ld.so.cache file; raises :class:`LdCacheError` (also when it cannot be read)."""
     try:
-        fd, _st = open_regular(path)
-    except ElfError as e:
+        fd, _st = open_regular(path, UnreadableFile)
+    except UnreadableFile as e:
         raise LdCacheError(str(e)) from e
     try:
         with os.fdopen(fd, "rb") as f:

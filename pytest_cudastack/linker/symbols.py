@@ -150,16 +150,6 @@ class SymbolFacts:
     ref_codes: tuple[int, ...]
 
     # ---------------------------------------------------------------- unpacked views
-    def version_name(self, index: int) -> str | None:
-        """The version an index of this file names (its verdefs, then its verneeds); None for 0 and 1."""
-        for v in self.verdefs:
-            if v.index == index:
-                return v.name
-        for n in self.verneeds:
-            if n.index == index:
-                return n.name
-        return None
-
     def definitions(self) -> tuple[Definition, ...]:
         """Every exported symbol; a copy-relocated one in a program names the version it needs."""
         names = {n.index: n.name for n in self.verneeds}

@@ -40,7 +40,7 @@ import zlib
 
 from pytest_cudastack import __version__
 from pytest_cudastack._sysio import read_owned, real_path, untrusted_dir, write_atomic
-from pytest_cudastack.errors import ElfError
+from pytest_cudastack.errors import UnreadableFile
 from pytest_cudastack.linker.hwcaps import host_search
 
 TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing (~5 ms) on tree's warm path
@@ -169,7 +169,7 @@ class TreeCache:
         if why is None:
             try:
                 data = read_owned(self.file, MAX_FILE)  # never blocks: a FIFO or a device is refused
-            except ElfError as e:
+            except UnreadableFile as e:
                 why = str(e)
         if why is not None:
             # not this user's alone: a forged row could decide an answer; off for this run (the ELF cache
