@@ -67,23 +67,24 @@ def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     # lazy: an unused plugin imports only pytest and the stdlib (benchmarks/bench_plugin.py)
-    from pytest_cudastack.settings import HELP, INI_TYPES, option_specs
+    from pytest_cudastack import options
 
     group = parser.getgroup("cudastack", "pytest-cudastack")
-    for flags, kwargs in option_specs():
-        group.addoption(*flags, **kwargs)
-    for key, kind in INI_TYPES.items():
-        parser.addini(key, HELP[key], type=kind)  # type: ignore[arg-type]
+    for option in options.OPTIONS:
+        group.addoption(*option.flags, **options.argparse_kwargs(option))
+        if option.ini is not None:
+            parser.addini(option.key, option.help, type=option.ini)  # type: ignore[arg-type]
 
 
 def pytest_configure(config: pytest.Config) -> None:
     for line in MARKERS.values():
         config.addinivalue_line("markers", line)
     # lazy: an unused plugin imports only pytest and the stdlib (benchmarks/bench_plugin.py)
+    from pytest_cudastack import options
     from pytest_cudastack.errors import OptionError
-    from pytest_cudastack.settings import HELP, absolute_paths, resolve
+    from pytest_cudastack.settings import absolute_paths, resolve
 
-    cli = {key: config.getoption(key) for key in HELP}
+    cli = {option.key: config.getoption(option.key) for option in options.OPTIONS}
 
     def ini(key: str) -> Any:
         try:
