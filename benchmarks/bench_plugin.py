@@ -2,8 +2,9 @@
 
 Runs a trivial suite (default 200 tests) with the plugin installed but unused (auto-loaded from its entry
 point, no cudastack option, marker or fixture) and with ``-p no:cudastack``, interleaved, and reports the
-medians and their ratio. The target is <= 1.05: plugin.py imports only pytest and the standard library,
-and nothing is probed or read until an option, marker or fixture asks for it.
+medians and their ratio. The target is <= 1.05: plugin.py imports only pytest, the standard library and
+the option table (options.py), and session.py (settings, stack, checks) only when an option, marker or
+fixture asks for it; nothing is probed or read before that.
 
     python benchmarks/bench_plugin.py [--tests 200] [--runs 15] [--max-ratio 1.05]
 

@@ -2,9 +2,11 @@
 
 They are ordinary ``pytest.Item`` objects under one session-level collector named ``cudastack``, so they
 show in ``--co``, ``-k``, JUnit and are distributed (once each) by xdist. An item fails iff its check has an
-ERROR finding, and shows the errors (only) in its failure; warnings and infos go to ``user_properties``
-(JUnit properties, the terminal summary). An item whose check has nothing to check here is skipped with the
-check's reason (``Check.skip_reason``).
+ERROR finding, and shows the errors (only) in its failure; its findings as text go to ``user_properties``
+(JUnit properties). Its findings as data (``ItemResult``) travel with its call report (``REPORT_RESULT``,
+serialised by ``pytest_cudastack.session`` under xdist): the end-of-run summary and repair plan read them
+there, on the controller, and run no check again. An item whose check has nothing to check here is skipped
+with the check's reason (``Check.skip_reason``).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import pytest
 
 from pytest_cudastack.checks import enabled_checks, lookup
 from pytest_cudastack.errors import CudaStackError
-from pytest_cudastack.findings import Finding, most_severe_first
+from pytest_cudastack.findings import Finding, Severity, most_severe_first
 
 if TYPE_CHECKING:
     from _pytest._code.code import TerminalRepr
@@ -29,14 +31,18 @@ if TYPE_CHECKING:
 __all__ = [
     "FINDING_PROPERTY",
     "MAX_SHOWN",
+    "REPORT_RESULT",
     "CudaStackCollector",
     "FindingsRepr",
     "InvariantFailed",
     "InvariantItem",
+    "ItemResult",
+    "finding_properties",
     "render_findings",
 ]
 
-FINDING_PROPERTY = "cudastack.finding"
+FINDING_PROPERTY = "cudastack.finding"  # the user_properties name (JUnit <property>) of a finding's text
+REPORT_RESULT = "cudastack_result"  # the attribute of an invariant item's call report holding its ItemResult
 # Findings one item prints (and records as properties) before saying how many more: 1,000 missing sonames
 # are one cause, and ``cudastack check --json`` lists them all.
 MAX_SHOWN = 100
@@ -61,6 +67,38 @@ def render_findings(findings: Iterable[Finding]) -> str:
 
 def _more(n: int) -> str:
     return f"... {n} more finding{'' if n == 1 else 's'} (cudastack check --json lists them all)"
+
+
+def finding_properties(findings: tuple[Finding, ...]) -> list[tuple[Severity, str]]:
+    """``(severity, "warning: text")`` of each finding an item shows (``MAX_SHOWN``, most severe first when
+    there are more, then an info saying how many more): its JUnit properties and its lines in the summary."""
+    shown = findings if len(findings) <= MAX_SHOWN else most_severe_first(findings)[:MAX_SHOWN]
+    out = [(f.severity, f"{f.severity.value}: {f.render()}") for f in shown]
+    if len(findings) > MAX_SHOWN:
+        out.append((Severity.INFO, f"{Severity.INFO.value}: {_more(len(findings) - MAX_SHOWN)}"))
+    return out
+
+
+@dataclass(frozen=True)
+class ItemResult:
+    """What an invariant item's call report carries as data: its check, its target's display name (a
+    per-target item's, else None) and its findings. JSON-able (``to_json``/``from_json``) for xdist."""
+
+    check: str
+    target: str | None
+    findings: tuple[Finding, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"check": self.check, "target": self.target, "findings": [f.to_json() for f in self.findings]}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ItemResult:
+        target = data.get("target")
+        return cls(
+            check=str(data["check"]),
+            target=None if target is None else str(target),
+            findings=tuple(Finding.from_json(f) for f in data.get("findings", ())),
+        )
 
 
 @dataclass(frozen=True)
@@ -133,13 +171,14 @@ class InvariantItem(pytest.Item):
         if reason is not None:
             pytest.skip(reason)
         self.findings = stack.findings(self.check, self.target)
-        shown = self.findings if len(self.findings) <= MAX_SHOWN else most_severe_first(self.findings)[:MAX_SHOWN]
-        for finding in shown:
-            self.user_properties.append((FINDING_PROPERTY, _property(finding)))
-        if len(self.findings) > MAX_SHOWN:
-            self.user_properties.append((FINDING_PROPERTY, f"info: {_more(len(self.findings) - MAX_SHOWN)}"))
+        for _, text in finding_properties(self.findings):
+            self.user_properties.append((FINDING_PROPERTY, text))
         if any(f.failing for f in self.findings):
             raise InvariantFailed(self.findings)
+
+    def result(self) -> ItemResult:
+        """Its findings as data, for its call report (``REPORT_RESULT``)."""
+        return ItemResult(self.check, None if self.target is None else self.target[0], self.findings)
 
     def repr_failure(
         self,
@@ -155,10 +194,6 @@ class InvariantItem(pytest.Item):
 
     def reportinfo(self) -> tuple[str, int | None, str]:
         return "cudastack", None, f"cudastack::{self.name}" + (f": {self.description}" if self.description else "")
-
-
-def _property(finding: Finding) -> str:
-    return f"{finding.severity.value}: {finding.render()}"
 
 
 class CudaStackCollector(pytest.Collector):

@@ -8,7 +8,7 @@ import pytest
 
 from pytest_cudastack.errors import OptionError
 from pytest_cudastack.inifile import config_names, find_config
-from pytest_cudastack.settings import INI_TYPES
+from pytest_cudastack.options import ini_types
 
 # (files relative to the project root, the directory pytest runs in): each file's text
 LAYOUTS: dict[str, tuple[dict[str, str], str]] = {
@@ -73,7 +73,7 @@ def test_values_convert_as_getini_does(tmp_path: Path) -> None:
     (tmp_path / "tox.ini").write_text(
         "[pytest]\ncudastack = yes\ncudastack_scan =\n    bin\n    lib/x.so\ncuda_max = 12.9\n"
     )
-    got = find_config(str(tmp_path)).getter(INI_TYPES)
+    got = find_config(str(tmp_path)).getter(ini_types())
     assert got("cudastack") is True
     assert got("cudastack_scan") == ["bin", "lib/x.so"]
     assert got("cuda_max") == "12.9"
@@ -85,14 +85,14 @@ def test_toml_values(tmp_path: Path) -> None:
     (tmp_path / "pyproject.toml").write_text(
         '[tool.pytest.ini_options]\ncudastack = true\ncudastack_scan = ["bin"]\ncuda_driver = 580\n'
     )
-    got = find_config(str(tmp_path)).getter(INI_TYPES)
+    got = find_config(str(tmp_path)).getter(ini_types())
     assert (got("cudastack"), got("cudastack_scan"), got("cuda_driver")) == (True, ["bin"], "580")
 
 
 @pytest.mark.skipif("pytest.toml" not in config_names(), reason="native TOML configuration is pytest >= 9")
 def test_native_toml_types_must_match(tmp_path: Path) -> None:
     (tmp_path / "pytest.toml").write_text('[pytest]\ncudastack_scan = ["bin"]\ncudastack = "yes"\n')
-    got = find_config(str(tmp_path)).getter(INI_TYPES)
+    got = find_config(str(tmp_path)).getter(ini_types())
     assert got("cudastack_scan") == ["bin"]
     with pytest.raises(ValueError, match="expects a bool"):
         got("cudastack")

@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from pytest_cudastack.cli import build_parser, main
-from pytest_cudastack.settings import ENV, INI_TYPES, Settings
+from pytest_cudastack.options import ini_types
+from pytest_cudastack.settings import ENV, Settings
 from tests.helpers.elfbuild import build_exe, build_lib, needs_cc
 
 # flag options: no value on the command line, a boolean in the environment / ini
@@ -69,7 +70,7 @@ def _option(key: str) -> str:
 def _routes(key: str) -> list[str]:
     routes = [] if key in FLAGS else ["command line"]
     routes.append("environment")
-    if key in INI_TYPES:
+    if key in ini_types():
         routes.append("ini")
     return routes
 

@@ -6,14 +6,14 @@ tests/test_options.py's."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 import pytest
 
 from pytest_cudastack.errors import OptionError
+from pytest_cudastack.options import OPTIONS, add_arguments
 from pytest_cudastack.settings import (
     ENV,
-    HELP,
-    INI_TYPES,
     Settings,
     cuda_version_type,
     resolve,
@@ -131,17 +131,23 @@ def test_items_and_active():
     assert Settings(cudastack_scan=("bin",)).active
 
 
-def test_every_option_has_help_env_and_ini_consistently():
-    assert set(INI_TYPES) <= set(HELP)
-    assert set(ENV) <= set(HELP)
+def test_settings_has_one_field_per_row_with_its_default():
+    fields = [f for f in dataclasses.fields(Settings) if f.name != "sources"]
+    assert [f.name for f in fields] == [o.key for o in OPTIONS]
+    assert [f.default for f in fields] == [o.default for o in OPTIONS]
+
+
+def test_rows_follow_the_naming_rules():
+    # flag = --KEY with dashes, ini key = KEY, environment variable CUDASTACK_<NOUN>
+    for option in OPTIONS:
+        assert option.name == "--" + option.key.replace("_", "-")
+        assert option.help
     assert all(
         ENV[k] == "CUDASTACK" + (("_" + k.upper().removeprefix("CUDASTACK_")) if k != "cudastack" else "") for k in ENV
     )
 
 
 def test_cli_parser_shares_the_options(monkeypatch):
-    from pytest_cudastack.settings import add_arguments
-
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     monkeypatch.setenv("CUDASTACK_CUDA_DRIVER", "550.54.15")

@@ -199,6 +199,7 @@ def test_reading_the_registry_imports_no_check_module():
         "pytest_cudastack.cuda.versions",
         "pytest_cudastack.errors",
         "pytest_cudastack.findings",
+        "pytest_cudastack.options",
         "pytest_cudastack.settings",
     }, loaded
 

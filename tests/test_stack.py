@@ -8,7 +8,7 @@ import pytest
 
 from pytest_cudastack.cuda.driver import DriverInfo
 from pytest_cudastack.errors import DataError
-from pytest_cudastack.plugin import header_lines
+from pytest_cudastack.session import header_lines
 from pytest_cudastack.settings import Settings
 from pytest_cudastack.stack import Stack, load_snapshot, write_snapshot
 from tests.helpers.sitebuild import HAVE_CC, compile_so, site_packages, write_dist

@@ -98,7 +98,7 @@ def build_parser(check_options: bool = True) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", prog="cudastack")
     common = _common_options(suppress=True)
     site = _site_options(common)
-    # check's and snapshot's --no-cache is the plugin's (--cudastack-no-cache, settings.option_specs)
+    # check's and snapshot's --no-cache is the plugin's (the alias of --cudastack-no-cache in options.OPTIONS)
     project_site = _site_options(_common_options(suppress=True, no_cache=not check_options))
     as_json = argparse.ArgumentParser(add_help=False)  # every subcommand that prints data
     as_json.add_argument("--json", action="store_true", help="print JSON instead of text")

@@ -16,16 +16,17 @@ import os
 import shlex
 from collections.abc import Mapping, Sequence
 
+from pytest_cudastack import options
 from pytest_cudastack.errors import OptionError
 from pytest_cudastack.inifile import ProjectConfig, find_config
-from pytest_cudastack.settings import HELP, INI_TYPES, Settings, absolute_paths, add_arguments
+from pytest_cudastack.settings import Settings, absolute_paths
 
 __all__ = ["add_project_options", "project_settings"]
 
 
 def add_project_options(parser: argparse.ArgumentParser, *, short_override: bool = True) -> None:
-    """pytest's cudastack options plus the options that choose pytest's configuration."""
-    add_arguments(parser)
+    """pytest's cudastack options (``options.OPTIONS``) plus the options that choose pytest's configuration."""
+    options.add_arguments(parser)
     group = parser.add_argument_group("configuration (as pytest reads it)")
     group.add_argument(
         "-c",
@@ -58,14 +59,15 @@ def _parse_words(words: Sequence[str], where: str) -> argparse.Namespace:
 
 
 def _merged(first: argparse.Namespace, then: argparse.Namespace) -> argparse.Namespace:
-    """``then``'s options after ``first``'s, as argparse would read them from one command line."""
+    """``then``'s options after ``first``'s, as argparse would read them from one command line: a repeatable
+    option collects from both, for the others the later one wins."""
     out = argparse.Namespace(**vars(then))
-    for key in HELP:
-        early, late = getattr(first, key, None), getattr(then, key, None)
-        if key == "cudastack_scan":
-            setattr(out, key, [*(early or ()), *(late or ())] or None)
+    for option in options.OPTIONS:
+        early, late = getattr(first, option.key, None), getattr(then, option.key, None)
+        if option.action == "append":
+            setattr(out, option.key, [*(early or ()), *(late or ())] or None)
         elif late is None:
-            setattr(out, key, early)
+            setattr(out, option.key, early)
     return out
 
 
@@ -95,5 +97,5 @@ def project_settings(
     if added.override_ini != env_ns.override_ini:  # -o in the file's addopts: applied once more (pytest #14442)
         overrides = [*added.override_ini, *(getattr(args, "override_ini", None) or ())]
         config = find_config(here, inifile=given.inifile, rootdir=given.rootdir, overrides=overrides)
-    settings = Settings.from_namespace(_merged(added, args), environ=env, ini=config.getter(INI_TYPES))
+    settings = Settings.from_namespace(_merged(added, args), environ=env, ini=config.getter(options.ini_types()))
     return absolute_paths(settings, here, config.ini_dir), config

@@ -1,0 +1,394 @@
+"""The plugin's work for one pytest run: settings, the stack, markers, generated items, header, summary.
+
+:mod:`pytest_cudastack.plugin` (the hooks pytest loads) imports this module on first active use: when an
+option is set, or a marker, a fixture or the ``-vv`` header needs the stack. It builds one ``CudaStackRun``
+per run and keeps it in ``config.stash``; when the settings ask for work, the run is also registered as a
+plugin for the hooks below (items, reports, summary, files) and, with xdist, ``XdistHooks``.
+
+Under xdist each invariant item's call report carries its findings as data (``items.ItemResult``, serialised
+with the report); the controller builds its summary, JUnit properties and repair plan from the reports it
+receives and never runs a check (it builds the wheel inventory the repair planner reads).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from pytest_cudastack import options
+from pytest_cudastack._sysio import append_text, output_problem
+from pytest_cudastack.cuda.driver import DriverInfo
+from pytest_cudastack.errors import CudaStackError, DataError, OptionError
+from pytest_cudastack.findings import Finding, Severity
+from pytest_cudastack.items import REPORT_RESULT, CudaStackCollector, InvariantItem, ItemResult, finding_properties
+from pytest_cudastack.markers import Unmet, check_marker, evaluate_all, short_reason
+from pytest_cudastack.model.repair import plan_repairs, render_plans
+from pytest_cudastack.settings import Settings, absolute_paths, resolve
+from pytest_cudastack.stack import Stack, load_snapshot, write_snapshot
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+__all__ = ["HEADER_WIDTH", "WORKER_DRIVER", "CudaStackRun", "XdistHooks", "header_lines", "start"]
+
+WORKER_DRIVER = "cudastack_driver"  # workerinput key: the controller's DriverInfo as JSON
+HEADER_WIDTH = 120
+_SECTION_LINES = 4  # lines under a warning in the summary below -v (cause, where, fix, ...)
+
+_unmet_key: pytest.StashKey[Unmet | None] = pytest.StashKey()
+
+
+def start(config: pytest.Config, *, given: bool) -> CudaStackRun:
+    """The run's state: ``given`` (an option is set somewhere) resolves the settings from the command line,
+    the environment and the ini file (a bad value is a usage error naming it), else the defaults are the
+    settings. A run whose settings ask for work registers its hooks."""
+    settings = _resolve(config) if given else Settings()
+    run = CudaStackRun(config, settings)
+    if settings.active:
+        _check_files(settings)
+        config.pluginmanager.register(run, "cudastack-run")
+        # "xdist" when auto-loaded from its entry point, "xdist.plugin" when loaded with -p xdist.plugin
+        if config.pluginmanager.hasplugin("xdist") or config.pluginmanager.hasplugin("xdist.plugin"):
+            config.pluginmanager.register(XdistHooks(run), "cudastack-xdist")
+    return run
+
+
+def _resolve(config: pytest.Config) -> Settings:
+    cli = {option.key: config.getoption(option.key) for option in options.OPTIONS}
+
+    def ini(key: str) -> Any:
+        try:
+            return config.getini(key)
+        except pytest.UsageError as e:  # pytest's reading of a "bool" value; resolve names the option
+            raise ValueError(str(e)) from e
+
+    try:
+        settings = resolve(cli, os.environ, ini)
+    except OptionError as e:
+        raise pytest.UsageError(str(e)) from e
+    ini_dir = str(config.inipath.parent) if config.inipath is not None else None
+    return absolute_paths(settings, str(config.invocation_params.dir), ini_dir)
+
+
+def _check_files(settings: Settings) -> None:
+    """Usage errors, before the run, for a baseline that is not a snapshot (naming its first wrong field) and
+    output files that cannot be written (a directory, a FIFO, a missing step-summary directory), each naming
+    its option or variable: found at the end of a run, they would be the run's lost result."""
+    if settings.cudastack_baseline:
+        try:
+            load_snapshot(settings.cudastack_baseline)
+        except DataError as e:
+            raise pytest.UsageError(f"{settings.named('cudastack_baseline')}: {e}") from e
+    if settings.cudastack_snapshot:
+        why = output_problem(settings.cudastack_snapshot)
+        if why is not None:
+            raise pytest.UsageError(f"{settings.named('cudastack_snapshot')}: {settings.cudastack_snapshot}: {why}")
+    summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    if summary:
+        why = output_problem(summary, append=True)
+        if why is not None:
+            raise pytest.UsageError(f"$GITHUB_STEP_SUMMARY: {summary}: {why}")
+
+
+def _is_worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+class CudaStackRun:
+    """One run's settings and stack. Its ``pytest_*`` methods are hooks, registered when the settings ask
+    for work: the generated items, their reports (kept, and serialised with their findings), the terminal
+    summary, JUnit properties, the snapshot and ``$GITHUB_STEP_SUMMARY``. Its other methods are what the
+    hooks of :mod:`pytest_cudastack.plugin` call."""
+
+    def __init__(self, config: pytest.Config, settings: Settings) -> None:
+        self.config = config
+        self.settings = settings
+        self.reports: list[pytest.TestReport] = []
+        self._stack: Stack | None = None
+
+    @property
+    def stack(self) -> Stack:
+        """The session's facts, built on first use (on an xdist worker, with the controller's driver)."""
+        if self._stack is None:
+            config = self.config
+            driver_info = None
+            workerinput = getattr(config, "workerinput", None)
+            if workerinput is not None and WORKER_DRIVER in workerinput:
+                driver_info = DriverInfo.from_json(json.loads(workerinput[WORKER_DRIVER]))
+
+            def probe() -> DriverInfo | None:
+                # None: the stack probes NVML itself, finding the driver's files through its own ELF cache
+                hooked: DriverInfo | None = config.hook.pytest_cudastack_driver(config=config)
+                return hooked
+
+            self._stack = Stack(self.settings, driver_info=driver_info, probe=probe, rootdir=str(config.rootpath))
+            if workerinput is None:  # xdist workers never write the ELF cache (like pytest's cacheprovider)
+                config.add_cleanup(self._stack.flush_cache)
+        return self._stack
+
+    # markers ----------------------------------------------------------------------------------------
+    def setup_markers(self, item: pytest.Item, marks: Sequence[pytest.Mark]) -> None:
+        """Evaluate an item's ``requires_*`` marks: misuse fails it, unmet skips it (``--cudastack-unmet=skip``)
+        or fails it in ``call_markers``."""
+        try:
+            calls = [check_marker(m.name, m.args, m.kwargs) for m in reversed(marks)]
+            unmet = evaluate_all(calls, self.stack)
+            misuse = None
+        except CudaStackError as e:
+            misuse = f"cudastack: {e}"
+        if misuse is not None:
+            pytest.fail(misuse, pytrace=False)  # outside the except block: one message, no chained traceback
+        item.stash[_unmet_key] = unmet
+        if unmet is not None and self.settings.cudastack_unmet == "skip":
+            pytest.skip(unmet.render(self.config.option.verbose))
+
+    def call_markers(self, item: pytest.Item) -> None:
+        unmet = item.stash.get(_unmet_key, None)
+        if unmet is not None:
+            pytest.fail(unmet.render(self.config.option.verbose), pytrace=False)
+
+    def adjust_report(self, item: pytest.Item, report: pytest.TestReport) -> None:
+        """Where a skip is reported, and an invariant item's findings on its call report (``REPORT_RESULT``)."""
+        # like skipping.py for skip marks: report an unmet-marker skip at the test, not inside this plugin
+        if report.skipped and item.stash.get(_unmet_key, None) is not None and isinstance(report.longrepr, tuple):
+            path, line = item.reportinfo()[:2]
+            report.longrepr = (str(path), (line or 0) + 1, report.longrepr[2])
+        elif report.skipped and isinstance(item, InvariantItem) and isinstance(report.longrepr, tuple):
+            # a generated item has no file: "SKIPPED [1] cudastack::arch: no GPU arch known ..." (no line number)
+            report.longrepr = (item.nodeid, None, report.longrepr[2])  # type: ignore[assignment]
+        if isinstance(item, InvariantItem) and report.when == "call":
+            setattr(report, REPORT_RESULT, item.result())  # pytest: "reports can contain arbitrary extra attributes"
+
+    # header -----------------------------------------------------------------------------------------
+    def header(self) -> list[str]:
+        # Quiet unless asked: probing the driver and reading the wheels is not free, so with no cudastack
+        # option active the header appears only at -vv (one line when active, details from -v).
+        verbose = self.config.option.verbose
+        if (not self.settings.active and verbose < 2) or _is_worker(self.config):
+            return []
+        return header_lines(self.stack, verbose)
+
+    # hooks, registered when the settings ask for work ------------------------------------------------
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_collection_modifyitems(self, session: pytest.Session, items: list[pytest.Item]) -> None:
+        # tryfirst: the generated items exist before -k / -m deselection and --co listing see the items
+        settings = self.settings
+        if not settings.items and not settings.cudastack_scan:
+            return
+        if _selects_tests(self.config) and not any(src == "command line" for _, src in settings.sources):
+            return  # `pytest tests/test_x.py::test_y` runs that test; ini-driven items join whole-suite runs only
+        collector = CudaStackCollector.for_session(session, lambda: self.stack)
+        generated = list(collector.collect())
+        # reported like any collected node, so "collected N items" and collection-aware plugins count them
+        report = pytest.CollectReport(collector.nodeid, "passed", None, list(generated))
+        self.config.hook.pytest_collectreport(report=report)
+        items[:0] = generated
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_report_to_serializable(self, report: pytest.CollectReport | pytest.TestReport) -> Any:
+        data = yield
+        result = getattr(report, REPORT_RESULT, None)
+        if isinstance(data, dict) and isinstance(result, ItemResult):
+            data[REPORT_RESULT] = result.to_json()
+        return data
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_report_from_serializable(self, data: dict[str, Any]) -> Any:
+        report = yield
+        raw = data.get(REPORT_RESULT)
+        if report is not None and isinstance(raw, dict):
+            setattr(report, REPORT_RESULT, ItemResult.from_json(raw))
+        return report
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.nodeid.startswith("cudastack::") and (report.when == "call" or report.outcome != "passed"):
+            self.reports.append(report)
+
+    def results(self) -> list[tuple[pytest.TestReport, ItemResult]]:
+        """The kept reports that carry findings (each call report of an item that ran its check)."""
+        out = []
+        for report in self.reports:
+            result = getattr(report, REPORT_RESULT, None)
+            if isinstance(result, ItemResult):
+                out.append((report, result))
+        return out
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        # one section per concern, each printing nothing when it has nothing to say
+        self.findings_section(terminalreporter)
+        self.repair_section(terminalreporter)
+
+    def findings_section(self, terminalreporter: Any) -> None:
+        """The ``cudastack`` section: warnings (and with -v infos) of the generated items, each once.
+
+        Errors are in their item's failure above and the short summary names the item; the section
+        does not repeat them. Warnings are yellow, through pytest's terminal writer (``--color``)."""
+        verbose = self.config.option.verbose
+        shown = (Severity.WARNING, Severity.INFO) if verbose > 0 else (Severity.WARNING,)
+        found = [
+            (report, [text for severity, text in finding_properties(result.findings) if severity in shown])
+            for report, result in self.results()
+        ]
+        found = [(report, texts) for report, texts in found if texts]
+        if not found:
+            return
+        terminalreporter.write_sep("=", "cudastack")
+        for report, texts in found:
+            terminalreporter.write_line(f"{report.nodeid} ({report.outcome})")
+            for text in texts:
+                first, *rest = text.splitlines()
+                if verbose <= 0 and len(rest) > _SECTION_LINES:
+                    more = len(rest) - _SECTION_LINES + 1
+                    rest = [*rest[: _SECTION_LINES - 1], f"  ... {more} more (-v)"]
+                terminalreporter.write_line("  " + first, yellow=first.startswith("warning:"))
+                for line in rest:
+                    terminalreporter.write_line("    " + line)
+
+    def repair_section(self, terminalreporter: Any) -> None:
+        """The repair plan for the failed invariant items (``model.repair``), one per environment, from the
+        findings their reports carry. Per-target items (scan) name binaries: nothing pip repairs."""
+        found: list[Finding] = []
+        for report, result in self.results():
+            if report.failed and result.target is None:
+                found.extend(result.findings)
+        if not any(f.failing for f in found):
+            return
+        text = render_plans(plan_repairs(found, self.stack.inventory, reqs=self.stack.requirements))
+        for line in text.splitlines():
+            terminalreporter.write_line(line)
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionfinish(self) -> None:
+        config = self.config
+        if _is_worker(config):
+            return  # xdist workers write neither files nor the ELF cache
+        stack = self.stack
+        _junit_properties(config, stack)
+        snapshot = self.settings.cudastack_snapshot
+        if snapshot:
+            try:
+                write_snapshot(stack, snapshot)
+            except CudaStackError as e:  # a finding about the run's output, not an internal error
+                reporter = config.pluginmanager.get_plugin("terminalreporter")
+                if reporter is not None:
+                    reporter.write_line(f"cudastack: --cudastack-snapshot: {e}", red=True)
+        summary = os.environ.get("GITHUB_STEP_SUMMARY")
+        if summary:
+            self.step_summary(summary, stack)
+
+    def step_summary(self, path: str, stack: Stack) -> None:
+        """Append a Markdown table of the generated items to ``$GITHUB_STEP_SUMMARY``."""
+        d = stack.driver
+        rows = ["### cudastack", "", f"driver {d.version or 'none'} ({d.source}), CUDA <= {d.cuda_version or '?'}"]
+        rows += ["", "| item | outcome | findings |", "|---|---|---|"]
+        found = {report.nodeid: result.findings for report, result in self.results()}
+        for report in self.reports:
+            texts = [text for _, text in finding_properties(found.get(report.nodeid, ()))]
+            cells = [text.splitlines()[0].replace("|", "\\|") for text in texts]
+            rows.append(f"| `{report.nodeid}` | {report.outcome} | {'<br>'.join(cells) or '-'} |")
+        error = append_text(path, "\n".join(rows) + "\n\n")
+        if error is not None:  # it changed since pytest_configure checked it
+            reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+            if reporter is not None:
+                reporter.write_line(f"cudastack: $GITHUB_STEP_SUMMARY: {path}: {error.strerror or error}", red=True)
+
+
+class XdistHooks:
+    """Registered only when xdist is present: the controller's facts travel to the workers."""
+
+    def __init__(self, run: CudaStackRun) -> None:
+        self.run = run
+
+    def pytest_configure_node(self, node: Any) -> None:
+        node.workerinput[WORKER_DRIVER] = json.dumps(self.run.stack.driver.to_json())
+
+
+def _selects_tests(config: pytest.Config) -> bool:
+    """Whether the command line names tests: a node ID (``path::name``) or a file, as pytest's own
+    argument handling reads them (``Config.args`` from ``ArgsSource.ARGS``). No arguments, ``testpaths``
+    and directories are runs of (part of) the suite, which the ini-driven items join."""
+    if config.args_source is not pytest.Config.ArgsSource.ARGS:
+        return False
+    base = str(config.invocation_params.dir)
+    for arg in config.args:
+        path = arg.split("::", 1)[0]
+        if "::" in arg or os.path.isfile(os.path.join(base, path)):
+            return True
+    return False
+
+
+def header_lines(stack: Stack, verbose: int = 0) -> list[str]:
+    """``pytest_report_header``'s lines: one line of at most ``HEADER_WIDTH`` columns (driver | CUDA | GPUs |
+    CUDA wheels | options); the probe's whole story (its reason, notes, GPUs, wheels) with -v."""
+    d = stack.driver
+    driver = f"driver {d.version} ({d.source})" if d.version else f"driver none ({short_reason(d.reason)})"
+    parts = [driver, f"CUDA <= {d.cuda_version}" if d.cuda_version else "CUDA: unknown"]
+    if d.gpus:
+        names = sorted({g.name for g in d.gpus})
+        parts.append(f"GPUs: {len(d.gpus)} x {', '.join(names)}")
+    elif d.archs:
+        parts.append(f"GPUs: archs {','.join(d.archs)} ({d.arch_source})")
+    else:
+        parts.append("GPUs: none")
+    wheels = stack.wheels
+    majors: dict[int, int] = {}
+    for dist in wheels:
+        if dist.cuda_major is not None:
+            majors[dist.cuda_major] = majors.get(dist.cuda_major, 0) + 1
+    flavours = ", ".join(f"cu{m}: {n}" for m, n in sorted(majors.items()))
+    wheels_part = f"{len(wheels)} CUDA wheels" + (f" ({flavours})" if flavours else "")
+    parts.append(wheels_part)
+    s = stack.settings
+    for key in ("cuda_max", "cuda_min"):
+        if getattr(s, key) is not None:
+            parts.append(s.describe(key))
+    if s.cudastack_scan:
+        count = len(stack.scan_targets)
+        parts.append(f"scan: {count} file{'' if count == 1 else 's'}")
+    lines = [_fit("cudastack: ", parts, droppable=("GPUs: none", wheels_part))]
+    if verbose > 0:
+        if d.reason:
+            lines.append(f"  driver: {d.reason}")
+        lines.extend(
+            f"  GPU {g.index}: {g.name} (sm {g.compute_capability or '?'}"
+            + (f", {g.memory_total / 2**30:.1f} GiB" if g.memory_total else "")
+            + ")"
+            for g in d.gpus
+        )
+        lines.extend(f"  driver note: {n}" for n in d.notes)
+        lines.extend(f"  wheel: {dist.label} (CUDA {dist.cuda_major}: {dist.cuda_evidence})" for dist in wheels)
+    return lines
+
+
+def _fit(prefix: str, parts: list[str], droppable: tuple[str, ...]) -> str:
+    """``prefix`` + ``parts`` joined by " | " in ``HEADER_WIDTH`` columns: the ``droppable`` parts go first
+    (in that order), then the tail is cut, marked "... (-v)" (the -v lines say it all)."""
+    kept = list(parts)
+    for part in droppable:
+        if len(prefix + " | ".join(kept)) <= HEADER_WIDTH:
+            break
+        if part in kept[1:]:
+            kept.remove(part)
+    line = prefix + " | ".join(kept)
+    while len(line) > HEADER_WIDTH and len(kept) > 1:
+        kept.pop()
+        line = prefix + " | ".join([*kept, "... (-v)"])
+    return line
+
+
+def _junit_properties(config: pytest.Config, stack: Stack) -> None:
+    # junitxml's LogXML (public method add_global_property) is what record_testsuite_property uses; it
+    # lives on the controller only, so this works with xdist where the fixture does not.
+    xml = next((p for p in config.pluginmanager.get_plugins() if hasattr(p, "add_global_property")), None)
+    if xml is None:
+        return
+    d = stack.driver
+    xml.add_global_property("cudastack.driver", f"{d.version or 'none'} ({d.source})")
+    xml.add_global_property("cudastack.cuda", d.cuda_version or "unknown")
+    gpus = ", ".join(f"{g.name} ({g.compute_capability})" for g in d.gpus) or (
+        f"archs {','.join(d.archs)}" if d.archs else "none"
+    )
+    xml.add_global_property("cudastack.gpus", gpus)
