@@ -115,6 +115,16 @@ BROKEN = [
     pytest.param(_row0("names", []), "needs 'names' or 'strings'", id="no targets"),
     pytest.param(lambda r: r["targets"].append(dict(r["targets"][0])), "targets[6]: duplicate row", id="duplicate"),
     pytest.param(_drop0("source"), "is not listed in 'sources'", id="no source"),
+    # the types are the schema's (check_data), before any row rule runs
+    pytest.param(lambda r: r["targets"].__setitem__(0, 1), "targets[0]: expected object", id="row not an object"),
+    pytest.param(lambda r: r.update(targets={}), "targets: expected array", id="rows not a list"),
+    pytest.param(_row0("caller", 1), "targets[0].caller: expected string", id="caller not a string"),
+    pytest.param(_row0("caller", ""), "'caller' must be a non-empty regex", id="empty caller"),
+    pytest.param(_row0("names", "libx.so"), "targets[0].names: expected array", id="names not a list"),
+    pytest.param(_row0("names", [""]), "'names' must be a list of non-empty strings", id="empty name"),
+    pytest.param(_row0("paths", "lib"), "targets[0].paths: expected array", id="paths not a list"),
+    pytest.param(_row0("fallback", 1), "targets[0].fallback: expected string", id="fallback not a string"),
+    pytest.param(_row0("note", 1), "targets[0].note: expected string", id="note not a string"),
 ]
 
 

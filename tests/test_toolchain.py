@@ -12,6 +12,7 @@ import os
 import shutil
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -332,6 +333,15 @@ def _broken(change):
     return out
 
 
+def _row0(key: str, value: object) -> Any:
+    """An edit setting *key* of the first framework row to *value*."""
+
+    def edit(d: dict[str, Any]) -> None:
+        d["frameworks"][0][key] = value
+
+    return edit
+
+
 @pytest.mark.parametrize(
     ("change", "match"),
     [
@@ -357,6 +367,21 @@ def _broken(change):
         pytest.param(lambda d: d["frameworks"][0]["minimum"].update(nvcc="12.0"), "map tools", id="minimum tool"),
         pytest.param(lambda d: d["frameworks"][0].update(tools=[]), "non-empty list", id="tools"),
         pytest.param(lambda d: d.update(frameworks=[1]), r"frameworks\[0\]: expected object", id="row type"),
+        pytest.param(lambda d: d.update(frameworks=[]), "'frameworks' must be a non-empty list", id="no rows"),
+        # the types are the schema's (check_data), before any row rule runs
+        pytest.param(_row0("framework", 1), r"frameworks\[0\]\.framework: expected string", id="framework type"),
+        pytest.param(_row0("framework", ""), "'framework' must be a non-empty string", id="empty framework"),
+        pytest.param(_row0("emits", 1), r"frameworks\[0\]\.emits: expected string", id="emits type"),
+        pytest.param(_row0("fix_env", ""), "'fix_env' must be a non-empty string", id="empty fix_env"),
+        pytest.param(_row0("tools", [1]), r"frameworks\[0\]\.tools\[0\]: expected string", id="tool type"),
+        pytest.param(_row0("tools", [""]), "'tools' must be a non-empty list of names", id="empty tool"),
+        pytest.param(_row0("distributions", "x"), r"frameworks\[0\]\.distributions: expected array", id="dists"),
+        pytest.param(_row0("lookup", []), "'lookup' must be a non-empty list of steps", id="no lookup"),
+        pytest.param(_row0("lookup", [1]), r"frameworks\[0\]\.lookup\[0\]: expected object", id="step type"),
+        pytest.param(_row0("minimum", []), r"frameworks\[0\]\.minimum: expected object", id="minimum type"),
+        pytest.param(_row0("minimum", {"ptxas": 12}), r"minimum\.ptxas: expected string", id="minimum value"),
+        pytest.param(_row0("excluded", {"ptxas": "12.0"}), r"excluded\.ptxas: expected array", id="excluded value"),
+        pytest.param(_row0("bogus", 1), r"frameworks\[0\]\.bogus: not allowed here", id="row key"),
     ],
 )
 def test_broken_data_file_names_the_row(change, match: str) -> None:

@@ -335,82 +335,154 @@ def _tree_json(paths: list[str], site: Sequence[str] | None, gpu: bool = False) 
 
     since = time.time_ns()  # before anything is read: the racy window is measured from here
     cache = ElfCache()  # parses nothing until asked: the warm path never loads it
-    store: Any = None
-    if cache.enabled:
-        # lazy: a warm `tree --json` imports no resolver, ELF reader, dataclasses or logging
-        from pytest_cudastack.linker.treecache import TreeCache, environment_key, racy
-
-        key, ldcache = environment_key()
-        # no ld.so.cache: the answers come from ld.so.conf and its includes, which are not tracked
-        # rows with GPU code are another bucket: a row of one kind is never printed for the other
-        store = TreeCache(cache.directory, key + (" gpu_code" if gpu else ""), enabled=isinstance(ldcache, list))
-        store.writable = not racy(ldcache, since)
-        if store.refused is not None:
-            cache.refuse(store.refused)  # off for the run, with the one warning
+    store = _closure_store(cache, since, gpu)
     hits: dict[str, dict[str, Any]] = store.lookup(paths) if store is not None else {}
-    todo = [p for p in dict.fromkeys(paths) if p not in hits]
-    fresh: dict[str, tuple[Tree, frozenset[str]]] = {}
     fatbins = _memo_fatbin(cache)
-    cacheable = True
-    if todo:
-        # lazy: a warm `tree --json` imports no resolver, ELF reader, dataclasses or logging
-        from pytest_cudastack.linker.resolver import Resolver, SearchConfig
-
-        resolver = Resolver(SearchConfig.from_environment(), reader=cache.read)
-        cacheable = resolver.config.ld_cache is not None and resolver.config.root in ("", "/")
-        for p in todo:
-            fresh[p] = resolver.tree_deps(p)
-    libpaths: dict[str, list[str]] = {p: store.paths_of(e) for p, e in hits.items()}
-    for p, (t, _deps) in fresh.items():
-        libpaths[p] = list(dict.fromkeys(x.path for x in t.libraries if x.path is not None))
-    if site is None:
-        touched = list(paths) + [x for p in dict.fromkeys(paths) for x in libpaths[p]]
-        site = _site_dirs_for(touched)
-    index = _owner_index(site) if site else None
+    fresh, cacheable = _resolve_rest([p for p in dict.fromkeys(paths) if p not in hits], cache)
+    libpaths = _library_paths(store, hits, fresh)
+    index = _owners(paths, site, libpaths)
     ctx, ctx_storable = _provider_context(index, since)
-    prov: _Providers | None = None
-    rows: list[str] = []
-    fail = False
+    rows = _JsonRows(cache, store if cacheable else None, index, fatbins if gpu else None, since)
     for p in paths:
         entry = hits.get(p)
         if entry is not None and store.ctx_of(entry) == ctx:
-            rows.append(entry["row"])
-            fail = fail or entry["fail"]
-            continue
-        if entry is not None:  # the closure holds; the providers were found under other site directories
-            d = json.loads(entry["row"])
-            bad: bool = entry["fail"]
-            deps = set(entry["deps"])
+            rows.add_cached(entry)
         else:
-            tree, got = fresh[p]
-            d = tree.to_json()
-            bad = bool(tree.missing or tree.problems)
-            deps = set(got)
-        if prov is None:
-            prov = _Providers(index, cache if index is not None else None)
-        if gpu and entry is None:  # a cached row already holds the GPU code of its files, unchanged since
-            # lazy: a warm `tree --json` imports no resolver, ELF reader, dataclasses or logging
-            from pytest_cudastack.cuda.gpucode import with_gpu_code
+            rows.add(p, entry, fresh, libpaths[p], ctx if ctx_storable else None)
+    _save(rows, cache, store)
+    _write_trees(rows.rows)
+    return 1 if rows.fail else 0
 
-            with_gpu_code(d, fatbins)
-        for lib in d["libraries"]:
-            lib["provider"] = prov(lib["path"])
-        text = json.dumps(d)
-        rows.append(text)
-        fail = fail or bad
-        if store is not None and cacheable:
-            # an owner is looked up by realpath when the path is not in a RECORD
-            deps.update("r" + x for x in libpaths[p])
-            store.store(p, text, bad, libpaths[p], deps, ctx if ctx_storable else None, since)
-    if prov is not None:
-        prov.save()
+
+def _owners(paths: list[str], site: Sequence[str] | None, libpaths: dict[str, list[str]]) -> Any | None:
+    """The owner index over *site*, or (None given) over the site directories holding the files and their
+    libraries; None when there is none."""
+    if site is None:
+        site = _site_dirs_for(list(paths) + [x for p in dict.fromkeys(paths) for x in libpaths[p]])
+    return _owner_index(site) if site else None
+
+
+def _save(rows: _JsonRows, cache: ElfCache, store: Any) -> None:
+    """Write what the run learnt: the providers' answers, the ELF cache, the closure cache (a failure to
+    write that one is a warning)."""
+    if rows.prov is not None:
+        rows.prov.save()
     cache.flush()  # a no-op when nothing was parsed or stored
     if store is not None and (error := store.flush()) is not None:
         _log().warning("cannot write closure cache %s: %s", store.file, error)
+
+
+def _closure_store(cache: ElfCache, since: int, gpu: bool) -> Any:
+    """The closure cache of this run (None while the ELF cache is off); not writable in the racy window."""
+    if not cache.enabled:
+        return None
+    # lazy: a warm `tree --json` imports no resolver, ELF reader, dataclasses or logging
+    from pytest_cudastack.linker.treecache import TreeCache, environment_key, racy
+
+    key, ldcache = environment_key()
+    # no ld.so.cache: the answers come from ld.so.conf and its includes, which are not tracked
+    # rows with GPU code are another bucket: a row of one kind is never printed for the other
+    store = TreeCache(cache.directory, key + (" gpu_code" if gpu else ""), enabled=isinstance(ldcache, list))
+    store.writable = not racy(ldcache, since)
+    if store.refused is not None:
+        cache.refuse(store.refused)  # off for the run, with the one warning
+    return store
+
+
+def _resolve_rest(todo: list[str], cache: ElfCache) -> tuple[dict[str, tuple[Tree, frozenset[str]]], bool]:
+    """The trees (and dependencies) of the files the closure cache did not answer, and whether they may be
+    stored: only answers from the host's ld.so.cache under the real root are."""
+    fresh: dict[str, tuple[Tree, frozenset[str]]] = {}
+    if not todo:
+        return fresh, True
+    # lazy: a warm `tree --json` imports no resolver, ELF reader, dataclasses or logging
+    from pytest_cudastack.linker.resolver import Resolver, SearchConfig
+
+    resolver = Resolver(SearchConfig.from_environment(), reader=cache.read)
+    cacheable = resolver.config.ld_cache is not None and resolver.config.root in ("", "/")
+    for p in todo:
+        fresh[p] = resolver.tree_deps(p)
+    return fresh, cacheable
+
+
+def _library_paths(
+    store: Any, hits: dict[str, dict[str, Any]], fresh: dict[str, tuple[Tree, frozenset[str]]]
+) -> dict[str, list[str]]:
+    """The found library paths of each tree, in load order, from its cached row or its fresh tree."""
+    libpaths: dict[str, list[str]] = {p: store.paths_of(e) for p, e in hits.items()}
+    for p, (t, _deps) in fresh.items():
+        libpaths[p] = list(dict.fromkeys(x.path for x in t.libraries if x.path is not None))
+    return libpaths
+
+
+class _JsonRows:
+    """The rows of one ``tree --json`` run, and whether any tree failed; *store* is None where rows are
+    not to be stored, *fatbins* None without ``--gpu-code``."""
+
+    def __init__(
+        self, cache: ElfCache, store: Any | None, index: Any | None, fatbins: Callable[[str], Fatbin] | None, since: int
+    ) -> None:
+        self.cache = cache
+        self.store = store
+        self.index = index
+        self.fatbins = fatbins
+        self.since = since
+        self.prov: _Providers | None = None
+        self.rows: list[str] = []
+        self.fail = False
+
+    def add_cached(self, entry: dict[str, Any]) -> None:
+        """A cached row whose providers were found under the same site directories: printed as stored."""
+        self.rows.append(entry["row"])
+        self.fail = self.fail or entry["fail"]
+
+    def add(
+        self,
+        p: str,
+        entry: dict[str, Any] | None,
+        fresh: dict[str, tuple[Tree, frozenset[str]]],
+        libpaths: list[str],
+        ctx: str | None,
+    ) -> None:
+        """The row of *p* made anew, from its cached closure (found under other site directories) or its
+        fresh tree, with GPU code (fresh trees only) and providers; stored under *ctx* where allowed."""
+        d, bad, deps = _row_source(p, entry, fresh)
+        if self.prov is None:
+            self.prov = _Providers(self.index, self.cache if self.index is not None else None)
+        if self.fatbins is not None and entry is None:  # a cached row already holds its files' GPU code
+            # lazy: a warm `tree --json` imports no resolver, ELF reader, dataclasses or logging
+            from pytest_cudastack.cuda.gpucode import with_gpu_code
+
+            with_gpu_code(d, self.fatbins)
+        prov = self.prov
+        for lib in d["libraries"]:
+            lib["provider"] = prov(lib["path"])
+        text = json.dumps(d)
+        self.rows.append(text)
+        self.fail = self.fail or bad
+        if self.store is not None:
+            # an owner is looked up by realpath when the path is not in a RECORD
+            deps.update("r" + x for x in libpaths)
+            self.store.store(p, text, bad, libpaths, deps, ctx, self.since)
+
+
+def _row_source(
+    p: str, entry: dict[str, Any] | None, fresh: dict[str, tuple[Tree, frozenset[str]]]
+) -> tuple[dict[str, Any], bool, set[str]]:
+    """The JSON mapping of *p*'s row, whether it fails, and what it depends on: from its cached entry, else
+    from its fresh tree."""
+    if entry is not None:
+        bad: bool = entry["fail"]
+        return json.loads(entry["row"]), bad, set(entry["deps"])
+    tree, got = fresh[p]
+    return tree.to_json(), bool(tree.missing or tree.problems), set(got)
+
+
+def _write_trees(rows: list[str]) -> None:
+    """Print the rows as one ``tree --json`` document: indented for a terminal, compact otherwise."""
     head = f'{{"schema": "{TREE_SCHEMA}", "version": {TREE_VERSION}, "trees": ['
     if sys.stdout.isatty():  # a human is watching: indented (the compact form needs no re-encoding)
         sys.stdout.write(json.dumps(json.loads(head + ", ".join(rows) + "]}"), indent=1))
     else:
         sys.stdout.write(head + ", ".join(rows) + "]}")
     sys.stdout.write("\n")
-    return 1 if fail else 0

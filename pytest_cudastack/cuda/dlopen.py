@@ -114,8 +114,9 @@ def _where(source: str, i: int) -> str:
     return f"{source}: targets[{i}]"
 
 
-def _regex(where: str, key: str, value: Any) -> re.Pattern[str]:
-    if not isinstance(value, str) or not value:
+def _regex(where: str, key: str, value: str) -> re.Pattern[str]:
+    """*value* compiled (a non-empty string: its schema says it is a string); DataError otherwise."""
+    if not value:
         raise DataError(f"{where}: {key!r} must be a non-empty regex string")
     try:
         return re.compile(value)
@@ -123,47 +124,58 @@ def _regex(where: str, key: str, value: Any) -> re.Pattern[str]:
         raise DataError(f"{where}: {key!r} is not a valid regex: {e}") from e
 
 
-def _row(source: str, i: int, row: Any, sources: Mapping[str, Any]) -> DlopenRow:
+# Each row's types (an object; caller, strings, search, miss, fallback, note strings; names and paths lists of
+# strings) are its schema's, checked by check_data before any row is read: the row checks are what it cannot say.
+def _row(source: str, i: int, row: dict[str, Any], sources: Mapping[str, Any]) -> DlopenRow:
+    """One row of the targets table; DataError naming it where a rule its schema cannot say fails."""
     where = _where(source, i)
-    if not isinstance(row, dict):
-        raise DataError(f"{where}: expected an object, got {type(row).__name__}")
     src = cited(row, sources, where)
-    caller = _regex(where, "caller", row.get("caller"))
-    names_raw = row.get("names", [])
-    if not isinstance(names_raw, list) or not all(isinstance(n, str) and n for n in names_raw):
+    caller = _regex(where, "caller", row["caller"])
+    names = _names(where, row.get("names", []), caller)
+    strings = _regex(where, "strings", row["strings"]) if "strings" in row else None
+    if not names and strings is None:
+        raise DataError(f"{where}: needs 'names' or 'strings'")
+    search = row["search"]
+    paths = _search_paths(where, search, row.get("paths"))
+    miss = _miss(where, row["miss"])
+    fallback = row.get("fallback", "")
+    if (miss is Miss.FALLBACK) != bool(fallback):
+        raise DataError(f"{where}: 'fallback' (what happens instead) is required with miss 'fallback', and only then")
+    return DlopenRow(caller, names, strings, search, paths, miss, fallback, src, row.get("note", ""))
+
+
+def _names(where: str, names: list[str], caller: re.Pattern[str]) -> tuple[str, ...]:
+    """The row's library file names: non-empty, no '/' or space, each ``{field}`` a named group of *caller*."""
+    if not all(names):
         raise DataError(f"{where}: 'names' must be a list of non-empty strings")
-    for name in names_raw:
+    for name in names:
         for field in _TEMPLATE_FIELD.findall(name):
             if field not in caller.groupindex:
                 raise DataError(f"{where}: name {name!r} uses {{{field}}}, not a named group of 'caller'")
         if not _NAME.fullmatch(_TEMPLATE_FIELD.sub("0", name)):
             raise DataError(f"{where}: name {name!r} is not a library file name (no '/', no spaces)")
-    strings = _regex(where, "strings", row["strings"]) if "strings" in row else None
-    if not names_raw and strings is None:
-        raise DataError(f"{where}: needs 'names' or 'strings'")
-    search = row.get("search")
-    paths_raw = row.get("paths")
+    return tuple(names)
+
+
+def _search_paths(where: str, search: str, paths: list[str] | None) -> tuple[str, ...]:
+    """The directories of a search "paths" row (a non-empty list of them); none, and no list, for "dlopen"."""
     if search == "dlopen":
-        if paths_raw is not None:
+        if paths is not None:
             raise DataError(f"{where}: 'paths' is only for search 'paths'")
-        paths: tuple[str, ...] = ()
-    elif search == "paths":
-        if not isinstance(paths_raw, list) or not paths_raw or not all(isinstance(p, str) and p for p in paths_raw):
-            raise DataError(f"{where}: search 'paths' needs 'paths', a non-empty list of directories")
-        paths = tuple(paths_raw)
-    else:
+        return ()
+    if search != "paths":
         raise DataError(f"{where}: 'search' must be 'dlopen' or 'paths', not {search!r}")
+    if not paths or not all(paths):
+        raise DataError(f"{where}: search 'paths' needs 'paths', a non-empty list of directories")
+    return tuple(paths)
+
+
+def _miss(where: str, miss: str) -> Miss:
+    """The row's ``miss`` as a :class:`Miss`; DataError for another word."""
     try:
-        miss = Miss(row.get("miss"))
+        return Miss(miss)
     except ValueError:
-        raise DataError(f"{where}: 'miss' must be one of fatal, fallback, optional, not {row.get('miss')!r}") from None
-    fallback = row.get("fallback", "")
-    if not isinstance(fallback, str) or (miss is Miss.FALLBACK) != bool(fallback):
-        raise DataError(f"{where}: 'fallback' (what happens instead) is required with miss 'fallback', and only then")
-    note = row.get("note", "")
-    if not isinstance(note, str):
-        raise DataError(f"{where}: 'note' must be a string")
-    return DlopenRow(caller, tuple(names_raw), strings, search, paths, miss, fallback, src, note)
+        raise DataError(f"{where}: 'miss' must be one of fatal, fallback, optional, not {miss!r}") from None
 
 
 def validate_dlopen_targets(raw: Any, source: str = DATA_FILE) -> tuple[DlopenRow, ...]:
@@ -172,8 +184,8 @@ def validate_dlopen_targets(raw: Any, source: str = DATA_FILE) -> tuple[DlopenRo
     pattern lacks, a search without its paths, a fallback row that does not say what happens instead)."""
     raw = check_data(raw, source, SHAPE)
     sources = raw["sources"]
-    table = raw.get("targets")
-    if not isinstance(table, list) or not table:
+    table = raw["targets"]  # a list of objects: its schema's
+    if not table:
         raise DataError(f"{source}: top-level 'targets' must be a non-empty list")
     return tuple(_row(source, i, row, sources) for i, row in enumerate(table))  # duplicates: check_data's
 

@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pytest_cudastack.cuda.datafile import DataShape, check_data, cited, shipped_json
+from pytest_cudastack.cuda.datafile import DataShape, check_data, shipped_json
 from pytest_cudastack.cuda.gpucode import load_gpu_code
 from pytest_cudastack.errors import DataError
 from pytest_cudastack.linker.toolversion import ToolVersion
@@ -130,15 +130,17 @@ def _step(raw: Any, where: str) -> Step:
     return Step(kind, "" if value is True else value)
 
 
-def _version(text: Any, where: str) -> tuple[int, ...]:
-    if not isinstance(text, str) or not _VERSION.fullmatch(text):
+def _version(text: str, where: str) -> tuple[int, ...]:
+    """A dotted version of one to three numbers as a tuple; DataError otherwise."""
+    if not _VERSION.fullmatch(text):
         raise DataError(f"{where}: {text!r} is not a version")
     return tuple(int(p) for p in text.split("."))
 
 
-def _names(raw: Any, key: str, where: str) -> tuple[str, ...]:
-    value = raw.get(key)
-    if not isinstance(value, list) or not value or not all(isinstance(v, str) and v for v in value):
+def _names(raw: Mapping[str, Any], key: str, where: str) -> tuple[str, ...]:
+    """The row's list of names at *key* (its schema's: strings), none of them empty, and not empty itself."""
+    value: list[str] = raw[key]
+    if not value or not all(value):
         raise DataError(f"{where}: {key!r} must be a non-empty list of names")
     return tuple(value)
 
@@ -146,57 +148,42 @@ def _names(raw: Any, key: str, where: str) -> tuple[str, ...]:
 def validate_toolchain(raw: Any, source: str = TOOLCHAIN_FILE) -> tuple[Framework, ...]:
     """The data file's frameworks; DataError naming the file and row for anything malformed."""
     raw = check_data(raw, source, SHAPE)
-    sources = raw["sources"]
-    rows = raw.get("frameworks")
-    if not isinstance(rows, list) or not rows:
+    rows = raw["frameworks"]  # a list of objects: its schema's
+    if not rows:
         raise DataError(f"{source}: top-level 'frameworks' must be a non-empty list")
-    keys = {"framework", "distributions", "tools", "lookup", "accept", "minimum", "excluded", "rule", "emits"}
-    keys |= {"fix_env", "source"}
-    out: list[Framework] = []
-    for i, row in enumerate(rows):
-        where = f"{source}: frameworks[{i}]"
-        if not isinstance(row, dict):
-            raise DataError(f"{where}: expected an object, got {type(row).__name__}")
-        extra, missing = set(row) - keys - {"note"}, keys - set(row)
-        if extra or missing:
-            raise DataError(f"{where}: unknown key(s) {sorted(extra)}, missing key(s) {sorted(missing)}")
-        cited(row, sources, where)
-        if not isinstance(row["framework"], str) or not row["framework"]:
-            raise DataError(f"{where}: 'framework' must be a non-empty string")
-        if row["accept"] not in _ACCEPT or row["rule"] not in _RULES:
-            raise DataError(f"{where}: 'accept' must be one of {_ACCEPT}, 'rule' one of {_RULES}")
-        if not isinstance(row["emits"], str) or not isinstance(row["fix_env"], str) or not row["fix_env"]:
-            raise DataError(f"{where}: 'emits' must be a string, 'fix_env' a non-empty string")
-        lookup = row["lookup"]
-        if not isinstance(lookup, list) or not lookup:
-            raise DataError(f"{where}: 'lookup' must be a non-empty list of steps")
-        tools = _names(row, "tools", where)
-        minimum, excluded = row["minimum"], row["excluded"]
-        if (
-            not isinstance(minimum, dict)
-            or not isinstance(excluded, dict)
-            or not set(minimum) | set(excluded) <= set(tools)
-        ):
-            raise DataError(f"{where}: 'minimum' and 'excluded' map tools of 'tools' to versions")
-        bad_excluded = [k for k, v in excluded.items() if not isinstance(v, list)]
-        if bad_excluded:
-            raise DataError(f"{where}: 'excluded' values must be lists of versions ({bad_excluded})")
-        out.append(
-            Framework(
-                name=row["framework"],
-                distributions=_names(row, "distributions", where),
-                tools=tools,
-                lookup=tuple(_step(s, f"{where}.lookup[{j}]") for j, s in enumerate(lookup)),
-                accept=row["accept"],
-                minimum={k: _version(v, f"{where}.minimum") for k, v in minimum.items()},
-                excluded={k: tuple(_version(x, f"{where}.excluded") for x in v) for k, v in excluded.items()},
-                rule=row["rule"],
-                emits=row["emits"],
-                fix_env=row["fix_env"],
-                source=row["source"],
-            )
-        )
-    return tuple(out)
+    return tuple(_framework(row, f"{source}: frameworks[{i}]") for i, row in enumerate(rows))
+
+
+# Each row's keys and types (only the keys its schema lists, all but 'note' required; framework, emits, fix_env
+# strings; tools and distributions lists of strings; lookup a list of objects; accept and rule one of theirs;
+# minimum and excluded objects of version strings, lists of them) are its schema's, checked by check_data with
+# each row's source before any row is read: the row checks are what a schema cannot say.
+def _framework(row: dict[str, Any], where: str) -> Framework:
+    """One row of the frameworks table; DataError naming it where a rule its schema cannot say fails."""
+    if not row["framework"]:
+        raise DataError(f"{where}: 'framework' must be a non-empty string")
+    if not row["fix_env"]:
+        raise DataError(f"{where}: 'fix_env' must be a non-empty string")
+    lookup = row["lookup"]
+    if not lookup:
+        raise DataError(f"{where}: 'lookup' must be a non-empty list of steps")
+    tools = _names(row, "tools", where)
+    minimum, excluded = row["minimum"], row["excluded"]
+    if not set(minimum) | set(excluded) <= set(tools):
+        raise DataError(f"{where}: 'minimum' and 'excluded' map tools of 'tools' to versions")
+    return Framework(
+        name=row["framework"],
+        distributions=_names(row, "distributions", where),
+        tools=tools,
+        lookup=tuple(_step(s, f"{where}.lookup[{j}]") for j, s in enumerate(lookup)),
+        accept=row["accept"],
+        minimum={k: _version(v, f"{where}.minimum") for k, v in minimum.items()},
+        excluded={k: tuple(_version(x, f"{where}.excluded") for x in v) for k, v in excluded.items()},
+        rule=row["rule"],
+        emits=row["emits"],
+        fix_env=row["fix_env"],
+        source=row["source"],
+    )
 
 
 @functools.lru_cache(maxsize=1)

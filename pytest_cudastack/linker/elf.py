@@ -413,6 +413,16 @@ class _SecHdr(NamedTuple):
     entsize: int
 
 
+class _Dynamic(NamedTuple):
+    """What a dynamic table declares (both readers build this)."""
+
+    soname: str | None
+    needed: tuple[str, ...]
+    rpath: tuple[str, ...]
+    runpath: tuple[str, ...]
+    nodeflib: bool
+
+
 class _Layout(NamedTuple):
     ehdr: struct.Struct
     phdr: struct.Struct
@@ -580,52 +590,89 @@ class _Fast:
             n = min(limit - offset, n * 8)
 
     def info(self) -> ElfInfo:
+        """The facts of this file, or _Fallback wherever pyelftools must decide."""
         etype = _ET_NAMES.get(self.e_type)
         if etype is None or self.osabi == _ELFOSABI_SOLARIS:
             raise _Fallback("unusual e_type or OS ABI")
-        lay = self.lay
+        interpreter, dyn_seg, loads = self.segments()
+        self.sections()
+        dyn = self.dynamic(dyn_seg, loads)
+        vn_idx = self.last_of(_SHT_GNU_VERNEED)
+        version_needs = self.verneeds(self.secs[vn_idx]) if vn_idx >= 0 else []
+        gnu_idx = self.last_of(_SHT_GNU_HASH)
+        hash_idx = gnu_idx if gnu_idx >= 0 else self.last_of(_SHT_HASH)
+        pyinit = _pyinit(self.p, self.fd, self.elf_class, self.little, self.secs, hash_idx, hash_idx == gnu_idx)
+        return ElfInfo(
+            path=self.p,
+            elf_class=self.elf_class,
+            little_endian=self.little,
+            machine=self.machine,
+            osabi=self.osabi,
+            elf_type=etype,
+            interpreter=interpreter,
+            soname=dyn.soname,
+            needed=dyn.needed,
+            rpath=dyn.rpath,
+            runpath=dyn.runpath,
+            nodeflib=dyn.nodeflib,
+            version_needs=tuple(version_needs),
+            cuda_sections=self.cuda,
+            pyinit=pyinit,
+        )
+
+    def segments(self) -> tuple[str | None, tuple[int, int] | None, list[tuple[int, int, int]]]:
+        """PT_INTERP's path, the last PT_DYNAMIC's (offset, size) and each PT_LOAD's (vaddr, offset, size)."""
         interpreter: str | None = None
         dyn_seg: tuple[int, int] | None = None
         loads: list[tuple[int, int, int]] = []
-        if self.phnum:
-            if self.phoff == 0 or self.phentsize != lay.phdr.size or self.phnum >= 0xFFFF:
-                raise _Fallback("unusual program header table")
-            it, io_, iv, iz = lay.ph_fields
-            for ph in lay.phdr.iter_unpack(self.read(self.phoff, self.phnum * self.phentsize)):
-                pt = ph[it]
-                if pt == _PT_INTERP:
-                    off, n = ph[io_], ph[iz]
-                    if off + n > self.size or n > 4096:
-                        raise _Fallback("PT_INTERP past end of file")
-                    interpreter = self.read(off, n).split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
-                elif pt == _PT_DYNAMIC:
-                    dyn_seg = (ph[io_], ph[iz])
-                elif pt == _PT_LOAD:
-                    loads.append((ph[iv], ph[io_], ph[iz]))
-        self.sections()
-        secs = self.secs
+        if not self.phnum:
+            return interpreter, dyn_seg, loads
+        lay = self.lay
+        if self.phoff == 0 or self.phentsize != lay.phdr.size or self.phnum >= 0xFFFF:
+            raise _Fallback("unusual program header table")
+        it, io_, iv, iz = lay.ph_fields
+        for ph in lay.phdr.iter_unpack(self.read(self.phoff, self.phnum * self.phentsize)):
+            pt = ph[it]
+            if pt == _PT_INTERP:
+                off, n = ph[io_], ph[iz]
+                if off + n > self.size or n > 4096:
+                    raise _Fallback("PT_INTERP past end of file")
+                interpreter = self.read(off, n).split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+            elif pt == _PT_DYNAMIC:
+                dyn_seg = (ph[io_], ph[iz])
+            elif pt == _PT_LOAD:
+                loads.append((ph[iv], ph[io_], ph[iz]))
+        return interpreter, dyn_seg, loads
 
+    def dynamic_table(
+        self, dyn_seg: tuple[int, int] | None, loads: list[tuple[int, int, int]]
+    ) -> tuple[list[tuple[int, int]], int, int, bool]:
+        """The dynamic entries and their string table (base, size, strict UTF-8): the last SHT_DYNAMIC's,
+        else (no section headers) PT_DYNAMIC's with DT_STRTAB mapped through PT_LOAD."""
+        dyn_idx = self.last_of(_SHT_DYNAMIC)
+        if dyn_idx >= 0:
+            dsec = self.secs[dyn_idx]
+            strtab = self.strtab_of(dsec)
+            return self.dyn_entries(dsec.offset, dsec.size), strtab.offset, strtab.size, False
+        if dyn_seg is None or dyn_seg[1] <= 0:
+            return [], 0, 0, False
+        if self.secs:
+            raise _Fallback("dynamic segment without a dynamic section")
+        entries = self.dyn_entries(dyn_seg[0], self.size - dyn_seg[0])
+        ptr = next((v for t, v in entries if t == _DT_STRTAB), None)
+        str_base = next((ptr - va + off for va, off, sz in loads if ptr is not None and va <= ptr < va + sz), -1)
+        if str_base < 0:
+            raise _Fallback("DT_STRTAB outside every PT_LOAD")
+        return entries, str_base, self.size - str_base, True
+
+    def dynamic(self, dyn_seg: tuple[int, int] | None, loads: list[tuple[int, int, int]]) -> _Dynamic:
+        """The soname, DT_NEEDED, RPATH, RUNPATH and DF_1_NODEFLIB the dynamic table declares."""
+        entries, str_base, str_limit, strict = self.dynamic_table(dyn_seg, loads)
         soname: str | None = None
         needed: list[str] = []
         rpath: tuple[str, ...] = ()
         runpath: tuple[str, ...] = ()
         nodeflib = False
-        dyn_idx = self.last_of(_SHT_DYNAMIC)
-        entries: list[tuple[int, int]] = []
-        if dyn_idx >= 0:
-            dsec = secs[dyn_idx]
-            strtab = self.strtab_of(dsec)
-            str_base, str_limit, strict = strtab.offset, strtab.size, False
-            entries = self.dyn_entries(dsec.offset, dsec.size)
-        elif dyn_seg is not None and dyn_seg[1] > 0:
-            if secs:
-                raise _Fallback("dynamic segment without a dynamic section")
-            entries = self.dyn_entries(dyn_seg[0], self.size - dyn_seg[0])
-            ptr = next((v for t, v in entries if t == _DT_STRTAB), None)
-            str_base = next((ptr - va + off for va, off, sz in loads if ptr is not None and va <= ptr < va + sz), -1)
-            if str_base < 0:
-                raise _Fallback("DT_STRTAB outside every PT_LOAD")
-            str_limit, strict = self.size - str_base, True
         budget = self.budget
         for tag, val in entries:
             if tag == _DT_NEEDED:
@@ -639,32 +686,7 @@ class _Fast:
                 runpath = budget.path_list("DT_RUNPATH", self.cstr(str_base, str_limit, val, strict))
             elif tag == _DT_FLAGS_1:
                 nodeflib = bool(val & _DF_1_NODEFLIB)
-
-        version_needs: list[VersionNeed] = []
-        vn_idx = self.last_of(_SHT_GNU_VERNEED)
-        if vn_idx >= 0:
-            version_needs = self.verneeds(secs[vn_idx])
-
-        gnu_idx = self.last_of(_SHT_GNU_HASH)
-        hash_idx = gnu_idx if gnu_idx >= 0 else self.last_of(_SHT_HASH)
-        pyinit = _pyinit(self.p, self.fd, self.elf_class, self.little, secs, hash_idx, hash_idx == gnu_idx)
-        return ElfInfo(
-            path=self.p,
-            elf_class=self.elf_class,
-            little_endian=self.little,
-            machine=self.machine,
-            osabi=self.osabi,
-            elf_type=etype,
-            interpreter=interpreter,
-            soname=soname,
-            needed=tuple(needed),
-            rpath=rpath,
-            runpath=runpath,
-            nodeflib=nodeflib,
-            version_needs=tuple(version_needs),
-            cuda_sections=self.cuda,
-            pyinit=pyinit,
-        )
+        return _Dynamic(soname, tuple(needed), rpath, runpath, nodeflib)
 
     def dyn_entries(self, offset: int, limit: int) -> list[tuple[int, int]]:
         """(d_tag, d_val) up to and including DT_NULL, which must come within *limit* bytes."""
@@ -724,6 +746,7 @@ class _Fast:
 
 # ------------------------------------------------------------------------------------------ pyelftools reader
 def _parse(p: str, stream: IO[bytes], size: int) -> ElfInfo:
+    """The facts of one file as pyelftools reads it; ElfError for anything malformed."""
     from elftools.elf.elffile import ELFFile  # lazy: keeps `import pytest_cudastack.linker.elf` cheap
 
     ident = stream.read(16)
@@ -733,18 +756,56 @@ def _parse(p: str, stream: IO[bytes], size: int) -> ElfInfo:
     header = elf.header
     _check_tables(p, header, size, elf_class)
     machine = _machine_number(header["e_machine"])
+    etype = _pe_etype(header)
+    interpreter, dyn_seg_idx = _pe_segments(p, elf, stream, size)
+    secs = _pe_sections(p, elf, size)
+    dyn: Any = elf.get_section(secs.dyn_idx) if secs.dyn_idx >= 0 else None
+    verneed_sec: Any = elf.get_section(secs.verneed_idx) if secs.verneed_idx >= 0 else None
+    if dyn is None and dyn_seg_idx >= 0:  # no section headers (stripped): the segment finds .dynstr itself
+        dyn = elf.get_segment(dyn_seg_idx)
+    budget = _Budget(p, ElfError)
+    dynamic = _pe_dynamic(p, dyn, budget) if dyn is not None else _Dynamic(None, (), (), (), False)
+    version_needs = _pe_verneeds(p, verneed_sec, budget) if verneed_sec is not None else []
+    hash_idx = secs.gnu_hash_idx if secs.gnu_hash_idx >= 0 else secs.sysv_hash_idx
+    gnu = hash_idx == secs.gnu_hash_idx
+    pyinit = _pyinit(p, stream.fileno(), elf_class, little, _sec_hdrs(secs.headers), hash_idx, gnu)
+    return ElfInfo(
+        path=p,
+        elf_class=elf_class,
+        little_endian=little,
+        machine=machine,
+        osabi=_osabi_number(header["e_ident"]["EI_OSABI"]),
+        elf_type=etype,
+        interpreter=interpreter,
+        soname=dynamic.soname,
+        needed=dynamic.needed,
+        rpath=dynamic.rpath,
+        runpath=dynamic.runpath,
+        nodeflib=dynamic.nodeflib,
+        version_needs=tuple(version_needs),
+        cuda_sections=tuple(s for s in CUDA_SECTIONS if s in secs.names),
+        pyinit=pyinit,
+    )
+
+
+def _pe_etype(header: Any) -> str:
+    """The e_type name pyelftools gives, with the gABI's name for a number it leaves unnamed."""
     etype = str(header["e_type"])
     if etype.startswith("ET_") is False:
         etype = _ET_NAMES.get(int(etype) if etype.isdigit() else -1, etype)
+    return etype
 
+
+def _pe_segments(p: str, elf: Any, stream: IO[bytes], size: int) -> tuple[str | None, int]:
+    """PT_INTERP's path and the index of the last PT_DYNAMIC holding bytes (-1 if none), from the program
+    headers only: pyelftools' DynamicSegment object would build every section to find .dynstr."""
     interpreter: str | None = None
     dyn_seg_idx = -1
     # the gABI: e_phoff 0 means no program header table, whatever e_phnum says (pyelftools would parse
     # e_phnum headers at offset 0)
-    nseg = elf.num_segments() if header["e_phoff"] else 0
+    nseg = elf.num_segments() if elf.header["e_phoff"] else 0
     if nseg > 65536:
         raise ElfError(f"{p}: absurd program header count {nseg}")
-    # program *headers* only: pyelftools' DynamicSegment object would build every section to find .dynstr
     for i in range(nseg):
         ph = elf._get_segment_header(i)
         t = ph["p_type"]
@@ -756,13 +817,33 @@ def _parse(p: str, stream: IO[bytes], size: int) -> ElfInfo:
             interpreter = stream.read(n).split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
         elif t == "PT_DYNAMIC":  # the last one, when it holds bytes: as the fast reader takes it
             dyn_seg_idx = i if int(ph["p_filesz"]) > 0 else -1
+    return interpreter, dyn_seg_idx
 
-    # Walk section *headers* only: building every Section object would make pyelftools parse whole
-    # hash tables (hundreds of thousands of entries in a large library). pyelftools has no public
-    # accessor for a bare header, hence the private ones and the upper pin in pyproject.toml.
-    section_names: list[str] = []
+
+class _PeSections(NamedTuple):
+    """The section headers and names pyelftools gives, with the last index of each table the reader uses."""
+
+    headers: list[Any]
+    names: list[str]
+    dyn_idx: int
+    verneed_idx: int
+    gnu_hash_idx: int
+    sysv_hash_idx: int
+
+
+_PE_CHECKED_TYPES = frozenset(
+    ("SHT_DYNAMIC", "SHT_STRTAB", "SHT_GNU_verneed", "SHT_DYNSYM", "SHT_GNU_HASH", "SHT_HASH")
+)
+
+
+def _pe_sections(p: str, elf: Any, size: int) -> _PeSections:
+    """Every section header, each table the reader uses inside the file, found from the headers alone:
+    building every Section object would make pyelftools parse whole hash tables (hundreds of thousands of
+    entries in a large library). pyelftools has no public accessor for a bare header, hence the private
+    ones and the upper pin in pyproject.toml."""
+    names: list[str] = []
     headers: list[Any] = []
-    dyn_idx = verneed_idx = gnu_hash_idx = sysv_hash_idx = -1
+    last = {"SHT_DYNAMIC": -1, "SHT_GNU_verneed": -1, "SHT_GNU_HASH": -1, "SHT_HASH": -1}
     nsec = elf.num_sections()
     if nsec > 65536:
         raise ElfError(f"{p}: absurd section count {nsec}")
@@ -770,88 +851,62 @@ def _parse(p: str, stream: IO[bytes], size: int) -> ElfInfo:
         hdr = elf._get_section_header(i)
         name = elf._get_section_name(hdr)
         headers.append(hdr)
-        section_names.append(name)
+        names.append(name)
         st = hdr["sh_type"]
-        if st == "SHT_DYNAMIC":
-            dyn_idx = i
-        elif st == "SHT_GNU_verneed":
-            verneed_idx = i
-        elif st == "SHT_GNU_HASH":
-            gnu_hash_idx = i
-        elif st == "SHT_HASH":
-            sysv_hash_idx = i
-        if st in ("SHT_DYNAMIC", "SHT_STRTAB", "SHT_GNU_verneed", "SHT_DYNSYM", "SHT_GNU_HASH", "SHT_HASH") and (
-            hdr["sh_offset"] + hdr["sh_size"] > size
-        ):
+        if st in last:
+            last[st] = i
+        if st in _PE_CHECKED_TYPES and hdr["sh_offset"] + hdr["sh_size"] > size:
             raise ElfError(f"{p}: section {name!r} past end of file")
-    dyn_sec: Any = elf.get_section(dyn_idx) if dyn_idx >= 0 else None
-    verneed_sec: Any = elf.get_section(verneed_idx) if verneed_idx >= 0 else None
+    return _PeSections(
+        headers, names, last["SHT_DYNAMIC"], last["SHT_GNU_verneed"], last["SHT_GNU_HASH"], last["SHT_HASH"]
+    )
 
+
+def _pe_dynamic(p: str, dyn: Any, budget: _Budget) -> _Dynamic:
+    """The soname, DT_NEEDED, RPATH, RUNPATH and DF_1_NODEFLIB of pyelftools' dynamic section or segment."""
     soname: str | None = None
     needed: list[str] = []
     rpath: tuple[str, ...] = ()
     runpath: tuple[str, ...] = ()
     nodeflib = False
-    dyn: Any = dyn_sec
-    if dyn is None and dyn_seg_idx >= 0:  # no section headers (stripped): the segment finds .dynstr itself
-        dyn = elf.get_segment(dyn_seg_idx)
-    budget = _Budget(p, ElfError)
-    if dyn is not None:
-        for count, tag in enumerate(dyn.iter_tags()):
-            if count > _MAX_DYN:
-                raise ElfError(f"{p}: absurd dynamic section")
-            d_tag = tag.entry.d_tag
-            if d_tag == "DT_NEEDED":
-                budget.need()
-                needed.append(budget.text(str(tag.needed)))
-            elif d_tag == "DT_SONAME":
-                soname = budget.text(str(tag.soname))
-            elif d_tag == "DT_RPATH":
-                rpath = budget.path_list("DT_RPATH", str(tag.rpath))
-            elif d_tag == "DT_RUNPATH":
-                runpath = budget.path_list("DT_RUNPATH", str(tag.runpath))
-            elif d_tag == "DT_FLAGS_1":
-                nodeflib = bool(int(tag.entry.d_val) & _DF_1_NODEFLIB)
-            elif d_tag == "DT_NULL":
-                break
+    for count, tag in enumerate(dyn.iter_tags()):
+        if count > _MAX_DYN:
+            raise ElfError(f"{p}: absurd dynamic section")
+        d_tag = tag.entry.d_tag
+        if d_tag == "DT_NEEDED":
+            budget.need()
+            needed.append(budget.text(str(tag.needed)))
+        elif d_tag == "DT_SONAME":
+            soname = budget.text(str(tag.soname))
+        elif d_tag == "DT_RPATH":
+            rpath = budget.path_list("DT_RPATH", str(tag.rpath))
+        elif d_tag == "DT_RUNPATH":
+            runpath = budget.path_list("DT_RUNPATH", str(tag.runpath))
+        elif d_tag == "DT_FLAGS_1":
+            nodeflib = bool(int(tag.entry.d_val) & _DF_1_NODEFLIB)
+        elif d_tag == "DT_NULL":
+            break
+    return _Dynamic(soname, tuple(needed), rpath, runpath, nodeflib)
 
+
+def _pe_verneeds(p: str, verneed_sec: Any, budget: _Budget) -> list[VersionNeed]:
+    """The SHT_GNU_verneed entries pyelftools walks, within the caps a section of that size allows."""
     version_needs: list[VersionNeed] = []
-    if verneed_sec is not None:
-        total = 0
-        # every entry and every auxiliary holds 16 bytes of its own (pyelftools walks sh_info entries,
-        # a vn_next of 0 included: 100,000 visits of one entry took it 13 s)
-        limit = int(verneed_sec["sh_size"]) // 16
-        if int(verneed_sec["sh_info"]) > limit:
+    total = 0
+    # every entry and every auxiliary holds 16 bytes of its own (pyelftools walks sh_info entries,
+    # a vn_next of 0 included: 100,000 visits of one entry took it 13 s)
+    limit = int(verneed_sec["sh_size"]) // 16
+    if int(verneed_sec["sh_info"]) > limit:
+        raise ElfError(f"{p}: absurd version-needs section")
+    for n, (verneed, aux_iter) in enumerate(verneed_sec.iter_versions()):
+        total += int(verneed["vn_cnt"])
+        if total > _MAX_VERNAUX or total > limit:
             raise ElfError(f"{p}: absurd version-needs section")
-        for n, (verneed, aux_iter) in enumerate(verneed_sec.iter_versions()):
-            total += int(verneed["vn_cnt"])
-            if total > _MAX_VERNAUX or total > limit:
-                raise ElfError(f"{p}: absurd version-needs section")
-            versions = tuple(budget.text(str(aux.name)) for aux in aux_iter)
-            version_needs.append(VersionNeed(budget.text(str(verneed.name)), versions))
-            if n > _MAX_VERNEED:
-                raise ElfError(f"{p}: absurd version-needs section")
-
-    cuda = tuple(s for s in CUDA_SECTIONS if s in section_names)
-    hash_idx = gnu_hash_idx if gnu_hash_idx >= 0 else sysv_hash_idx
-    pyinit = _pyinit(p, stream.fileno(), elf_class, little, _sec_hdrs(headers), hash_idx, hash_idx == gnu_hash_idx)
-    return ElfInfo(
-        path=p,
-        elf_class=elf_class,
-        little_endian=little,
-        machine=machine,
-        osabi=_osabi_number(header["e_ident"]["EI_OSABI"]),
-        elf_type=etype,
-        interpreter=interpreter,
-        soname=soname,
-        needed=tuple(needed),
-        rpath=rpath,
-        runpath=runpath,
-        nodeflib=nodeflib,
-        version_needs=tuple(version_needs),
-        cuda_sections=cuda,
-        pyinit=pyinit,
-    )
+        versions = tuple(budget.text(str(aux.name)) for aux in aux_iter)
+        version_needs.append(VersionNeed(budget.text(str(verneed.name)), versions))
+        if n > _MAX_VERNEED:
+            raise ElfError(f"{p}: absurd version-needs section")
+    return version_needs
 
 
 def _gnu_hash(name: bytes) -> int:

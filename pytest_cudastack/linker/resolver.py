@@ -261,6 +261,52 @@ class _Rec:
         self.obj = obj
 
 
+def _add_requester(rec: _Rec, path: str) -> None:
+    """Record *path* as one more requester of *rec* (once)."""
+    if path not in rec.needed_by:
+        rec.needed_by.append(path)
+
+
+class _Walk:
+    """The state of one closure walk: loaded objects by name and inode, records by name and in load order,
+    the queue of objects whose DT_NEEDED are still to be walked (plain class with slots)."""
+
+    __slots__ = ("by_id", "by_name", "main", "ordered", "parents", "problems", "queue", "recs", "rtld", "want")
+
+    def __init__(self, main: _Obj, want: ElfInfo) -> None:
+        self.main = main
+        self.want = want
+        self.problems: list[str] = []
+        self.by_name: dict[str, _Obj] = {}  # names (DT_NEEDED strings, sonames, paths) of loaded objects
+        self.by_id: dict[tuple[int, int], _Obj] = {}
+        self.recs: dict[str, _Rec] = {}  # latest record per (expanded) name
+        self.ordered: list[_Rec] = []  # every record, in load order
+        self.parents: dict[str, str] = {}
+        self.queue: list[_Obj] = [main]
+        self.rtld: _Obj | None = None
+        self.register(main)
+
+    def register(self, o: _Obj, name: str | None = None) -> None:
+        """Make *o* findable by its path, its soname, *name*, and its inode."""
+        by_name = self.by_name
+        for n in (o.path, o.info.soname, name):
+            if n and n not in by_name:
+                by_name[n] = o
+        if o.file_id is not None:
+            self.by_id.setdefault(o.file_id, o)
+
+    def already_loaded(self, name: str, raw: str, obj: _Obj) -> bool:
+        """Whether a loaded object answers to *name*; if so its record (requested by *obj*) is added."""
+        hit = self.by_name.get(name)
+        if hit is None:
+            return False
+        detail = "the dynamic linker" if hit is self.rtld else f"as {hit.path}"
+        r = _Rec(raw, hit.path, Route.ALREADY_LOADED, detail, [], [obj.path], None, None)
+        self.recs[name] = r
+        self.ordered.append(r)
+        return True
+
+
 _Verdict = tuple[str, Any]  # ("ok", ElfInfo) | ("absent", reason) | ("skip", reason) | ("fatal", reason)
 
 
@@ -764,96 +810,88 @@ class Resolver:
         return tree, frozenset(deps)
 
     def _closure(self, main: _Obj, want: ElfInfo, preloaded: list[str], loaded: Sequence[str] = ()) -> Tree:
-        problems: list[str] = []
-        by_name: dict[str, _Obj] = {}  # names (DT_NEEDED strings, sonames, paths) of loaded objects
-        by_id: dict[tuple[int, int], _Obj] = {}
-        recs: dict[str, _Rec] = {}  # latest record per (expanded) name
-        ordered: list[_Rec] = []  # every record, in load order
-        parents: dict[str, str] = {}
-
-        def register(o: _Obj, *names: str | None) -> None:
-            for n in (o.path, o.info.soname, *names):
-                if n and n not in by_name:
-                    by_name[n] = o
-            if o.file_id is not None:
-                by_id.setdefault(o.file_id, o)
-
-        register(main)
-        queue: list[_Obj] = [main]
-        interp = want.interpreter or self.config.interpreter
-        rtld_info = self._info(interp)
-        rtld: _Obj | None = None
-        if isinstance(rtld_info, ElfInfo):
-            rtld = self._new_obj(interp, rtld_info, None)
-            for n in (rtld.path, rtld.info.soname):
-                if n and n not in by_name:
-                    by_name[n] = rtld
-            if rtld.file_id is not None:
-                by_id.setdefault(rtld.file_id, rtld)
-        for p in loaded:
-            li = self._info(p)
-            if isinstance(li, ElfInfo):
-                register(self._new_obj(p, li, None))
-        for p in preloaded:
-            pi = self._info(p)
-            if isinstance(pi, ElfError):
-                problems.append(f"preload {p}: {pi}")
-                continue
-            po = self._new_obj(p, pi, None)
-            register(po)
-            queue.append(po)
-
+        """The load-order closure of *main*: ld.so's breadth-first walk over DT_NEEDED from its start set."""
+        w = _Walk(main, want)
+        self._seed(w, preloaded, loaded)
+        queue = w.queue
         i = 0
         while i < len(queue):
             obj = queue[i]
             i += 1
             for raw in obj.info.needed:
-                name = self._expand(raw, obj.origin) if "$" in raw else raw
-                if name is None:
-                    problems.append(f"{obj.path}: cannot expand {raw!r}")
-                    continue
-                prev = recs.get(name)
-                if prev is not None and prev.path is not None:
-                    if obj.path not in prev.needed_by:
-                        prev.needed_by.append(obj.path)
-                    continue
-                hit = by_name.get(name) if prev is None else None
-                if hit is not None:
-                    detail = "the dynamic linker" if hit is rtld else f"as {hit.path}"
-                    r = _Rec(raw, hit.path, Route.ALREADY_LOADED, detail, [], [obj.path], None, None)
-                    recs[name] = r
-                    ordered.append(r)
-                    continue
-                # a name not found before is searched again: ld.so's placeholder for it (l_faked) never
-                # satisfies a later request, so another requester's RPATH/RUNPATH may still find it
-                r = self._search(name, obj, main, want)
-                r.soname = raw
-                r.needed_by.append(obj.path)
-                if prev is not None and r.path is None:
-                    if obj.path not in prev.needed_by:
-                        prev.needed_by.append(obj.path)
-                    continue
-                recs[name] = r
-                ordered.append(r)
-                if r.path is None:
-                    if r.problem:
-                        problems.append(f"{name}: {r.problem}")
-                    continue
-                fid = self._file_id(r.path)
-                same = by_id.get(fid) if fid is not None else None
-                if same is not None:
-                    by_name.setdefault(name, same)
-                    continue
-                info = self._info(r.path)
-                if not isinstance(info, ElfInfo):  # verified in _search; cannot happen
-                    continue
-                new = self._new_obj(r.path, info, obj)
-                r.obj = new
-                register(new, name)
-                parents[new.path] = obj.path
-                queue.append(new)
+                self._need(w, obj, raw)
+        return Tree(main.path, main.info, self._libraries(w.ordered), tuple(w.problems), w.parents)
 
-        libs = tuple(
+    def _seed(self, w: _Walk, preloaded: list[str], loaded: Sequence[str]) -> None:
+        """The objects loaded before any DT_NEEDED: the program interpreter, *loaded* (matched, never walked)
+        and the preloads (walked after the main object; one that cannot be read is a problem)."""
+        interp = w.want.interpreter or self.config.interpreter
+        rtld_info = self._info(interp)
+        if isinstance(rtld_info, ElfInfo):
+            w.rtld = self._new_obj(interp, rtld_info, None)
+            w.register(w.rtld)
+        for p in loaded:
+            li = self._info(p)
+            if isinstance(li, ElfInfo):
+                w.register(self._new_obj(p, li, None))
+        for p in preloaded:
+            pi = self._info(p)
+            if isinstance(pi, ElfError):
+                w.problems.append(f"preload {p}: {pi}")
+                continue
+            po = self._new_obj(p, pi, None)
+            w.register(po)
+            w.queue.append(po)
+
+    def _need(self, w: _Walk, obj: _Obj, raw: str) -> None:
+        """One DT_NEEDED entry *raw* of *obj*: met by an earlier record or a loaded object, else searched
+        (a found object joins the queue)."""
+        name = self._expand(raw, obj.origin) if "$" in raw else raw
+        if name is None:
+            w.problems.append(f"{obj.path}: cannot expand {raw!r}")
+            return
+        prev = w.recs.get(name)
+        if prev is not None and prev.path is not None:
+            _add_requester(prev, obj.path)
+            return
+        if prev is None and w.already_loaded(name, raw, obj):
+            return
+        # a name not found before is searched again: ld.so's placeholder for it (l_faked) never
+        # satisfies a later request, so another requester's RPATH/RUNPATH may still find it
+        r = self._search(name, obj, w.main, w.want)
+        r.soname = raw
+        r.needed_by.append(obj.path)
+        if prev is not None and r.path is None:
+            _add_requester(prev, obj.path)
+            return
+        w.recs[name] = r
+        w.ordered.append(r)
+        if r.path is None:
+            if r.problem:
+                w.problems.append(f"{name}: {r.problem}")
+            return
+        self._load(w, obj, name, r, r.path)
+
+    def _load(self, w: _Walk, obj: _Obj, name: str, r: _Rec, path: str) -> None:
+        """Map the file *path* that *r* found for *obj*'s *name*: the object already loaded from that inode,
+        else a new object that joins the queue."""
+        fid = self._file_id(path)
+        same = w.by_id.get(fid) if fid is not None else None
+        if same is not None:
+            w.by_name.setdefault(name, same)
+            return
+        info = self._info(path)
+        if not isinstance(info, ElfInfo):  # verified in _search; cannot happen
+            return
+        new = self._new_obj(path, info, obj)
+        r.obj = new
+        w.register(new, name)
+        w.parents[new.path] = obj.path
+        w.queue.append(new)
+
+    def _libraries(self, ordered: list[_Rec]) -> tuple[Library, ...]:
+        """The closure's records, in load order, as the public Library results."""
+        return tuple(
             Library(
                 soname=r.soname,
                 path=r.path,
@@ -867,7 +905,6 @@ class Resolver:
             )
             for r in ordered
         )
-        return Tree(main.path, main.info, libs, tuple(problems), parents)
 
     def dlopen(self, name: str, caller: str, loaded: Sequence[str] = (), loaders: Sequence[str] = ()) -> Library:
         """Where ``dlopen(name)`` called from the object at ``caller`` would load from (glibc 2.36

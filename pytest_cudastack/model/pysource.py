@@ -38,48 +38,66 @@ def _truth(test: ast.expr) -> bool | None:
         inner = _truth(test.operand)
         return None if inner is None else not inner
     if isinstance(test, ast.BoolOp):
-        vals = [_truth(v) for v in test.values]
-        if isinstance(test.op, ast.And):
-            return False if False in vals else (None if None in vals else True)
-        return True if True in vals else (None if None in vals else False)
-    if isinstance(test, ast.Compare) and len(test.ops) == 1 and len(test.comparators) == 1:
-        left, right, op = test.left, test.comparators[0], test.ops[0]
-        value: object
-        if isinstance(left, ast.Attribute) and isinstance(left.value, ast.Name):
-            key = f"{left.value.id}.{left.attr}"
-            value = {"sys.platform": sys.platform, "os.name": os.name, "sys.version_info": sys.version_info}.get(
-                key, _UNKNOWN
-            )
-        else:
-            return None
-        if value is _UNKNOWN:
-            return None
-        try:
-            other = ast.literal_eval(right)
-        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-            return None
-        ops: dict[type[ast.cmpop], Callable[[object, object], bool]] = {
-            ast.Eq: lambda a, b: a == b,
-            ast.NotEq: lambda a, b: a != b,
-            ast.Lt: lambda a, b: a < b,  # type: ignore[operator]
-            ast.LtE: lambda a, b: a <= b,  # type: ignore[operator]
-            ast.Gt: lambda a, b: a > b,  # type: ignore[operator]
-            ast.GtE: lambda a, b: a >= b,  # type: ignore[operator]
-        }
-        fn = ops.get(type(op))
-        if fn is None:
-            return None
-        try:
-            return bool(fn(tuple(value) if key == "sys.version_info" else value, other))  # type: ignore[arg-type]
-        except TypeError:
-            return None
+        return _bool_truth(test)
+    if isinstance(test, ast.Compare):
+        return _compare_truth(test)
+    if isinstance(test, ast.Call):
+        return _startswith_truth(test)
+    return None
+
+
+def _bool_truth(test: ast.BoolOp) -> bool | None:
+    """An ``and``/``or`` of tests: decided where one operand decides it or every operand is decided."""
+    vals = [_truth(v) for v in test.values]
+    if isinstance(test.op, ast.And):
+        return False if False in vals else (None if None in vals else True)
+    return True if True in vals else (None if None in vals else False)
+
+
+_COMPARISONS: dict[type[ast.cmpop], Callable[[object, object], bool]] = {
+    ast.Eq: lambda a, b: a == b,
+    ast.NotEq: lambda a, b: a != b,
+    ast.Lt: lambda a, b: a < b,  # type: ignore[operator]
+    ast.LtE: lambda a, b: a <= b,  # type: ignore[operator]
+    ast.Gt: lambda a, b: a > b,  # type: ignore[operator]
+    ast.GtE: lambda a, b: a >= b,  # type: ignore[operator]
+}
+
+
+def _compare_truth(test: ast.Compare) -> bool | None:
+    """One comparison of ``sys.platform``, ``os.name`` or ``sys.version_info`` with a literal, decided
+    for this interpreter; None for any other comparison."""
+    if len(test.ops) != 1 or len(test.comparators) != 1:
+        return None
+    left, right, op = test.left, test.comparators[0], test.ops[0]
+    if not (isinstance(left, ast.Attribute) and isinstance(left.value, ast.Name)):
+        return None
+    key = f"{left.value.id}.{left.attr}"
+    value = {"sys.platform": sys.platform, "os.name": os.name, "sys.version_info": sys.version_info}.get(key, _UNKNOWN)
+    if value is _UNKNOWN:
+        return None
+    try:
+        other = ast.literal_eval(right)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return None
+    fn = _COMPARISONS.get(type(op))
+    if fn is None:
+        return None
+    try:
+        return bool(fn(tuple(value) if key == "sys.version_info" else value, other))  # type: ignore[arg-type]
+    except TypeError:
+        return None
+
+
+def _startswith_truth(test: ast.Call) -> bool | None:
+    """``sys.platform.startswith("<literal>")``, decided for this interpreter; None for any other call."""
+    func = test.func
     if (
-        isinstance(test, ast.Call)
-        and isinstance(test.func, ast.Attribute)
-        and test.func.attr == "startswith"
-        and isinstance(test.func.value, ast.Attribute)
-        and isinstance(test.func.value.value, ast.Name)
-        and f"{test.func.value.value.id}.{test.func.value.attr}" == "sys.platform"
+        isinstance(func, ast.Attribute)
+        and func.attr == "startswith"
+        and isinstance(func.value, ast.Attribute)
+        and isinstance(func.value.value, ast.Name)
+        and f"{func.value.value.id}.{func.value.attr}" == "sys.platform"
         and len(test.args) == 1
         and isinstance(test.args[0], ast.Constant)
         and isinstance(test.args[0].value, str)

@@ -79,20 +79,9 @@ def parse_record(text: str, entry: Callable[[str, str | None, int | None], T]) -
     """
     entries: list[T] = []
     problems: list[str] = []
-    lines = text.splitlines()
-    rows: Iterable[list[str]]
-    if '"' not in text and "\x00" not in text and max(map(len, lines), default=0) <= _csv_field_limit():
-        # the shortcut: no quote, no NUL (which csv refuses before Python 3.11), no field over the csv
-        # limit: csv.reader's rows are the comma splits (made one at a time: 22k lists alive at once cost
-        # the garbage collector more than the splitting)
-        rows = (line.split(",") for line in lines)
-    else:
-        import csv  # lazy: rare (quoted fields, NUL, huge lines), kept off tree's warm path
-
-        try:
-            rows = list(csv.reader(lines))
-        except csv.Error as e:
-            return entries, [f"RECORD is not valid CSV: {e}"]
+    rows = _record_rows(text)
+    if isinstance(rows, str):
+        return entries, [rows]
     for lineno, row in enumerate(rows, 1):
         if len(row) == 3:  # the well-formed row, decided without the checks below (same result)
             path, digest, size_s = row
@@ -103,40 +92,76 @@ def parse_record(text: str, entry: Callable[[str, str | None, int | None], T]) -
             ):
                 entries.append(entry(path, digest or None, int(size_s) if size_s else None))
                 continue
-        if not row or all(not c.strip() for c in row):
-            continue
-        if len(row) != 3:
-            problems.append(f"RECORD line {lineno}: expected 3 fields (path,hash,size), got {len(row)}")
-            if not row[0]:
-                continue
-            row = [*row, "", ""][:3]
-        path, digest, size_s = row
-        if not path:
-            problems.append(f"RECORD line {lineno}: empty path")
-            continue
-        size: int | None = None
-        if len(size_s.strip()) > _MAX_SIZE_DIGITS:
-            problems.append(
-                f"RECORD line {lineno}: size of {len(size_s.strip())} characters is not a byte count ({path})"
-            )
-        elif size_s.strip():
-            try:
-                size = int(size_s)
-                if size < 0:
-                    raise ValueError(size_s)
-            except ValueError:
-                problems.append(f"RECORD line {lineno}: size {size_s!r} is not a byte count ({path})")
-                size = None
-        h = digest.strip() or None
-        if h is not None and "=" not in h:
-            problems.append(f"RECORD line {lineno}: hash {h!r} is not '<algorithm>=<digest>' ({path})")
-            h = None
-        elif h is not None and _variable_length(h):
-            algorithm = h.partition("=")[0]
-            problems.append(f"RECORD line {lineno}: hash algorithm {algorithm!r} has no fixed digest length ({path})")
-            h = None
-        entries.append(entry(path, h, size))
+        checked = _checked_row(lineno, row, problems)
+        if checked is not None:
+            entries.append(entry(*checked))
     return entries, problems
+
+
+def _record_rows(text: str) -> Iterable[list[str]] | str:
+    """The rows ``csv.reader`` reads from a RECORD text, or the problem when it cannot read them."""
+    lines = text.splitlines()
+    if '"' not in text and "\x00" not in text and max(map(len, lines), default=0) <= _csv_field_limit():
+        # the shortcut: no quote, no NUL (which csv refuses before Python 3.11), no field over the csv
+        # limit: csv.reader's rows are the comma splits (made one at a time: 22k lists alive at once cost
+        # the garbage collector more than the splitting)
+        return (line.split(",") for line in lines)
+    import csv  # lazy: rare (quoted fields, NUL, huge lines), kept off tree's warm path
+
+    try:
+        return list(csv.reader(lines))
+    except csv.Error as e:
+        return f"RECORD is not valid CSV: {e}"
+
+
+def _checked_row(lineno: int, row: list[str], problems: list[str]) -> tuple[str, str | None, int | None] | None:
+    """(path, hash, size) of a row that is not plainly well formed, each problem noted; None for a blank
+    row or one without a path."""
+    if not row or all(not c.strip() for c in row):
+        return None
+    if len(row) != 3:
+        problems.append(f"RECORD line {lineno}: expected 3 fields (path,hash,size), got {len(row)}")
+        if not row[0]:
+            return None
+        row = [*row, "", ""][:3]
+    path, digest, size_s = row
+    if not path:
+        problems.append(f"RECORD line {lineno}: empty path")
+        return None
+    size = _record_size(lineno, path, size_s, problems)
+    return path, _record_hash(lineno, path, digest, problems), size
+
+
+def _record_size(lineno: int, path: str, size_s: str, problems: list[str]) -> int | None:
+    """A RECORD row's size field as a byte count; None when empty or (a problem noted) not a byte count."""
+    digits = size_s.strip()
+    if len(digits) > _MAX_SIZE_DIGITS:
+        problems.append(f"RECORD line {lineno}: size of {len(digits)} characters is not a byte count ({path})")
+        return None
+    if not digits:
+        return None
+    try:
+        size = int(size_s)
+        if size < 0:
+            raise ValueError(size_s)
+    except ValueError:
+        problems.append(f"RECORD line {lineno}: size {size_s!r} is not a byte count ({path})")
+        return None
+    return size
+
+
+def _record_hash(lineno: int, path: str, digest: str, problems: list[str]) -> str | None:
+    """A RECORD row's hash field; None when empty or (a problem noted) not a fixed-length
+    ``<algorithm>=<digest>``."""
+    h = digest.strip() or None
+    if h is not None and "=" not in h:
+        problems.append(f"RECORD line {lineno}: hash {h!r} is not '<algorithm>=<digest>' ({path})")
+        return None
+    if h is not None and _variable_length(h):
+        algorithm = h.partition("=")[0]
+        problems.append(f"RECORD line {lineno}: hash algorithm {algorithm!r} has no fixed digest length ({path})")
+        return None
+    return h
 
 
 def _variable_length(digest: str) -> bool:
