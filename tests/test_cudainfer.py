@@ -22,7 +22,7 @@ def tree(*libs: Library) -> Tree:
 class FakeDist:
     def __init__(self, name: str, version: str) -> None:
         self.name, self.version, self.requires, self.libraries = name, version, (), ()
-        self.label = f"{name} {version}"
+        self.label, self.key = f"{name} {version}", name
 
 
 class FakeInventory:
