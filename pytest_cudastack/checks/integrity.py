@@ -179,6 +179,8 @@ def _overlaps(
     state: StateFn,
     required_by: _Required,
 ) -> list[Finding]:
+    """One finding per set of distributions that list the same paths: an ERROR when their rows differ, an
+    INFO when only identical shared libraries are shared."""
     groups: dict[tuple[int, ...], list[PathState]] = {}
     order: dict[int, int] = {id(d): i for i, d in enumerate(inv.distributions)}
     for path in by_path.shared:
@@ -187,80 +189,101 @@ def _overlaps(
         groups.setdefault(key, []).append(state(path))
     findings: list[Finding] = []
     for key, paths in sorted(groups.items()):
-        dists = [inv.distributions[i] for i in key]
-        conflicting = [s for s in paths if s.conflicting]
-        libs = [s for s in paths if is_shared_lib_path(s.path)]
-        if not conflicting and not libs:
-            continue
-        labels = " and ".join(d.label for d in dists) if len(dists) == 2 else ", ".join(d.label for d in dists)
-        rels = sorted(s.rel for s in paths)
-        where_dir = _common_dir(rels)
-        under = f" under {where_dir}/" if where_dir else ""
-        lib_rels = sorted(s.rel for s in libs)
-        what = f"{len(paths)} file(s){under}"
-        if lib_rels:
-            what += f", {len(lib_rels)} of them shared libraries ({_summarise(lib_rels)})"
-        # whose bytes are on disk
-        winners: dict[str, list[str]] = {}
-        for s in sorted(conflicting or paths, key=lambda s: s.rel):
-            if s.size is None:
-                winners.setdefault("missing", []).append(s.rel)
-            elif s.on_disk:
-                winners.setdefault(" / ".join(d.label for d in s.on_disk), []).append(s.rel)
-            else:
-                winners.setdefault("unknown", []).append(s.rel)
-        on_disk_parts = []
-        for who, rs in winners.items():
-            if who == "missing":
-                on_disk_parts.append(f"{len(rs)} are missing")
-            elif who == "unknown":
-                on_disk_parts.append(f"{len(rs)} match no RECORD")
-            elif len(winners) == 1:
-                on_disk_parts.append(f"the bytes on disk are {who}'s")
-            else:
-                on_disk_parts.append(f"{len(rs)} on disk are {who}'s ({_summarise(rs, 2)})")
-        same_name = len({d.key for d in dists}) == 1
-        if conflicting:
-            severity = Severity.ERROR
-            message = f"{labels} install the same {what}; " + "; ".join(on_disk_parts)
-            if same_name:
-                reason = (
-                    f"two dist-info directories of {dists[0].name} list the same files: one is left over "
-                    "from an interrupted install or uninstall"
-                )
-                fix = manual(
-                    f"{pip_command(dists[0])} uninstall -y {dists[0].name} (repeat until none is left)",
-                    f"{pip_command(dists[0])} install --no-deps {dists[-1].name}=={dists[-1].version}",
-                )
-            else:
-                reason, fix = _keep_one(dists, required_by())
-            cause = (
-                "pip installs one distribution's files over the other's without a warning, and uninstalling "
-                f"either deletes files the other's RECORD still lists. {reason}"
-            )
-        else:
-            severity = Severity.INFO
-            message = f"{labels} list the same {what} with identical bytes"
-            cause = "uninstalling either deletes the file the other still lists"
-            fix = ()
-        shown = sorted(conflicting or libs, key=lambda s: (not is_shared_lib_path(s.path), s.rel))
-        details = tuple(s.describe() for s in shown[:8])
-        if len(shown) > 8:
-            details += (f"... and {len(shown) - 8} more",)
-        findings.append(
-            Finding(
-                check="integrity",
-                severity=severity,
-                subject=" / ".join(d.name for d in dists),
-                distributions=tuple(d.key for d in dists),
-                message=message,
-                cause=cause,
-                remedies=fix,
-                where=tuple(os.path.join(d.dist_info, "RECORD") for d in dists),
-                details=details,
-            )
-        )
+        found = _overlap_finding([inv.distributions[i] for i in key], paths, required_by)
+        if found is not None:
+            findings.append(found)
     return findings
+
+
+def _overlap_finding(
+    dists: Sequence[Distribution], paths: Sequence[PathState], required_by: _Required
+) -> Finding | None:
+    """The finding for ``dists`` listing ``paths`` together, None when nothing of it matters."""
+    conflicting = [s for s in paths if s.conflicting]
+    libs = [s for s in paths if is_shared_lib_path(s.path)]
+    if not conflicting and not libs:
+        return None
+    labels = " and ".join(d.label for d in dists) if len(dists) == 2 else ", ".join(d.label for d in dists)
+    what = _what_is_shared(paths, libs)
+    fix: tuple[Remedy, ...] = ()
+    if conflicting:
+        severity = Severity.ERROR
+        message = f"{labels} install the same {what}; " + "; ".join(_whose_bytes(conflicting))
+        reason, fix = _overlap_remedy(dists, required_by)
+        cause = (
+            "pip installs one distribution's files over the other's without a warning, and uninstalling "
+            f"either deletes files the other's RECORD still lists. {reason}"
+        )
+    else:
+        severity = Severity.INFO
+        message = f"{labels} list the same {what} with identical bytes"
+        cause = "uninstalling either deletes the file the other still lists"
+    shown = sorted(conflicting or libs, key=lambda s: (not is_shared_lib_path(s.path), s.rel))
+    details = tuple(s.describe() for s in shown[:8])
+    if len(shown) > 8:
+        details += (f"... and {len(shown) - 8} more",)
+    return Finding(
+        check="integrity",
+        severity=severity,
+        subject=" / ".join(d.name for d in dists),
+        distributions=tuple(d.key for d in dists),
+        message=message,
+        cause=cause,
+        remedies=fix,
+        facts=Facts(objects=tuple(s.path for s in shown), versions=tuple((d.name, d.version) for d in dists)),
+        where=tuple(os.path.join(d.dist_info, "RECORD") for d in dists),
+        details=details,
+    )
+
+
+def _what_is_shared(paths: Sequence[PathState], libs: Sequence[PathState]) -> str:
+    """``3 file(s) under nvidia/cudnn/lib/, 2 of them shared libraries (libcudnn.so.9, ...)``."""
+    where_dir = _common_dir(sorted(s.rel for s in paths))
+    under = f" under {where_dir}/" if where_dir else ""
+    what = f"{len(paths)} file(s){under}"
+    lib_rels = sorted(s.rel for s in libs)
+    if lib_rels:
+        what += f", {len(lib_rels)} of them shared libraries ({_summarise(lib_rels)})"
+    return what
+
+
+def _whose_bytes(states: Sequence[PathState]) -> list[str]:
+    """Whose bytes are on disk at the shared paths, grouped by owner ("the bytes on disk are X's")."""
+    winners: dict[str, list[str]] = {}
+    for s in sorted(states, key=lambda s: s.rel):
+        if s.size is None:
+            winners.setdefault("missing", []).append(s.rel)
+        elif s.on_disk:
+            winners.setdefault(" / ".join(d.label for d in s.on_disk), []).append(s.rel)
+        else:
+            winners.setdefault("unknown", []).append(s.rel)
+    parts = []
+    for who, rs in winners.items():
+        if who == "missing":
+            parts.append(f"{len(rs)} are missing")
+        elif who == "unknown":
+            parts.append(f"{len(rs)} match no RECORD")
+        elif len(winners) == 1:
+            parts.append(f"the bytes on disk are {who}'s")
+        else:
+            parts.append(f"{len(rs)} on disk are {who}'s ({_summarise(rs, 2)})")
+    return parts
+
+
+def _overlap_remedy(dists: Sequence[Distribution], required_by: _Required) -> tuple[str, tuple[Remedy, ...]]:
+    """(reason, remedies) of a conflicting overlap: two dist-infos of one name are a leftover; otherwise keep
+    the one that is required (:func:`_keep_one`)."""
+    if len({d.key for d in dists}) != 1:
+        return _keep_one(dists, required_by())
+    reason = (
+        f"two dist-info directories of {dists[0].name} list the same files: one is left over "
+        "from an interrupted install or uninstall"
+    )
+    pip = pip_command(dists[0])
+    return reason, manual(
+        f"{pip} uninstall -y {dists[0].name} (repeat until none is left)",
+        f"{pip} install --no-deps {dists[-1].name}=={dists[-1].version}",
+    )
 
 
 def _lib_name(dist_name: str) -> str:
@@ -358,103 +381,17 @@ def _missing_or_altered(
     disk: Disk,
     required: _Required,
 ) -> list[Finding]:
+    """Per distribution: one finding when every file it lists is gone, else one for its RECORD-listed
+    libraries that are gone and one for those with other bytes that no installed RECORD claims."""
     findings: list[Finding] = []
     for d in inv.distributions:
-        again = (reinstall(d),)
-        # ships nothing it claims?
-        own_iter = (p for p in (d.abspath(e) for e in d.records) if p is not None and not in_dist_info(d, p))
-        first = next(own_iter, None)
-        if first is not None and not os.path.lexists(first) and not any(os.path.lexists(p) for p in own_iter):
-            own = [p for p in (d.abspath(e) for e in d.records) if p is not None and not in_dist_info(d, p)]
-            others = sorted({o.dist.label for p in own for o in by_path.get(p) if o.dist is not d})
-            if others:
-                cause = (
-                    "its files were deleted, most likely by uninstalling another distribution that installs "
-                    f"the same paths; installed now and listing the same paths: {', '.join(others)}"
-                )
-            else:
-                cause = (
-                    "its files were deleted, most likely by uninstalling another distribution that installs "
-                    f"the same paths{_variant_hint(d)}; no installed distribution lists them now, so which "
-                    "one cannot be read from the files"
-                )
-            needed = _who_requires(d, required())
-            sibling = variant_sibling(d.key)
-            wanted = [r for r in required().get(sibling or "", []) if r.dist is not d]
-            if not needed and wanted:
-                # reinstalling it would put its bytes where the required variant's belong (an overlap)
-                pin = next((v for r in wanted if (v := exact_pin(r)) is not None), None)
-                why = f"{wanted[0].dist.label} requires {wanted[0].text}; nothing installed requires {d.name}"
-                fix: tuple[Remedy, ...] = (
-                    uninstall([d], why=why),
-                    Pip("install", (f"{sibling}=={pin}" if pin else str(sibling),), pip_python(d), FORCE, why=why),
-                )
-            else:
-                alternative = f"or, if nothing needs it: {pip_command(d)} uninstall -y {d.name}"
-                fix = again if needed else (*again, Manual((alternative,)))
-            findings.append(
-                Finding(
-                    check="integrity",
-                    severity=Severity.ERROR,
-                    subject=d.label,
-                    distributions=(d.key,),
-                    message=(
-                        f"{d.label} ships nothing it claims: all {len(own)} file(s) its RECORD lists are gone, "
-                        "only its dist-info is left"
-                    ),
-                    cause=cause,
-                    remedies=fix,
-                    where=(os.path.join(d.dist_info, "RECORD"),),
-                    details=tuple(sorted(os.path.relpath(p, d.location) for p in own)[:8]),
-                )
-            )
+        own = _own_files(d)
+        if own and not any(os.path.lexists(p) for p in own):
+            findings.append(_ships_nothing(d, own, by_path, required))
             continue
-        missing: list[str] = []
-        altered: list[str] = []
-        for lib in d.libraries:
-            if lib.record is None:
-                continue
-            s = state(lib.path)
-            if s.size is None:
-                missing.append(s.rel)
-                continue
-            if any(x is d for x in s.on_disk) or s.undecided:
-                continue
-            if s.on_disk:
-                continue  # another owner's bytes: reported as an overlap
-            altered.append(s.describe() + f" (RECORD: {lib.record.size} bytes)")
+        missing, altered = _gone_and_altered(d, state)
         if missing:
-            missing.sort()
-            others = sorted(
-                {o.dist.label for rel in missing for o in by_path.get(os.path.join(d.location, rel)) if o.dist is not d}
-            )
-            if len(missing) == 1:
-                message = f"{d.label} lists {missing[0]} but the file is gone"
-            else:
-                message = f"{d.label} lists {len(missing)} shared libraries that are gone: {_summarise(missing)}"
-            if others:
-                cause = (
-                    f"{', '.join(others)} list(s) the same path(s); installing or uninstalling one of them "
-                    "replaces or deletes the other's files"
-                )
-            else:
-                cause = (
-                    "deleted after install, by hand or by uninstalling a distribution that installs the same "
-                    f"paths{_variant_hint(d)}; no installed distribution lists them now"
-                )
-            findings.append(
-                Finding(
-                    check="integrity",
-                    severity=Severity.ERROR,
-                    subject=d.label,
-                    distributions=(d.key,),
-                    message=message,
-                    cause=cause,
-                    remedies=again,
-                    where=(os.path.join(d.dist_info, "RECORD"),),
-                    details=tuple(f"{r}: missing on disk" for r in missing[:12]),
-                )
-            )
+            findings.append(_gone_finding(d, missing, by_path))
         if altered:
             findings.append(
                 Finding(
@@ -466,12 +403,112 @@ def _missing_or_altered(
                     "other bytes than its RECORD lists, and no installed RECORD claims them",
                     cause="modified after install (patchelf, strip, a copy over it) or overwritten by a "
                     "distribution that has since been uninstalled",
-                    remedies=again,
+                    remedies=(reinstall(d),),
                     where=(os.path.join(d.dist_info, "RECORD"),),
                     details=tuple(altered[:12]),
                 )
             )
     return findings
+
+
+def _own_files(d: Distribution) -> list[str]:
+    """The absolute paths ``d``'s RECORD lists outside its dist-info."""
+    return [p for p in (d.abspath(e) for e in d.records) if p is not None and not in_dist_info(d, p)]
+
+
+def _ships_nothing(d: Distribution, own: Sequence[str], by_path: Listed, required: _Required) -> Finding:
+    """``d`` lists files and every one is gone: why (another distribution's uninstall, most likely) and the
+    repair (its required CUDA variant instead of it when nothing requires it, else its reinstall)."""
+    others = sorted({o.dist.label for p in own for o in by_path.get(p) if o.dist is not d})
+    if others:
+        cause = (
+            "its files were deleted, most likely by uninstalling another distribution that installs "
+            f"the same paths; installed now and listing the same paths: {', '.join(others)}"
+        )
+    else:
+        cause = (
+            "its files were deleted, most likely by uninstalling another distribution that installs "
+            f"the same paths{_variant_hint(d)}; no installed distribution lists them now, so which "
+            "one cannot be read from the files"
+        )
+    needed = _who_requires(d, required())
+    sibling = variant_sibling(d.key)
+    wanted = [r for r in required().get(sibling or "", []) if r.dist is not d]
+    fix: tuple[Remedy, ...]
+    if not needed and wanted:
+        # reinstalling it would put its bytes where the required variant's belong (an overlap)
+        pin = next((v for r in wanted if (v := exact_pin(r)) is not None), None)
+        why = f"{wanted[0].dist.label} requires {wanted[0].text}; nothing installed requires {d.name}"
+        spec = f"{sibling}=={pin}" if pin else str(sibling)
+        fix = (uninstall([d], why=why), Pip("install", (spec,), pip_python(d), FORCE, why=why))
+    elif needed:
+        fix = (reinstall(d),)
+    else:
+        fix = (reinstall(d), Manual((f"or, if nothing needs it: {pip_command(d)} uninstall -y {d.name}",)))
+    return Finding(
+        check="integrity",
+        severity=Severity.ERROR,
+        subject=d.label,
+        distributions=(d.key,),
+        message=(
+            f"{d.label} ships nothing it claims: all {len(own)} file(s) its RECORD lists are gone, "
+            "only its dist-info is left"
+        ),
+        cause=cause,
+        remedies=fix,
+        facts=Facts(objects=tuple(own), versions=((d.name, d.version),)),
+        where=(os.path.join(d.dist_info, "RECORD"),),
+        details=tuple(sorted(os.path.relpath(p, d.location) for p in own)[:8]),
+    )
+
+
+def _gone_and_altered(d: Distribution, state: StateFn) -> tuple[list[str], list[str]]:
+    """``d``'s RECORD-listed libraries that are gone (relative paths, sorted) and those whose bytes match no
+    installed RECORD (described); another owner's bytes are an overlap, reported there."""
+    missing: list[str] = []
+    altered: list[str] = []
+    for lib in d.libraries:
+        if lib.record is None:
+            continue
+        s = state(lib.path)
+        if s.size is None:
+            missing.append(s.rel)
+        elif not s.on_disk and not s.undecided:
+            altered.append(s.describe() + f" (RECORD: {lib.record.size} bytes)")
+    return sorted(missing), altered
+
+
+def _gone_finding(d: Distribution, missing: Sequence[str], by_path: Listed) -> Finding:
+    """``d``'s RECORD-listed libraries that are gone, and who else lists those paths."""
+    others = sorted(
+        {o.dist.label for rel in missing for o in by_path.get(os.path.join(d.location, rel)) if o.dist is not d}
+    )
+    if len(missing) == 1:
+        message = f"{d.label} lists {missing[0]} but the file is gone"
+    else:
+        message = f"{d.label} lists {len(missing)} shared libraries that are gone: {_summarise(missing)}"
+    if others:
+        cause = (
+            f"{', '.join(others)} list(s) the same path(s); installing or uninstalling one of them "
+            "replaces or deletes the other's files"
+        )
+    else:
+        cause = (
+            "deleted after install, by hand or by uninstalling a distribution that installs the same "
+            f"paths{_variant_hint(d)}; no installed distribution lists them now"
+        )
+    return Finding(
+        check="integrity",
+        severity=Severity.ERROR,
+        subject=d.label,
+        distributions=(d.key,),
+        message=message,
+        cause=cause,
+        remedies=(reinstall(d),),
+        facts=Facts(objects=tuple(os.path.join(d.location, r) for r in missing), versions=((d.name, d.version),)),
+        where=(os.path.join(d.dist_info, "RECORD"),),
+        details=tuple(f"{r}: missing on disk" for r in missing[:12]),
+    )
 
 
 def _variant_hint(d: Distribution) -> str:
