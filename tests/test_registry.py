@@ -236,3 +236,27 @@ def test_a_skipped_item_is_not_run_by_check(monkeypatch: pytest.MonkeyPatch, tmp
     monkeypatch.chdir(tmp_path)
     assert main(["check", "--site", str(tmp_path), "--cuda-driver=550.54.15", "--cuda-arch=sm_90"]) == 0
     assert "skip cudastack::idle: nothing to do" in capsys.readouterr().out
+
+
+def test_every_finding_names_a_registered_check():
+    # Finding.check is the item a finding belongs to: every literal the package constructs findings with (and
+    # the repair model's list of the checks it plans for) is a name of the registry, "inventory" included no more
+    import ast
+
+    package = Path(checks.__file__).parent.parent
+    named: set[str] = set()
+    for path in package.rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Finding":
+                first = node.args[0] if node.args else next((k.value for k in node.keywords if k.arg == "check"), None)
+                if isinstance(first, ast.Constant) and isinstance(first.value, str):
+                    named.add(first.value)
+            if isinstance(node, ast.Assign) and any(
+                getattr(t, "id", "") in ("_CHECK", "_MODELLED") for t in node.targets
+            ):
+                value = node.value
+                items = value.elts if isinstance(value, ast.Tuple) else [value]
+                named.update(v.value for v in items if isinstance(v, ast.Constant) and isinstance(v.value, str))
+    assert named, "no Finding construction found"
+    assert named <= set(CHECKS), named - set(CHECKS)

@@ -2,9 +2,13 @@
 
 Each entry is the pytest item ``cudastack::NAME`` (a per-target check: one ``cudastack::NAME[TARGET]`` per
 target), one key of ``Stack.run_checks`` and ``Stack.findings``, and one verdict line of ``cudastack check``;
-its ``enabled`` says when the options turn it on (``Settings.items``). Nothing else lists the checks.
+its ``enabled`` says when the options turn it on (``Settings.items``). Nothing else lists every check;
+``model/repair.py``'s ``_MODELLED`` names the ones whose findings the repair model plans pip commands for
+("integrity", "closure", "requirements", "cuda-max", "cuda-min"), and a new check whose errors a pip command
+can fix is added there too.
 
-Adding a check = one module + one registry line:
+Adding a check = one module + one registry line (and its name in ``model/repair.py``'s ``_MODELLED`` when pip
+can fix its errors):
 
 1. ``checks/<name>.py`` with ``run(stack: StackView, target: Target | None) -> tuple[Finding, ...]`` that
    reads only what ``facts.StackView`` offers (a fact it lacks goes on that Protocol and on ``Stack``);
@@ -15,8 +19,9 @@ Adding a check = one module + one registry line:
 
 tests/test_registry.py registers a dummy check that way and finds it in every place that lists items.
 
-An entry imports its module on first run (``_Lazy``): every pytest session with the plugin installed reads
-the registry (``Settings.items``), and the checks' modules import the ELF, resolver and wheel readers.
+An entry imports its module on first run (``_Lazy``): every active pytest session reads the registry
+(``Settings.items``; an unused plugin imports only ``plugin`` and ``options``), and the checks' modules import
+the ELF, resolver and wheel readers.
 """
 
 from __future__ import annotations
