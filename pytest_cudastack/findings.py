@@ -364,13 +364,14 @@ class Finding:
             facts=Facts.from_json(data.get("facts", {})),
         )
 
-    def render(self, *, compact: bool = False) -> str:
+    def render(self, *, compact: bool = False, plan_step: str | None = None) -> str:
         """Multi-line human text: message, then the chain, cause, places looked in, details and fix.
 
         The full form (failed items, ``cudastack check``, ``cudastack report -v``) lists up to 50 places and
         50 details, 20 hops of the chain and 2,000 characters of each field, and says how many more
         ``--json`` would show; the compact form (``cudastack report``) lists at most three places and three
-        details and says how many more ``-v`` or ``--json`` would show.
+        details and says how many more ``-v`` or ``--json`` would show. ``plan_step`` replaces the remedies
+        with a pointer to the run's repair plan ("step 2 of the repair plan"), which prints each command once.
         """
         # a message that already opens with its subject ("libcuda.so.1: loaded at run time by ...", "torch 2.14.1
         # is a CUDA 13 build ...") says it once
@@ -395,6 +396,9 @@ class Finding:
         lines.extend(f"  {_clip(d)}" for d in details)
         if len(self.details) > len(details):
             lines.append(f"  ... {len(self.details) - len(details)} more ({'-v or --json' if compact else '--json'})")
+        if plan_step is not None:  # the run's plan prints each command once; the finding points at it
+            lines.append(f"  fix: {plan_step}")
+            return "\n".join(lines)
         for remedy in self.remedies:
             lines.append(f"  fix: {_clip(remedy.render())}")
             if remedy.why:

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 __all__ = [
     "FINDING_PROPERTY",
     "MAX_SHOWN",
+    "PLAN_POINTER",
     "REPORT_RESULT",
     "CudaStackCollector",
     "FindingsRepr",
@@ -46,6 +47,9 @@ REPORT_RESULT = "cudastack_result"  # the attribute of an invariant item's call 
 # Findings one item prints (and records as properties) before saying how many more: 1,000 missing sonames
 # are one cause, and ``cudastack check --json`` lists them all.
 MAX_SHOWN = 100
+# What an error's failure says instead of its commands: the run's repair plan, printed before the failures,
+# holds every step once (the failure is rendered on the worker, before the plan exists under xdist).
+PLAN_POINTER = "see the cudastack repair plan above (each step names the findings it resolves)"
 
 
 class InvariantFailed(Exception):
@@ -130,7 +134,8 @@ class FindingsRepr:
         """``(line, is a headline)`` of every error, most severe first."""
         errors = most_severe_first(f for f in self.findings if f.failing)
         for finding in errors[:MAX_SHOWN]:
-            first, *rest = f"[{finding.severity.value}] {finding.render(compact=self.compact)}".splitlines()
+            text = finding.render(compact=self.compact, plan_step=PLAN_POINTER)
+            first, *rest = f"[{finding.severity.value}] {text}".splitlines()
             yield first, True
             for line in rest:
                 yield line, False

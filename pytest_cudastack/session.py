@@ -25,7 +25,7 @@ from pytest_cudastack.errors import CudaStackError, DataError, OptionError
 from pytest_cudastack.findings import Finding, Severity
 from pytest_cudastack.items import REPORT_RESULT, CudaStackCollector, InvariantItem, ItemResult, finding_properties
 from pytest_cudastack.markers import Unmet, check_marker, evaluate_all, short_reason
-from pytest_cudastack.model.repair import plan_repairs, render_plans
+from pytest_cudastack.model.repair import RepairPlan, plan_repairs, render_plans
 from pytest_cudastack.settings import Settings, absolute_paths, resolve
 from pytest_cudastack.stack import Stack, load_snapshot, write_snapshot
 
@@ -108,6 +108,7 @@ class CudaStackRun:
         self.settings = settings
         self.reports: list[pytest.TestReport] = []
         self._stack: Stack | None = None
+        self._plans: tuple[RepairPlan, ...] | None = None
 
     @property
     def stack(self) -> Stack:
@@ -216,10 +217,27 @@ class CudaStackRun:
                 out.append((report, result))
         return out
 
-    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
-        # one section per concern, each printing nothing when it has nothing to say
-        self.findings_section(terminalreporter)
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_terminal_summary(self, terminalreporter: Any) -> Any:
+        # outermost wrapper: the plan (the cause and each command, once) comes before pytest's FAILURES
+        # section, on the first screen; the failures point at it; the warnings section comes after them
         self.repair_section(terminalreporter)
+        result = yield
+        self.findings_section(terminalreporter)
+        return result
+
+    def failing_findings(self) -> list[Finding]:
+        """The findings of the failed invariant items, from their reports (every error the plan covers)."""
+        return [f for report, result in self.results() if report.failed for f in result.findings]
+
+    def plans(self) -> tuple[RepairPlan, ...]:
+        """The run's repair plan, one per environment, over the failed items' findings: built once, from the
+        reports (under xdist the controller runs no check; it reads the inventory the planner needs)."""
+        if self._plans is None:
+            found = self.failing_findings()
+            failing = any(f.failing for f in found)
+            self._plans = plan_repairs(found, self.stack.inventory, reqs=self.stack.requirements) if failing else ()
+        return self._plans
 
     def findings_section(self, terminalreporter: Any) -> None:
         """The ``cudastack`` section: warnings (and with -v infos) of the generated items, each once.
@@ -248,17 +266,14 @@ class CudaStackRun:
                     terminalreporter.write_line("    " + line)
 
     def repair_section(self, terminalreporter: Any) -> None:
-        """The repair plan for the failed invariant items (``model.repair``), one per environment, from the
-        findings their reports carry. Per-target items (scan) name binaries: nothing pip repairs."""
-        found: list[Finding] = []
-        for report, result in self.results():
-            if report.failed and result.target is None:
-                found.extend(result.findings)
-        if not any(f.failing for f in found):
+        """The ``cudastack repair plan`` section (``model.repair``): per environment the cause in one line,
+        then every step (automatic pip commands the model verified, manual steps), each printed once."""
+        text = render_plans(self.plans(), self.failing_findings())
+        if not text:
             return
-        text = render_plans(plan_repairs(found, self.stack.inventory, reqs=self.stack.requirements))
+        terminalreporter.write_sep("=", "cudastack repair plan")
         for line in text.splitlines():
-            terminalreporter.write_line(line)
+            terminalreporter.write_line(line, bold=line.lstrip().startswith(tuple("123456789")))
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionfinish(self) -> None:
@@ -266,7 +281,7 @@ class CudaStackRun:
         if _is_worker(config):
             return  # xdist workers write neither files nor the ELF cache
         stack = self.stack
-        _junit_properties(config, stack)
+        _junit_properties(config, stack, self.plans())
         snapshot = self.settings.cudastack_snapshot
         if snapshot:
             try:
@@ -289,6 +304,7 @@ class CudaStackRun:
             texts = [text for _, text in finding_properties(found.get(report.nodeid, ()))]
             cells = [text.splitlines()[0].replace("|", "\\|") for text in texts]
             rows.append(f"| `{report.nodeid}` | {report.outcome} | {'<br>'.join(cells) or '-'} |")
+        rows += _plan_rows(self.plans())
         error = append_text(path, "\n".join(rows) + "\n\n")
         if error is not None:  # it changed since pytest_configure checked it
             reporter = self.config.pluginmanager.get_plugin("terminalreporter")
@@ -379,7 +395,22 @@ def _fit(prefix: str, parts: list[str], droppable: tuple[str, ...]) -> str:
     return line
 
 
-def _junit_properties(config: pytest.Config, stack: Stack) -> None:
+def _plan_rows(plans: Sequence[RepairPlan]) -> list[str]:
+    """The repair plan as Markdown for the step summary: per environment, its numbered steps."""
+    rows: list[str] = []
+    for plan in plans:
+        if not plan.steps:
+            continue
+        rows += ["", f"#### repair plan for `{plan.environment}`", ""]
+        for i, step in enumerate(plan.steps, 1):
+            label = "run" if step.kind == "automatic" else "by hand"
+            rows.append(
+                f"{i}. {label}: `{step.command.replace('`', chr(39))}`" + (f" ({step.why})" if step.why else "")
+            )
+    return rows
+
+
+def _junit_properties(config: pytest.Config, stack: Stack, plans: Sequence[RepairPlan] = ()) -> None:
     # junitxml's LogXML (public method add_global_property) is what record_testsuite_property uses; it
     # lives on the controller only, so this works with xdist where the fixture does not.
     xml = next((p for p in config.pluginmanager.get_plugins() if hasattr(p, "add_global_property")), None)
@@ -392,3 +423,7 @@ def _junit_properties(config: pytest.Config, stack: Stack) -> None:
         f"archs {','.join(d.archs)}" if d.archs else "none"
     )
     xml.add_global_property("cudastack.gpus", gpus)
+    for plan in plans:  # the plan's steps, numbered as printed: what CI dashboards reading JUnit show
+        for i, step in enumerate(plan.steps, 1):
+            label = "run" if step.kind == "automatic" else "by hand"
+            xml.add_global_property(f"cudastack.repair.{plan.environment}.{i}", f"[{label}] {step.command}")

@@ -22,7 +22,7 @@ from pytest_cudastack.cli.sites import site_dirs_from
 from pytest_cudastack.cuda.gpucode import gpu_code_text
 from pytest_cudastack.findings import Finding, Severity, most_severe_first
 from pytest_cudastack.linker.elfcache import ElfCache
-from pytest_cudastack.model.repair import RepairPlan, plan_repairs, render_plans
+from pytest_cudastack.model.repair import RepairPlan, plan_repairs, plan_step, render_plans
 from pytest_cudastack.settings import Settings
 from pytest_cudastack.stack import Stack
 from pytest_cudastack.wheels.inventory import Inventory
@@ -111,16 +111,21 @@ def wheel_report(paths: Sequence[str] | None = None, cache: ElfCache | None = No
 
 
 def render_report(rep: WheelReport, *, verbose: bool = False, paint: Painter | None = None) -> str:
-    """Findings first (errors and warnings in full, INFO one line each), then CUDA wheels by flavour;
-    ``paint`` colours the severity labels."""
+    """The repair plan first (each command once), then the findings (errors and warnings in full, each
+    pointing at its plan step; INFO one line each), then CUDA wheels by flavour; ``paint`` colours the
+    severity labels."""
     paint = paint or Painter(False)
     lines: list[str] = []
     errors = [f for f in rep.findings if f.severity is Severity.ERROR]
     warnings = [f for f in rep.findings if f.severity is Severity.WARNING]
     infos = [f for f in rep.findings if f.severity is Severity.INFO]
+    plan = render_plans(rep.plans, rep.findings)
+    if plan:  # the plan first: the cause and the commands on the first screen, each command once
+        lines.extend([plan, ""])
     for title, group in (("ERROR", errors), ("WARNING", warnings)):
         for f in group:
-            lines.append(f"{paint.severity(title, title)} [{f.check}] " + f.render(compact=not verbose))
+            step = plan_step(rep.plans, f) if f.failing else None
+            lines.append(f"{paint.severity(title, title)} [{f.check}] " + f.render(compact=not verbose, plan_step=step))
             lines.append("")
     for f in infos:
         lines.append(f"info [{f.check}] {f.subject}: {f.message}")
@@ -149,9 +154,6 @@ def render_report(rep: WheelReport, *, verbose: bool = False, paint: Painter | N
         lines.extend(f"  {label}: {text}" for label, text in coded)
     status = f"{len(errors)} error(s), {len(warnings)} warning(s), {len(infos)} info" if rep.findings else "no findings"
     lines.append(f"wheels: {status}")
-    plan = render_plans(rep.plans)
-    if plan:
-        lines.append(plan)
     return "\n".join(lines)
 
 

@@ -69,6 +69,7 @@ __all__ = [
     "RepairPlan",
     "load_facts",
     "plan_repairs",
+    "plan_step",
     "predict",
     "render_plans",
     "verified_fixes",
@@ -139,13 +140,18 @@ class RepairPlan:
         """The automatic steps as one shell command line ("" when there are none)."""
         return " && ".join(step.command for step in self.automatic)
 
-    def render(self) -> str:
+    def render(self, cause: str = "") -> str:
+        """The plan as text: ``cause`` (one line: what the first error it repairs says), then each step,
+        numbered, with what it resolves and why."""
         lines = [f"repair plan for {self.environment}:"]
+        if cause:
+            lines.append(f"  cause: {cause}")
         for i, step in enumerate(self.steps, 1):
             label = "run" if step.kind == "automatic" else "by hand"
             lines.append(f"  {i}. [{label}] {step.command}")
             if step.why:
                 lines.append(f"     why: {step.why}")
+            lines.append(f"     resolves: {', '.join(step.resolves)}")
         lines.extend(f"  note: {n}" for n in self.notes)
         lines.extend(f"  chose: {c}" for c in self.chose)
         return "\n".join(lines)
@@ -166,9 +172,32 @@ class RepairPlan:
         return next((i for i, s in enumerate(self.steps, 1) if finding_id in s.resolves), None)
 
 
-def render_plans(plans: Sequence[RepairPlan]) -> str:
-    """The plans with steps, one block each; "" when there is nothing to do."""
-    return "\n".join(p.render() for p in plans if p.steps)
+def render_plans(plans: Sequence[RepairPlan], findings: Iterable[Finding] = ()) -> str:
+    """The plans with steps, one block each, each opening with its cause: the message of the first of
+    ``findings`` it resolves (one line); "" when there is nothing to do."""
+    by_id = {f.id: f for f in findings}
+    blocks = []
+    for p in plans:
+        if not p.steps:
+            continue
+        first = next((by_id[i] for s in p.steps for i in s.resolves if i in by_id), None)
+        cause = first.message.splitlines()[0] if first is not None else ""
+        blocks.append(p.render(_one_line(cause)))
+    return "\n".join(blocks)
+
+
+def plan_step(plans: Sequence[RepairPlan], finding: Finding) -> str | None:
+    """``step 2 of the repair plan for ENV`` (each step that resolves ``finding``), None when no plan does."""
+    for p in plans:
+        steps = [str(i) for i, s in enumerate(p.steps, 1) if finding.id in s.resolves]
+        if steps:
+            word = "step" if len(steps) == 1 else "steps"
+            return f"{word} {', '.join(steps)} of the repair plan for {p.environment}"
+    return None
+
+
+def _one_line(text: str, width: int = 200) -> str:
+    return text if len(text) <= width else text[: width - 3] + "..."
 
 
 def _sonames(f: Finding) -> tuple[str, ...]:
