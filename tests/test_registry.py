@@ -94,7 +94,7 @@ def test_a_registered_check_is_in_settings_items_and_stack(dummy: None, tmp_path
 
 def test_a_registered_check_is_in_cudastack_check(dummy: None, tmp_path: Path, monkeypatch, capsys):
     monkeypatch.setenv("CUDASTACK_CACHE_DIR", str(tmp_path / "cache"))
-    rc = main(["check", "--site", str(tmp_path), "--cudastack", "--cuda-driver=580.65.06", "--cuda-arch=sm_90"])
+    rc = main(["check", "--site", str(tmp_path), "--cudastack", "--cuda-driver=580.65.06", "--cuda-arch=sm_90", "-v"])
     out = capsys.readouterr().out
     assert rc == 1
     assert "FAIL cudastack::dummy\n     error: the stack: dummy says no" in out

@@ -100,8 +100,10 @@ def test_files_gone_one_command_for_all(tmp_path, capsys):
     assert {"libcudnn.so.9", "libnccl.so.2"} <= set(lines[0].replace(";", ",").replace(":", ",").split(", "))
     assert main(["report", "--site", str(site)]) == 1
     out = capsys.readouterr().out
-    assert f"repair plan for {tmp_path / 'venv'}:\n  1. [run] {plan.command}\n" in out
-    assert out.count(plan.command) == 1 + 3  # the plan, and each failing finding's fix line
+    assert out.startswith(f"repair plan for {tmp_path / 'venv'}:\n  cause: ")  # the plan first
+    assert f"\n  1. [run] {plan.command}\n" in out
+    assert out.count(plan.command) == 1  # printed once: each finding points at its step
+    assert out.count(f"fix: step 1 of the repair plan for {tmp_path / 'venv'}") == 3
 
 
 def test_cu12_over_cu13_removes_the_stray_then_reinstalls_the_pinned(tmp_path):

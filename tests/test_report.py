@@ -72,7 +72,8 @@ def test_report_and_check_broken(tmp_path, capsys):
     out = io.StringIO()
     assert cmd_report(ns(site), out) == 1
     text = out.getvalue()
-    assert text.startswith("ERROR [integrity] ")  # findings first
+    assert text.startswith("repair plan for ")  # the plan first, then the findings
+    assert "\nERROR [integrity] " in text
     assert "nvidia-dep-cu12 0.9 and nvidia-dep-cu13 1.0 install the same" in text
     capsys.readouterr()
     assert main(["check", "--site", str(site)]) == 1

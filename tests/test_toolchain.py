@@ -314,7 +314,15 @@ def test_toolchain_item_through_the_plugin(
     pytester.syspathinsert(site)
     args = ("-p", "pytest_cudastack.plugin", "-W", "ignore::pytest.PytestAssertRewriteWarning", "--cudastack")
     result = pytester.runpytest(*args, "-k", "toolchain")
-    result.stdout.fnmatch_lines(["*cudastack::toolchain*", "*Unsupported .version 8.5*", "*fix: unset CUDA_ROOT*"])
+    result.stdout.fnmatch_lines(
+        [
+            "*cudastack repair plan*",
+            "*[[]by hand[]] unset CUDA_ROOT*",
+            "*cudastack::toolchain*",
+            "*Unsupported .version 8.5*",
+            "*fix: see the cudastack repair plan above*",
+        ]
+    )
     result.assert_outcomes(failed=1, passed=1)
     monkeypatch.setenv("CUDA_ROOT", str(site / "nvidia" / "cuda_nvcc"))  # clean twin
     pytester.runpytest(*args, "-k", "toolchain").assert_outcomes(passed=2)
