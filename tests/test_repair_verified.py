@@ -140,3 +140,33 @@ def test_the_plan_claims_the_requirement_findings_its_steps_meet(tmp_path):
     assert plan.unresolved == ("requirements: torch 2.14.1 nccl",)
     assert plan.steps[-1].kind == "manual"  # covered all the same: by hand, with the model's reason
     assert plan.steps[-1].resolves == ("requirements: torch 2.14.1 nccl",)
+
+
+def test_absent_pinned_wheels_are_installed_and_the_model_resolves_what_they_add(tmp_path):
+    """torch 2.0.1 without its pinned cu11 wheels (a --no-deps install): the plan installs them, automatically,
+    because the model knows what each install adds to the search (the library table: nvidia-cublas-cu11 ships
+    libcublas.so.11, nvidia-nvtx-cu11 libnvToolsExt.so.1) and finds no error left: the closure and the
+    requirements findings are both resolved. A soname no absent pinned wheel ships stays a manual step."""
+    from pytest_cudastack.checks.requirements import requirement_findings
+    from tests.helpers.sitebuild import compile_so, site_packages
+
+    site = site_packages(tmp_path / "venv")
+    ext = compile_so(None, pyinit="_C", needed=["libcublas.so.11", "libnvToolsExt.so.1", "libfoo.so.3"])
+    pins = ["nvidia-cublas-cu11==11.10.3.66", "nvidia-nvtx-cu11==11.7.91"]
+    write_dist(site, "torch", "2.0.1", {"torch/_C.cpython-311-x86_64-linux-gnu.so": ext}, requires=pins)
+    inv = installed_wheels([str(site)], reader=read_elf)
+    resolver = Resolver(SearchConfig.from_environment({}), reader=read_elf, owner=inv.owner)
+    closure = [f for f in extension_closures(inv, resolver) if f.failing]
+    reqs = [f for f in requirement_findings(inv) if f.failing]
+    assert sorted(f.subject for f in closure) == ["libcublas.so.11", "libfoo.so.3", "libnvToolsExt.so.1"]
+    (plan,) = plan_repairs([*closure, *reqs], inv)
+    automatic = [s.command for s in plan.automatic]
+    assert automatic == ["pip install nvidia-cublas-cu11==11.10.3.66 nvidia-nvtx-cu11==11.7.91"]
+    assert set(plan.fixes) == {"requirements: torch 2.0.1", "closure: libcublas.so.11", "closure: libnvToolsExt.so.1"}
+    assert plan.unresolved == ("closure: libfoo.so.3",)
+    assert [s.kind for s in plan.steps][-1] == "manual"
+    # the clean twin: nothing to plan
+    write_dist(
+        site, "nvidia-cublas-cu11", "11.10.3.66", {"nvidia/cublas/lib/libcublas.so.11": compile_so("libcublas.so.11")}
+    )
+    assert predict([("install", "nvidia-nvtx-cu11", "11.7.91")], installed_wheels([str(site)], reader=read_elf)) == []

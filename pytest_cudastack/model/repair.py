@@ -46,6 +46,10 @@ from typing import Any
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
+from pytest_cudastack.cuda.compat import soname_cuda_majors
+from pytest_cudastack.cuda.flavour import wheel_cuda_flavour
+from pytest_cudastack.cuda.frameworks import load_rules
+from pytest_cudastack.errors import CudaStackError
 from pytest_cudastack.findings import Finding, Manual, Pip, Remedy
 from pytest_cudastack.linker.resolver import Tree
 from pytest_cudastack.model.torchindex import index_for
@@ -258,6 +262,9 @@ class _Model:
     versions: dict[str, str]
     requires: dict[str, tuple[Requirement, ...]]
     sonames: dict[str, str]  # path -> the soname (else file name) of the library at it
+    # key of a distribution installed from the index (no files of it here) -> the sonames its library ships,
+    # as the library table and its CUDA flavour say (``shipped_by``): what the install adds to the search
+    added: dict[str, Callable[[str], bool]] = field(default_factory=dict)
 
     def copy(self) -> _Model:
         return _Model(
@@ -268,6 +275,7 @@ class _Model:
             dict(self.versions),
             dict(self.requires),
             self.sonames,
+            dict(self.added),
         )
 
     def uninstall(self, key: str) -> None:
@@ -341,7 +349,7 @@ class _Model:
                 text = f"{soname} would be gone from {path}, where an extension module loads it"
                 out.add(_Err("unloadable", soname, frozenset((f"so:{soname}",)), text))
         for soname, tried in facts.missing:
-            if not any(self._present(t) for t in tried):
+            if not any(self._present(t) for t in tried) and not any(ships(soname) for ships in self.added.values()):
                 text = f"{soname} would still not be found (tried {len(tried)} path(s))"
                 out.add(_Err("not-found", soname, frozenset((f"so:{soname}",)), text))
         return out
@@ -415,6 +423,27 @@ def _version_for(d: Distribution, requirers: Sequence[Requirer]) -> str:
     return d.version
 
 
+def shipped_by(name: str) -> Callable[[str], bool] | None:
+    """Which sonames a wheel of ``name`` that is not on disk ships: its library's soname stems (the library
+    table, ``framework_rules.json``) at its CUDA flavour's major (``nvidia-cublas-cu11`` ships
+    ``libcublas.so.11``, not ``.so.12``); None when the table does not know the wheel. The model holds no
+    files of such a wheel; this is what an install of it adds to the linker's search (the requirer's RPATH
+    reaches the wheel's directory: where its pinned wheels install)."""
+    try:
+        row = load_rules().library_for_wheel(name)
+        major, _ = wheel_cuda_flavour(name, "", (), ())
+    except CudaStackError:
+        return None
+    if row is None:
+        return None
+
+    def ships(soname: str) -> bool:
+        majors = soname_cuda_majors(soname)
+        return row.matches_soname(soname) and (major is None or not majors or major in majors)
+
+    return ships
+
+
 def _named(f: Finding, inv: Inventory) -> set[str]:
     """Keys of the installed distributions a finding is about: its ``distributions``, the requirement of a
     broken pin (its facts: ``required`` by ``consumer``), the claimers of a missing soname."""
@@ -453,8 +482,7 @@ def plan_repairs(
     by_env: dict[str, list[Finding]] = {}
     orphan: list[Finding] = []
     for f in failing:
-        keys = _named(f, inventory)
-        env = next((_environment(dist) for k in sorted(keys) if (dist := inventory.get(k)) is not None), None)
+        env = _env_of(f, inventory)
         if env is None:
             orphan.append(f)
         else:
@@ -469,6 +497,17 @@ def plan_repairs(
     return tuple(plans)
 
 
+def _env_of(f: Finding, inv: Inventory) -> str | None:
+    """The environment a finding's plan is for: that of the distributions it is about, else of the owners of
+    the objects it names (a module missing a soname no wheel ships), else of its consumer; None: none."""
+    for name in (*sorted(_named(f, inv)), f.facts.consumer or ""):
+        dist = inv.get(name) if name else None
+        if dist is not None:
+            return _environment(dist)
+    owners = (d for path in f.facts.objects for d in inv.owners(path))
+    return next((_environment(d) for d in owners), None)
+
+
 def _covered(
     plan: RepairPlan, findings: Sequence[Finding], inv: Inventory, facts: LoadFacts | None, reqs: Requirements
 ) -> RepairPlan:
@@ -481,14 +520,23 @@ def _covered(
     manual: dict[Remedy, list[str]] = {}
     prior = _actions(r for r in plan.remedies if isinstance(r, Pip))
     fixed = list(plan.fixes)
-    for f in findings:
+    # the widest pip remedies first: a finding whose own commands the steps already run (a closure finding's
+    # install of the wheel its requirer pins, after the requirements finding's install of every pin) adds none
+    for f in sorted(findings, key=lambda f: -len(_actions(f.pip))):
         if f.id in done:
             continue
         own = f.pip
-        if own and not predict([*prior, *_actions(own)], inv, facts=facts, findings=[f], reqs=reqs):
+        wanted = _actions(own)
+        if own and set(wanted) <= set(prior) and not predict(prior, inv, facts=facts, findings=[f], reqs=reqs):
+            for step, ids in automatic.items():
+                if isinstance(step, Pip) and set(_actions([step])) & set(wanted):
+                    ids.append(f.id)
+            fixed.append(f.id)
+            continue
+        if own and not predict([*prior, *wanted], inv, facts=facts, findings=[f], reqs=reqs):
             for r in own:
                 automatic.setdefault(r, []).append(f.id)
-            prior += _actions(own)
+            prior += wanted
             fixed.append(f.id)
             continue
         by_hand = [r for r in f.remedies if not isinstance(r, Pip)]
@@ -892,6 +940,9 @@ def predict(
         source = d if d is not None else inventory.get(variant_sibling(key) or "")
         if source is None:
             after.install(key, (), {}, name=key, version=version, requires=())
+            ships = shipped_by(key)
+            if ships is not None:
+                after.added[key] = ships
             continue
         paths = before.libs.get(source.key, ())
         same = d is not None and (version is None or version == d.version)
