@@ -270,3 +270,32 @@ def test_plan_json_shape(tmp_path):
     assert doc["steps"][0]["argv"][:2] == ["pip", "install"]
     assert doc["command"] == plan.command
     assert doc["unresolved"] == []
+
+
+def test_a_driver_too_old_for_the_cuda13_torch_is_one_error_with_a_pip_plan(tmp_path):
+    """--cuda-driver=550.54.15 (CUDA <= 12.4) on a CUDA 13 torch: one error for one cause, whose remedies are
+    data (a driver >= the one CUDA 13.0 needs; torch's build for CUDA 12.4), and a plan whose automatic steps
+    the model verified: torch and its CUDA 13 wheels out, torch from PyTorch's cu124 index."""
+    from pytest_cudastack.checks.driver import driver_findings
+    from pytest_cudastack.cuda.driver import DriverInfo
+    from pytest_cudastack.findings import DriverUpgrade, UseBuild
+
+    inv = installed_wheels([str(cuda13_torch(tmp_path))], reader=read_elf)
+    driver = DriverInfo("declared", "550.54.15", "12.4")
+    found = driver_findings([infer_wheel(d) for d in inv.distributions], driver)
+    (error,) = [f for f in found if f.failing]
+    assert error.distributions[0] == "torch"
+    assert error.facts.bound == "12.4"
+    upgrade = next(r for r in error.remedies if isinstance(r, DriverUpgrade))
+    assert (upgrade.minimum.split(".")[0], upgrade.cuda) == ("580", "13.0")
+    build = next(r for r in error.remedies if isinstance(r, UseBuild))
+    assert build.install is not None
+    assert build.install.index_url == "https://download.pytorch.org/whl/cu124"
+    plans = plan_repairs(found, inv)
+    (plan,) = [p for p in plans if p.automatic]
+    assert plan.automatic[-1].command == "pip install --index-url https://download.pytorch.org/whl/cu124 torch==2.14.1"
+    assert error.id in plan.fixes
+    # the clean twin: a driver that runs CUDA 13 gives no error and no plan
+    ok = driver_findings([infer_wheel(d) for d in inv.distributions], DriverInfo("declared", "580.65.06", "13.0"))
+    assert not [f for f in ok if f.failing]
+    assert plan_repairs(ok, inv) == ()

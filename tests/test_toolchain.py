@@ -227,7 +227,7 @@ def test_old_ptxas_on_path_wins_when_jax_finds_no_wheel_dir(tmp_path: Path, mark
     assert "via PATH" in err.message
     assert "PTX ISA 8.5" in err.message
     # removing them would leave XLA no ptxas at all (the wheel's files are gone): not a verified fix
-    assert err.fix.startswith("no safe automatic repair is known: ")
+    assert err.remedies[0].why.startswith("no safe automatic repair is known: ")
 
 
 def test_xla_skips_a_too_old_or_excluded_ptxas(tmp_path: Path, marker: Path) -> None:
@@ -268,7 +268,7 @@ def test_a_fix_that_leaves_no_tool_at_all_is_not_proposed(tmp_path: Path, marker
     old = fake_tool(tmp_path / "old" / "bin" / "nvcc", "12.2.140", marker)
     (warn,) = _errors(_findings(site, {"PATH": str(old.parent)}, tmp_path / "root"))
     assert "nvcc 12.2.140" in warn.message
-    assert warn.fix.startswith("no safe automatic repair is known: ")
+    assert warn.remedies[0].why.startswith("no safe automatic repair is known: ")
 
 
 def test_triton_lookup_env_then_bundled(tmp_path: Path, marker: Path) -> None:

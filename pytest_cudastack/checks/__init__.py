@@ -4,7 +4,7 @@ Each entry is the pytest item ``cudastack::NAME`` (a per-target check: one ``cud
 target), one key of ``Stack.run_checks`` and ``Stack.findings``, and one verdict line of ``cudastack check``;
 its ``enabled`` says when the options turn it on (``Settings.items``). Nothing else lists every check;
 ``model/repair.py``'s ``_MODELLED`` names the ones whose findings the repair model plans pip commands for
-("integrity", "closure", "requirements", "cuda-max", "cuda-min"), and a new check whose errors a pip command
+("integrity", "closure", "requirements", "cuda-max", "cuda-min", "driver"), and a new check whose errors a pip command
 can fix is added there too.
 
 Adding a check = one module + one registry line (and its name in ``model/repair.py``'s ``_MODELLED`` when pip

@@ -33,7 +33,8 @@ from pytest_cudastack.cuda.toolchain import (
 )
 from pytest_cudastack.cuda.versions import Arch, parse_arch
 from pytest_cudastack.errors import ElfError, OptionError
-from pytest_cudastack.findings import Finding, Severity, manual
+from pytest_cudastack.findings import Env, Finding, Manual, Remedy, SearchPath, Severity
+from pytest_cudastack.model.repair import NO_SAFE_REPAIR
 
 if TYPE_CHECKING:
     from pytest_cudastack.checks.facts import StackView, Target
@@ -147,28 +148,37 @@ def _failing(
 
 def _fixes(
     framework: Framework, found: Candidate, ctx: Context, emitter: Emitter | None
-) -> Iterable[tuple[str, Context]]:
+) -> Iterable[tuple[Remedy, Context]]:
     """Candidate fixes for the taken candidate ``found``, most direct first, each with the context it leads to."""
     env = dict(ctx.environ)
     if found.via.startswith("$"):
         name = found.via[1:]
-        yield f"unset {name}", replace(ctx, environ={k: v for k, v in env.items() if k != name})
+        yield (
+            Env(name, why=f"{framework.name} takes {found.path} through it"),
+            replace(ctx, environ={k: v for k, v in env.items() if k != name}),
+        )
     if emitter is not None and emitter.tools_dir is not None:
         value = emitter.tools_dir
         yield (
-            f"export {framework.fix_env}={value}  # {emitter.label}'s tools",
+            Env(framework.fix_env, value, why=f"{emitter.label}'s tools"),
             replace(ctx, environ={**env, framework.fix_env: value}),
         )
         if found.via == "PATH":
             bin_dir = os.path.join(value, "bin")
             path = bin_dir + os.pathsep + env.get("PATH", "")
             after = replace(ctx, environ={**env, "PATH": path})
-            yield f"export PATH={bin_dir}:$PATH  # {emitter.label}'s bin first", after
+            yield SearchPath(bin_dir, "PATH", "prepend", why=f"{emitter.label}'s bin first"), after
     tool_dir = os.path.dirname(found.path)
     yield (
-        f"remove or update the old tools in {tool_dir}",
+        Manual((f"remove or update the old tools in {tool_dir}",)),
         replace(ctx, hidden=ctx.hidden | {os.path.join(tool_dir, t) for t in framework.tools}),
     )
+
+
+def _no_tool_fix(framework: Framework, tool: str, emitter: Emitter) -> tuple[Remedy, ...]:
+    """The manual step when every change the model tries leaves the framework an unsuitable tool or none."""
+    why = f"{NO_SAFE_REPAIR}: each change the model tries leaves {framework.name} an unsuitable {tool} or none"
+    return (Manual((f"install a {tool} that matches {emitter.label} where {framework.name} looks first",), why=why),)
 
 
 def _tool_text(lookup: Lookup, found: Candidate) -> str:
@@ -207,18 +217,10 @@ def toolchain_findings(
             continue
         first, found = bad[0]
         release = found.release or ""  # _bad is True only for a found tool that states its release
-        fix = ""
         had = frozenset(lk.tool for lk in lookups if lk.found is not None)
-        for text, after in _fixes(framework, found, ctx, emitter):
-            if not _failing(framework, after, safe, emitter, had):
-                fix = text
-                break
-        if not fix:  # every candidate leaves it a wrong tool or none at all
-            fix = (
-                "no safe automatic repair is known: each change the model tries leaves "
-                f"{framework.name} an unsuitable {first.tool} or none; by hand: install a {first.tool} that "
-                f"matches {emitter.label} where {framework.name} looks first"
-            )
+        candidates = _fixes(framework, found, ctx, emitter)
+        chosen = next((r for r, after in candidates if not _failing(framework, after, safe, emitter, had)), None)
+        fix: tuple[Remedy, ...] = (chosen,) if chosen is not None else _no_tool_fix(framework, first.tool, emitter)
         tools = _tool_text(first, found)
         details = tuple(f"also {_tool_text(lk, c)}" for lk, c in bad[1:])
         if framework.rule == "ptx-isa":
@@ -245,7 +247,7 @@ def toolchain_findings(
                 dist.label,
                 message,
                 cause=cause,
-                remedies=manual(fix),
+                remedies=fix,
                 where=_where(first),
                 details=details,
                 distributions=(dist.key,),
@@ -322,11 +324,9 @@ def arch_tool_findings(
         if not bad:
             continue
         arch, lookup, found, need = bad[0]
-        fix = ""
-        for text, after in _fixes(framework, found, ctx, _emitter(framework, dist, inventory)):
-            if not _arch_failing(framework, after, safe, targets):
-                fix = text
-                break
+        candidates = _fixes(framework, found, ctx, _emitter(framework, dist, inventory))
+        chosen = next((r for r, after in candidates if not _arch_failing(framework, after, safe, targets)), None)
+        fix: tuple[Remedy, ...] = (chosen,) if chosen is not None else ()
         names = ", ".join(str(a) for a, *_ in bad)
         message = (
             f"{framework.name} would run {_tool_text(lookup, found)}, CUDA {found.release}, to compile for "
@@ -340,7 +340,7 @@ def arch_tool_findings(
                 dist.label,
                 message,
                 cause=f"{found.path} comes first in {framework.name}'s lookup (via {found.via})",
-                remedies=manual(fix),
+                remedies=fix,
                 where=_where(lookup),
                 details=tuple(f"also {a}: needs CUDA {n} ({_tool_text(lk, c)})" for a, lk, c, n in bad[1:]),
                 distributions=(dist.key,),

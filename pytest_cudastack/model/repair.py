@@ -79,7 +79,10 @@ __all__ = [
     "verified_fixes",
 ]
 
-_MODELLED = ("integrity", "closure", "requirements", "cuda-max", "cuda-min")
+_MODELLED = ("integrity", "closure", "requirements", "cuda-max", "cuda-min", "driver")
+# the checks whose findings bound the CUDA a torch build may need (facts.bound), and which way: the driver's
+# CUDA bounds it from above as --cuda-max does
+_BOUNDED = {"cuda-max": "max", "cuda-min": "min", "driver": "max"}
 
 
 @dataclass(frozen=True)
@@ -606,11 +609,11 @@ def _torch_rebuild(
     PyTorch serves a build for the bound and nothing outside the group needs what goes."""
     out = _Rebuild()
     for f in findings:
-        if f.check not in ("cuda-max", "cuda-min") or not f.distributions or f.distributions[0] != "torch":
+        if f.check not in _BOUNDED or not f.distributions or f.distributions[0] != "torch":
             continue
         torch = by_key.get("torch")
         majors = [d.cuda_major for k in f.distributions if (d := by_key.get(k)) is not None and d.cuda_major]
-        kind = f.check.rpartition("-")[2]
+        kind = _BOUNDED[f.check]
         try:
             index = index_for(kind, f.facts.bound, max(majors)) if torch and majors and f.facts.bound else None
         except ValueError:
