@@ -169,7 +169,7 @@ def run(stack: StackView, target: Target | None = None) -> tuple[Finding, ...]:
     its import context, and the mixed CUDA majors (:mod:`~pytest_cudastack.checks.majors`)."""
     inv = stack.inventory
     trees = stack.module_trees
-    mixed = majors_findings(inv, stack.cache.read, lambda p: inv.relative(p))
+    mixed = majors_findings(inv, stack.cache.read, lambda p: inv.relative(p), trees, stack.resolver)
     closures = extension_closures(inv, stack.resolver, trees=trees, reqs=stack.requirements)
     return (*mixed, *closures, *_foreign_finding(inv, foreign_modules(inv)))
 
