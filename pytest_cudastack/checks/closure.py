@@ -20,7 +20,9 @@ Findings:
 * driver-provided sonames (``compat.is_driver_soname``: libcuda.so.1, libnvidia-ml.so.1, ...) missing on a
   machine without a driver: one INFO fact, not a failure;
 * shipped libraries no extension module reaches (optional plugins such as NVSHMEM transports needing
-  libfabric, triton's test plugins) whose own closure misses something: INFO, one per distribution.
+  libfabric, triton's test plugins) whose own closure misses something: INFO, one per distribution;
+* modules the inspected interpreter never imports (another CPython ABI or platform:
+  ``modules.foreign_modules``): one INFO naming them; their closures are not judged.
 
 Chains and details name files relative to their site directory (the site directory is in ``where``).
 """
@@ -41,7 +43,7 @@ from pytest_cudastack.errors import ElfError
 from pytest_cudastack.findings import Facts, Finding, Manual, Pip, Remedy, SearchPath, Severity, manual
 from pytest_cudastack.linker.elf import read_elf
 from pytest_cudastack.linker.resolver import Library, Resolver
-from pytest_cudastack.model.modules import ModuleTree, module_trees
+from pytest_cudastack.model.modules import ForeignModule, ModuleTree, foreign_modules, module_trees
 from pytest_cudastack.model.repair import NO_SAFE_REPAIR, load_facts, plan_repairs, predict, verified_fixes
 from pytest_cudastack.wheels.inventory import Distribution, Inventory
 from pytest_cudastack.wheels.ownership import FORCE, pip_python, reinstall
@@ -167,8 +169,37 @@ def run(stack: StackView, target: Target | None = None) -> tuple[Finding, ...]:
     its import context, and the mixed CUDA majors (:mod:`~pytest_cudastack.checks.majors`)."""
     inv = stack.inventory
     trees = stack.module_trees
-    mixed = majors_findings(inv, stack.cache.read, lambda p: inv.relative(p))
-    return (*mixed, *extension_closures(inv, stack.resolver, trees=trees, reqs=stack.requirements))
+    mixed = majors_findings(inv, stack.cache.read, lambda p: inv.relative(p), trees, stack.resolver)
+    closures = extension_closures(inv, stack.resolver, trees=trees, reqs=stack.requirements)
+    return (*mixed, *closures, *_foreign_finding(inv, foreign_modules(inv)))
+
+
+def _foreign_finding(inv: Inventory, foreign: Sequence[ForeignModule]) -> tuple[Finding, ...]:
+    """One INFO naming the extension modules the inspected interpreter never imports (none: nothing)."""
+    if not foreign:
+        return ()
+    first = foreign[0]
+    who = first.abi.label if first.abi is not None else "this interpreter"
+    names = [inv.relative(fm.module.path) for fm in foreign]
+    dists = sorted({fm.dist.label for fm in foreign})
+    return (
+        Finding(
+            check="closure",
+            severity=Severity.INFO,
+            subject=", ".join(dists),
+            message=f"{len(names)} extension module(s) that {who} never imports: {', '.join(names[:4])}"
+            + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+            + "; their libraries are not checked",
+            cause=f"{who} imports extension modules named with the suffixes {', '.join(first.suffixes)} only; "
+            "these are built for another Python ABI or platform (a wheel that ships builds for several)",
+            remedies=manual(
+                f"nothing to do for this environment; to use them, install the build of {', '.join(dists)} for {who}"
+            ),
+            facts=Facts(objects=tuple(fm.module.path for fm in foreign), found=", ".join(first.suffixes)),
+            where=tuple(dict.fromkeys(fm.dist.location for fm in foreign)),
+            details=tuple(f"module: {n}" for n in names),
+        ),
+    )
 
 
 def _best_chain(m: _Missing) -> tuple[str, ...]:

@@ -5,6 +5,11 @@ the ``.so`` suffix alone does not make one (nvidia's ``libcheckpoint.so``, trito
 module is the root of one :meth:`Resolver.tree`; one Resolver serves them all, so directory listings and ELF
 facts are read once. The closure, dlopen and symbols checks read these trees (``Stack.module_trees``, built
 once per run).
+
+Only modules the inspected interpreter can import are modules of this environment: a file whose name is not
+an identifier plus one of that interpreter's extension suffixes (:mod:`pytest_cudastack.model.abi`: sgl-kernel's
+``_mscclpp.cpython-310-x86_64-linux-gnu.so`` in a Python 3.11 venv) is never loaded, so it has no tree and
+is no caller; :func:`foreign_modules` lists them (the closure item's one INFO).
 """
 
 from __future__ import annotations
@@ -17,10 +22,20 @@ from pytest_cudastack.cuda.compat import is_driver_soname
 from pytest_cudastack.linker.elf import read_elf
 from pytest_cudastack.linker.elfcache import ElfCache
 from pytest_cudastack.linker.resolver import Resolver, Route, SearchConfig, Tree
+from pytest_cudastack.model.abi import PythonAbi, importable_suffix, inspected_suffixes, site_abi
 from pytest_cudastack.model.process import Interpreter, import_contexts
 from pytest_cudastack.wheels.inventory import Distribution, Inventory, Reader, ShippedLib
 
-__all__ = ["Caller", "ModuleTree", "callers", "default_resolver", "extension_modules", "module_trees"]
+__all__ = [
+    "Caller",
+    "ForeignModule",
+    "ModuleTree",
+    "callers",
+    "default_resolver",
+    "extension_modules",
+    "foreign_modules",
+    "module_trees",
+]
 
 
 @dataclass(frozen=True)
@@ -42,9 +57,38 @@ def default_resolver(inv: Inventory, config: SearchConfig | None = None, reader:
     )
 
 
-def extension_modules(inv: Inventory) -> tuple[tuple[Distribution, ShippedLib], ...]:
-    """Every RECORD-listed, present file that exports ``PyInit_<name>``, in inventory order."""
+@dataclass(frozen=True)
+class ForeignModule:
+    """A file exporting ``PyInit_<name>`` that the inspected interpreter never imports: its name carries no
+    suffix of that interpreter (``suffixes``, ``abi``: None when the site's layout names no Python)."""
+
+    dist: Distribution
+    module: ShippedLib
+    suffixes: tuple[str, ...]
+    abi: PythonAbi | None
+
+
+def _present_modules(inv: Inventory) -> tuple[tuple[Distribution, ShippedLib], ...]:
     return tuple((d, lib) for d in inv.distributions for lib in d.libraries if lib.exists and lib.pyinit)
+
+
+def extension_modules(
+    inv: Inventory, suffixes: tuple[str, ...] | None = None
+) -> tuple[tuple[Distribution, ShippedLib], ...]:
+    """Every RECORD-listed, present file that exports ``PyInit_<name>`` and that the inspected interpreter
+    can import (``suffixes``: its extension suffixes, default from ``inv.site_dirs``), in inventory order."""
+    sfx = suffixes if suffixes is not None else inspected_suffixes(inv.site_dirs)
+    return tuple((d, lib) for d, lib in _present_modules(inv) if importable_suffix(lib.path, sfx) is not None)
+
+
+def foreign_modules(inv: Inventory) -> tuple[ForeignModule, ...]:
+    """The present files exporting ``PyInit_<name>`` that the inspected interpreter never imports (another
+    CPython version, the free-threaded ABI, another platform), in inventory order."""
+    abi = site_abi(inv.site_dirs)
+    sfx = inspected_suffixes(inv.site_dirs)
+    return tuple(
+        ForeignModule(d, lib, sfx, abi) for d, lib in _present_modules(inv) if importable_suffix(lib.path, sfx) is None
+    )
 
 
 def module_trees(
@@ -87,9 +131,11 @@ class Caller:
 
 def callers(inv: Inventory, trees: Sequence[ModuleTree]) -> tuple[Caller, ...]:
     """Every extension module and every library its closure maps (with the chain that loaded it, first
-    occurrence), then every other present shipped library (loaded by nothing at import)."""
+    occurrence), then every other present shipped library (loaded by nothing at import) except the modules
+    the inspected interpreter never imports (:func:`foreign_modules`)."""
     out: dict[str, Caller] = {}
     dirs: dict[str, str] = {}
+    foreign = {fm.module.path for fm in foreign_modules(inv)}
     for mt in trees:
         key = real_path(mt.module.path, dirs)
         mapped = (mt.module.path, *(x.path for x in mt.tree.libraries if x.path is not None))
@@ -103,6 +149,6 @@ def callers(inv: Inventory, trees: Sequence[ModuleTree]) -> tuple[Caller, ...]:
                 out[key] = Caller(lib.path, tuple(reversed(chain)), inv.owner(lib.path) or "", mapped)
     for dist in inv.distributions:
         for shipped in dist.libraries:
-            if shipped.exists and not shipped.problem:
+            if shipped.exists and not shipped.problem and shipped.path not in foreign:
                 out.setdefault(real_path(shipped.path, dirs), Caller(shipped.path, None, dist.label))
     return tuple(out.values())

@@ -52,6 +52,7 @@ from pytest_cudastack.linker.elf import ElfInfo
 from pytest_cudastack.linker.elfcache import ElfCache
 from pytest_cudastack.linker.resolver import Resolver, Route
 from pytest_cudastack.linker.strings import StringFacts
+from pytest_cudastack.model.abi import inspected_suffixes
 from pytest_cudastack.model.pysource import Items, module_imports, string_constant
 from pytest_cudastack.model.runtime import loads_of
 
@@ -84,7 +85,9 @@ class Interpreter:
     @classmethod
     def for_sites(cls, site_dirs: Sequence[str], executable: str | None = None) -> Interpreter:
         """This interpreter's standard library and ``lib-dynload`` (its version is the target's), then
-        ``site_dirs``: the ``sys.path`` of a venv of this Python."""
+        ``site_dirs``: the ``sys.path`` of a venv of this Python; the extension suffixes of the interpreter
+        owning ``site_dirs`` (:func:`~pytest_cudastack.model.abi.inspected_suffixes`: a 3.12 venv's
+        ``.cpython-312-...so``, never this 3.11's)."""
         # lazy: sysconfig parses the build configuration; only the import model needs it
         import sysconfig
 
@@ -93,6 +96,7 @@ class Interpreter:
         return cls(
             tuple(dict.fromkeys((*head, *site_dirs))),
             os.path.realpath(executable or sys.executable),
+            suffixes=inspected_suffixes(site_dirs),
             startup=frozenset(sys.builtin_module_names) | _FROZEN_AT_STARTUP,
         )
 

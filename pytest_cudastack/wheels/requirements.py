@@ -47,6 +47,7 @@ __all__ = [
     "evaluate_requirement",
     "marker_environment",
     "requirement_facts",
+    "site_python",
 ]
 
 logger = logging.getLogger(__name__)
@@ -137,7 +138,7 @@ class Requirements:
 # marker environment
 
 
-def _site_python(location: str) -> str | None:
+def site_python(location: str) -> str | None:
     """The inspected interpreter's ``X.Y.Z`` from its site directory: ``pyvenv.cfg``'s ``version`` when the
     prefix is a venv of that minor, else ``X.Y.0`` from ``lib/pythonX.Y/``; None when the layout says
     nothing."""
@@ -158,7 +159,7 @@ def marker_environment(location: str | None = None) -> dict[str, str]:
     CPython, ``implementation_version``) of the inspected one when its site directory's layout names another
     (``--site`` of another venv). Only what differs is overridden, as packaging's own callers do."""
     env: dict[str, str] = {key: str(value) for key, value in default_environment().items()}
-    full = _site_python(location) if location is not None else None
+    full = site_python(location) if location is not None else None
     if full is not None and full.split(".")[:2] != env["python_version"].split("."):
         env["python_full_version"] = full
         env["python_version"] = ".".join(full.split(".")[:2])

@@ -1,0 +1,103 @@
+"""Which extension modules the inspected interpreter can import: its extension-module suffixes.
+
+CPython's path finder looks for an extension module ``leaf`` as ``leaf + suffix`` for each suffix of
+``importlib.machinery.EXTENSION_SUFFIXES``, which is the C table ``_PyImport_DynLoadFiletab``
+(python/cpython ``Python/dynload_shlib.c``)::
+
+    "." SOABI ".so", ["." ALT_SOABI ".so",]  ".abi" PYTHON_ABI_STRING ".so", ".so"
+
+where ``configure.ac`` builds::
+
+    SOABI='cpython-'`echo $VERSION | tr -d .`${ABIFLAGS}${SOABI_PLATFORM:+-$SOABI_PLATFORM}
+
+(``ABIFLAGS``: ``t`` for ``--disable-gil``, then ``d`` for ``--with-pydebug``; ``ALT_SOABI``, only in a debug
+build, is SOABI without the ``d``). So CPython 3.11 on x86-64 Linux loads ``.cpython-311-x86_64-linux-gnu.so``,
+``.abi3.so`` and ``.so``, and never ``_mscclpp.cpython-310-x86_64-linux-gnu.so`` (another version),
+``.cpython-313t-...`` (the free-threaded ABI) or ``.cpython-311-aarch64-linux-gnu.so`` (another platform):
+its stem is no identifier, so no ``import`` names it. The free-threaded builds do not load the stable ABI
+(packaging ``tags._abi3_applies``: "The free-threaded builds do not support abi3").
+
+The inspected interpreter is the one owning the site directories (``--site`` of another venv, a 3.12 site
+read from 3.11): its version comes from the site's layout (``lib/pythonX.Y[t]/``, ``pyvenv.cfg``:
+:func:`~pytest_cudastack.wheels.requirements.site_python`); its suffixes are this interpreter's with the
+version (and ``t``) of the inspected one, as CPython would have built them. The platform part stays this
+machine's.
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pytest_cudastack.wheels.requirements import site_python
+
+__all__ = ["PythonAbi", "extension_suffixes", "importable_suffix", "inspected_suffixes", "site_abi"]
+
+_SOABI = re.compile(r"\.cpython-(\d)(\d+)([a-z]*)(-[^.]+)?\.so")  # ".cpython-311-x86_64-linux-gnu.so"
+_THREADED_DIR = re.compile(r"^python\d+\.\d+t$")  # LIBDEST: lib/python$(VERSION)$(ABI_THREAD)
+_STABLE = ".abi3.so"
+
+
+@dataclass(frozen=True)
+class PythonAbi:
+    """The inspected CPython's ``X.Y`` and whether it is the free-threaded build (``t``)."""
+
+    version: tuple[int, int]
+    threaded: bool = False
+
+    @property
+    def label(self) -> str:
+        return f"CPython {self.version[0]}.{self.version[1]}{'t' if self.threaded else ''}"
+
+
+def site_abi(site_dirs: Sequence[str]) -> PythonAbi | None:
+    """The ABI of the interpreter owning ``site_dirs``: the first whose layout names a Python; None when
+    none does (a ``--target`` directory, a bare folder)."""
+    for site in site_dirs:
+        full = site_python(site)
+        if full is None:
+            continue
+        major, minor = (int(x) for x in full.split(".")[:2])
+        parts = os.path.normpath(site).split(os.sep)[-3:]
+        return PythonAbi((major, minor), any(_THREADED_DIR.match(p) for p in parts))
+    return None
+
+
+def extension_suffixes(abi: PythonAbi | None, base: Sequence[str] | None = None) -> tuple[str, ...]:
+    """The extension suffixes of ``abi``, made from ``base`` (default: this interpreter's
+    ``EXTENSION_SUFFIXES``) the way CPython builds its table (module docstring): each SOABI suffix with
+    the version and the ``t`` flag replaced, the stable-ABI suffix only for a build with the GIL, in
+    CPython's order. ``abi`` None: ``base`` unchanged."""
+    suffixes = tuple(importlib.machinery.EXTENSION_SUFFIXES if base is None else base)
+    if abi is None:
+        return suffixes
+    out: list[str] = []
+    for s in suffixes:
+        m = _SOABI.fullmatch(s)
+        if m is not None:
+            flags = ("t" if abi.threaded else "") + m[3].replace("t", "")
+            out.append(f".cpython-{abi.version[0]}{abi.version[1]}{flags}{m[4] or ''}.so")
+        elif s != _STABLE:
+            out.append(s)
+    if not abi.threaded:
+        plain = out.index(".so") if ".so" in out else len(out)
+        out.insert(plain, _STABLE)  # "." SOABI ".so", ..., ".abi3.so", ".so"
+    return tuple(dict.fromkeys(out))
+
+
+def inspected_suffixes(site_dirs: Sequence[str]) -> tuple[str, ...]:
+    """The extension suffixes of the interpreter owning ``site_dirs`` (:func:`site_abi`)."""
+    return extension_suffixes(site_abi(site_dirs))
+
+
+def importable_suffix(path: str, suffixes: Sequence[str]) -> str | None:
+    """The suffix by which an import finds the file at ``path`` (its name is an identifier + that suffix),
+    else None: no interpreter with these suffixes imports it."""
+    name = os.path.basename(path)
+    for suffix in suffixes:
+        if name.endswith(suffix) and name[: -len(suffix)].isidentifier():
+            return suffix
+    return None
