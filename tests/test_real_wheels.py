@@ -150,11 +150,14 @@ def _apply(copy: Path, site: str) -> None:
     """Take the plan ``cudastack report`` prints for the copy and run it there, step by step."""
     rep = wheel_report([site])
     assert rep.failing
-    (plan,) = plan_repairs(rep.findings, rep.inventory)
+    (plan,) = rep.plans  # the plan the report printed (verified over the same findings)
     assert plan.steps
     assert plan.unresolved == ()
-    assert render_plans((plan,)) in render_report(rep)
+    assert all(s.kind == "automatic" for s in plan.steps)
+    text = render_report(rep)
+    assert text.startswith(render_plans((plan,), rep.findings))  # the plan first
     for step in plan.steps:
+        assert text.count(step.command) == 1  # each command once
         assert step.argv[:3] == (str(copy / "bin/python"), "-m", "pip"), step.command
         subprocess.run(list(step.argv), check=True, capture_output=True)
 
@@ -208,8 +211,9 @@ def test_the_plan_removes_a_metadata_only_stray_and_restores_the_pin(cu12_over_c
 
 
 def test_pytest_in_the_seed_venv_names_every_soname_and_the_command_first(after_uninstall, tmp_path):
-    """Done-when of issue 9: in the closure item's failure, every missing soname and the single repair
-    command within its first 15 lines; the same command in the repair plan at the end of the run."""
+    """Done-when of issues 9 and 19: in the closure item's failure, every missing soname within its first 15
+    lines; the single repair command once, in the repair plan before the failures, within the run's first 25
+    lines, the cause on the line above its steps."""
     copy, _ = after_uninstall
     (tmp_path / "test_x.py").write_text("def test_x():\n    pass\n")
     here = [str(Path(__file__).resolve().parents[1]), *(p for p in sys.path if p.endswith("site-packages"))]
@@ -244,9 +248,12 @@ def test_pytest_in_the_seed_venv_names_every_soname_and_the_command_first(after_
     first = "\n".join(out[start + 1 : start + 16])
     for soname in ("libcudnn.so.9", "libcusparseLt.so.0", "libnccl.so.2"):
         assert soname in first, first
-    assert command in first, first
-    plan = next(i for i, line in enumerate(out) if line.startswith(f"repair plan for {copy} "))
-    assert out[plan + 1] == f"  {command}"
+    assert "fix: see the cudastack repair plan above" in first, first
+    plan = next(i for i, line in enumerate(out) if line == f"repair plan for {copy}:")
+    assert out[plan + 1].startswith("  cause: ")
+    assert out[plan + 2] == f"  1. [run] {command}"
+    assert plan + 2 < 25, "\n".join(out[:30])  # the first command on the first screen
+    assert done.stdout.count(command) == 1
 
 
 def test_cuda_max_on_the_cu130_venv_is_one_finding_about_torch(capsys):

@@ -51,14 +51,14 @@ def test_one_pin_unmet(tmp_path):
     (f,) = [f for f in _findings(site) if f.failing]
     assert f.message == "torch 2.14.1 requires nvidia-nccl-cu13==2.30.7; 2.28.9 is installed"
     assert "torch's own check says" in f.cause
-    assert f.fix == f"{tmp_path}/venv/bin/python -m pip install --no-deps 'nvidia-nccl-cu13==2.30.7'"
+    assert f.fix == f"{tmp_path}/venv/bin/python -m pip install --no-deps nvidia-nccl-cu13==2.30.7"
 
 
 def test_one_required_wheel_uninstalled(tmp_path):
     site = _copy(tmp_path, "uninstall", "-q", "-y", "nvidia-nvshmem-cu13")
     (f,) = [f for f in _findings(site) if f.failing]
     assert f.message == "torch 2.14.1 requires nvidia-nvshmem-cu13==3.4.5, which is not installed"
-    assert f.fix == f"{tmp_path}/venv/bin/python -m pip install 'nvidia-nvshmem-cu13==3.4.5'"
+    assert f.fix == f"{tmp_path}/venv/bin/python -m pip install nvidia-nvshmem-cu13==3.4.5"
     closure = [g for g in _findings(site, "closure") if g.failing]
     assert [g.subject for g in closure] == ["libnvshmem_host.so.3"]
     assert closure[0].cause.startswith("torch 2.14.1 requires nvidia-nvshmem-cu13==3.4.5, which is not installed")

@@ -56,3 +56,37 @@ def test_older_nccl_than_torch_pins_names_symbol_soname_and_wheel(tmp_path: Path
     assert nccl, "\n\n".join(f.render() for f in findings)
     assert any("undefined symbol: ncclCommResume" in d for f in nccl for d in f.details)
     assert all("nvidia-nccl-cu11 2.14.3" in f.message for f in nccl)
+
+
+def test_the_plan_for_a_cu11_nccl_over_cu13_claims_the_symbol_errors_and_repairs_them(tmp_path: Path):
+    """The round-2 plan's two commands repaired the symbol errors too, yet said "not repaired by it: symbols":
+    the model now sees that they put nvidia-nccl-cu13's own bytes back at the libnccl.so.2 the symbols were to
+    come from. Applied to the copy with its own pip, offline, the re-run is clean."""
+    from pytest_cudastack.settings import Settings
+    from pytest_cudastack.stack import Stack
+
+    venv = torch_venv()
+    wheels = sorted(glob.glob(os.path.join(os.environ.get("CUDASTACK_WHEELS", "/opt/cudastack-wheels"), NCCL11)))
+    if not wheels:
+        pytest.skip(f"no {NCCL11} in $CUDASTACK_WHEELS")
+    copy = tmp_path / "venv"
+    subprocess.run(["cp", "-al", str(venv), str(copy)], check=True)
+    pip = [str(copy / "bin/python"), "-m", "pip"]
+    subprocess.run([*pip, "install", "-q", "--no-deps", "--no-index", wheels[-1]], check=True, capture_output=True)
+    stack = Stack(Settings(cudastack=True), site_paths=(torch_site(copy),))
+    found = [f for name in ("integrity", "closure", "symbols") for f in stack.findings(name)]
+    from pytest_cudastack.model.repair import plan_repairs
+
+    (plan,) = [p for p in plan_repairs(found, stack.inventory, reqs=stack.requirements) if p.steps]
+    symbols = [f.id for f in found if f.check == "symbols" and f.failing]
+    assert symbols
+    assert set(symbols) <= set(plan.fixes), plan.render()
+    assert plan.unresolved == ()
+    for step in plan.automatic:
+        argv = list(step.argv or ())
+        if argv[3] == "install":  # offline: the wheels of the pins are in $CUDASTACK_WHEELS or pip's cache
+            argv[4:4] = ["--no-index", "--find-links", os.environ.get("CUDASTACK_WHEELS", "/opt/cudastack-wheels")]
+        subprocess.run(argv, check=True, capture_output=True)
+    again = Stack(Settings(cudastack=True), site_paths=(torch_site(copy),))
+    left = [f for name in ("integrity", "closure", "symbols") for f in again.findings(name) if f.failing]
+    assert left == [], "\n\n".join(f.render() for f in left)

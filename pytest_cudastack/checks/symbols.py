@@ -52,7 +52,7 @@ from pytest_cudastack._sysio import real_path
 from pytest_cudastack.cuda.driver import DriverInfo
 from pytest_cudastack.cuda.driversyms import driver_entry_points
 from pytest_cudastack.errors import ElfError
-from pytest_cudastack.findings import Finding, Severity, manual
+from pytest_cudastack.findings import Facts, Finding, Severity, manual
 from pytest_cudastack.linker.elf import ElfInfo, read_elf
 from pytest_cudastack.linker.resolver import Library, Resolver, Route, Tree
 from pytest_cudastack.linker.symbols import ScopeIndex, SymbolFacts
@@ -451,6 +451,13 @@ def _findings(
                 message=f"{' and '.join(what)} needed by {needer} are not defined: {target}",
                 cause=f"the dynamic linker binds every reference at load time; {when}",
                 remedies=manual(fix),
+                facts=Facts(
+                    required=" ".join(sorted({name for name, _ in p.symbols} | set(p.versions)))[:2000],
+                    sonames=(file,) if file else (),
+                    objects=tuple(
+                        os.path.normpath(o) for o in (obj, *((lib.path,) if lib is not None and lib.path else ()))
+                    ),
+                ),
                 details=(*details, *notes),
                 where=(display(lib.path),) if lib is not None and lib.path is not None else (),
             )

@@ -79,7 +79,7 @@ __all__ = [
     "verified_fixes",
 ]
 
-_MODELLED = ("integrity", "closure", "requirements", "cuda-max", "cuda-min", "driver")
+_MODELLED = ("integrity", "closure", "requirements", "cuda-max", "cuda-min", "driver", "symbols")
 # the checks whose findings bound the CUDA a torch build may need (facts.bound), and which way: the driver's
 # CUDA bounds it from above as --cuda-max does
 _BOUNDED = {"cuda-max": "max", "cuda-min": "min", "driver": "max"}
@@ -577,7 +577,8 @@ def _plan(
     reinstall = _writes(before, model, dists, drop, touched, installs, needed_by)
     acted = drop | {canonicalize_name(n) for n, _ in reinstall}
     bad, remaining = _verdict(before, model, acted, facts or _fallback_facts(findings, inv, before))
-    fixed, unresolved = _claims(findings, named, rebuild.fixes, acted, drop, reinstall, bad, remaining)
+    changed = {p for p, k in model.on_disk.items() if k is not None and before.on_disk.get(p) != k}
+    fixed, unresolved = _claims(findings, named, rebuild.fixes, acted, changed, bad, remaining)
     refused = tuple(e.text for e in sorted(bad, key=lambda e: (e.kind, e.subject)))
     steps = _steps(by_key, dists, drop, reinstall, rebuild.step, fixed) if fixed else []
     resolved = tuple(_key(f) for f in fixed) if steps else ()
@@ -713,12 +714,13 @@ def _claims(
     named: dict[int, set[str]],
     rebuilt: Sequence[Finding],
     acted: set[str],
-    drop: set[str],
-    reinstall: Sequence[tuple[str, str]],
+    changed: set[str],
     bad: set[_Err],
     remaining: set[_Err],
 ) -> tuple[list[Finding], list[Finding]]:
-    """(findings the steps repair, those they do not): no error about a finding left in the model."""
+    """(findings the steps repair, those they do not): no error about a finding left in the model. A symbols
+    finding is repaired when the steps put a distribution's own bytes back at the library that was to
+    define its symbols (another build of that soname was there: a cu11 NCCL over torch's cu13 one)."""
     fixed: list[Finding] = []
     unresolved: list[Finding] = []
     for f in findings:
@@ -732,8 +734,10 @@ def _claims(
             # the search path, which the model does not hold
             about |= set(f.distributions)
             ok = not f.facts.sonames and not bad and bool(acted & set(f.distributions))
+        elif f.check == "symbols":
+            ok = not bad and bool({os.path.normpath(o) for o in f.facts.objects[1:]} & changed)
         else:
-            ok = f.check in ("integrity", "closure") and not bad and bool(drop or reinstall)
+            ok = f.check in ("integrity", "closure") and not bad and bool(acted)
         ok = ok and not any(e.about & about for e in remaining)
         (fixed if ok else unresolved).append(f)
     return fixed, unresolved
