@@ -310,3 +310,33 @@ def test_why_is_not_found_when_no_load_finds_it(after_uninstall, capsys):
     assert "nvidia-nccl-cu13 2.30.7: " in text
     assert "MISSING on disk" in text
     assert all(os.path.isdir(t) for t in data["tried"])
+
+
+def test_check_on_the_clean_torch_venv_is_quiet(capsys):
+    """Issue 19's budget: ``cudastack check`` on a clean real stack prints at most 15 lines, infos only with
+    -v, and ends in a one-line summary."""
+    site = torch_site(torch_venv())
+    assert main(["check", "--site", site]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) <= 15, "\n".join(out)
+    assert out[-1].startswith("cudastack check: 0 errors, 0 warnings, ")
+    assert not [line for line in out if line.lstrip().startswith("info:")]
+    assert main(["check", "--site", site, "-v"]) == 0
+    assert any(line.lstrip().startswith("info:") for line in capsys.readouterr().out.splitlines())
+
+
+def test_check_on_the_seed_venv_puts_the_cause_and_the_command_first(after_uninstall, capsys):
+    """Issue 19's budget: the plan's first command within the first 15 lines of ``cudastack check``, the cause
+    on the line above it, each command printed once, every finding pointing at its step."""
+    copy, site = after_uninstall
+    assert main(["check", "--site", site]) == 1
+    text = capsys.readouterr().out
+    out = text.splitlines()
+    first = next(i for i, line in enumerate(out) if line.startswith("  1. [run] "))
+    assert first < 15, "\n".join(out[:20])
+    assert out[first - 1].startswith("  cause: ")
+    command = out[first].removeprefix("  1. [run] ")
+    assert command.startswith(f"{copy}/bin/python -m pip install --force-reinstall --no-deps ")
+    assert text.count(command) == 1
+    assert f"fix: step 1 of the repair plan for {copy}" in text
+    assert out[-1].startswith("cudastack check: ")
