@@ -340,3 +340,21 @@ def test_check_on_the_seed_venv_puts_the_cause_and_the_command_first(after_unins
     assert text.count(command) == 1
     assert f"fix: step 1 of the repair plan for {copy}" in text
     assert out[-1].startswith("cudastack check: ")
+
+
+def test_a_declared_550_driver_on_the_cuda13_torch_venv_is_one_error_with_a_pip_plan(capsys):
+    """Issue 19: --cuda-driver=550.54.15 on the clean CUDA 13 torch venv was 3 errors for one cause and no pip
+    plan. Now: one error, its remedies as data (a driver of the CUDA 13 branch; torch's build for CUDA 12.4),
+    and a plan whose automatic steps the model verified, saying what it chose over the driver upgrade."""
+    site = torch_site(torch_venv())
+    assert main(["check", "--site", site, "--cuda-driver=550.54.15", "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    (error,) = [f for f in doc["items"]["driver"] if f["severity"] == "error"]
+    kinds = [r["kind"] for r in error["remedies"]]
+    assert kinds == ["driver", "use-build"]
+    assert error["remedies"][0]["minimum"].startswith("580")
+    (plan,) = [p for p in doc["repair"] if p["steps"]]
+    assert [s["kind"] for s in plan["steps"]] == ["automatic", "automatic"]
+    assert plan["steps"][-1]["argv"][-3:] == ["--index-url", "https://download.pytorch.org/whl/cu124", "torch==2.14.1"]
+    assert error["id"] in plan["fixes"]
+    assert any("NVIDIA driver >= 580" in c for c in plan["chose"])

@@ -170,3 +170,21 @@ def test_absent_pinned_wheels_are_installed_and_the_model_resolves_what_they_add
         site, "nvidia-cublas-cu11", "11.10.3.66", {"nvidia/cublas/lib/libcublas.so.11": compile_so("libcublas.so.11")}
     )
     assert predict([("install", "nvidia-nvtx-cu11", "11.7.91")], installed_wheels([str(site)], reader=read_elf)) == []
+
+
+def test_an_install_the_model_cannot_pin_is_a_manual_step(tmp_path):
+    """A missing requirement stated as a range (``nvidia-nvtx-cu11>=11.7``): which release pip takes is the
+    index's choice, so the model cannot verify the install; the plan carries it as a manual step, never as an
+    automatic one. Its twin with an exact pin is automatic."""
+    from pytest_cudastack.checks.requirements import requirement_findings
+    from tests.helpers.sitebuild import site_packages
+
+    for spec, kind in (("nvidia-nvtx-cu11>=11.7", "manual"), ("nvidia-nvtx-cu11==11.7.91", "automatic")):
+        site = site_packages(tmp_path / kind)
+        write_dist(site, "torch", "2.0.1", {"torch/__init__.py": ""}, requires=[spec])
+        inv = installed_wheels([str(site)], reader=read_elf)
+        (f,) = [f for f in requirement_findings(inv) if f.failing]
+        (plan,) = plan_repairs([f], inv)
+        (step,) = plan.steps
+        assert step.kind == kind, plan.render()
+        assert step.resolves == (f.id,)

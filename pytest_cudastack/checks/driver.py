@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
-from pytest_cudastack.cuda.compat import min_driver_for_cuda
+from pytest_cudastack.cuda.compat import min_driver_for_cuda, mvc_floor
 from pytest_cudastack.cuda.verdicts import driver_verdict
 from pytest_cudastack.findings import DriverUpgrade, Facts, Finding, Pip, Rebuild, Remedy, Severity, UseBuild, manual
 from pytest_cudastack.model.needs import CudaNeed, Inference
@@ -85,10 +85,13 @@ def _incompatible_finding(
     highest, _, message = groups[-1]
     subject = members[0][0].subject if len(members) == 1 else f"{len(members)} components"
     native = driver.cuda_version
-    minimum = min_driver_for_cuda(highest)
     remedies: list[Remedy] = []
+    minimum = min_driver_for_cuda(highest)
     if minimum is not None:
         remedies.append(DriverUpgrade(minimum, highest, why=f"the first driver that runs CUDA {highest}"))
+    elif (floor := mvc_floor(major := members[-1][0].major)) is not None:  # no toolkit row for that minor
+        why = f"the first driver of the CUDA {major} branch: it runs {highest} through minor-version compatibility"
+        remedies.append(DriverUpgrade(floor, f"{major}.x", why=why))
     keys = [inf.distribution for _, inf in members if inf.distribution is not None]
     if native is not None:
         remedies.extend(_builds_for(members, keys, native))

@@ -50,7 +50,7 @@ from pytest_cudastack.cuda.compat import soname_cuda_majors
 from pytest_cudastack.cuda.flavour import wheel_cuda_flavour
 from pytest_cudastack.cuda.frameworks import load_rules
 from pytest_cudastack.errors import CudaStackError
-from pytest_cudastack.findings import Finding, Manual, Pip, Remedy
+from pytest_cudastack.findings import Finding, Manual, Pip, Remedy, UseBuild
 from pytest_cudastack.linker.resolver import Tree
 from pytest_cudastack.model.torchindex import index_for
 from pytest_cudastack.wheels.inventory import Distribution, Inventory
@@ -528,7 +528,7 @@ def _covered(
     for f in sorted(findings, key=lambda f: -len(_actions(f.pip))):
         if f.id in done:
             continue
-        own = f.pip
+        own = f.pip if all(_exact(p) for p in f.pip) else ()  # the model holds one version per install
         wanted = _actions(own)
         if own and set(wanted) <= set(prior) and not predict(prior, inv, facts=facts, findings=[f], reqs=reqs):
             for step, ids in automatic.items():
@@ -549,7 +549,19 @@ def _covered(
     steps += [PlanStep("manual", a, tuple(ids), a.why) for a, ids in manual.items()]
     left = set(fixed)
     unresolved = tuple(f.id for f in findings if f.id not in left)
-    return replace(plan, steps=tuple(steps), fixes=tuple(dict.fromkeys(fixed)), unresolved=unresolved)
+    chose = (*plan.chose, *_alternatives(findings, left))
+    return replace(plan, steps=tuple(steps), fixes=tuple(dict.fromkeys(fixed)), unresolved=unresolved, chose=chose)
+
+
+def _alternatives(findings: Sequence[Finding], fixed: set[str]) -> list[str]:
+    """What the plan chose over what: for a finding its pip steps repair, the other remedies it has (a newer
+    driver, a rebuild, a search-path change): the pip steps change only this environment."""
+    out = []
+    for f in findings:
+        others = [r.render() for r in f.remedies if f.id in fixed and not isinstance(r, (Pip, UseBuild, Manual))]
+        if others:
+            out.append(f"the pip steps (they change only this environment) over: {'; or '.join(others)} ({f.id})")
+    return out
 
 
 def _plan(
@@ -905,6 +917,12 @@ def _no_safe_repair(
 
 
 _Action = tuple[str, str, str | None]  # ("uninstall" | "install", canonical name, version or None)
+
+
+def _exact(pip: Pip) -> bool:
+    """Whether the model can apply ``pip``: an uninstall, or an install of exact ``==`` versions only (which
+    release a range or a wildcard gets is the index's choice, not the model's)."""
+    return pip.verb == "uninstall" or all(a[2] is not None for a in _actions([pip]))
 
 
 def _actions(pips: Iterable[Pip]) -> list[_Action]:
