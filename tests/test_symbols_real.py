@@ -37,18 +37,20 @@ def test_clean_torch_venv_binds_every_symbol(tmp_path: Path):
     assert findings == (), "\n\n".join(f.render() for f in findings)
 
 
-def test_older_nccl_than_torch_pins_names_symbol_soname_and_wheel(tmp_path: Path):
-    venv = torch_venv()
+def _cu11_nccl_copy(tmp_path: Path) -> Path:
+    """A ``cp -al`` copy of the torch venv with nvidia-nccl-cu11 installed over torch's cu13 NCCL (--no-deps)."""
     wheels = sorted(glob.glob(os.path.join(os.environ.get("CUDASTACK_WHEELS", "/opt/cudastack-wheels"), NCCL11)))
     if not wheels:
         pytest.skip(f"no {NCCL11} in $CUDASTACK_WHEELS")
     copy = tmp_path / "venv"
-    subprocess.run(["cp", "-al", str(venv), str(copy)], check=True)
-    subprocess.run(
-        [str(copy / "bin/python"), "-m", "pip", "install", "-q", "--no-deps", "--no-index", wheels[-1]],
-        check=True,
-        capture_output=True,
-    )
+    subprocess.run(["cp", "-al", str(torch_venv()), str(copy)], check=True)
+    pip = [str(copy / "bin/python"), "-m", "pip"]
+    subprocess.run([*pip, "install", "-q", "--no-deps", "--no-index", wheels[-1]], check=True, capture_output=True)
+    return copy
+
+
+def test_older_nccl_than_torch_pins_names_symbol_soname_and_wheel(tmp_path: Path):
+    copy = _cu11_nccl_copy(tmp_path)
     findings = _findings(copy, tmp_path / "cache")
     assert findings
     assert all(f.failing for f in findings)
@@ -65,14 +67,7 @@ def test_the_plan_for_a_cu11_nccl_over_cu13_claims_the_symbol_errors_and_repairs
     from pytest_cudastack.settings import Settings
     from pytest_cudastack.stack import Stack
 
-    venv = torch_venv()
-    wheels = sorted(glob.glob(os.path.join(os.environ.get("CUDASTACK_WHEELS", "/opt/cudastack-wheels"), NCCL11)))
-    if not wheels:
-        pytest.skip(f"no {NCCL11} in $CUDASTACK_WHEELS")
-    copy = tmp_path / "venv"
-    subprocess.run(["cp", "-al", str(venv), str(copy)], check=True)
-    pip = [str(copy / "bin/python"), "-m", "pip"]
-    subprocess.run([*pip, "install", "-q", "--no-deps", "--no-index", wheels[-1]], check=True, capture_output=True)
+    copy = _cu11_nccl_copy(tmp_path)
     stack = Stack(Settings(cudastack=True), site_paths=(torch_site(copy),))
     found = [f for name in ("integrity", "closure", "symbols") for f in stack.findings(name)]
     from pytest_cudastack.model.repair import plan_repairs
