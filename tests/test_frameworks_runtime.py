@@ -158,7 +158,7 @@ def test_onnxruntime_providers_linking_cuda_12_among_cuda_13_wheels(tmp_path):
     )
     assert '"Failed to create CUDAExecutionProvider. Require cuDNN 9.* and CUDA 12.*' in f.cause
     assert "the model runs, on the CPU, without an error" in f.cause
-    assert f.fix.startswith("no safe automatic repair is known")
+    assert f.fix.startswith("no safe automatic repair is known")  # a manual step stated as prose
     assert f.where[0] == str(path)
 
 

@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from pytest_cudastack.checks.shadow import shadow_findings
-from pytest_cudastack.findings import Severity
+from pytest_cudastack.findings import SearchPath, Severity
 from pytest_cudastack.linker.resolver import SearchConfig
+from pytest_cudastack.model.repair import plan_repairs
 from pytest_cudastack.stack import Stack
 from tests.helpers.elfbuild import needs_ldd
 from tests.helpers.sitebuild import HAVE_CC, compile_so, site_packages, write_dist
@@ -79,10 +80,14 @@ def test_an_older_cudnn_on_ld_library_path_shadows_the_pinned_wheel(tmp_path, mo
         f"expected: {site}/nvidia/cudnn/lib/libcudnn.so.9 (nvidia-cudnn-cu13 9.24.0.43; (9, 24, 0), from its wheel "
         "nvidia-cudnn-cu13 9.24.0.43)",
     )
-    assert f.fix == (
-        f"remove {llp} from LD_LIBRARY_PATH (checked: torch then loads {site}/nvidia/cudnn/lib/libcudnn.so.9 and "
-        "finds every other library it loads now)"
+    (step,) = f.remedies  # a manual step, field by field: remove that directory from LD_LIBRARY_PATH
+    assert isinstance(step, SearchPath)
+    assert (step.directory, step.path, step.op) == (str(llp), "LD_LIBRARY_PATH", "remove")
+    assert step.why == (
+        f"checked: torch then loads {site}/nvidia/cudnn/lib/libcudnn.so.9 and finds every other library it loads now"
     )
+    (plan,) = plan_repairs([f], stack.inventory)
+    assert [(s.kind, s.action) for s in plan.steps] == [("manual", step)]
     # the whole item says it once: the framework rule defers to this finding
     assert [g for g in stack.findings("requirements") if g.failing] == [f]
 
@@ -190,16 +195,18 @@ def test_a_system_copy_wins_when_the_consumer_cannot_reach_its_wheel(tmp_path, m
     (f,) = shadow_findings(Stack(site_paths=(str(site),)))
     assert f.severity is Severity.ERROR
     assert f"from {system}/libcudnn.so.9 (via default (default directories))" in f.message
-    assert f.fix.startswith(
+    by_hand, search = f.remedies
+    assert by_hand.why.startswith(
         f"no safe automatic repair is known: {system} is a default directory, and torch's RUNPATH does not reach "
         f"{site}/nvidia/cudnn/lib"
     )
-    assert f"By hand: reinstall torch so that its RUNPATH reaches {site}/nvidia/cudnn/lib" in f.fix
-    assert f.fix.endswith(
-        f"or, for this environment only, export LD_LIBRARY_PATH={site}/nvidia/cudnn/lib${{LD_LIBRARY_PATH:+:"
-        f"$LD_LIBRARY_PATH}} before starting Python (checked: torch then loads {site}/nvidia/cudnn/lib/libcudnn.so.9 "
-        "and finds every other library it loads now)"
+    assert (
+        by_hand.steps[0]
+        == f"reinstall torch so that its RUNPATH reaches {site}/nvidia/cudnn/lib (a virtual environment: one site directory)"
     )
+    assert (search.directory, search.op) == (f"{site}/nvidia/cudnn/lib", "prepend")
+    assert search.render() == f"export LD_LIBRARY_PATH={site}/nvidia/cudnn/lib${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}"
+    assert search.why.startswith("for this environment only, before starting Python; checked: torch then loads ")
 
 
 def _ldd(path: Path, llp: str) -> str:
@@ -220,10 +227,9 @@ def test_removing_the_entry_is_not_proposed_when_it_would_lose_another_library(t
     (llp / "libextra.so.1").write_bytes(compile_so("libextra.so.1"))
     _, (f,) = findings(site, llp, monkeypatch)
     want = site / "nvidia/cudnn/lib"
-    assert f.fix == (
-        f"put {want} first on LD_LIBRARY_PATH (checked: torch then loads {want}/libcudnn.so.9 and finds every "
-        "other library it loads now)"
-    )
+    (step,) = f.remedies
+    assert (step.directory, step.op) == (str(want), "prepend")
+    assert step.why == f"checked: torch then loads {want}/libcudnn.so.9 and finds every other library it loads now"
     # the oracle: ld.so without the entry misses libextra; with the wheel's directory first it loads the wheel's
     # cuDNN and finds libextra
     assert "libextra.so.1 => not found" in _ldd(site / EXT, "")
@@ -236,7 +242,8 @@ def test_removing_the_entry_is_not_proposed_when_it_would_lose_another_library(t
 def test_the_verified_removal_agrees_with_ldd(tmp_path, monkeypatch):
     site, llp = build(tmp_path, "libcudnn.so.9.19.0")
     _, (f,) = findings(site, llp, monkeypatch)
-    assert f.fix.startswith(f"remove {llp} from LD_LIBRARY_PATH (checked:")
+    assert f.fix == f"remove {llp} from LD_LIBRARY_PATH"
+    assert f.remedies[0].why.startswith("checked:")
     out = _ldd(site / EXT, "")
     assert "not found" not in out
     assert f"=> {site}/torch/../nvidia/cudnn/lib/libcudnn.so.9 " in out
@@ -248,11 +255,12 @@ def test_a_fix_that_does_not_verify_is_not_proposed(tmp_path, monkeypatch):
     site, llp = build(tmp_path, "libcudnn.so.9.19.0")
     (site / "nvidia/cudnn/lib/libcudnn.so.9").write_bytes(b"not an ELF file")
     _, (f,) = findings(site, llp, monkeypatch)
-    assert f.fix.startswith(
+    (by_hand,) = f.remedies
+    assert by_hand.why.startswith(
         f"no safe automatic repair is known: the resolver, re-run with {llp} removed from LD_LIBRARY_PATH or "
         f"{site}/nvidia/cudnn/lib put before it, does not load {site}/nvidia/cudnn/lib/libcudnn.so.9"
     )
-    assert "By hand:" in f.fix
+    assert by_hand.kind == "manual"
 
 
 def test_a_provider_with_a_version_pip_would_not_accept_is_judged_without_raising(tmp_path, monkeypatch):

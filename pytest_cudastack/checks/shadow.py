@@ -51,8 +51,9 @@ from pytest_cudastack.cuda.frameworks import (
     version_text,
 )
 from pytest_cudastack.errors import CudaStackError
-from pytest_cudastack.findings import Finding, Severity, manual
+from pytest_cudastack.findings import Finding, Manual, Remedy, SearchPath, Severity
 from pytest_cudastack.linker.resolver import Library, Resolver, Route
+from pytest_cudastack.model.repair import NO_SAFE_REPAIR
 from pytest_cudastack.wheels.inventory import Distribution, Inventory
 from pytest_cudastack.wheels.ownership import bytes_on_disk
 from pytest_cudastack.wheels.requirements import Requirements
@@ -179,52 +180,49 @@ def _verified(stack: StackView, modules: Sequence[str], lib: Library, expected: 
     return True
 
 
-def _fix(stack: StackView, dist: Distribution, lib: Library, expected: Copy) -> str:
-    """A fix for the shadowing route, printed only when the resolver, re-run on the state after it, loads the
-    provider's copy and loses no other library; else "no safe automatic repair is known" and what to do by
-    hand. Only LD_LIBRARY_PATH is a change this package can model and propose: a winner from ld.so.cache or a
-    default directory means the consumer's RUNPATH does not reach its wheel's copy (those are searched after
-    RUNPATH), and removing a system library or editing ld.so.conf changes other programs too."""
+def _fix(stack: StackView, dist: Distribution, lib: Library, expected: Copy) -> tuple[Remedy, ...]:
+    """The remedies for the shadowing route, a search-path change only when the resolver, re-run on the
+    state after it, loads the provider's copy and loses no other library; else "no safe automatic repair is
+    known" and what to do by hand. Only LD_LIBRARY_PATH is a change this package can model and propose: a
+    winner from ld.so.cache or a default directory means the consumer's RUNPATH does not reach its wheel's copy
+    (those are searched after RUNPATH), and removing a system library or editing ld.so.conf changes other
+    programs too."""
     here = os.path.dirname(os.path.normpath(lib.path or ""))
     want = os.path.dirname(expected.path)
     modules = _consumers(stack, dist, lib)
     llp = stack.resolver.config.ld_library_path
+    checked = f"checked: {dist.name} then loads {expected.path} and finds every other library it loads now"
     if lib.route is Route.LD_LIBRARY_PATH:
         entries = [e for e in llp if e and _same_dir(e, here)]
         kept = tuple(e for e in llp if e not in entries)
         if entries and modules and _verified(stack, modules, lib, expected, kept):
-            shown = ", ".join(dict.fromkeys(entries))
-            return (
-                f"remove {shown} from LD_LIBRARY_PATH (checked: {dist.name} then loads {expected.path} and finds "
-                "every other library it loads now)"
-            )
+            return tuple(SearchPath(e, why=checked) for e in dict.fromkeys(entries))
         if modules and _verified(stack, modules, lib, expected, (want, *llp)):
-            return (
-                f"put {want} first on LD_LIBRARY_PATH (checked: {dist.name} then loads {expected.path} and finds "
-                f"every other library it loads now)"
-            )
-        return (
-            f"no safe automatic repair is known: the resolver, re-run with {here} removed from LD_LIBRARY_PATH or "
-            f"{want} put before it, does not load {expected.path} or loses another library. By hand: find which "
-            f"library of {here} the process needs and install that one where {dist.name}'s wheels are"
+            return (SearchPath(want, op="prepend", why=checked),)
+        why = (
+            f"{NO_SAFE_REPAIR}: the resolver, re-run with {here} removed from LD_LIBRARY_PATH or {want} put before "
+            f"it, does not load {expected.path} or loses another library"
         )
+        step = f"find which library of {here} the process needs, and install it where {dist.name}'s wheels are"
+        return (Manual((step,), why=why),)
     if lib.route in (Route.LD_CACHE, Route.DEFAULT):
         where = "ld.so.cache" if lib.route is Route.LD_CACHE else "a default directory"
-        how = f"{dist.name}'s RUNPATH does not reach {want} (ld.so.cache and default directories come after it)"
-        workaround = ""
-        if modules and _verified(stack, modules, lib, expected, (want, *llp)):
-            workaround = (
-                f"; or, for this environment only, export LD_LIBRARY_PATH={want}"
-                "${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} before starting Python "
-                f"(checked: {dist.name} then loads {expected.path} and finds every other library it loads now)"
-            )
-        return (
-            f"no safe automatic repair is known: {here} is {where}, and {how}; removing that system copy or editing "
-            f"ld.so.conf changes every program on the machine. By hand: reinstall {dist.name} so that its RUNPATH "
-            f"reaches {want} (a virtual environment: one site directory), or remove {lib.path} if nothing else "
-            f"uses it{workaround}"
+        why = (
+            f"{NO_SAFE_REPAIR}: {here} is {where}, and {dist.name}'s RUNPATH does not reach {want} (ld.so.cache and "
+            "default directories come after it); removing that system copy or editing ld.so.conf changes every "
+            "program on the machine"
         )
-    return f"no safe automatic repair is known. By hand: make {dist.name} load {expected.path}"
+        steps = (
+            f"reinstall {dist.name} so that its RUNPATH reaches {want} (a virtual environment: one site directory)",
+            f"or remove {lib.path} if nothing else uses it",
+        )
+        out: tuple[Remedy, ...] = (Manual(steps, why=why),)
+        if modules and _verified(stack, modules, lib, expected, (want, *llp)):
+            out += (
+                SearchPath(want, op="prepend", why=f"for this environment only, before starting Python; {checked}"),
+            )
+        return out
+    return (Manual((f"make {dist.name} load {expected.path}",), why=NO_SAFE_REPAIR),)
 
 
 def shadowing(inv: Inventory, lib: Library, row: LibraryRow, keys: set[str]) -> tuple[Distribution, str] | None:
@@ -294,7 +292,7 @@ def _finding(
             cause=f"whether the versions differ cannot be decided statically because {winner.path}'s version "
             f"is not readable (no owning {row.name} wheel, no version in its file name, no {row.header or 'header'} "
             "next to it)",
-            remedies=manual(_fix(stack, dist, lib, expected)),
+            remedies=_fix(stack, dist, lib, expected),
             where=lib.searched[:12],
             details=details,
         )
@@ -339,7 +337,7 @@ def _finding(
         subject=lib.soname,
         message=message + f": {row.name} {version_text(winner.version)} instead of {shown}",
         cause=cause,
-        remedies=manual(_fix(stack, dist, lib, expected)),
+        remedies=_fix(stack, dist, lib, expected),
         where=lib.searched[:12],
         details=details,
         distributions=(dist.key,),
