@@ -200,10 +200,8 @@ def test_a_system_copy_wins_when_the_consumer_cannot_reach_its_wheel(tmp_path, m
         f"no safe automatic repair is known: {system} is a default directory, and torch's RUNPATH does not reach "
         f"{site}/nvidia/cudnn/lib"
     )
-    assert (
-        by_hand.steps[0]
-        == f"reinstall torch so that its RUNPATH reaches {site}/nvidia/cudnn/lib (a virtual environment: one site directory)"
-    )
+    want = f"reinstall torch so that its RUNPATH reaches {site}/nvidia/cudnn/lib"
+    assert by_hand.steps[0] == f"{want} (a virtual environment: one site directory)"
     assert (search.directory, search.op) == (f"{site}/nvidia/cudnn/lib", "prepend")
     assert search.render() == f"export LD_LIBRARY_PATH={site}/nvidia/cudnn/lib${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}"
     assert search.why.startswith("for this environment only, before starting Python; checked: torch then loads ")
