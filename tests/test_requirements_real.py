@@ -62,3 +62,39 @@ def test_one_required_wheel_uninstalled(tmp_path):
     closure = [g for g in _findings(site, "closure") if g.failing]
     assert [g.subject for g in closure] == ["libnvshmem_host.so.3"]
     assert closure[0].cause.startswith("torch 2.14.1 requires nvidia-nvshmem-cu13==3.4.5, which is not installed")
+
+
+def _apply_plan(site: str) -> None:
+    """Run the plan ``cudastack check`` prints for the copy: every step automatic, offline (the pinned wheels
+    from $CUDASTACK_WHEELS), with the copy's own pip; then the re-run has no error and no plan."""
+    from pytest_cudastack.model.repair import plan_repairs
+    from pytest_cudastack.settings import Settings
+
+    stack = Stack(Settings(cudastack=True), site_paths=(site,))
+    found = [f for name in stack.run_checks() for f in stack.findings(name)]
+    plans = [p for p in plan_repairs(found, stack.inventory, reqs=stack.requirements) if p.steps]
+    (plan,) = plans
+    assert plan.unresolved == (), plan.render()
+    wheels = os.environ.get("CUDASTACK_WHEELS", "/opt/cudastack-wheels")
+    for step in plan.steps:
+        assert step.kind == "automatic", plan.render()
+        argv = list(step.argv or ())
+        if argv[3] == "install":
+            argv[4:4] = ["--no-index", "--find-links", wheels]
+        subprocess.run(argv, check=True, capture_output=True)
+    again = Stack(Settings(cudastack=True), site_paths=(site,))
+    left = [f for name in again.run_checks() for f in again.findings(name) if f.failing]
+    assert left == [], "\n\n".join(f.render() for f in left)
+
+
+def test_the_plan_for_an_unmet_pin_repairs_it(tmp_path):
+    wheel = Path(os.environ.get("CUDASTACK_WHEELS", "/opt/cudastack-wheels")) / NCCL
+    if not wheel.is_file():
+        pytest.skip(f"{wheel} absent")
+    _apply_plan(_copy(tmp_path, "install", "-q", "--no-deps", "--no-index", str(wheel)))
+
+
+def test_the_plan_for_a_missing_pinned_wheel_repairs_it(tmp_path):
+    """The closure finding (libnvshmem_host.so.3 not found) and the requirements finding are repaired by one
+    install: the model knows what the pinned wheel adds to the search (the library table)."""
+    _apply_plan(_copy(tmp_path, "uninstall", "-q", "-y", "nvidia-nvshmem-cu13"))

@@ -542,6 +542,12 @@ def _covered(
             prior += wanted
             fixed.append(f.id)
             continue
+        if f.check == "symbols" and not own and prior and _rebinds(f, prior, inv, facts, reqs):
+            for step, ids in automatic.items():
+                if isinstance(step, Pip) and step.verb == "install":
+                    ids.append(f.id)
+            fixed.append(f.id)
+            continue
         by_hand = [r for r in f.remedies if not isinstance(r, Pip)]
         for step in by_hand or [_no_safe_repair(f, plan.refused, inv, facts, reqs)]:
             manual.setdefault(step, []).append(f.id)
@@ -551,6 +557,15 @@ def _covered(
     unresolved = tuple(f.id for f in findings if f.id not in left)
     chose = (*plan.chose, *_alternatives(findings, left))
     return replace(plan, steps=tuple(steps), fixes=tuple(dict.fromkeys(fixed)), unresolved=unresolved, chose=chose)
+
+
+def _rebinds(f: Finding, prior: Sequence[_Action], inv: Inventory, facts: LoadFacts | None, reqs: Requirements) -> bool:
+    """Whether the plan's pip steps repair a symbols finding: they write other bytes (the pinned release, the
+    owner's own build) at the library that was to define its symbols, and leave no error about it."""
+    provider = {os.path.normpath(o) for o in f.facts.objects[1:]}
+    return bool(provider & rewritten(prior, inv, reqs)) and not predict(
+        prior, inv, facts=facts, findings=[f], reqs=reqs
+    )
 
 
 def _alternatives(findings: Sequence[Finding], fixed: set[str]) -> list[str]:
@@ -589,7 +604,7 @@ def _plan(
     reinstall = _writes(before, model, dists, drop, touched, installs, needed_by)
     acted = drop | {canonicalize_name(n) for n, _ in reinstall}
     bad, remaining = _verdict(before, model, acted, facts or _fallback_facts(findings, inv, before))
-    changed = {p for p, k in model.on_disk.items() if k is not None and before.on_disk.get(p) != k}
+    changed = _rewritten(before, model)
     fixed, unresolved = _claims(findings, named, rebuild.fixes, acted, changed, bad, remaining)
     refused = tuple(e.text for e in sorted(bad, key=lambda e: (e.kind, e.subject)))
     steps = _steps(by_key, dists, drop, reinstall, rebuild.step, fixed) if fixed else []
@@ -951,7 +966,24 @@ def predict(
     the errors they create or leave about what they act on, plus those left about ``findings``; [] when
     none. An install of a version not on disk takes the installed version's paths (or, for an absent CUDA
     variant, its installed sibling's) with unknown RECORD rows."""
-    required = active_requirements(inventory, reqs)
+    before, after = _apply(actions, inventory, active_requirements(inventory, reqs))
+    keys = {k for _, k, _ in actions}
+    f_facts = facts or _fallback_facts(findings, inventory, before)
+    bad, remaining = _verdict(before, after, keys, f_facts)
+    about = frozenset().union(*(_about(f, _named(f, inventory)) for f in findings)) if findings else frozenset()
+    left = bad | {e for e in remaining if e.about & about}
+    return [e.text for e in sorted(left, key=lambda e: (e.kind, e.subject))]
+
+
+def rewritten(actions: Sequence[_Action], inventory: Inventory, reqs: Requirements | None = None) -> set[str]:
+    """The library paths whose bytes pip ``actions`` replace (:func:`_rewritten`)."""
+    return _rewritten(*_apply(actions, inventory, active_requirements(inventory, reqs)))
+
+
+def _apply(
+    actions: Sequence[_Action], inventory: Inventory, required: dict[str, list[Requirer]]
+) -> tuple[_Model, _Model]:
+    """The model of the actions' environment before and after them."""
     keys = {k for _, k, _ in actions}
     env = next((_environment(d) for k in sorted(keys) if (d := inventory.get(k)) is not None), None)
     dists = [d for d in inventory.distributions if env is None or _environment(d) == env]
@@ -976,8 +1008,18 @@ def predict(
         after.install(
             key, paths, rows, name=source.name if d else key, version=version or source.version, requires=stated
         )
-    f_facts = facts or _fallback_facts(findings, inventory, before)
-    bad, remaining = _verdict(before, after, keys, f_facts)
-    about = frozenset().union(*(_about(f, _named(f, inventory)) for f in findings)) if findings else frozenset()
-    left = bad | {e for e in remaining if e.about & about}
-    return [e.text for e in sorted(left, key=lambda e: (e.kind, e.subject))]
+    return before, after
+
+
+def _rewritten(before: _Model, after: _Model) -> set[str]:
+    """Paths that hold other bytes after than before: another distribution's, or another release of the
+    same (its RECORD rows differ, or are not known here)."""
+    out = set()
+    for path, key in after.on_disk.items():
+        if key is None:
+            continue
+        same_holder = before.on_disk.get(path) == key
+        same_row = after.rows.get(key, {}).get(path) == before.rows.get(key, {}).get(path)
+        if not (same_holder and same_row and after.versions.get(key) == before.versions.get(key)):
+            out.add(path)
+    return out
