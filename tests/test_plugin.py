@@ -776,3 +776,24 @@ def test_cuda_max_covers_wheels_and_their_extension_modules(pt):
         consecutive=False,
     )
     run(pt, "--cuda-max=13.0", "-k", "cuda-max").assert_outcomes(passed=1)
+
+
+@needs_cc
+def test_the_plan_reaches_the_step_summary_and_junit(seed, monkeypatch):
+    # a failing run: the numbered plan (its manual steps: the binary built for CUDA 12 must be rebuilt) in the
+    # GitHub step summary and as JUnit global properties, not only the findings
+    summary = seed.path / "summary.md"
+    summary.write_text("")
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    result = run(seed, "--cuda-min=13.0", "--cudastack-scan=bin", "--junitxml=o.xml")
+    result.assert_outcomes(passed=3, failed=1)
+    text = summary.read_text()
+    assert "#### repair plan for `this machine`" in text
+    assert "1. by hand: `rebuild bin/train_ppo with a CUDA 13.0 toolkit`" in text
+    root = ET.parse(seed.path / "o.xml").getroot()
+    props = {p.get("name"): p.get("value") for p in root.iter("property")}
+    assert props["cudastack.repair.this machine.1"] == "[by hand] rebuild bin/train_ppo with a CUDA 13.0 toolkit"
+    # and on the terminal: before the failures, the cause, the step; the failure points at it
+    out = result.stdout.str()
+    assert out.index("cudastack repair plan") < out.index("FAILURES")
+    assert out.count("rebuild bin/train_ppo with a CUDA 13.0 toolkit") == 1
