@@ -109,7 +109,9 @@ def bound_findings(
                     inf.subject,
                     f"{worst.evidence.split(' via ')[0]} but {label}",
                     cause=f"it requires CUDA {worst.version}; {label} forbids anything {word} than {bound}",
-                    facts=Facts(required=f"CUDA {worst.version}", bound=bound, consumer=inf.subject),
+                    facts=Facts(
+                        required=label, found=worst.evidence.split(" via ")[0], bound=bound, consumer=inf.subject
+                    ),
                     distributions=(inf.distribution,) if inf.distribution else (),
                     remedies=_bound_remedy(inf, kind, bound),
                     details=tuple(f"evidence: {n.evidence}" for n in bad),
@@ -207,7 +209,7 @@ def _group_finding(
     cuda = f"CUDA {major}" if major is not None else "CUDA"
     names = [m.name for m, _, _ in members]
     shown = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
-    label = own.message.rpartition(" but ")[2]
+    label = own.facts.required  # the bound as the user gave it ("--cuda-max=12.9 (from ini)")
     word = "<=" if kind == "max" else ">="
     drop = Pip("uninstall", (root.name, *names), pip_python(root), ("-y",), why=f"{root.name} and the wheels it pulled")
     index = index_for(kind, bound, major) if root.key == "torch" and major is not None else None
@@ -219,10 +221,10 @@ def _group_finding(
         fix: tuple[Remedy, ...] = (drop, UseBuild(root.name, build, get, why="its CUDA wheels follow it"))
     else:
         fix = (drop, UseBuild(root.name, build, why="its CUDA wheels follow it"))
-    details = [f"{root.label}: {own.message.rpartition(' but ')[0]}"]
+    details = [f"{root.label}: {own.facts.found}"]
     for dist, f, via in members:
         chain = " -> ".join((*reversed(via), dist.name))
-        details.append(f"{dist.label} ({chain}): {f.message.rpartition(' but ')[0].split(': ', 1)[-1]}")
+        details.append(f"{dist.label} ({chain}): {f.facts.found}")
     return Finding(
         own.check,
         Severity.ERROR,

@@ -252,7 +252,12 @@ def _missing_finding(inv: Inventory, m: _Missing, reqs: Requirements) -> Finding
         message=message,
         cause=cause,
         remedies=fix,
-        facts=Facts(required=m.soname, sonames=(m.soname,), objects=tuple(mt.module.path for mt in m.needers)),
+        facts=Facts(
+            required=m.soname,
+            sonames=(m.soname,),
+            objects=tuple(mt.module.path for mt in m.needers),
+            consumer=f"{needer} (from {len(modules)} extension module(s) of {', '.join(dists)})",
+        ),
         where=tuple(tried[:16]),
         chain=tuple(inv.relative(p) for p in chain),
         details=details,
@@ -294,8 +299,7 @@ def _gone_finding(inv: Inventory, gone: Sequence[Finding], reqs: Requirements) -
         check="closure",
         severity=Severity.ERROR,
         subject=", ".join(names),
-        message=f"{len(names)} sonames are not found: {', '.join(names)}; "
-        + first.message.partition(": ")[2].replace("needed by", "the first needed by", 1),
+        message=f"{len(names)} sonames are not found: {', '.join(names)}; the first needed by {first.facts.consumer}",
         cause="the files the installed distributions' RECORDs list for them are gone (deleted by hand, or by "
         "uninstalling another distribution that installs the same paths); the loader would report only the "
         "first of them",
