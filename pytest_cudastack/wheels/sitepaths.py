@@ -61,16 +61,31 @@ def _norm_location(location: str) -> str:
 
 
 def record_abspath(location: str, path: str) -> str | None:
-    """Resolve a RECORD path against its site directory; None when the result leaves the install prefix."""
+    """Resolve a RECORD path against its site directory; None when the result leaves the install prefix.
+
+    A site directory that is no scheme's ``lib/pythonX.Y/site-packages`` (its own install prefix) may be a
+    ``pip install --target`` directory, where a ``../../<path>`` row names ``<site dir>/<path>``."""
     if not path or "\x00" in path:
         return None
     loc = _norm_location(location)
     if is_plain_record_path(path):
         return path if loc == "." else (loc + path if loc == "/" else f"{loc}/{path}")  # fast path
     full = os.path.normpath(os.path.join(loc, path))
-    if _within(full, loc) or _within(full, install_prefix(location)):
+    prefix = install_prefix(location)
+    if _within(full, loc) or _within(full, prefix):
         return full
+    if prefix == loc and path.startswith(_TARGET_UP):
+        # ``pip install --target DIR``: pip installs into the home scheme of a temporary directory H (purelib
+        # ``H/lib/python``, scripts ``H/bin``, data ``H``), writing RECORD relative to ``H/lib/python``, then
+        # moves each item of purelib and of H (but ``lib``) into DIR (pip's ``_handle_target_dir``): a row
+        # ``../../bin/x`` names ``DIR/bin/x``
+        moved = os.path.normpath(os.path.join(loc, path[len(_TARGET_UP) :]))
+        if _within(moved, loc):
+            return moved
     return None
+
+
+_TARGET_UP = "../../"  # from the home scheme's purelib (``H/lib/python``) up to the home H
 
 
 def _pth_dirs(site_dir: str) -> list[str]:
