@@ -9,9 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from pytest_cudastack.checks.integrity import check_integrity
+from pytest_cudastack.checks.integrity import check_integrity, integrity_findings
+from pytest_cudastack.findings import Manual, Severity
 from pytest_cudastack.linker.elf import read_elf
+from pytest_cudastack.model.repair import plan_repairs
+from pytest_cudastack.wheels.dpkg import dist_info_package, md5sums
 from pytest_cudastack.wheels.inventory import installed_wheels, record_abspath
+from pytest_cudastack.wheels.requirements import requirement_facts
 from tests.helpers.sitebuild import record_hash
 
 
@@ -75,3 +79,133 @@ def test_target_layout_still_refuses_paths_that_leave_it(tmp_path: Path):
     # a scheme's site-packages keeps the plain resolution
     site = tmp_path / "p" / "lib" / "python3.11" / "site-packages"
     assert record_abspath(str(site), "../../bin/x") == str(tmp_path / "p" / "lib" / "bin" / "x")
+
+
+# ----------------------------------------------------------------------------------------------------
+# dpkg-owned distributions: judged by the package's md5sums, not by RECORD
+
+_SO = b"\x7fELF stripped after RECORD was written"  # not an ELF the reader parses: a problem, not a finding
+
+
+def _debian_site(root: Path, *, installer: str | None = None, so: bytes = _SO, sums: str | None = None) -> Path:
+    """``root/usr/lib/python3/dist-packages`` with python3-yaml's PyYAML as Debian ships it: a RECORD whose
+    row for the extension module has the unstripped file's hash and size, no INSTALLER, dpkg's .list naming
+    the dist-info and its md5sums (``sums``: their text, default the file's real md5)."""
+    import hashlib
+
+    site = root / "usr/lib/python3/dist-packages"
+    di = site / "PyYAML-6.0.dist-info"
+    di.mkdir(parents=True)
+    (site / "yaml").mkdir()
+    lib = site / "yaml/_yaml.cpython-311-x86_64-linux-gnu.so"
+    lib.write_bytes(so)
+    (site / "yaml/__init__.py").write_text("")
+    (di / "METADATA").write_text("Metadata-Version: 2.1\nName: PyYAML\nVersion: 6.0\n\n")
+    (di / "RECORD").write_text(
+        "yaml/__init__.py,,\n"
+        f"yaml/_yaml.cpython-311-x86_64-linux-gnu.so,{record_hash(b'unstripped' * 100)},1000\n"
+        "PyYAML-6.0.dist-info/RECORD,,\n"
+    )
+    if installer is not None:
+        (di / "INSTALLER").write_text(installer + "\n")
+    info = root / "var/lib/dpkg/info"
+    info.mkdir(parents=True)
+    rel = "usr/lib/python3/dist-packages"
+    (info / "python3-yaml.list").write_text(
+        f"/.\n/usr\n/{rel}\n/{rel}/PyYAML-6.0.dist-info\n/{rel}/PyYAML-6.0.dist-info/METADATA\n"
+        f"/{rel}/yaml/__init__.py\n/{rel}/yaml/_yaml.cpython-311-x86_64-linux-gnu.so\n"
+    )
+    if sums is None:
+        sums = (
+            f"{hashlib.md5(b'').hexdigest()}  {rel}/yaml/__init__.py\n"
+            f"{hashlib.md5(so).hexdigest()}  {rel}/yaml/_yaml.cpython-311-x86_64-linux-gnu.so\n"
+        )
+    (info / "python3-yaml.md5sums").write_text(sums)
+    return site
+
+
+def _errors(inv):
+    return [f for f in integrity_findings(inv, requirement_facts(inv)) if f.severity is Severity.ERROR]
+
+
+def test_dpkg_owned_distribution_is_judged_by_md5sums(tmp_path: Path):
+    # the clean twin of the two md5sums errors below, and of RECORD's "other bytes" error
+    site = _debian_site(tmp_path)
+    inv = installed_wheels([str(site)], reader=read_elf, dpkg_root=str(tmp_path))
+    (d,) = inv.distributions
+    assert (d.installer, d.os_package) == (None, "python3-yaml")
+    assert _errors(inv) == []
+
+
+def test_without_dpkg_the_stripped_library_is_a_record_error(tmp_path: Path):
+    # what a RECORD verdict says of the same tree when dpkg lists nothing (no database under the root)
+    site = _debian_site(tmp_path)
+    inv = installed_wheels([str(site)], reader=read_elf, dpkg_root=str(tmp_path / "elsewhere"))
+    assert inv.distributions[0].os_package is None
+    (f,) = _errors(inv)
+    assert "other bytes than its RECORD lists" in f.message
+
+
+def test_pip_installer_keeps_record_verdicts_even_where_dpkg_lists_it(tmp_path: Path):
+    site = _debian_site(tmp_path, installer="pip")
+    inv = installed_wheels([str(site)], reader=read_elf, dpkg_root=str(tmp_path))
+    assert (inv.distributions[0].installer, inv.distributions[0].os_package) == ("pip", None)
+    (f,) = _errors(inv)
+    assert "RECORD" in f.message
+
+
+@pytest.mark.parametrize("installer", [None, "debian", ""])
+def test_non_python_installer_is_os_owned(tmp_path: Path, installer):
+    site = _debian_site(tmp_path, installer=installer)
+    inv = installed_wheels([str(site)], reader=read_elf, dpkg_root=str(tmp_path))
+    assert inv.distributions[0].os_package == "python3-yaml"
+    assert _errors(inv) == []
+
+
+def test_md5_mismatch_names_the_package_and_its_reinstall(tmp_path: Path):
+    site = _debian_site(tmp_path)
+    (site / "yaml/_yaml.cpython-311-x86_64-linux-gnu.so").write_bytes(b"patched")
+    inv = installed_wheels([str(site)], reader=read_elf, dpkg_root=str(tmp_path))
+    (f,) = _errors(inv)
+    assert "dpkg's md5sums for python3-yaml" in f.message
+    assert f.remedies == (Manual(("apt-get install --reinstall python3-yaml",), why=f.remedies[0].why),)
+    assert not f.pip
+    assert str(tmp_path / "var/lib/dpkg/info/python3-yaml.md5sums") in f.where
+    (plan,) = plan_repairs([f], inv)
+    assert not plan.automatic
+    assert [s.command for s in plan.steps] == ["apt-get install --reinstall python3-yaml"]
+
+
+def test_file_dpkg_lists_but_gone(tmp_path: Path):
+    site = _debian_site(tmp_path)
+    (site / "yaml/_yaml.cpython-311-x86_64-linux-gnu.so").unlink()
+    inv = installed_wheels([str(site)], reader=read_elf, dpkg_root=str(tmp_path))
+    (f,) = _errors(inv)
+    assert "python3-yaml installed is gone" in f.message
+    assert [r.render() for r in f.remedies] == ["apt-get install --reinstall python3-yaml"]
+
+
+@pytest.mark.parametrize(
+    "sums",
+    [
+        pytest.param("", id="empty"),
+        pytest.param("not a line\n\x00\x00\n" + "z" * 40 + "  x.so\n", id="garbage"),
+        pytest.param("0" * 32 + "  ../../etc/passwd.so\n" + "0" * 32 + "  a\\nb.so\n", id="escapes"),
+        pytest.param("0" * 32 + "  " + "a/" * 5000 + "x.so\n", id="long path"),
+    ],
+)
+def test_hostile_md5sums_do_not_crash(tmp_path: Path, sums):
+    site = _debian_site(tmp_path, sums=sums)
+    inv = installed_wheels([str(site)], reader=read_elf, dpkg_root=str(tmp_path))
+    assert _errors(inv) == []
+
+
+def test_hostile_dpkg_database_does_not_crash(tmp_path: Path):
+    info = tmp_path / "var/lib/dpkg/info"
+    info.mkdir(parents=True)
+    (info / "bad name!.list").write_text("/x.dist-info\n")
+    (info / "weird.list").write_bytes(b"\xff\xfe/x.dist-info\n\x00.dist-info\n")
+    (info / "dir.list").mkdir()
+    assert dist_info_package(str(tmp_path / "x.dist-info"), str(tmp_path)) is None
+    assert md5sums("../../etc/passwd", str(tmp_path)) is None
+    assert md5sums("missing", str(tmp_path)) is None
