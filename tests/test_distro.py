@@ -16,7 +16,8 @@ from pytest_cudastack.model.repair import plan_repairs
 from pytest_cudastack.wheels.dpkg import dist_info_package, md5sums
 from pytest_cudastack.wheels.inventory import installed_wheels, record_abspath
 from pytest_cudastack.wheels.requirements import requirement_facts
-from tests.helpers.sitebuild import record_hash
+from pytest_cudastack.wheels.sitepaths import externally_managed
+from tests.helpers.sitebuild import record_hash, site_packages, write_dist
 
 
 def _wheel(dest: Path, name: str = "tinytool", version: str = "1.0") -> Path:
@@ -209,3 +210,71 @@ def test_hostile_dpkg_database_does_not_crash(tmp_path: Path):
     assert dist_info_package(str(tmp_path / "x.dist-info"), str(tmp_path)) is None
     assert md5sums("../../etc/passwd", str(tmp_path)) is None
     assert md5sums("missing", str(tmp_path)) is None
+
+
+# ----------------------------------------------------------------------------------------------------
+# PEP 668: no plan step is a pip command pip would refuse
+
+
+def _gone_lib_site(prefix: Path, *, marker: bool, venv: bool = False) -> Path:
+    """A prefix whose pip-installed ``tool``'s one library is gone (an error the plan repairs with a pip
+    reinstall); ``marker``: PEP 668's file in its stdlib directory; ``venv``: a ``pyvenv.cfg`` in it."""
+    site = site_packages(prefix)
+    write_dist(site, "tool", "1.0", {"tool/libtool.so": b"x", "tool/__init__.py": ""}, write_files=False)
+    (site / "tool").mkdir()
+    (site / "tool/__init__.py").write_text("")
+    if marker:
+        (prefix / "lib/python3.11/EXTERNALLY-MANAGED").write_text("[externally-managed]\nError=use apt\n")
+    if venv:
+        (prefix / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    return site
+
+
+def _plan_of(site: Path):
+    inv = installed_wheels([str(site)], reader=read_elf, dpkg_root=None)
+    errors = _errors(inv)
+    assert errors, "the fixture's error"
+    (plan,) = plan_repairs(errors, inv)
+    return plan
+
+
+def test_externally_managed_plan_has_no_pip_step(tmp_path: Path):
+    plan = _plan_of(_gone_lib_site(tmp_path / "sys", marker=True))
+    assert plan.automatic == ()
+    assert not any(s.argv for s in plan.steps)
+    commands = [c for s in plan.steps for c in getattr(s.action, "steps", ())]
+    assert any(
+        c.startswith("python3 -m venv --system-site-packages .venv && .venv/bin/python -m pip install")
+        for c in commands
+    )
+    assert any("distribution's package" in c for c in commands)
+    assert any("EXTERNALLY-MANAGED" in s.why for s in plan.steps)
+    assert plan.unresolved
+    assert not plan.fixes
+
+
+@pytest.mark.parametrize(
+    ("marker", "venv"), [pytest.param(False, False, id="no marker"), pytest.param(True, True, id="venv ignores it")]
+)
+def test_plan_keeps_pip_steps_where_pip_runs(tmp_path: Path, marker, venv):
+    # the clean twin: no marker, or a venv (pip ignores the marker there)
+    plan = _plan_of(_gone_lib_site(tmp_path / "env", marker=marker, venv=venv))
+    assert [s.argv[-1] for s in plan.automatic if s.argv] == ["tool==1.0"]
+
+
+def test_externally_managed_reads_the_owning_interpreters_stdlib(tmp_path: Path):
+    usr = tmp_path / "usr"
+    (usr / "lib/python3.11").mkdir(parents=True)
+    (usr / "lib/python3/dist-packages").mkdir(parents=True)
+    (usr / "local/lib/python3.11/dist-packages").mkdir(parents=True)
+    target = tmp_path / "target"
+    target.mkdir()
+    for site in ("lib/python3/dist-packages", "local/lib/python3.11/dist-packages"):
+        assert externally_managed(str(usr / site)) is None
+    marker = usr / "lib/python3.11/EXTERNALLY-MANAGED"
+    marker.write_text("[externally-managed]\n")
+    # Debian's version-less dist-packages, and /usr/local's (which /usr/bin/python3.11 reads)
+    for site in ("lib/python3/dist-packages", "local/lib/python3.11/dist-packages"):
+        assert externally_managed(str(usr / site)) == str(marker)
+    assert externally_managed(str(target)) is None  # --target: pip skips the check
+    assert externally_managed(str(target), stdlib=str(usr / "lib/python3.11")) == str(marker)
