@@ -230,16 +230,17 @@ def _gone_lib_site(prefix: Path, *, marker: bool, venv: bool = False) -> Path:
     return site
 
 
-def _plan_of(site: Path):
+def _plan_of(site: Path, *, pip_fix: bool = True):
     inv = installed_wheels([str(site)], reader=read_elf, dpkg_root=None)
     errors = _errors(inv)
     assert errors, "the fixture's error"
+    assert all(bool(f.pip) is pip_fix for f in errors)  # each finding's own fix agrees with its plan
     (plan,) = plan_repairs(errors, inv)
     return plan
 
 
 def test_externally_managed_plan_has_no_pip_step(tmp_path: Path):
-    plan = _plan_of(_gone_lib_site(tmp_path / "sys", marker=True))
+    plan = _plan_of(_gone_lib_site(tmp_path / "sys", marker=True), pip_fix=False)
     assert plan.automatic == ()
     assert not any(s.argv for s in plan.steps)
     commands = [c for s in plan.steps for c in getattr(s.action, "steps", ())]

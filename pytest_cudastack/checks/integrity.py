@@ -31,14 +31,16 @@ import logging
 import os
 import re
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from packaging.utils import canonicalize_name
 
 from pytest_cudastack.findings import Facts, Finding, Manual, Pip, Remedy, Severity, manual
 from pytest_cudastack.model.repair import verified_fixes
+from pytest_cudastack.model.system import by_hand_instead, externally_managed_env
 from pytest_cudastack.wheels.dpkg import md5sums, md5sums_path, reinstall_command
-from pytest_cudastack.wheels.inventory import Distribution, Inventory, is_shared_lib_path
+from pytest_cudastack.wheels.inventory import Distribution, Inventory, install_prefix, is_shared_lib_path
 from pytest_cudastack.wheels.ownership import (
     FORCE,
     Disk,
@@ -653,7 +655,25 @@ def integrity_findings(inventory: Inventory, reqs: Requirements) -> tuple[Findin
     found = (*inventory.findings, *check_integrity(inventory, reqs=reqs))
     # an OS package's findings keep their package manager's remedy: no pip command repairs them
     owned = [f for f in found if any((d := inventory.get(k)) is not None and d.os_package for k in f.distributions)]
-    return verified_fixes(found, inventory, reqs=reqs, keep=owned)
+    return _where_pip_runs(verified_fixes(found, inventory, reqs=reqs, keep=owned), inventory)
+
+
+def _where_pip_runs(findings: Sequence[Finding], inv: Inventory) -> tuple[Finding, ...]:
+    """Each finding's pip remedies that pip must not run in its distributions' environment (PEP 668's
+    externally managed one, an OS package's files) replaced by the step by hand
+    (:func:`~pytest_cudastack.model.system.by_hand_instead`), as the repair plan replaces its steps."""
+    out: list[Finding] = []
+    for f in findings:
+        dists = [d for k in f.distributions if (d := inv.get(k)) is not None]
+        if not dists or not f.pip:
+            out.append(f)
+            continue
+        prefix = install_prefix(dists[0].location)
+        env = [d for d in inv.distributions if install_prefix(d.location) == prefix]
+        marker = externally_managed_env(dists)
+        remedies = [(by_hand_instead(r, env, marker) if isinstance(r, Pip) else None) or r for r in f.remedies]
+        out.append(replace(f, remedies=tuple(dict.fromkeys(remedies))) if remedies != list(f.remedies) else f)
+    return tuple(out)
 
 
 def run(stack: StackView, target: Target | None = None) -> tuple[Finding, ...]:
