@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import zipfile
@@ -279,3 +280,32 @@ def test_externally_managed_reads_the_owning_interpreters_stdlib(tmp_path: Path)
         assert externally_managed(str(usr / site)) == str(marker)
     assert externally_managed(str(target)) is None  # --target: pip skips the check
     assert externally_managed(str(target), stdlib=str(usr / "lib/python3.11")) == str(marker)
+
+
+def test_pip_copy_over_a_dpkg_package_is_the_packages_error_not_an_overlap(tmp_path: Path):
+    # a pip-installed distribution wrote its bytes over python3-yaml's library: the package's md5sums say
+    # so (its remedy is dpkg's), and no RECORD-against-RECORD overlap is judged with Debian's stale RECORD
+    site = _debian_site(tmp_path)
+    write_dist(site, "yamlfork", "1.0", {"yaml/_yaml.cpython-311-x86_64-linux-gnu.so": b"fork bytes"})
+    inv = installed_wheels([str(site)], reader=read_elf, dpkg_root=str(tmp_path))
+    assert [d.os_package for d in inv.distributions] == ["python3-yaml", None]
+    (f,) = _errors(inv)
+    assert f.subject == "PyYAML 6.0"
+    assert "md5sums" in f.message
+    assert [r.render() for r in f.remedies] == ["apt-get install --reinstall python3-yaml"]
+
+
+_HOST_YAML = "/var/lib/dpkg/info/python3-yaml.list"
+
+
+@pytest.mark.real
+@pytest.mark.skipif(not os.path.isfile(_HOST_YAML), reason="needs Debian's python3-yaml installed with apt")
+def test_debian_system_python_with_apt_packages_is_clean():
+    # the real oracle: Debian's dist-packages (python3-yaml's stripped extension module included), as dpkg
+    # installed it, imports and gives no integrity error
+    site = "/usr/lib/python3/dist-packages"
+    subprocess.run(["/usr/bin/python3", "-c", "import yaml._yaml"], check=True, timeout=60)
+    inv = installed_wheels([site], reader=read_elf)
+    assert inv.get("PyYAML") is not None
+    assert inv.get("PyYAML").os_package == "python3-yaml"
+    assert _errors(inv) == []
