@@ -13,6 +13,12 @@ Four kinds of finding, each naming the distributions, the paths and the bytes on
   gone gets one finding saying so ("ships nothing it claims").
 * **placeholder**: a ``0.0.x.devN`` / "placeholder" distribution that ships no files.
 
+A distribution an OS package owns (:attr:`~pytest_cudastack.wheels.inventory.Distribution.os_package`: dpkg
+lists its dist-info and no Python installer wrote its INSTALLER) gets no RECORD verdict: Debian strips its
+shared libraries after pip's RECORD was written. Its shared libraries are judged by the package's own record
+(dpkg's md5sums): one that is gone or whose md5 differs is an error whose remedy is the package's reinstall
+(``apt-get install --reinstall PKG``, by hand), never a pip command.
+
 The facts (whose bytes are where) come from :mod:`pytest_cudastack.wheels.ownership`; each failing finding's
 fix is replaced by the one the repair model verifies (``repair.verified_fixes``: the plan's command for the
 whole item where it repairs the finding).
@@ -20,17 +26,21 @@ whole item where it repairs the finding).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import re
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from packaging.utils import canonicalize_name
 
 from pytest_cudastack.findings import Facts, Finding, Manual, Pip, Remedy, Severity, manual
 from pytest_cudastack.model.repair import verified_fixes
-from pytest_cudastack.wheels.inventory import Distribution, Inventory, is_shared_lib_path
+from pytest_cudastack.model.system import by_hand_instead, externally_managed_env
+from pytest_cudastack.wheels.dpkg import md5sums, md5sums_path, reinstall_command
+from pytest_cudastack.wheels.inventory import Distribution, Inventory, install_prefix, is_shared_lib_path
 from pytest_cudastack.wheels.ownership import (
     FORCE,
     Disk,
@@ -113,6 +123,7 @@ def check_integrity(
     findings += _broken_pins(inv, state, required_by)
     findings += _missing_or_altered(inv, by_path, state, disk, required_by)
     findings += _placeholders(inv, required_by)
+    findings += _os_package_findings(inv)
     if disk.hashed:
         logger.debug("integrity hashed %d file(s): %s", len(disk.hashed), disk.hashed[:5])
     return tuple(findings)
@@ -189,6 +200,8 @@ def _overlaps(
         groups.setdefault(key, []).append(state(path))
     findings: list[Finding] = []
     for key, paths in sorted(groups.items()):
+        if sum(inv.distributions[i].os_package is None for i in key) < 2:
+            continue  # an OS package's RECORD is not its record: its md5sums judge its files
         found = _overlap_finding([inv.distributions[i] for i in key], paths, required_by)
         if found is not None:
             findings.append(found)
@@ -385,6 +398,8 @@ def _missing_or_altered(
     libraries that are gone and one for those with other bytes that no installed RECORD claims."""
     findings: list[Finding] = []
     for d in inv.distributions:
+        if d.os_package is not None:
+            continue  # judged by its package's md5sums (_os_package_findings)
         own = _own_files(d)
         if own and not any(os.path.lexists(p) for p in own):
             findings.append(_ships_nothing(d, own, by_path, required))
@@ -549,11 +564,116 @@ def _placeholders(inv: Inventory, required: _Required) -> list[Finding]:
     return findings
 
 
+_MD5_BLOCK = 1 << 20
+
+
+def _md5(path: str) -> str | None:
+    """md5 hex digest of a regular file, None when it cannot be read."""
+    h = hashlib.md5(usedforsecurity=False)
+    try:
+        with open(path, "rb") as f:
+            while block := f.read(_MD5_BLOCK):
+                h.update(block)
+    except OSError:
+        return None
+    return h.hexdigest()
+
+
+def _os_package_findings(inv: Inventory) -> list[Finding]:
+    """Per OS-owned distribution: its package's shared libraries under its site directory that are gone, and
+    those whose md5 is not the one dpkg recorded (a package without md5sums is not judged)."""
+    findings: list[Finding] = []
+    for d in inv.distributions:
+        package = d.os_package
+        if package is None:
+            continue
+        sums = md5sums(package, inv.dpkg_root)
+        if not sums:
+            continue
+        record = md5sums_path(package, inv.dpkg_root)
+        site = os.path.normpath(d.location).rstrip(os.sep) + os.sep
+        missing: list[str] = []
+        altered: list[str] = []
+        for path, digest in sorted(sums.items()):
+            if not path.startswith(site) or not is_shared_lib_path(path):
+                continue
+            rel = path[len(site) :]
+            if not os.path.lexists(path):
+                missing.append(rel)
+                continue
+            got = _md5(path)
+            if got != digest:
+                altered.append(f"{rel}: md5 {got or 'unreadable'}, dpkg's md5sums: {digest}")
+        if missing:
+            gone = [f"{r}: missing on disk" for r in missing]
+            findings.append(_os_finding(d, package, record, missing, "gone", gone))
+        if altered:
+            rels = [a.partition(":")[0] for a in altered]
+            findings.append(_os_finding(d, package, record, rels, "altered", altered))
+    return findings
+
+
+def _os_finding(
+    d: Distribution, package: str, record: str, rels: Sequence[str], how: str, details: Sequence[str]
+) -> Finding:
+    """The finding for an OS package's shared libraries that are gone or altered (``record``: its md5sums)."""
+    pkg = package.partition(":")[0]
+    n = len(rels)
+    what = f"{n} shared librar{'y' if n == 1 else 'ies'} ({_summarise(rels)})"
+    if how == "gone":
+        message = f"{d.label}: {what} dpkg's {pkg} installed {'is' if n == 1 else 'are'} gone"
+        cause = "deleted after the package was installed (by hand, or by a pip uninstall over the system's files)"
+    else:
+        message = f"{d.label}: {what} {'has' if n == 1 else 'have'} other bytes than dpkg's md5sums for {pkg} list"
+        cause = "modified after the package was installed (a pip install over the system's files, patchelf, a copy)"
+    return Finding(
+        check="integrity",
+        severity=Severity.ERROR,
+        subject=d.label,
+        distributions=(d.key,),
+        message=message,
+        cause=f"{cause}; the files are {pkg}'s, so dpkg, not pip, puts them back",
+        remedies=(
+            Manual(
+                (reinstall_command(pkg),),
+                why=f"dpkg's {pkg} owns {d.name}'s files: its md5sums are their record, and pip must not "
+                "replace a system package's files",
+            ),
+        ),
+        facts=Facts(
+            objects=tuple(os.path.join(d.location, r) for r in rels),
+            versions=((d.name, d.version),),
+        ),
+        where=(d.dist_info, record),
+        details=tuple(details[:12]),
+    )
+
+
 def integrity_findings(inventory: Inventory, reqs: Requirements) -> tuple[Finding, ...]:
     """Inventory problems (malformed dist-infos, one name installed twice), then ``check_integrity``'s, with
     verified fixes (``reqs``: the run's requirement facts)."""
     found = (*inventory.findings, *check_integrity(inventory, reqs=reqs))
-    return verified_fixes(found, inventory, reqs=reqs)
+    # an OS package's findings keep their package manager's remedy: no pip command repairs them
+    owned = [f for f in found if any((d := inventory.get(k)) is not None and d.os_package for k in f.distributions)]
+    return _where_pip_runs(verified_fixes(found, inventory, reqs=reqs, keep=owned), inventory)
+
+
+def _where_pip_runs(findings: Sequence[Finding], inv: Inventory) -> tuple[Finding, ...]:
+    """Each finding's pip remedies that pip must not run in its distributions' environment (PEP 668's
+    externally managed one, an OS package's files) replaced by the step by hand
+    (:func:`~pytest_cudastack.model.system.by_hand_instead`), as the repair plan replaces its steps."""
+    out: list[Finding] = []
+    for f in findings:
+        dists = [d for k in f.distributions if (d := inv.get(k)) is not None]
+        if not dists or not f.pip:
+            out.append(f)
+            continue
+        prefix = install_prefix(dists[0].location)
+        env = [d for d in inv.distributions if install_prefix(d.location) == prefix]
+        marker = externally_managed_env(dists)
+        remedies = [(by_hand_instead(r, env, marker) if isinstance(r, Pip) else None) or r for r in f.remedies]
+        out.append(replace(f, remedies=tuple(dict.fromkeys(remedies))) if remedies != list(f.remedies) else f)
+    return tuple(out)
 
 
 def run(stack: StackView, target: Target | None = None) -> tuple[Finding, ...]:

@@ -52,6 +52,7 @@ from pytest_cudastack.cuda.frameworks import load_rules
 from pytest_cudastack.errors import CudaStackError
 from pytest_cudastack.findings import Finding, Manual, Pip, Remedy, UseBuild
 from pytest_cudastack.linker.resolver import Tree
+from pytest_cudastack.model.system import by_hand_instead, externally_managed_env
 from pytest_cudastack.model.torchindex import index_for
 from pytest_cudastack.wheels.inventory import Distribution, Inventory
 from pytest_cudastack.wheels.ownership import (
@@ -494,7 +495,7 @@ def plan_repairs(
     for env, fs in by_env.items():
         modelled = [f for f in fs if f.check in _MODELLED]
         plan = _plan(env, envs[env], modelled, inventory, facts, required) if modelled else RepairPlan(env, (), ())
-        plans.append(_covered(plan, fs, inventory, facts, reqs))
+        plans.append(_where_pip_may_not(_covered(plan, fs, inventory, facts, reqs), envs[env], fs))
     if orphan:
         plans.append(_covered(RepairPlan("this machine", (), ()), orphan, inventory, facts, reqs))
     return tuple(plans)
@@ -509,6 +510,33 @@ def _env_of(f: Finding, inv: Inventory) -> str | None:
             return _environment(dist)
     owners = (d for path in f.facts.objects for d in inv.owners(path))
     return next((_environment(d) for d in owners), None)
+
+
+def _where_pip_may_not(plan: RepairPlan, dists: Sequence[Distribution], findings: Sequence[Finding]) -> RepairPlan:
+    """``plan`` with each automatic pip step that pip must not run in this environment (PEP 668's
+    externally managed one, an OS package's files: :func:`~pytest_cudastack.model.system.by_hand_instead`)
+    made the step by hand that replaces it, beside the manual remedies of the findings it served; those
+    findings are then unresolved."""
+    marker = externally_managed_env(dists)
+    automatic: list[PlanStep] = []
+    manual: dict[Remedy, list[str]] = {}
+    for step in plan.steps:
+        instead = by_hand_instead(step.action, dists, marker) if isinstance(step.action, Pip) else None
+        if step.kind == "automatic" and instead is None:
+            automatic.append(step)
+            continue
+        served = [f for f in findings if f.id in step.resolves] if instead is not None else []
+        own = [r for f in served for r in f.remedies if isinstance(r, Manual)]
+        if instead is None or all(r.render() != instead.render() for r in own):
+            manual.setdefault(instead or step.action, []).extend(step.resolves)
+        for r in own:
+            manual.setdefault(r, []).extend(f.id for f in served if r in f.remedies)
+    if len(automatic) == len(plan.automatic):
+        return plan
+    fixed = {i for s in automatic for i in s.resolves}
+    steps = [*automatic, *(PlanStep("manual", a, tuple(dict.fromkeys(ids)), a.why) for a, ids in manual.items())]
+    left = tuple(f.id for f in findings if f.id not in fixed)
+    return replace(plan, steps=tuple(steps), fixes=tuple(i for i in plan.fixes if i in fixed), unresolved=left)
 
 
 def _covered(

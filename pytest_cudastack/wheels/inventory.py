@@ -44,6 +44,7 @@ from pytest_cudastack.wheels.distinfo import (
     name_version_from_dirname,
     parse_record,
 )
+from pytest_cudastack.wheels.dpkg import dist_info_package
 from pytest_cudastack.wheels.sitepaths import (  # re-exported: they are part of this module's API
     OwnerIndex,
     dist_info_dirs,
@@ -57,6 +58,7 @@ if TYPE_CHECKING:
     from pytest_cudastack.linker.elf import ElfInfo
 
 __all__ = [
+    "PYTHON_INSTALLERS",
     "Distribution",
     "Inventory",
     "OwnerIndex",
@@ -75,6 +77,11 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 Reader = Callable[[str], "ElfInfo"]
+
+# INSTALLER texts of Python installers (pip and uv write their names; conda, poetry, pdm theirs): a
+# distribution they installed is judged by its RECORD even where an OS package lists the same dist-info
+PYTHON_INSTALLERS = frozenset({"pip", "uv", "conda", "poetry", "pdm", "pipenv", "hatch", "pixi"})
+_INSTALLER_LIMIT = 256  # bytes of INSTALLER read (one word)
 
 _SO_RE = re.compile(r"\.so(\.[0-9A-Za-z_]+)*$")
 
@@ -121,6 +128,10 @@ class Distribution:
     cuda_evidence: str
     problems: tuple[str, ...]
     summary: str = field(default="", repr=False)
+    installer: str | None = field(default=None, repr=False)  # INSTALLER's first line, None when absent
+    # the OS package whose file list names this dist-info (dpkg's ``<package>.list``), when no Python
+    # installer's INSTALLER says otherwise: its files are judged by that package's record, not by RECORD
+    os_package: str | None = None
 
     # functools.cached_property stores in the instance's __dict__, past the frozen __setattr__: computed
     # once per distribution, not a field (not compared, hashed or shown)
@@ -169,6 +180,8 @@ class Distribution:
                 for lib in self.libraries
             ],
             "problems": list(self.problems),
+            "installer": self.installer,
+            "os_package": self.os_package,
         }
 
 
@@ -179,6 +192,7 @@ class Inventory:
     distributions: tuple[Distribution, ...]
     site_dirs: tuple[str, ...]
     findings: tuple[Finding, ...]
+    dpkg_root: str = "/"  # where dpkg's database was read (``<root>/var/lib/dpkg/info``)
     _owners: dict[str, Any] = field(default_factory=dict, init=False, repr=False, compare=False, hash=False)
     _by_name: dict[str, Distribution] = field(default_factory=dict, init=False, repr=False, compare=False, hash=False)
     _by_soname: dict[str, list[tuple[Distribution, str]]] = field(
@@ -364,6 +378,8 @@ def read_distribution(location: str, dirname: str, reader: Reader) -> Distributi
         if lib is not None
     )
     cuda_major, evidence = _flavour(name, version, requires, paths)
+    installer_text = read_text(os.path.join(dist_info, "INSTALLER"), limit=_INSTALLER_LIMIT)
+    installer = installer_text.strip().partition("\n")[0].strip() if installer_text is not None else None
     dist = Distribution(
         name=name,
         version=version,
@@ -376,6 +392,7 @@ def read_distribution(location: str, dirname: str, reader: Reader) -> Distributi
         cuda_evidence=evidence,
         problems=tuple(problems),
         summary=summary,
+        installer=installer,
     )
     # after construction, so that its non-plain paths are found once (they are asked for again by the owner
     # lookups and integrity.py); a RECORD listing a path outside is rare, and only then is it rebuilt
@@ -442,8 +459,21 @@ def _inventory_findings(dists: Iterable[Distribution]) -> list[Finding]:
     return findings
 
 
-def installed_wheels(paths: Sequence[str] | None = None, reader: Reader | None = None) -> Inventory:
+def _os_owned(dist: Distribution, dpkg_root: str | None) -> Distribution:
+    """``dist`` with its OS package, when no Python installer wrote its INSTALLER and dpkg lists it."""
+    if dpkg_root is None or (dist.installer or "").lower() in PYTHON_INSTALLERS:
+        return dist
+    package = dist_info_package(dist.dist_info, dpkg_root)
+    return dist if package is None else replace(dist, os_package=package)
+
+
+def installed_wheels(
+    paths: Sequence[str] | None = None, reader: Reader | None = None, *, dpkg_root: str | None = "/"
+) -> Inventory:
     """Every distribution in ``paths`` (default: this interpreter's site directories), in search order.
+
+    ``dpkg_root``: where dpkg's database is (``<root>/var/lib/dpkg/info``; None: do not look), read only for
+    distributions no Python installer's INSTALLER claims (:attr:`Distribution.os_package`).
 
     ``reader`` returns ElfInfo for a path (default: :func:`~pytest_cudastack.linker.elf.read_elf`, uncached;
     a run hands down its ``ElfCache.read``); it is called only for RECORD-listed ``*.so`` / ``*.so.*`` files
@@ -455,7 +485,7 @@ def installed_wheels(paths: Sequence[str] | None = None, reader: Reader | None =
     for loc in dirs:
         for dirname in dist_info_dirs(loc):
             try:
-                dists.append(read_distribution(loc, dirname, rd))
+                dists.append(_os_owned(read_distribution(loc, dirname, rd), dpkg_root))
             except (OSError, UnicodeError, ValueError) as e:  # belt and braces: never crash on a dist-info
                 logger.debug("cannot read %s/%s: %s", loc, dirname, e)
                 name, version = name_version_from_dirname(dirname)
@@ -473,4 +503,4 @@ def installed_wheels(paths: Sequence[str] | None = None, reader: Reader | None =
                         problems=(f"unreadable dist-info {dirname}: {e}",),
                     )
                 )
-    return Inventory(tuple(dists), dirs, tuple(_inventory_findings(dists)))
+    return Inventory(tuple(dists), dirs, tuple(_inventory_findings(dists)), dpkg_root or "/")

@@ -14,6 +14,7 @@ import glob
 import os
 import site
 import sys
+import sysconfig
 
 from pytest_cudastack._sysio import read_text
 from pytest_cudastack.wheels.distinfo import is_plain_record_path, metadata_headers, name_version, parse_record
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
 __all__ = [
     "OwnerIndex",
     "dist_info_dirs",
+    "externally_managed",
     "install_prefix",
     "owner_index",
     "record_abspath",
@@ -61,15 +63,80 @@ def _norm_location(location: str) -> str:
 
 
 def record_abspath(location: str, path: str) -> str | None:
-    """Resolve a RECORD path against its site directory; None when the result leaves the install prefix."""
+    """Resolve a RECORD path against its site directory; None when the result leaves the install prefix.
+
+    A site directory that is no scheme's ``lib/pythonX.Y/site-packages`` (its own install prefix) may be a
+    ``pip install --target`` directory, where a ``../../<path>`` row names ``<site dir>/<path>``."""
     if not path or "\x00" in path:
         return None
     loc = _norm_location(location)
     if is_plain_record_path(path):
         return path if loc == "." else (loc + path if loc == "/" else f"{loc}/{path}")  # fast path
     full = os.path.normpath(os.path.join(loc, path))
-    if _within(full, loc) or _within(full, install_prefix(location)):
+    prefix = install_prefix(location)
+    if _within(full, loc) or _within(full, prefix):
         return full
+    if prefix == loc and path.startswith(_TARGET_UP):
+        # ``pip install --target DIR``: pip installs into the home scheme of a temporary directory H (purelib
+        # ``H/lib/python``, scripts ``H/bin``, data ``H``), writing RECORD relative to ``H/lib/python``, then
+        # moves each item of purelib and of H (but ``lib``) into DIR (pip's ``_handle_target_dir``): a row
+        # ``../../bin/x`` names ``DIR/bin/x``
+        moved = os.path.normpath(os.path.join(loc, path[len(_TARGET_UP) :]))
+        if _within(moved, loc):
+            return moved
+    return None
+
+
+_TARGET_UP = "../../"  # from the home scheme's purelib (``H/lib/python``) up to the home H
+
+
+EXTERNALLY_MANAGED = "EXTERNALLY-MANAGED"  # PEP 668's marker, in the interpreter's stdlib directory
+_LIB_DIRS = ("lib", "lib64", "lib32", "libx32")
+
+
+def _stdlib_dirs(site_dir: str) -> list[str]:
+    """The stdlib directories (``sysconfig.get_path("stdlib")``) of the interpreters a site directory
+    belongs to, read from its path: ``P/lib/python3.X`` for ``P/lib/python3.X/site-packages``; every
+    ``P/lib/python3.*`` for Debian's version-less ``P/lib/python3/dist-packages``; and, for Debian's
+    ``/usr/local/lib/python3.X/dist-packages`` (where its pip installs), ``/usr/lib/python3.X`` too, whose
+    ``/usr/bin/python3.X`` reads it. This interpreter's own site directory adds its sysconfig stdlib."""
+    loc = os.path.normpath(site_dir)
+    parts = loc.split(os.sep)
+    out: list[str] = []
+    if (
+        len(parts) >= 4
+        and parts[-1] in ("site-packages", "dist-packages")
+        and parts[-2].startswith("python")
+        and parts[-3] in _LIB_DIRS
+    ):
+        prefix = os.sep.join(parts[:-3]) or os.sep
+        prefixes = [prefix]
+        if parts[-1] == "dist-packages" and prefix.endswith(os.sep + os.path.join("usr", "local")):
+            prefixes.append(os.path.dirname(prefix))
+        for pre in prefixes:
+            lib = os.path.join(pre, parts[-3])
+            if parts[-2] == "python3":
+                out += sorted(glob.glob(os.path.join(glob.escape(lib), "python3.[0-9]*")))
+            else:
+                out.append(os.path.join(lib, parts[-2]))
+    if sys.prefix == sys.base_prefix and loc in {os.path.normpath(p) for p in site.getsitepackages()}:
+        out.append(sysconfig.get_path("stdlib"))
+    return list(dict.fromkeys(out))
+
+
+def externally_managed(site_dir: str, stdlib: str | None = None) -> str | None:
+    """PEP 668: the ``EXTERNALLY-MANAGED`` file that makes pip refuse to install into or uninstall from
+    ``site_dir`` (pip's ``check_externally_managed``: the marker in ``sysconfig.get_path("stdlib")``,
+    ignored under a virtual environment), else None. ``stdlib``: the owning interpreter's stdlib directory
+    when known; else it is read from the path (:func:`_stdlib_dirs`). A site directory of a prefix with a
+    ``pyvenv.cfg`` is a venv's: None. (pip also skips the check for ``--target``, ``--prefix``, ``--root``.)"""
+    prefix = install_prefix(site_dir)
+    if prefix != os.path.normpath(site_dir) and os.path.isfile(os.path.join(prefix, "pyvenv.cfg")):
+        return None
+    for d in [stdlib] if stdlib is not None else _stdlib_dirs(site_dir):
+        marker = os.path.join(d, EXTERNALLY_MANAGED)
+        if os.path.isfile(marker):
+            return marker
     return None
 
 

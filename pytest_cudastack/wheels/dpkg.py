@@ -1,0 +1,118 @@
+"""What dpkg, Debian's package manager, records about the files it installed: which package lists a
+``*.dist-info`` directory, and that package's md5sums.
+
+dpkg keeps one file list per installed package, ``<root>/var/lib/dpkg/info/<package>.list`` (``<package>``
+may carry its architecture, ``python3-yaml:amd64``): one absolute path per line, directories included. Its
+``<package>.md5sums`` holds ``<md5 hex>  <path>`` lines (md5sum's text format; the path relative to the root,
+without the leading ``/``) for the package's regular files (conffiles aside). A distro Python's distributions
+(``/usr/lib/python3/dist-packages/PyYAML-6.0.dist-info``) are such files: their RECORD was written before
+the package build stripped the shared libraries (dh_strip), so pip's RECORD hashes and sizes do not match,
+and the owner's record is the md5sums.
+
+``root`` is a parameter (tests give a fake tree, never the host's ``/var/lib/dpkg``). Reads are bounded
+(file count and bytes per file) and malformed lines are skipped: nothing here raises for what it reads.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+from collections.abc import Mapping
+from types import MappingProxyType
+
+from pytest_cudastack._sysio import read_text
+
+__all__ = ["INFO_DIR", "dist_info_package", "md5sums", "md5sums_path", "reinstall_command"]
+
+INFO_DIR = "var/lib/dpkg/info"
+_MAX_LISTS = 100_000  # .list files read (a full desktop has ~3,000)
+_MAX_LIST_BYTES = 32 << 20  # bytes read of one .list / .md5sums file
+_MD5_LINE = re.compile(r"([0-9a-fA-F]{32}) [ *](.+)")
+_PACKAGE = re.compile(r"[a-z0-9][a-z0-9+.\-]*(:[a-z0-9\-]+)?")  # Debian policy 5.6.1 package name, ":arch"
+
+
+def _info_dir(root: str) -> str:
+    return os.path.join(root, INFO_DIR)
+
+
+@functools.lru_cache(maxsize=8)
+def _dist_info_owners(root: str) -> Mapping[str, str]:
+    """Every ``*.dist-info`` / ``*.egg-info`` path any ``.list`` under ``root`` names (as written, normalised)
+    -> its package (the first ``.list`` by name wins); empty when there is no dpkg database."""
+    info = _info_dir(root)
+    try:
+        names = sorted(n for n in os.listdir(info) if n.endswith(".list"))[:_MAX_LISTS]
+    except OSError:
+        return MappingProxyType({})
+    out: dict[str, str] = {}
+    for n in names:
+        package = n[: -len(".list")]
+        if not _PACKAGE.fullmatch(package):
+            continue
+        text = read_text(os.path.join(info, n), limit=_MAX_LIST_BYTES)
+        if text is None or (".dist-info" not in text and ".egg-info" not in text):
+            continue
+        for line in text.splitlines():
+            if line.startswith("/") and line.endswith((".dist-info", ".egg-info")) and "\x00" not in line:
+                out.setdefault(os.path.normpath(line), package)
+    return MappingProxyType(out)
+
+
+def _as_listed(path: str, root: str) -> list[str]:
+    """``path`` (absolute, on this machine) as dpkg under ``root`` would list it: relative to ``root``, with a
+    leading ``/``; its realpath too (a merged-/usr system lists ``/usr/lib``, a site may be spelt ``/lib``)."""
+    r = os.path.normpath(os.path.abspath(root))
+    out: list[str] = []
+    for p in dict.fromkeys((os.path.normpath(os.path.abspath(path)), os.path.realpath(path))):
+        if r == os.sep:
+            out.append(p)
+        elif p.startswith(r + os.sep):
+            out.append(p[len(r) :])
+    return out
+
+
+def dist_info_package(dist_info: str, root: str = "/") -> str | None:
+    """The dpkg package whose file list names the ``*.dist-info`` directory ``dist_info`` (under ``root``),
+    None when none does (or there is no dpkg database)."""
+    owners = _dist_info_owners(os.path.normpath(os.path.abspath(root)))
+    if not owners:
+        return None
+    for p in _as_listed(dist_info, root):
+        package = owners.get(p)
+        if package is not None:
+            return package
+    return None
+
+
+def md5sums_path(package: str, root: str = "/") -> str:
+    """Where dpkg keeps ``package``'s md5sums under ``root``."""
+    return os.path.join(_info_dir(root), f"{package}.md5sums")
+
+
+def md5sums(package: str, root: str = "/") -> Mapping[str, str] | None:
+    """Absolute path (under ``root``) -> lower-case md5 hex digest, from ``<package>.md5sums``; None when the
+    package has no readable md5sums file. Lines that are not ``<32 hex> <space or *><path>``, paths with
+    NUL, backslash escapes (md5sum's marker for odd names) or ``..`` components are skipped."""
+    if not _PACKAGE.fullmatch(package):
+        return None
+    text = read_text(md5sums_path(package, root), limit=_MAX_LIST_BYTES)
+    if text is None:
+        return None
+    base = os.path.normpath(os.path.abspath(root))
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        m = _MD5_LINE.fullmatch(line)
+        if m is None:
+            continue
+        digest, rel = m.groups()
+        rel = rel.lstrip("/")
+        if not rel or "\x00" in rel or "\\" in rel or ".." in rel.split("/"):
+            continue
+        out.setdefault(os.path.normpath(os.path.join(base, rel)), digest.lower())
+    return MappingProxyType(out)
+
+
+def reinstall_command(package: str) -> str:
+    """The command that puts a package's files back as dpkg records them."""
+    return f"apt-get install --reinstall {package}"
