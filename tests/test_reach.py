@@ -177,6 +177,19 @@ def test_package_that_imports_it_at_top_level_is_an_error(tmp_path: Path):
 
 
 @needs_cc
+def test_project_import_of_another_package_that_imports_it_is_an_error(tmp_path: Path):
+    """The model follows a project import through other installed packages: ``import wrap`` runs wrap's
+    ``import pkgx.fft``; the clean twin is the project without that import."""
+    site = _site(tmp_path)
+    write_dist(site, "wrap", "0.1", {"wrap/__init__.py": "import pkgx.fft\n"})
+    assert [f.severity for f in _findings(tmp_path, site)] == [Severity.WARNING]
+    _project(tmp_path, {"tests/test_w.py": "import json\nimport wrap\n"})
+    found = _findings(tmp_path, site)
+    assert [f.severity for f in found] == [Severity.ERROR]
+    assert "reached by `import wrap` (tests/test_w.py:2)" in found[0].details
+
+
+@needs_cc
 def test_project_importing_the_package_alone_stays_a_warning(tmp_path: Path):
     _project(tmp_path, {"src/train.py": "import pkgx\nfrom pkgx import _core\n"})
     assert [f.severity for f in _findings(tmp_path, _site(tmp_path))] == [Severity.WARNING]

@@ -247,9 +247,23 @@ class Reachability:
             self._tops[dist.dist_info] = (names, self._reach(names))
         return self._tops[dist.dist_info]
 
+    def _installed(self, top: str) -> bool:
+        """Whether a top-level name is installed in a site directory (not the standard library's, not the
+        project's own): only those imports can load an installed extension module."""
+        for site in self._inv.site_dirs:
+            base = os.path.join(site, top)
+            if os.path.isdir(base) or any(os.path.isfile(base + s) for s in (".py", *self.interp.suffixes)):
+                return True
+        return False
+
     def _project_reach(self) -> dict[str, int]:
         if self._project_map is None:
-            self._project_map = self._reach([pi.name for pi in self.project.imports])
+            names = [pi.name for pi in self.project.imports]
+            installed = {top for top in {n.split(".")[0] for n in names} if self._installed(top)}
+            kept = [n for n in names if n.split(".")[0] in installed]
+            mapped = self._reach(kept)
+            index = {n: i for i, n in enumerate(names)}
+            self._project_map = {k: index[kept[i]] for k, i in mapped.items()}
         return self._project_map
 
     def of_module(self, dist: Distribution, path: str) -> Reach | None:
