@@ -221,7 +221,7 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "cudastack_imports",
-        ("--cudastack-import",),
+        ("--cudastack-imports",),
         "module the project under test imports (repeatable; comma or space separated): a load failure it "
         "reaches is an error, not a warning",
         _modules,

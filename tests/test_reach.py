@@ -159,7 +159,7 @@ def test_scan_off_with_the_project_import_present_is_a_warning(tmp_path: Path):
 def test_ini_import_with_scan_off_is_an_error(tmp_path: Path):
     found = _findings(tmp_path, _site(tmp_path), cudastack_imports=["pkgx.fft"], cudastack_imports_scan="false")
     assert [f.severity for f in found] == [Severity.ERROR]
-    assert "reached by `import pkgx.fft` (--cudastack-import)" in found[0].details
+    assert "reached by `import pkgx.fft` (--cudastack-imports)" in found[0].details
 
 
 @needs_cc
@@ -327,7 +327,7 @@ def test_plugin_ini_import_with_scan_off_fails(pt: pytest.Pytester):
     pt.makeini("[pytest]\ncudastack_imports = pkgx.fft\ncudastack_imports_scan = false\n")
     result = _run(pt, "--cudastack")
     result.stdout.fnmatch_lines(["*FAILED cudastack::closure*"])
-    result.stdout.fnmatch_lines(["*reached by `import pkgx.fft` (--cudastack-import (from ini))*"])
+    result.stdout.fnmatch_lines(["*reached by `import pkgx.fft` (--cudastack-imports (from ini))*"])
 
 
 @needs_cc

@@ -55,7 +55,7 @@ _SKIPPED_DIRS = frozenset(
 @dataclass(frozen=True)
 class ProjectImport:
     """One module the project under test imports: its dotted ``name`` and ``where`` (the first statement
-    importing it, ``src/train.py:3``, or the option that names it: ``--cudastack-import (from ini)``)."""
+    importing it, ``src/train.py:3``, or the option that names it: ``--cudastack-imports (from ini)``)."""
 
     name: str
     where: str
@@ -191,7 +191,7 @@ def top_level_names(dist: Distribution) -> tuple[str, ...]:
 class Reach:
     """How an extension module is reached: ``importer`` is the import that loads it (or, when ``reached`` is
     False, the import that would fail), ``where`` why that import happens (``src/train.py:3``, "pkgx 1.0's
-    top-level import", ``--cudastack-import (from ini)``); None when not reached."""
+    top-level import", ``--cudastack-imports (from ini)``); None when not reached."""
 
     reached: bool
     importer: str
