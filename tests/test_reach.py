@@ -346,3 +346,44 @@ def test_plugin_project_file_import_with_scan_off_passes(pt: pytest.Pytester):
     pt.makeini("[pytest]\ncudastack_imports_scan = false\n")
     result = _run(pt, "--cudastack")
     assert "FAILED cudastack::closure" not in result.stdout.str()
+
+
+# ------------------------------------------------------------------------------------------- run-time loads
+
+
+def _cudnn_site(tmp_path: Path, init: str | None) -> Path:
+    """A torch-like package whose extension links libcudnn.so.9, which opens libcudnn_ops.so.9 at run time
+    (the dlopen table's fatal row); libcudnn_ops.so.9 is not installed. ``init``: the package's
+    ``__init__.py`` (None: none, a namespace package that loads nothing)."""
+    site = site_packages(tmp_path / "venv")
+    files: dict[str, bytes | str] = {
+        f"torchish/_C{SUFFIX}": compile_so(
+            None, pyinit="_C", needed=["libcudnn.so.9"], rpath="$ORIGIN/../nvidia/cudnn/lib"
+        )
+    }
+    if init is not None:
+        files["torchish/__init__.py"] = init
+    write_dist(site, "torchish", "1.0", files)
+    cudnn = {"nvidia/cudnn/lib/libcudnn.so.9": compile_so("libcudnn.so.9", rpath="$ORIGIN")}
+    write_dist(site, "nvidia-cudnn-cu13", "9.24.0.43", cudnn)
+    return site
+
+
+def _dlopen(tmp_path: Path, site: Path) -> list[Finding]:
+    driver = DriverInfo("declared", "580.65.06", "13.0", archs=("sm_90",), arch_source="declared")
+    stack = Stack(Settings(cudastack=True), driver_info=driver, rootdir=str(tmp_path), site_paths=(str(site),))
+    return [f for f in stack.findings("dlopen") if f.subject == "libcudnn_ops.so.9"]
+
+
+@needs_cc
+def test_run_time_load_of_a_reached_caller_is_an_error(tmp_path: Path):
+    found = _dlopen(tmp_path, _cudnn_site(tmp_path, "from torchish import _C\n"))
+    assert [f.severity for f in found] == [Severity.ERROR]
+    assert "reached by `import torchish` (the top-level import of torchish 1.0)" in found[0].details
+
+
+@needs_cc
+def test_run_time_load_of_an_unreached_caller_is_a_warning(tmp_path: Path):
+    found = _dlopen(tmp_path, _cudnn_site(tmp_path, ""))
+    assert [f.severity for f in found] == [Severity.WARNING]
+    assert found[0].message.startswith("after `import torchish._C`: libcudnn_ops.so.9 is not found")

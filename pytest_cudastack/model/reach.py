@@ -316,11 +316,13 @@ def judge_reach(
     reach: Reachability,
     trees: Sequence[ModuleTree],
     objects: Callable[[Finding], Sequence[str]] = lambda f: f.facts.objects,
+    lead: Callable[[str], str] = lambda name: f"`import {name}` will fail",
 ) -> tuple[Finding, ...]:
     """``findings`` with each ERROR about extension modules (``objects``: the files it is about, each an
     extension module or an object in one's closure) judged by reachability: kept, naming how it is reached,
     when an import that will happen loads one of the modules; else a WARNING naming the import that would
-    fail. A finding whose files no module tree holds, or whose module the model cannot name, is kept as is."""
+    fail (``lead``: how its message begins, for a run-time load "after `import cupy.fft`"). A finding whose
+    files no module tree holds, or whose module the model cannot name, is kept as is."""
     if not any(f.severity is Severity.ERROR for f in findings):
         return tuple(findings)
     dirs: dict[str, str] = {}
@@ -330,11 +332,16 @@ def judge_reach(
         for lib in mt.tree.libraries:
             if lib.path is not None:
                 loaders.setdefault(lib.realpath or real_path(lib.path, dirs), []).append(mt)
-    return tuple(_judged(f, reach, loaders, objects(f), dirs) for f in findings)
+    return tuple(_judged(f, reach, loaders, objects(f), dirs, lead) for f in findings)
 
 
 def _judged(
-    f: Finding, reach: Reachability, loaders: dict[str, list[ModuleTree]], objs: Sequence[str], dirs: dict[str, str]
+    f: Finding,
+    reach: Reachability,
+    loaders: dict[str, list[ModuleTree]],
+    objs: Sequence[str],
+    dirs: dict[str, str],
+    lead: Callable[[str], str],
 ) -> Finding:
     if f.severity is not Severity.ERROR or not objs:
         return f
@@ -356,13 +363,13 @@ def _judged(
         answers.append((mt, r))
     mt, first = answers[0]
     others = sorted({r.importer for _, r in answers[1:]} - {first.importer})
-    notes = tuple(f"`import {name}` will fail too" for name in others)
+    notes = tuple(f"{lead(name)} too" for name in others)
     why = reach.not_reached(mt.dist, first)
     hint = f"import {first.importer} in the project (or list it in cudastack_imports) to make this an error"
     return replace(
         f,
         severity=Severity.WARNING,
-        message=f"`import {first.importer}` will fail: {f.message}",
+        message=f"{lead(first.importer)}: {f.message}",
         cause=f"{f.cause}; {why}" if f.cause else why,
         details=(*f.details, *notes, f"not reached: {hint}"),
     )
