@@ -146,6 +146,20 @@ def _files(raw: Any) -> tuple[str, ...]:
     return tuple(str(p) for p in items if str(p).strip())
 
 
+def _modules(raw: Any) -> tuple[str, ...]:
+    """``cudastack_imports``: dotted module names, each value split at commas and white space
+    (``cupy.fft, cupyx.scipy.linalg``); a name that is not a dotted identifier is a ``ValueError``."""
+    items = [raw] if isinstance(raw, str) else list(raw)
+    out: list[str] = []
+    for item in items:
+        for name in str(item).replace(",", " ").split():
+            if not all(part.isidentifier() for part in name.split(".")):
+                raise ValueError(f"invalid module name {name!r} (expected a dotted name such as cupy.fft)")
+            if name not in out:
+                out.append(name)
+    return tuple(out)
+
+
 # the table -------------------------------------------------------------------------------------------
 
 OPTIONS: tuple[Option, ...] = (
@@ -206,6 +220,29 @@ OPTIONS: tuple[Option, ...] = (
         path=True,
     ),
     Option(
+        "cudastack_imports",
+        ("--cudastack-imports",),
+        "module the project under test imports (repeatable; comma or space separated): a load failure it "
+        "reaches is an error, not a warning",
+        _modules,
+        default=(),
+        ini="linelist",
+        env="CUDASTACK_IMPORTS",
+        metavar="MODULE",
+        action="append",
+    ),
+    # default true: the ini key is a "string" read by parse_bool (a "bool" key reads False when unset)
+    Option(
+        "cudastack_imports_scan",
+        ("--cudastack-imports-scan",),
+        "read the imports of the rootdir's own Python files (default true); false: only cudastack_imports "
+        "and the installed packages' own top-level imports decide which load failures are errors",
+        _flag,
+        default=True,
+        env="CUDASTACK_IMPORTS_SCAN",
+        metavar="BOOL",
+    ),
+    Option(
         "cudastack_unmet",
         ("--cudastack-unmet",),
         "outcome of a test whose requires_* marker is unmet: fail (default) or skip",
@@ -253,8 +290,11 @@ def row(key: str) -> Option:
     raise KeyError(key)
 
 
-def is_unset(raw: Any) -> bool:
-    """Whether a source leaves the option unset: ``None``, ``False``, ``""`` and empty sequences do."""
+def is_unset(raw: Any, option: Option | None = None) -> bool:
+    """Whether a source leaves the option unset: ``None``, ``False``, ``""`` and empty sequences do; ``False``
+    sets an ``option`` whose default is true (a TOML ``cudastack_imports_scan = false``)."""
+    if raw is False and option is not None and option.default is True:
+        return False
     return raw is None or raw is False or raw == "" or raw == () or raw == []
 
 

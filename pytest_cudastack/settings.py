@@ -68,6 +68,8 @@ class Settings:
     cuda_driver: str | None = _default("cuda_driver")
     cuda_arch: tuple[str, ...] = _default("cuda_arch")
     cudastack_scan: tuple[str, ...] = _default("cudastack_scan")
+    cudastack_imports: tuple[str, ...] = _default("cudastack_imports")
+    cudastack_imports_scan: bool = _default("cudastack_imports_scan")
     cudastack_unmet: str = _default("cudastack_unmet")
     cudastack_snapshot: str | None = _default("cudastack_snapshot")
     cudastack_baseline: str | None = _default("cudastack_baseline")
@@ -181,7 +183,7 @@ def resolve(
             src = where(option)
             try:
                 raw = layer(option)
-                if options.is_unset(raw):
+                if options.is_unset(raw, option):
                     continue
                 values[option.key] = option.parse(raw)
             except ValueError as e:

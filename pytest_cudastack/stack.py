@@ -30,6 +30,7 @@ from pytest_cudastack.linker.elfcache import ElfCache
 from pytest_cudastack.linker.resolver import Resolver, SearchConfig
 from pytest_cudastack.model.modules import ModuleTree, module_trees
 from pytest_cudastack.model.needs import infer_binary, infer_shipped, infer_wheel
+from pytest_cudastack.model.reach import ProjectImports, Reachability, project_imports
 from pytest_cudastack.schemacheck import first_error
 from pytest_cudastack.settings import Settings
 from pytest_cudastack.wheels.inventory import installed_wheels
@@ -183,6 +184,21 @@ class Stack:
         """Every extension module's closure in its import context, built once: the closure, dlopen and
         symbols items read the same trees."""
         return module_trees(self.inventory, self.resolver, self.cache.read, self.cache)
+
+    @cached_property
+    def project_imports(self) -> ProjectImports:
+        """The modules the project under test imports: the rootdir's own Python files (unless
+        ``cudastack_imports_scan`` is false) and the ``cudastack_imports`` names (``model.reach``)."""
+        s = self.settings
+        return project_imports(
+            self.rootdir, s.cudastack_imports, s.named("cudastack_imports"), scan=s.cudastack_imports_scan
+        )
+
+    @cached_property
+    def reachability(self) -> Reachability:
+        """Which extension modules an import that will happen loads (``model.reach``): the severity of the
+        closure and symbols findings; each answer computed when a check first asks."""
+        return Reachability(self.inventory, self.resolver, self.cache.read, lambda: self.project_imports, self.cache)
 
     @cached_property
     def libs(self) -> CudaLibs:

@@ -89,9 +89,11 @@ needs_cc = pytest.mark.skipif(not HAVE_CC, reason="needs a C compiler")
 
 
 def _site(tmp_path: Path, python: str, modules: list[str]) -> Path:
-    """A kernel-like package whose modules (one per name) each need libcudart.so.12, which is not here."""
+    """A kernel-like package whose modules (one per name) each need libcudart.so.12, which is not here; its
+    ``__init__.py`` imports them (so ``import kern`` reaches each: a load failure is an ERROR)."""
     site = site_packages(tmp_path / "venv", python)
-    files: dict[str, bytes | str] = {"kern/__init__.py": ""}
+    init = "".join(f"from kern import {name.split('.')[0]}\n" for name in modules)
+    files: dict[str, bytes | str] = {"kern/__init__.py": init}
     for name in modules:
         files[f"kern/{name}"] = compile_so(None, pyinit=name.split(".")[0], needed=["libcudart.so.12"])
     write_dist(site, "kern", "0.3.0", files)

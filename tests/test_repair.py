@@ -33,13 +33,15 @@ def cudnn(flavour: str) -> dict[str, bytes | str]:
 
 
 def venv(tmp_path: Path) -> Path:
-    """A torch-like venv: torch's extension module needs cuDNN and NCCL from the cu13 wheels it pins."""
+    """A torch-like venv: torch's extension module, which ``import torch`` loads, needs cuDNN and NCCL from
+    the cu13 wheels it pins."""
     site = site_packages(tmp_path / "venv")
     write_dist(
         site,
         "torch",
         "2.14.1",
         {
+            "torch/__init__.py": "from torch import _C\n",  # as torch's: `import torch` loads torch._C
             f"torch/{EXT}": compile_so(None, pyinit="_C", needed=["libtorch_x.so"], rpath=RPATH),
             "torch/lib/libtorch_x.so": compile_so(
                 "libtorch_x.so",

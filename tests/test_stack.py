@@ -133,7 +133,9 @@ def test_each_shared_fact_is_computed_once_per_run(tmp_path, monkeypatch):
     from pytest_cudastack.wheels.requirements import requirement_facts
 
     site = site_packages(tmp_path / "venv")
-    write_dist(site, "pkg", "1.0", {"pkg/_ext.abi3.so": compile_so(None, pyinit="_ext", needed=["libgone.so.1"])})
+    ext = compile_so(None, pyinit="_ext", needed=["libgone.so.1"])
+    # `import pkg` loads pkg._ext: its missing soname is an ERROR (an unreached one would be a WARNING)
+    write_dist(site, "pkg", "1.0", {"pkg/__init__.py": "from pkg import _ext\n", "pkg/_ext.abi3.so": ext})
     write_dist(site, "torch", "2.14.1", requires=["nvidia-nccl-cu13==2.30.7"])
     write_dist(site, "nvidia-nccl-cu13", "2.28.9")
     reqs = _count_calls(monkeypatch, requirement_facts)

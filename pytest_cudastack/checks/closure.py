@@ -44,6 +44,7 @@ from pytest_cudastack.findings import Facts, Finding, Manual, Pip, Remedy, Searc
 from pytest_cudastack.linker.elf import read_elf
 from pytest_cudastack.linker.resolver import Library, Resolver
 from pytest_cudastack.model.modules import ForeignModule, ModuleTree, foreign_modules, module_trees
+from pytest_cudastack.model.reach import judge_reach
 from pytest_cudastack.model.repair import NO_SAFE_REPAIR, load_facts, plan_repairs, predict, verified_fixes
 from pytest_cudastack.wheels.inventory import Distribution, Inventory
 from pytest_cudastack.wheels.ownership import FORCE, pip_python, reinstall
@@ -166,11 +167,15 @@ def extension_closures(
 
 def run(stack: StackView, target: Target | None = None) -> tuple[Finding, ...]:
     """The ``closure`` item: every extension module of the stack's inventory through its resolver, each in
-    its import context, and the mixed CUDA majors (:mod:`~pytest_cudastack.checks.majors`)."""
+        its import context, and the mixed CUDA majors (:mod:`~pytest_cudastack.checks.majors`). A missing soname
+    is an ERROR when an import that will happen loads a module needing it, else a WARNING naming the import
+    that would fail (:func:`~pytest_cudastack.model.reach.judge_reach`)."""
     inv = stack.inventory
     trees = stack.module_trees
     mixed = majors_findings(inv, stack.cache.read, lambda p: inv.relative(p), trees, stack.resolver)
-    closures = extension_closures(inv, stack.resolver, trees=trees, reqs=stack.requirements)
+    closures = judge_reach(
+        extension_closures(inv, stack.resolver, trees=trees, reqs=stack.requirements), stack.reachability, trees
+    )
     return (*mixed, *closures, *_foreign_finding(inv, foreign_modules(inv)))
 
 

@@ -30,11 +30,12 @@ from typing import TYPE_CHECKING
 from pytest_cudastack.cuda.compat import is_driver_soname
 from pytest_cudastack.cuda.dlopen import Miss
 from pytest_cudastack.errors import ElfError
-from pytest_cudastack.findings import Finding, Manual, Severity, manual
+from pytest_cudastack.findings import Facts, Finding, Manual, Severity, manual
 from pytest_cudastack.linker.elf import ElfInfo
 from pytest_cudastack.linker.resolver import Resolver
 from pytest_cudastack.linker.strings import StringFacts
 from pytest_cudastack.model.modules import Caller, ModuleTree, callers
+from pytest_cudastack.model.reach import judge_reach
 from pytest_cudastack.model.repair import NO_SAFE_REPAIR
 from pytest_cudastack.model.runtime import Load, caller_majors, expand_origin, loads_of, read_or_none
 
@@ -181,6 +182,7 @@ def _load_finding(ld: Load, caller: ElfInfo, inv: Inventory, read: Callable[[str
                 )
             ),
             where=lib.searched[:12] or tuple(os.path.dirname(t) for t in lib.tried[:12]),
+            facts=Facts(required=ld.name, sonames=(ld.name,), objects=(ld.caller,)),
             chain=(who,),
             details=(f"the table row: {source}",),
         )
@@ -206,6 +208,7 @@ def _load_finding(ld: Load, caller: ElfInfo, inv: Inventory, read: Callable[[str
                 ),
             ),
             where=(os.path.dirname(lib.path),),
+            facts=Facts(sonames=(ld.name,), objects=(ld.caller, lib.path)),
             chain=(who, lib.path),
             details=(f"the table row: {source}",),
         )
@@ -213,7 +216,11 @@ def _load_finding(ld: Load, caller: ElfInfo, inv: Inventory, read: Callable[[str
 
 
 def run(stack: StackView, target: Target | None = None) -> tuple[Finding, ...]:
-    """The ``dlopen`` item: the run-time loads of every shipped library of the stack's inventory."""
-    return dlopen_findings(
-        stack.inventory, stack.resolver, stack.cache.read, stack.cache.read_strings, stack.module_trees
+    """The ``dlopen`` item: the run-time loads of every shipped library of the stack's inventory. A fatal miss
+    is an ERROR when an import that will happen loads its caller, else a WARNING naming the import after
+    which the feature would fail (:func:`~pytest_cudastack.model.reach.judge_reach`)."""
+    trees = stack.module_trees
+    found = dlopen_findings(stack.inventory, stack.resolver, stack.cache.read, stack.cache.read_strings, trees)
+    return judge_reach(
+        found, stack.reachability, trees, lambda f: f.facts.objects[:1], lead=lambda name: f"after `import {name}`"
     )

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from pytest_cudastack.linker.resolver import Resolver, Tree
     from pytest_cudastack.model.modules import ModuleTree
     from pytest_cudastack.model.needs import Inference
+    from pytest_cudastack.model.reach import Reachability
     from pytest_cudastack.wheels.inventory import Inventory
     from pytest_cudastack.wheels.requirements import Requirements
 
@@ -43,6 +44,12 @@ class Options(Protocol):
 
     @property
     def cudastack_baseline(self) -> str | None: ...
+
+    @property
+    def cudastack_imports(self) -> tuple[str, ...]: ...
+
+    @property
+    def cudastack_imports_scan(self) -> bool: ...
 
     def describe(self, key: str) -> str:
         """``"--cuda-max=12.9 (from ini)"``: the option, its value and where it came from."""
@@ -80,6 +87,12 @@ class StackView(Protocol):
     @property
     def cache(self) -> ElfCache:
         """The run's one ELF cache (ELF facts and dynamic symbol facts)."""
+        ...
+
+    @property
+    def reachability(self) -> Reachability:
+        """Which extension modules an import that will happen loads: the installed distributions' top-level
+        imports and the project's own imports (``model.reach``), computed on first question."""
         ...
 
     @property

@@ -58,6 +58,7 @@ from pytest_cudastack.linker.resolver import Library, Resolver, Route, Tree
 from pytest_cudastack.linker.symbols import ScopeIndex, SymbolFacts
 from pytest_cudastack.model.modules import ModuleTree, module_trees
 from pytest_cudastack.model.process import ImportScope, Interpreter, import_scopes
+from pytest_cudastack.model.reach import judge_reach
 from pytest_cudastack.wheels.inventory import Inventory
 
 if TYPE_CHECKING:
@@ -695,21 +696,23 @@ def _remember(verdicts: VerdictStore | None, key: str, run: _Run, found: tuple[F
 
 
 def run(stack: StackView, target: Target | None = None) -> tuple[Finding, ...]:
-    """The ``symbols`` item: every extension module of the inventory, and every scanned binary."""
+    """The ``symbols`` item: every extension module of the inventory, and every scanned binary. An extension
+    module's unbound reference is an ERROR when an import that will happen loads it, else a WARNING
+    (:func:`~pytest_cudastack.model.reach.judge_reach`)."""
     cache = stack.cache
     driver = stack.driver
-    out = list(
-        extension_symbol_findings(
-            stack.inventory,
-            stack.resolver,
-            cache.read_symbols,
-            verdicts=cache,
-            driver=driver,
-            elf_read=cache.read,
-            pycache=cache,
-            trees=stack.module_trees,
-        )
+    found = extension_symbol_findings(
+        stack.inventory,
+        stack.resolver,
+        cache.read_symbols,
+        verdicts=cache,
+        driver=driver,
+        elf_read=cache.read,
+        pycache=cache,
+        trees=stack.module_trees,
     )
+    # an unbound reference is an ERROR when an import that will happen loads its needer (facts.objects[0])
+    out = list(judge_reach(found, stack.reachability, stack.module_trees, lambda f: f.facts.objects[:1]))
     for name, path in stack.scan_targets:
         if os.path.lexists(path):
             tree = stack.tree(path)

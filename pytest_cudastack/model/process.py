@@ -62,6 +62,7 @@ __all__ = [
     "Mapped",
     "Process",
     "import_contexts",
+    "import_reach",
     "import_scopes",
     "module_name",
     "predict_import",
@@ -523,6 +524,29 @@ def import_scopes(
                     _import(where, finder, name)
             if key in where.before:
                 out[path] = ImportScope(where.before[key], where.scope_before[key])
+    return out
+
+
+def import_reach(
+    names: Sequence[str],
+    interp: Interpreter,
+    resolver: Resolver,
+    read: Callable[[str], ElfInfo],
+    owner: Callable[[str], str | None],
+    cache: ElfCache | None = None,
+) -> dict[str, int]:
+    """One model process that runs ``import NAME`` for each of ``names`` in turn (as a program's import
+    statements run): the real path of every object mapped -> the index in ``names`` of the first import that
+    mapped it. A name the model does not find maps nothing."""
+    st = _new_state(interp, resolver, read, owner, None, cache)
+    finder = _Finder(interp)
+    out: dict[str, int] = {}
+    for i, name in enumerate(names):
+        before = len(st.objects)
+        with contextlib.suppress(RecursionError):  # too deep a chain: what was reached still counts
+            _import(st, finder, name)
+        for obj in st.objects[before:]:
+            out.setdefault(obj.realpath, i)
     return out
 
 
