@@ -399,73 +399,93 @@ def _findings(
     display: Callable[[str], str],
     context: str,
 ) -> list[Finding]:
-    out: list[Finding] = []
-    for (obj, file), p in sorted(problems.items(), key=lambda kv: (kv[0][0], kv[0][1] or "")):
-        lib = p.provider
-        needer = display(obj)
-        what: list[str] = []
-        if p.versions:
-            what.append(f"{len(p.versions)} version node(s)")
-        if p.symbols:
-            what.append(f"{len(p.symbols)} symbol(s)")
-        owner = f", from {lib.provider}" if lib is not None and lib.provider else ""
-        if lib is not None and lib.path is not None and p.guessed:
-            target = (
-                f"{file} (the needed library defining their nearest names) resolved to {display(lib.path)} "
-                f"({_route(lib, display)}{owner})"
-            )
-        elif lib is not None and lib.path is not None:
-            target = f"{file} resolved to {display(lib.path)} ({_route(lib, display)}{owner})"
-        else:
-            target = "no object in its lookup scope defines them"
-        details = [f"version `{v}' not found (required by {needer})" for v in sorted(p.versions)]
-        for name, version in sorted(p.symbols, key=lambda s: (s[0], s[1] or "")):
-            details.append(f"undefined symbol: {name}" + (f", version {version}" if version else ""))
-            others = [display(x) for x in index.definers(name, version)]
-            if others and lib is None:
-                details[-1] += f" (defined by {', '.join(others[:3])}, outside its lookup scope)"
-        if lib is None:
-            details.extend(
-                f"it needs {n.soname}: {display(n.path)} ({_route(n, display)})"
-                for n in p.needs[:8]
-                if n.path is not None
-            )
-        if len(details) > _MAX_DETAILS:
-            details = [*details[:_MAX_DETAILS], f"... and {len(details) - _MAX_DETAILS} more"]
-        fix, notes = _way_out(run, p, inventory, display)
-        if not fix:
-            fix = (
-                f"install a {file} that defines them (the version the needing object was built against)"
-                if file
-                else "load the library that defines them, or rebuild the needing object against what is installed"
-            )
-        when = (
-            "each fails at its first call (lazy binding, no BIND_NOW)"
-            if p.lazy_only
-            else f"{context} fails to load with the first of them"
-        )
-        out.append(
-            Finding(
-                check=check,
-                severity=Severity.ERROR,
-                subject=needer,
-                message=f"{' and '.join(what)} needed by {needer} are not defined: {target}",
-                cause=f"the dynamic linker binds every reference at load time; {when}",
-                remedies=manual(fix),
-                facts=Facts(
-                    required=" ".join(sorted({name for name, _ in p.symbols} | set(p.versions)))[:2000],
-                    sonames=(file,) if file else (),
-                    objects=tuple(
-                        os.path.normpath(o) for o in (obj, *((lib.path,) if lib is not None and lib.path else ()))
-                    ),
-                ),
-                details=(*details, *notes),
-                where=(display(lib.path),) if lib is not None and lib.path is not None else (),
-            )
-        )
+    """One ERROR per (needing object, library that was to define its symbols), then a WARNING per file whose
+    symbols could not be read."""
+    out = [
+        _problem_finding(check, run, obj, file, p, index, inventory, display, context)
+        for (obj, file), p in sorted(problems.items(), key=lambda kv: (kv[0][0], kv[0][1] or ""))
+    ]
     for e in run.errors:
         out.append(Finding(check, Severity.WARNING, e.split(":", 1)[0], f"symbols not read: {e}"))
     return out
+
+
+def _problem_finding(
+    check: str,
+    run: _Run,
+    obj: str,
+    file: str | None,
+    p: _Problem,
+    index: ScopeIndex,
+    inventory: Inventory | None,
+    display: Callable[[str], str],
+    context: str,
+) -> Finding:
+    """The ERROR for ``obj``'s references that ``file`` (or nothing in its scope) does not define."""
+    lib = p.provider
+    needer = display(obj)
+    what = [f"{len(p.versions)} version node(s)"] if p.versions else []
+    if p.symbols:
+        what.append(f"{len(p.symbols)} symbol(s)")
+    fix, notes = _way_out(run, p, inventory, display)
+    if not fix:
+        fix = (
+            f"install a {file} that defines them (the version the needing object was built against)"
+            if file
+            else "load the library that defines them, or rebuild the needing object against what is installed"
+        )
+    when = (
+        "each fails at its first call (lazy binding, no BIND_NOW)"
+        if p.lazy_only
+        else f"{context} fails to load with the first of them"
+    )
+    found = (lib.path,) if lib is not None and lib.path else ()
+    return Finding(
+        check=check,
+        severity=Severity.ERROR,
+        subject=needer,
+        message=f"{' and '.join(what)} needed by {needer} are not defined: {_target(file, p, display)}",
+        cause=f"the dynamic linker binds every reference at load time; {when}",
+        remedies=manual(fix),
+        facts=Facts(
+            required=" ".join(sorted({name for name, _ in p.symbols} | set(p.versions)))[:2000],
+            sonames=(file,) if file else (),
+            objects=tuple(os.path.normpath(o) for o in (obj, *found)),
+        ),
+        details=(*_problem_details(needer, p, index, display), *notes),
+        where=tuple(display(f) for f in found),
+    )
+
+
+def _target(file: str | None, p: _Problem, display: Callable[[str], str]) -> str:
+    """Where the references were to bind: the needed library and where it resolved, or no object at all."""
+    lib = p.provider
+    if lib is None or lib.path is None:
+        return "no object in its lookup scope defines them"
+    owner = f", from {lib.provider}" if lib.provider else ""
+    if p.guessed:
+        return (
+            f"{file} (the needed library defining their nearest names) resolved to {display(lib.path)} "
+            f"({_route(lib, display)}{owner})"
+        )
+    return f"{file} resolved to {display(lib.path)} ({_route(lib, display)}{owner})"
+
+
+def _problem_details(needer: str, p: _Problem, index: ScopeIndex, display: Callable[[str], str]) -> list[str]:
+    """Each missing version node and symbol (with who defines it outside the scope), capped."""
+    details = [f"version `{v}' not found (required by {needer})" for v in sorted(p.versions)]
+    for name, version in sorted(p.symbols, key=lambda s: (s[0], s[1] or "")):
+        details.append(f"undefined symbol: {name}" + (f", version {version}" if version else ""))
+        others = [display(x) for x in index.definers(name, version)]
+        if others and p.provider is None:
+            details[-1] += f" (defined by {', '.join(others[:3])}, outside its lookup scope)"
+    if p.provider is None:
+        details.extend(
+            f"it needs {n.soname}: {display(n.path)} ({_route(n, display)})" for n in p.needs[:8] if n.path is not None
+        )
+    if len(details) > _MAX_DETAILS:
+        details = [*details[:_MAX_DETAILS], f"... and {len(details) - _MAX_DETAILS} more"]
+    return details
 
 
 def _display(inventory: Inventory | None) -> Callable[[str], str]:

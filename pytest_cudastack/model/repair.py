@@ -546,45 +546,59 @@ def _covered(
     when the model verifies it (with the plan's steps before it: no error about the finding left, none
     created), else manual steps from its other remedies, else "no safe automatic repair is known" with the
     model's reason. Equal actions are one step resolving each finding they serve."""
+    cover = _Cover({s.action: list(s.resolves) for s in plan.automatic}, {}, list(plan.fixes))
+    cover.prior = _actions(r for r in plan.remedies if isinstance(r, Pip))
     done = set(plan.fixes)
-    automatic: dict[Remedy, list[str]] = {s.action: list(s.resolves) for s in plan.automatic}
-    manual: dict[Remedy, list[str]] = {}
-    prior = _actions(r for r in plan.remedies if isinstance(r, Pip))
-    fixed = list(plan.fixes)
     # the widest pip remedies first: a finding whose own commands the steps already run (a closure finding's
     # install of the wheel its requirer pins, after the requirements finding's install of every pin) adds none
     for f in sorted(findings, key=lambda f: -len(_actions(f.pip))):
-        if f.id in done:
-            continue
-        own = f.pip if all(_exact(p) for p in f.pip) else ()  # the model holds one version per install
-        wanted = _actions(own)
-        if own and set(wanted) <= set(prior) and not predict(prior, inv, facts=facts, findings=[f], reqs=reqs):
-            for step, ids in automatic.items():
-                if isinstance(step, Pip) and set(_actions([step])) & set(wanted):
-                    ids.append(f.id)
-            fixed.append(f.id)
-            continue
-        if own and not predict([*prior, *wanted], inv, facts=facts, findings=[f], reqs=reqs):
-            for r in own:
-                automatic.setdefault(r, []).append(f.id)
-            prior += wanted
-            fixed.append(f.id)
-            continue
-        if f.check == "symbols" and not own and prior and _rebinds(f, prior, inv, facts, reqs):
-            for step, ids in automatic.items():
-                if isinstance(step, Pip) and step.verb == "install":
-                    ids.append(f.id)
-            fixed.append(f.id)
-            continue
-        by_hand = [r for r in f.remedies if not isinstance(r, Pip)]
-        for step in by_hand or [_no_safe_repair(f, plan.refused, inv, facts, reqs)]:
-            manual.setdefault(step, []).append(f.id)
-    steps = [PlanStep("automatic", a, tuple(ids), a.why) for a, ids in automatic.items()]
-    steps += [PlanStep("manual", a, tuple(ids), a.why) for a, ids in manual.items()]
-    left = set(fixed)
+        if f.id not in done and not cover.automatically(f, inv, facts, reqs):
+            by_hand = [r for r in f.remedies if not isinstance(r, Pip)]
+            for step in by_hand or [_no_safe_repair(f, plan.refused, inv, facts, reqs)]:
+                cover.manual.setdefault(step, []).append(f.id)
+    steps = [PlanStep("automatic", a, tuple(ids), a.why) for a, ids in cover.automatic.items()]
+    steps += [PlanStep("manual", a, tuple(ids), a.why) for a, ids in cover.manual.items()]
+    left = set(cover.fixed)
     unresolved = tuple(f.id for f in findings if f.id not in left)
     chose = (*plan.chose, *_alternatives(findings, left))
-    return replace(plan, steps=tuple(steps), fixes=tuple(dict.fromkeys(fixed)), unresolved=unresolved, chose=chose)
+    fixes = tuple(dict.fromkeys(cover.fixed))
+    return replace(plan, steps=tuple(steps), fixes=fixes, unresolved=unresolved, chose=chose)
+
+
+@dataclass
+class _Cover:
+    """The steps a plan is growing: automatic actions and manual remedies -> the finding ids each resolves,
+    the ids repaired automatically, and the pip actions taken so far (what each next claim is verified with)."""
+
+    automatic: dict[Remedy, list[str]]
+    manual: dict[Remedy, list[str]]
+    fixed: list[str]
+    prior: list[_Action] = field(default_factory=list)
+
+    def automatically(self, f: Finding, inv: Inventory, facts: LoadFacts | None, reqs: Requirements) -> bool:
+        """Claim ``f`` for pip steps the model verifies, adding its own when they are needed; False: none."""
+        own = f.pip if all(_exact(p) for p in f.pip) else ()  # the model holds one version per install
+        wanted = _actions(own)
+        prior = self.prior
+        if own and set(wanted) <= set(prior) and not predict(prior, inv, facts=facts, findings=[f], reqs=reqs):
+            self._resolve(f, lambda step: bool(set(_actions([step])) & set(wanted)))
+        elif own and not predict([*prior, *wanted], inv, facts=facts, findings=[f], reqs=reqs):
+            for r in own:
+                self.automatic.setdefault(r, []).append(f.id)
+            self.prior = [*prior, *wanted]
+            self.fixed.append(f.id)
+        elif f.check == "symbols" and not own and prior and _rebinds(f, prior, inv, facts, reqs):
+            self._resolve(f, lambda step: step.verb == "install")
+        else:
+            return False
+        return True
+
+    def _resolve(self, f: Finding, serves: Callable[[Pip], bool]) -> None:
+        """``f`` is repaired by the automatic steps already taken that ``serves`` picks."""
+        for step, ids in self.automatic.items():
+            if isinstance(step, Pip) and serves(step):
+                ids.append(f.id)
+        self.fixed.append(f.id)
 
 
 def _rebinds(f: Finding, prior: Sequence[_Action], inv: Inventory, facts: LoadFacts | None, reqs: Requirements) -> bool:
