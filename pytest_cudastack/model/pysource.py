@@ -19,7 +19,7 @@ from typing import Any
 from pytest_cudastack._sysio import read_text
 from pytest_cudastack.linker.elfcache import ElfCache
 
-__all__ = ["Items", "module_imports", "read_module_source", "string_constant"]
+__all__ = ["Items", "module_imports", "read_module_source", "resolve_from", "string_constant"]
 
 _MODEL = 3  # the version of the import-list rules, part of each cached list's key
 _MAX_SOURCE = 16 << 20
@@ -109,7 +109,9 @@ def _startswith_truth(test: ast.Call) -> bool | None:
 _UNKNOWN = object()
 
 
-def _resolve_from(module: str, is_package: bool, node: ast.ImportFrom) -> str | None:
+def resolve_from(module: str, is_package: bool, node: ast.ImportFrom) -> str | None:
+    """The absolute module a ``from`` import names in ``module`` (a package when ``is_package``); None when its
+    relative level climbs above the top."""
     if not node.level:
         return node.module
     base = module if is_package else module.rpartition(".")[0]
@@ -133,7 +135,7 @@ def _imports(body: Sequence[ast.stmt], module: str, is_package: bool) -> Items:
         if isinstance(node, ast.Import):
             out.extend(["i", [alias.name]] for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
-            base = _resolve_from(module, is_package, node)
+            base = resolve_from(module, is_package, node)
             if base is not None:
                 out.append(["i", [base] + [f"{base}.{a.name}" for a in node.names if a.name != "*"]])
         elif isinstance(node, ast.If):

@@ -30,7 +30,7 @@ from pytest_cudastack.linker.elf import ElfInfo
 from pytest_cudastack.linker.elfcache import ElfCache
 from pytest_cudastack.linker.resolver import Resolver
 from pytest_cudastack.model.process import Interpreter, import_reach, module_name
-from pytest_cudastack.model.pysource import read_module_source
+from pytest_cudastack.model.pysource import read_module_source, resolve_from
 from pytest_cudastack.wheels.inventory import Distribution, Inventory
 
 if TYPE_CHECKING:
@@ -114,17 +114,6 @@ def _file_module(path: str) -> tuple[str, bool]:
     return ".".join(p for p in parts if p), is_package
 
 
-def _resolve(module: str, is_package: bool, node: ast.ImportFrom) -> str | None:
-    if not node.level:
-        return node.module
-    base = module if is_package else module.rpartition(".")[0]
-    for _ in range(node.level - 1):
-        base = base.rpartition(".")[0]
-    if not base:
-        return None
-    return f"{base}.{node.module}" if node.module else base
-
-
 def _file_imports(path: str) -> list[tuple[str, int]]:
     """Every module an ``import`` statement of the file names (in functions and classes too), in line order:
     ``from P import a`` names ``P`` and ``P.a`` (a submodule or not: the model finds out)."""
@@ -137,7 +126,7 @@ def _file_imports(path: str) -> list[tuple[str, int]]:
         if isinstance(node, ast.Import):
             out.extend((alias.name, node.lineno) for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
-            base = _resolve(module, is_package, node)
+            base = resolve_from(module, is_package, node)
             if base is not None:
                 out.append((base, node.lineno))
                 out.extend((f"{base}.{a.name}", node.lineno) for a in node.names if a.name != "*")
