@@ -167,3 +167,5 @@ def test_onnxruntime_gpu_with_its_cuda12_wheels(tmp_path):
     # after onnxruntime.preload_dlls() (or torch's import) has loaded them; a plain `import onnxruntime` and a
     # CUDA session falls back to the CPU (checked above: loading it after `import onnxruntime` fails).
     assert all(f.check == "requirements" for f in warnings), [f.id for f in warnings]
+    # and it says the libraries are installed (its wheels), not that they are missing
+    assert all("installed wheels ship them, outside its search path" in f.message for f in warnings)
