@@ -162,6 +162,24 @@ def test_onnxruntime_providers_linking_cuda_12_among_cuda_13_wheels(tmp_path):
     assert f.where[0] == str(path)
 
 
+def test_onnxruntime_providers_whose_libraries_wheels_ship_outside_the_search_path(tmp_path):
+    # onnxruntime-gpu[cuda] 1.24: its provider has no RPATH to the nvidia wheels it installs; they load only
+    # once preloaded (onnxruntime.preload_dlls()) or on LD_LIBRARY_PATH: "install them" would be untrue
+    site = site_packages(tmp_path / "v")
+    write_dist(
+        site, "nvidia-cublas-cu12", "12.9.3.13", {"nvidia/cublas/lib/libcublas.so.12": compile_so("libcublas.so.12")}
+    )
+    ort(site, ["libcublas.so.12"], None)
+    (f,) = run(site)
+    assert f.severity is Severity.WARNING
+    assert f.message == (
+        "onnxruntime-gpu 1.20.1's libonnxruntime_providers_cuda.so needs libcublas.so.12, which the linker does "
+        "not find; installed wheels ship them, outside its search path: libcublas.so.12 (nvidia-cublas-cu12 12.9.3.13)"
+    )
+    assert "onnxruntime.preload_dlls()" in f.fix
+    assert f.fix.endswith(f"on LD_LIBRARY_PATH ({site}/nvidia/cublas/lib)")
+
+
 def test_onnxruntime_providers_finding_their_libraries_are_clean(tmp_path):
     site = site_packages(tmp_path / "v")
     write_dist(

@@ -287,12 +287,39 @@ def _provider(stack: StackView, dist: Distribution, rule: Rule, data: FrameworkR
     absent = [x.soname for x in stack.tree(path).missing if data.library_for_soname(x.soname) is not None]
     if not absent:
         return ()
-    installed: list[str] = []
-    for soname in absent:
-        row = data.library_for_soname(soname)
-        installed.extend(x for x in (_shipped(stack.inventory, row) if row is not None else []) if x not in installed)
-    has = f"; installed instead: {', '.join(installed)}" if installed else "; no installed wheel ships them"
     names = ", ".join(dict.fromkeys(absent))
+    # every one shipped under its own soname by an installed wheel: present, only outside the linker's search
+    dirs = {
+        soname: [os.path.dirname(p) for _, p in stack.inventory.shipping(soname) if os.path.isfile(p)]
+        for soname in absent
+    }
+    if all(dirs.values()):
+        ships = ", ".join(
+            dict.fromkeys(
+                f"{soname} ({d.label})"
+                for soname in absent
+                for d, p in stack.inventory.shipping(soname)
+                if os.path.isfile(p)
+            )
+        )
+        has = f"; installed wheels ship them, outside its search path: {ships}"
+        fix = (
+            "no safe automatic repair is known. By hand: load them before a session asks for the provider "
+            "(onnxruntime.preload_dlls() loads them from these wheels), or put their directories on LD_LIBRARY_PATH "
+            f"({':'.join(dict.fromkeys(x for found in dirs.values() for x in found))})"
+        )
+    else:
+        installed: list[str] = []
+        for soname in absent:
+            row = data.library_for_soname(soname)
+            installed.extend(
+                x for x in (_shipped(stack.inventory, row) if row is not None else []) if x not in installed
+            )
+        has = f"; installed instead: {', '.join(installed)}" if installed else "; no installed wheel ships them"
+        fix = (
+            "no safe automatic repair is known. By hand: install the CUDA libraries of the major its provider "
+            f"links ({names}), or the {dist.name} build for the installed CUDA major"
+        )
     return (
         Finding(
             check=_CHECK,
@@ -302,10 +329,7 @@ def _provider(stack: StackView, dist: Distribution, rule: Rule, data: FrameworkR
             cause=f"{dist.name} loads {rule.provider} when a session asks for it; when that load fails it logs "
             f'"{rule.says}" and creates the session with the remaining providers: the model runs, on the CPU, '
             "without an error (unless the program preloads these libraries itself, e.g. onnxruntime.preload_dlls())",
-            remedies=manual(
-                "no safe automatic repair is known. By hand: install the CUDA libraries of the major its provider "
-                f"links ({names}), or the {dist.name} build for the installed CUDA major"
-            ),
+            remedies=manual(fix),
             where=(path, dist.dist_info),
             distributions=(dist.key,),
             details=(f"rule: {rule.kind} ({rule.source}: {_source_url(rule)})",),
