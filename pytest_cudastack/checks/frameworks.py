@@ -6,8 +6,17 @@ For an installed framework distribution (torch, jax-cuda12-plugin, ...) and each
   winner, shadowing included), read by :func:`pytest_cudastack.checks.shadow.copy_version`; a library no
   closure reaches (loaded by name at run time, as the JAX plugin preloads the nvidia wheels) is the
   installed wheel of that library, first in search order;
-* the *build* version: the version the framework's own Requires-Dist pins for that library's wheel (torch
-  2.14.1 pins nvidia-cudnn-cu13==9.24.0.43: built against (9, 24, 0)).
+* the *build* version: what the framework's files state, in the places its rule's ``build`` lists: the
+  version its own Requires-Dist pins for that library's wheel (torch 2.14.1 pins nvidia-cudnn-cu13==9.24.0.43:
+  built against (9, 24, 0)), the floor its METADATA declares (jax-cuda12-plugin 0.6.0: nvidia-cudnn-cu12>=9.8
+  under its with-cuda extra), the soname major its libraries name (``libcudnn.so.9``), its build file.
+
+The sonames of a library the framework's own libraries name (DT_NEEDED or read-only strings) are its floor:
+the copy judged is the one loaded under such a name; when none of them is found anywhere the load itself
+fails, which the dlopen item (a run-time load) or the closure item (a DT_NEEDED) reports, so no rule on that
+library speaks. A ``silent`` rule's ERROR (the framework drops the GPU and runs on: JAX) stays an ERROR when
+the project imports the framework or a distribution requiring it (``jax`` for its CUDA plugin), else it is a
+WARNING naming that import.
 
 A rule the framework breaks is an ERROR quoting the framework's own message; an undecidable rule, or one
 whose versions are not readable, is an INFO that says why ("cannot be decided statically because ...");
@@ -28,14 +37,28 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.version import InvalidVersion, Version
 
 from pytest_cudastack._sysio import read_text
 from pytest_cudastack.checks.shadow import Copy, copy_version, loaded_libraries, providers, shadowing
-from pytest_cudastack.cuda.frameworks import FrameworkRules, Rule, judge, load_rules, reported_version, version_text
+from pytest_cudastack.cuda.frameworks import (
+    FrameworkRules,
+    Rule,
+    judge,
+    load_rules,
+    reported_version,
+    says_text,
+    version_text,
+)
 from pytest_cudastack.errors import CudaStackError
 from pytest_cudastack.findings import Finding, Severity, manual
 from pytest_cudastack.linker.resolver import Library
+from pytest_cudastack.model.reach import top_level_names
 from pytest_cudastack.wheels.ownership import pip_command
 from pytest_cudastack.wheels.requirements import Requirements
 
@@ -44,18 +67,22 @@ if TYPE_CHECKING:
     from pytest_cudastack.cuda.frameworks import LibraryRow
     from pytest_cudastack.wheels.inventory import Distribution, Inventory
 
-__all__ = ["build_info", "framework_findings", "run"]
+__all__ = ["Build", "build_info", "framework_findings", "named_sonames", "run"]
 
 _CHECK = "requirements"
 _BUILD_FILE_LIMIT = 1 << 20  # TensorFlow's build_info.py is ~1 KiB
+_VERSIONED = re.compile(r"lib[\w+-]+\.so\.\d+")  # a soname with its major: libcudnn.so.9
 
 
 def _runtime(
-    stack: StackView, dist: Distribution, row: LibraryRow, reqs: Requirements
+    stack: StackView, dist: Distribution, row: LibraryRow, reqs: Requirements, named: Mapping[str, str] | None = None
 ) -> tuple[Copy | None, Library | None]:
     """The copy ``dist`` would load and the resolver's record of it; (None, ...) when another concern reports
     it: a shadowed copy (shadow.py says it, with this rule's verdict), a path two RECORDs list (the integrity
-    item names whose bytes are there) or no copy at all (requirements and closure)."""
+    item names whose bytes are there) or no copy at all (requirements and closure). A library no closure
+    reaches is loaded by name at run time: by the sonames ``named`` (those its own files name) when there are
+    any, the first that an installed wheel ships or the linker finds; None when none of them is found (the
+    dlopen or closure item names the absent soname); else the installed wheel of that library."""
     inv = stack.inventory
     keys = {d.key for d in providers(dist, reqs)}
     for lib in loaded_libraries(stack, dist):
@@ -63,6 +90,16 @@ def _runtime(
             if shadowing(inv, lib, row, keys) is not None or len(inv.owners(lib.path)) > 1:
                 return None, lib
             return copy_version(inv, lib.path, row), lib
+    if named:
+        for soname in named:
+            for ships, path in inv.shipping(soname):
+                if os.path.isfile(path) and row.matches_wheel(ships.name):
+                    shown = reported_version(row, ships.version)
+                    return Copy(path, ships, shown, f"its wheel {ships.label} (loaded as {soname} at run time)"), None
+            found = stack.resolver.find(soname)
+            if found.path is not None:
+                return copy_version(inv, found.path, row), found
+        return None, None
     wheel = next((d for d in inv.distributions if row.matches_wheel(d.name)), None)
     if wheel is None:
         return None, None
@@ -70,39 +107,131 @@ def _runtime(
     return Copy(wheel.dist_info, wheel, version, f"its wheel {wheel.label} (loaded by name at run time)"), None
 
 
-def _build(dist: Distribution, row: LibraryRow, reqs: Requirements) -> tuple[tuple[int, ...] | None, str]:
-    for fact in reqs.of(dist):
-        if row.matches_wheel(fact.name) and fact.pin is not None:
-            return reported_version(row, fact.pin), fact.text
-    return None, ""
+def named_sonames(stack: StackView, dist: Distribution, row: LibraryRow) -> dict[str, str]:
+    """The versioned sonames of ``row`` (``libcudnn.so.9``) that ``dist``'s own shipped libraries name in their
+    DT_NEEDED or read-only strings (what it links or dlopens), each with the first file naming it; a file
+    that cannot be read names nothing (the integrity item speaks of it)."""
+    found: dict[str, str] = {}
+    for lib in dist.libraries:
+        if not lib.exists or lib.problem:
+            continue
+        names: list[str] = []
+        try:
+            names.extend(stack.cache.read(lib.path).needed)
+            names.extend(stack.cache.read_strings(lib.path).names)
+        except (CudaStackError, OSError):
+            continue
+        for name in names:
+            if _VERSIONED.fullmatch(name) and row.matches_soname(name):
+                found.setdefault(name, lib.path)
+    return found
+
+
+@dataclass(frozen=True)
+class Build:
+    """The version a framework was built against, as its files state it (``version`` None: none does), and
+    where each part was read (``said``: "its METADATA declares nvidia-cudnn-cu12>=9.8,<10.0", ...)."""
+
+    version: tuple[int, ...] | None
+    said: tuple[str, ...] = ()
+    pin: str = ""  # the active Requires-Dist pin it came from ("pin"), for the fix
+
+
+def _declared(dist: Distribution, row: LibraryRow) -> tuple[tuple[int, ...], str] | None:
+    """The lowest version of ``row``'s wheel that ``dist``'s METADATA accepts, any extra (``==``, ``>=``,
+    ``~=``): JAX's CUDA plugin declares the cuDNN it was built against as a floor (``nvidia-cudnn-cu12>=9.8,
+    <10.0; extra == "with-cuda"``), TensorFlow's ``and-cuda`` extra pins it."""
+    for text in dist.requires:
+        try:
+            req = Requirement(text)
+        except InvalidRequirement:
+            continue
+        if not row.matches_wheel(req.name):
+            continue
+        for spec in req.specifier:
+            if spec.operator in ("==", ">=", "~=", "===") and "*" not in spec.version:
+                try:
+                    release = Version(spec.version).release
+                except InvalidVersion:
+                    continue
+                said = f"its METADATA declares {req.name}{req.specifier}"
+                if req.marker is not None:
+                    said += f" ({req.marker})"
+                return (*release, 0, 0)[: max(len(release), row.reports or 0)], said
+    return None
+
+
+def _from_build_file(dist: Distribution, rule: Rule) -> tuple[tuple[int, ...], str] | None:
+    """``{library}_version`` of the rule's ``build_file`` (TensorFlow's build_info.py: cudnn_version '8')."""
+    value = _build_value(dist, rule, f"{rule.library}_version")
+    if value is None or not re.fullmatch(r"\d+(\.\d+)*", value):
+        return None
+    return tuple(int(x) for x in value.split(".")), f"its {os.path.basename(rule.build_file or '')} says " + (
+        f"{rule.library}_version {value}"
+    )
+
+
+def _build(dist: Distribution, rule: Rule, row: LibraryRow, reqs: Requirements, named: Mapping[str, str]) -> Build:
+    """The build version from the places ``rule.build_from`` names, in order: the first that states a major
+    and a minor wins; the major of a soname its files name (``files``) overrides a stated version of another
+    major (the files say what is loaded) and stands alone when nothing states the minor."""
+    majors = sorted({int(s.rsplit(".so.", 1)[1].split(".")[0]) for s in named}) if "files" in rule.build_from else []
+    major = majors[-1] if len(majors) == 1 else None
+    files_said = (
+        f"its {os.path.basename(named[next(iter(named))])} names {next(iter(named))}" if major is not None else ""
+    )
+    for where in rule.build_from:
+        got: tuple[tuple[int, ...] | None, str] | None = None
+        pin = ""
+        if where == "pin":
+            fact = next((f for f in reqs.of(dist) if row.matches_wheel(f.name) and f.pin is not None), None)
+            if fact is not None and fact.pin is not None:
+                got, pin = (reported_version(row, fact.pin), f"its metadata pins {fact.text}"), fact.text
+        elif where == "declared":
+            got = _declared(dist, row)
+        elif where == "build_file":
+            got = _from_build_file(dist, rule)
+        if got is None or got[0] is None:
+            continue
+        version = got[0]
+        if major is not None and version[0] != major:
+            continue
+        if len(version) >= 2:
+            said = (got[1], files_said) if files_said else (got[1],)
+            return Build(version, said, pin)
+        if major is None:
+            major, files_said = version[0], got[1]
+    return Build((major,), (files_said,)) if major is not None else Build(None)
+
+
+def _build_value(dist: Distribution, rule: Rule, key: str) -> str | None:
+    """``key``'s value in the rule's ``build_file`` (read as text, never imported); None when absent."""
+    if rule.build_file is None:
+        return None
+    text = read_text(os.path.join(dist.location, rule.build_file), _BUILD_FILE_LIMIT)
+    if text is None:
+        return None
+    # a dict literal ('key': 'v') or an OrderedDict of pairs (('key', 'v')), as TensorFlow has written it
+    m = re.search(rf"""['"]{re.escape(key)}['"]\s*[:,]\s*['"]([^'"]*)['"]""", text)
+    return m[1] if m is not None else None
 
 
 def build_info(dist: Distribution, rule: Rule) -> str:
     """``"; its build_info.py says cuda_version 12.2, cudnn_version 8"``: the rule's ``build_keys`` as the
     framework's ``build_file`` states them (read as text, never imported; "" when absent or unreadable)."""
-    if rule.build_file is None:
-        return ""
-    text = read_text(os.path.join(dist.location, rule.build_file), _BUILD_FILE_LIMIT)
-    if text is None:
-        return ""
-    found = []
-    for key in rule.build_keys:
-        # a dict literal ('key': 'v') or an OrderedDict of pairs (('key', 'v')), as TensorFlow has written it
-        m = re.search(rf"""['"]{re.escape(key)}['"]\s*[:,]\s*['"]([^'"]*)['"]""", text)
-        if m is not None:
-            found.append(f"{key} {m[1]}")
-    return f"; its {os.path.basename(rule.build_file)} says {', '.join(found)}" if found else ""
+    found = [f"{key} {value}" for key in rule.build_keys if (value := _build_value(dist, rule, key)) is not None]
+    return f"; its {os.path.basename(rule.build_file or '')} says {', '.join(found)}" if found else ""
 
 
 def framework_findings(stack: StackView) -> tuple[Finding, ...]:
     """The framework rules' findings for every installed framework (see the module docstring)."""
     inv = stack.inventory
-    reqs = stack.requirements
     try:
         data = load_rules()
     except CudaStackError as e:
         return (Finding(_CHECK, Severity.WARNING, "framework rules", f"framework rules not loaded: {e}"),)
     findings: list[Finding] = []
+    silent: list[tuple[Distribution, Finding]] = []
     for dist in inv.distributions:
         if inv.get(dist.name) is not dist:
             continue
@@ -116,32 +245,16 @@ def framework_findings(stack: StackView) -> tuple[Finding, ...]:
                 continue
             if rule.kind == "loads_by_name":
                 got = _by_name(stack, dist, rule, row)
-                if isinstance(got, Finding):
-                    findings.append(got)
-                elif got:
-                    undecided.append(got)
-                continue
-            if rule.skip_env and os.environ.get(rule.skip_env, "") not in ("", "0"):
-                undecided.append(f"{row.name}: {dist.name} skips its check ({rule.skip_env} is set)")
-                continue
-            if rule.kind == "undecidable":
-                bad = _known_bad(stack, dist, rule, row, reqs)
-                if bad is not None:
-                    findings.append(bad)
-                else:
-                    undecided.append(f"{row.name}: {judge(rule, None, None).text}{build_info(dist, rule)}")
-                continue
-            copy, lib = _runtime(stack, dist, row, reqs)
-            if copy is None:
-                continue  # another concern reports it (see _runtime)
-            build, pin = _build(dist, row, reqs)
-            if copy.owner is not None and any(f.installed is copy.owner and not f.met for f in reqs.of(dist)):
-                continue  # the requirements finding on that pin says it, with this rule's verdict
-            verdict = judge(rule, build, copy.version)
-            if verdict.ok is None:
-                undecided.append(f"{row.name}: {verdict.text}")
-            elif not verdict.ok:
-                findings.append(_broken(dist, rule, row, copy, lib, build, pin, verdict.text, reqs))
+            elif rule.skip_env and os.environ.get(rule.skip_env, "") not in ("", "0"):
+                got = f"{row.name}: {dist.name} skips its check ({rule.skip_env} is set)"
+            else:
+                got = _version_rule(stack, dist, rule, row)
+            if isinstance(got, Finding) and rule.silent and got.severity is Severity.ERROR:
+                silent.append((dist, got))
+            elif isinstance(got, Finding):
+                findings.append(got)
+            elif got:
+                undecided.append(got)
         if undecided:
             findings.append(
                 Finding(
@@ -154,7 +267,38 @@ def framework_findings(stack: StackView) -> tuple[Finding, ...]:
                     details=tuple(undecided),
                 )
             )
+    findings.extend(_reached(stack, dist, f) for dist, f in silent)
     return tuple(findings)
+
+
+def _version_rule(stack: StackView, dist: Distribution, rule: Rule, row: LibraryRow) -> Finding | str | None:
+    """One version rule (``build_match``, ``pin_floor``, ``floor``, ``undecidable``) of ``dist``: a Finding
+    when it fails, the INFO text when it cannot be decided, None when it holds or another concern reports it.
+    The copy judged is the one its closures load, else the soname its own files name (``named_sonames``):
+    when that soname is found nowhere the dlopen or closure item reports it, not this rule."""
+    reqs = stack.requirements
+    named = named_sonames(stack, dist, row)
+    copy, lib = _runtime(stack, dist, row, reqs, named)
+    if rule.kind == "undecidable":
+        if rule.bad is None:
+            return f"{row.name}: {judge(rule, None, None).text}{build_info(dist, rule)}"
+        if copy is None or copy.version is None:
+            return None if copy is None else f"{row.name}: {judge(rule, None, None).text}"
+        # refused only when the loaded copy is that version: any other passes whatever the build was
+        return _known_bad(dist, rule, row, copy, lib) if copy.version[: len(rule.bad)] == rule.bad else None
+    if copy is None:
+        return None  # another concern reports it (see _runtime)
+    if copy.owner is not None and any(
+        f.installed is copy.owner and not f.met and not f.inferred for f in reqs.of(dist)
+    ):
+        return None  # the requirements finding on that pin says it, with this rule's verdict
+    build = _build(dist, rule, row, reqs, named) if rule.kind != "floor" else Build(None)
+    verdict = judge(rule, build.version, copy.version)
+    if verdict.ok is None:
+        return f"{row.name}: {verdict.text}" + (f" ({'; '.join(build.said)})" if build.said else "")
+    if verdict.ok:
+        return None
+    return _broken(dist, rule, row, copy, lib, build, verdict.text, reqs, named)
 
 
 def _broken(
@@ -163,18 +307,19 @@ def _broken(
     row: LibraryRow,
     copy: Copy,
     lib: Library | None,
-    build: tuple[int, ...] | None,
-    pin: str,
+    build: Build,
     why: str,
     reqs: Requirements,
+    named: Mapping[str, str],
 ) -> Finding:
-    runtime = version_text(copy.version) if copy.version is not None else "unknown"
-    built = version_text(build) if build is not None else "unknown"
-    says = rule.says.format(build=built, runtime=runtime)
+    says = says_text(rule, build.version, copy.version)
     route = f" via {lib.route.value}" if lib is not None else ""
     cause = f"{dist.name} {why}; it would load {copy.described}{route}"
-    if pin:
-        cause += f"; its metadata pins {pin}"
+    if build.said:
+        cause += "; " + "; ".join(build.said)
+    if rule.silent:
+        cause += f"; when the check fails {dist.name} drops the GPU and runs on the CPU, with a warning only"
+    pin = build.pin
     pinned = [f.name for f in reqs.of(dist) if f.pin is not None and row.matches_wheel(f.name)][:1]
     fix = ""
     # the copy is the framework's own provider's (a shadowing copy is shadow.py's finding), so the route is not
@@ -197,15 +342,34 @@ def _broken(
     )
 
 
-def _known_bad(stack: StackView, dist: Distribution, rule: Rule, row: LibraryRow, reqs: Requirements) -> Finding | None:
+def _reached(stack: StackView, dist: Distribution, f: Finding) -> Finding:
+    """A silent rule's ERROR (the framework drops the GPU and runs on) kept when the project imports the
+    framework: a top-level name its distribution installs, or one of a distribution that requires it (``jax``
+    for ``jax-cuda12-plugin``: jax loads its plugins itself); else a WARNING naming the import after which
+    the GPU would be lost (``model.reach``'s rule for what an import that will happen reaches)."""
+    reqs = stack.requirements
+    owners = [*(x.requirer for x in reqs.on(dist.name) if x.requirer is not None), dist]
+    tops = list(dict.fromkeys(t for d in owners for t in top_level_names(d)))
+    if not tops:
+        return f
+    project = stack.reachability.project
+    hit = next((pi for pi in project.imports if pi.name.split(".")[0] in tops), None)
+    if hit is not None:
+        return replace(f, details=(*f.details, f"reached by `import {hit.name}` ({hit.where})"))
+    hint = f"import {tops[0]} in the project (or list it in cudastack_imports) to make this an error"
+    return replace(
+        f,
+        severity=Severity.WARNING,
+        message=f"after `import {tops[0]}`: {f.message}",
+        cause=f"{f.cause}; the project imports none of {', '.join(tops[:5])}",
+        details=(*f.details, f"not reached: {hint}"),
+    )
+
+
+def _known_bad(dist: Distribution, rule: Rule, row: LibraryRow, copy: Copy, lib: Library | None) -> Finding:
     """An undecidable rule's ``bad`` version loaded (JAX and cuDNN 9.10.0): a WARNING, not an ERROR, since the
     framework accepts it when it was built against that very version, which no file states."""
-    if rule.bad is None:
-        return None
-    copy, lib = _runtime(stack, dist, row, reqs)
-    if copy is None or copy.version is None or copy.version[: len(rule.bad)] != rule.bad:
-        return None
-    bad = version_text(rule.bad)
+    bad = version_text(rule.bad or ())
     route = f" via {lib.route.value}" if lib is not None else ""
     return Finding(
         check=_CHECK,

@@ -1,0 +1,196 @@
+"""Framework rules decided from the framework's own files (checks/frameworks.py, ``build`` of a rule): the cuDNN
+soname major its gcc-built libraries name (DT_NEEDED or read-only strings) and the floor its METADATA declares
+(JAX's CUDA plugin: ``nvidia-cudnn-cu12>=9.8,<10.0; extra == "with-cuda"``) give the version it was built
+against, judged as XLA's stream executor judges the cuDNN it loads (same major, a minor not lower); JAX's own
+cuDNN floors by release; severity by whether the project imports the framework (a failed check drops the GPU
+and runs on). Each broken state has a clean twin; the host's ld.so.cache and default directories are kept out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from pytest_cudastack.checks.frameworks import framework_findings
+from pytest_cudastack.cuda.driver import DriverInfo
+from pytest_cudastack.findings import Severity
+from pytest_cudastack.linker.resolver import SearchConfig
+from pytest_cudastack.settings import Settings
+from pytest_cudastack.stack import Stack
+from tests.helpers.sitebuild import HAVE_CC, compile_so, site_packages, write_dist
+
+pytestmark = pytest.mark.skipif(not HAVE_CC, reason="needs a C compiler")
+
+
+@pytest.fixture(autouse=True)
+def system_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """The host's ld.so.cache and default directories replaced by one empty directory (``system``)."""
+    system = tmp_path / "system"
+    system.mkdir()
+    config = SearchConfig.from_environment({})
+    monkeypatch.setattr(
+        SearchConfig,
+        "from_environment",
+        classmethod(lambda cls, environ=None, root="/": replace(config, default_dirs=(str(system),), ld_cache=None)),
+    )
+    monkeypatch.setenv("CUDASTACK_NO_CACHE", "1")
+    monkeypatch.delenv("LD_LIBRARY_PATH", raising=False)
+    monkeypatch.delenv("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", raising=False)
+    return system
+
+
+def plugin(site: Path, cuda: int, version: str, floor: str | None, names: str | None) -> None:
+    """A jax CUDA plugin whose PJRT library names ``names`` in its read-only data (the soname it dlopens) and
+    whose METADATA declares ``floor`` for the cuDNN wheel of its CUDA major (its with-cuda extra)."""
+    payload = {"payload": names} if names else {}
+    files: dict[str, bytes | str] = {
+        f"jax_plugins/xla_cuda{cuda}/__init__.py": "",
+        f"jax_plugins/xla_cuda{cuda}/xla_cuda_plugin.so": compile_so("xla_cuda_plugin.so", **payload),
+        f"jax_cuda{cuda}_plugin/__init__.py": "",
+    }
+    requires = [f'nvidia-cudnn-cu{cuda}{floor}; extra == "with-cuda"'] if floor else []
+    write_dist(site, f"jax-cuda{cuda}-plugin", version, files, requires=requires)
+
+
+def cudnn(site: Path, cuda: int, version: str) -> None:
+    major = version.split(".")[0]
+    soname = f"libcudnn.so.{major}"
+    write_dist(site, f"nvidia-cudnn-cu{cuda}", version, {f"nvidia/cudnn/lib/{soname}": compile_so(soname)})
+
+
+def jax(site: Path, cuda: int, version: str) -> None:
+    """jax itself, requiring the plugin through its cudaNN extra (jax loads its plugins)."""
+    req = f'jax-cuda{cuda}-plugin[with-cuda]=={version}; extra == "cuda{cuda}"'
+    write_dist(site, "jax", version, {"jax/__init__.py": ""}, requires=[req])
+
+
+def findings(site: Path, root: Path | None = None, imports: tuple[str, ...] = ()):
+    settings = Settings.from_values(cudastack=True, cudastack_imports=list(imports), cudastack_imports_scan="false")
+    driver = DriverInfo("declared", "580.65.06", "13.0", archs=("sm_90",), arch_source="declared")
+    stack = Stack(settings, driver_info=driver, rootdir=str(root or site), site_paths=(str(site),), cache=None)
+    return [f for f in framework_findings(stack) if "cuDNN" in f.subject or "cuDNN" in f.cause]
+
+
+# ---------------------------------------------------------------------------- the build from the plugin's files
+
+
+@pytest.mark.parametrize(
+    ("cuda", "version", "floor", "installed"),
+    [(12, "0.6.0", ">=9.8,<10.0", "9.5.1.17"), (13, "0.7.2", ">=9.12,<10.0", "9.8.0.87")],
+    ids=["cu12", "cu13"],
+)
+def test_plugin_built_against_a_newer_cudnn_minor(tmp_path, cuda, version, floor, installed):
+    site = site_packages(tmp_path / "v")
+    plugin(site, cuda, version, floor, "libcudnn.so.9")
+    cudnn(site, cuda, installed)
+    jax(site, cuda, version)
+    (err,) = findings(site, imports=("jax",))
+    assert err.severity is Severity.ERROR
+    built = floor[2:].split(",")[0] + ".0"
+    loaded = ".".join(installed.split(".")[:3])
+    assert err.message == (
+        f'jax-cuda{cuda}-plugin {version} would fail its cuDNN check: "Loaded runtime CuDNN library: {loaded} but '
+        f"source was compiled with: {built}. CuDNN library needs to have matching major version and equal or "
+        'higher minor version."'
+    )
+    assert f"its METADATA declares nvidia-cudnn-cu{cuda}<10.0,{floor.split(',')[0]}" in err.cause
+    assert "its xla_cuda_plugin.so names libcudnn.so.9" in err.cause
+    assert "drops the GPU and runs on the CPU" in err.cause
+    assert err.details[-1].startswith("reached by `import jax` (")
+
+
+@pytest.mark.parametrize("installed", ["9.8.0.87", "9.19.0.56"])
+def test_plugin_with_its_cudnn_minor_or_later_is_clean(tmp_path, installed):
+    site = site_packages(tmp_path / "v")
+    plugin(site, 12, "0.6.0", ">=9.8,<10.0", "libcudnn.so.9")
+    cudnn(site, 12, installed)
+    jax(site, 12, "0.6.0")
+    assert findings(site, imports=("jax",)) == []
+
+
+def test_not_imported_by_the_project_is_a_warning_naming_the_import(tmp_path):
+    site = site_packages(tmp_path / "v")
+    plugin(site, 12, "0.6.0", ">=9.8,<10.0", "libcudnn.so.9")
+    cudnn(site, 12, "9.5.1.17")
+    jax(site, 12, "0.6.0")
+    (w,) = findings(site)
+    assert w.severity is Severity.WARNING
+    assert w.message.startswith("after `import jax`: jax-cuda12-plugin 0.6.0 would fail its cuDNN check")
+    assert (
+        w.details[-1]
+        == "not reached: import jax in the project (or list it in cudastack_imports) to make this an error"
+    )
+
+
+def test_the_soname_its_files_name_absent_is_left_to_the_dlopen_item(tmp_path):
+    # the issue's case: jax 0.4.30's plugin names libcudnn.so.9 while the venv keeps cuDNN 8.9.7; the load fails
+    # (the dlopen item's ERROR, naming the family's other major), so no version check of this rule runs, and no
+    # "not judged here" either: the files decide it
+    site = site_packages(tmp_path / "v")
+    plugin(site, 12, "0.4.30", ">=9.0,<10.0", "libcudnn.so.9")
+    cudnn(site, 12, "8.9.7.29")
+    assert findings(site, imports=("jax_cuda12_plugin",)) == []
+
+
+def test_the_metadata_floor_alone_states_the_build_major(tmp_path):
+    # the same venv, the plugin's library naming no cuDNN soname: its METADATA says 9.0, cuDNN 8.9.7 is loaded
+    site = site_packages(tmp_path / "v")
+    plugin(site, 12, "0.4.30", ">=9.0,<10.0", None)
+    cudnn(site, 12, "8.9.7.29")
+    (err,) = findings(site, imports=("jax_cuda12_plugin",))
+    assert err.severity is Severity.ERROR
+    assert "Loaded runtime CuDNN library: 8.9.7 but source was compiled with: 9.0.0." in err.message
+
+
+def test_nothing_states_the_build_is_not_judged_with_the_places_read(tmp_path):
+    site = site_packages(tmp_path / "v")
+    plugin(site, 12, "0.6.1", None, None)
+    cudnn(site, 12, "9.5.1.17")
+    (info,) = findings(site)
+    assert info.severity is Severity.INFO
+    assert info.details == (
+        "cuDNN: cannot be decided statically because no file states the version it was built against (the "
+        "places read: the floor its METADATA declares for the library's wheel, any extra, the soname its "
+        "libraries name)",
+    )
+
+
+def test_the_files_major_alone_decides_the_major(tmp_path):
+    # no METADATA floor; the plugin names libcudnn.so.9, which an installed wheel ships: the major is met, the
+    # minor is stated by no file
+    site = site_packages(tmp_path / "v")
+    plugin(site, 12, "0.6.1", None, "libcudnn.so.9")
+    cudnn(site, 12, "9.5.1.17")
+    (info,) = findings(site)
+    assert info.severity is Severity.INFO
+    assert "the minor of the build is stated by no file (its major matches)" in info.details[0]
+    assert "its xla_cuda_plugin.so names libcudnn.so.9" in info.details[0]
+
+
+# ----------------------------------------------------------------------------------- JAX's own cuDNN floors
+
+
+@pytest.mark.parametrize(
+    ("version", "installed", "floor"),
+    [("0.5.0", "8.9.7.29", "9100"), ("0.4.26", "8.6.0.163", "8900")],
+)
+def test_jax_own_cudnn_floor_by_release(tmp_path, version, installed, floor):
+    site = site_packages(tmp_path / "v")
+    plugin(site, 12, version, None, None)
+    cudnn(site, 12, installed)
+    errs = [f for f in findings(site, imports=("jax_cuda12_plugin",)) if f.severity is Severity.ERROR]
+    (err,) = errs
+    assert f"The local installation version must be no lower than {floor}." in err.message
+
+
+@pytest.mark.parametrize(
+    ("version", "installed"), [("0.4.30", "8.9.7.29"), ("0.5.0", "9.0.0.312"), ("0.6.1", "8.9.7.29")]
+)
+def test_jax_own_cudnn_floor_met_or_gone(tmp_path, version, installed):
+    # 0.4.30 admits 8.9 (8900), 0.5.0 every 9.x (9100 in cuDNN 8's encoding), 0.6.1 has no floor of its own
+    site = site_packages(tmp_path / "v")
+    plugin(site, 12, version, None, None)
+    cudnn(site, 12, installed)
+    assert [f for f in findings(site, imports=("jax_cuda12_plugin",)) if f.failing] == []
