@@ -194,3 +194,59 @@ def test_jax_own_cudnn_floor_met_or_gone(tmp_path, version, installed):
     plugin(site, 12, version, None, None)
     cudnn(site, 12, installed)
     assert [f for f in findings(site, imports=("jax_cuda12_plugin",)) if f.failing] == []
+
+
+# ------------------------------------------------------------------- cupy 13.5+: the wheels it preloads from
+
+
+def cupy13(site: Path, name: str, version: str = "13.6.0", nccl: str = "2.25.1") -> None:
+    cuda = name[9:11]
+    config = (
+        f'{{"cuda": "{cuda}.x", "packaging": "pip", "nccl": {{"version": "{nccl}", "min_pypi_version": "{nccl}", '
+        f'"filenames": ["libnccl.so.{nccl}"]}}}}'
+    )
+    write_dist(site, name, version, {"cupy/.data/_wheel.json": config, "cupy/__init__.py": ""})
+
+
+@pytest.mark.parametrize(
+    ("name", "nccl", "installed"),
+    [("cupy-cuda12x", "2.25.1", "2.21.5"), ("cupy-cuda13x", "2.27.7", "2.27.3"), ("cupy-cuda11x", "2.16.2", "3.0.0")],
+)
+def test_cupy_passes_over_an_nccl_wheel_older_than_its_build(tmp_path, name, nccl, installed):
+    site = site_packages(tmp_path / "v")
+    cupy13(site, name, nccl=nccl)
+    cu = name[9:11]
+    write_dist(site, f"nvidia-nccl-cu{cu}", installed)
+    found = [f for f in framework_findings(Stack(site_paths=(str(site),))) if "NCCL" in f.subject]
+    (w,) = found
+    assert w.severity is Severity.WARNING
+    assert w.message == (
+        f'{name} 13.6.0 passes over nvidia-nccl-cu{cu} {installed} when it preloads NCCL: "nvidia-nccl wheel '
+        f'package (nvidia-nccl-cu{cu}) incompatible: expected {nccl}, found {installed}"'
+    )
+    assert f"install nvidia-nccl-cu{cu}>={nccl},<{int(nccl.split('.')[0]) + 1} (what {name} itself" in w.fix
+
+
+@pytest.mark.parametrize(
+    ("version", "installed"),
+    [("13.6.0", "2.25.1"), ("13.6.0", "2.26.2"), ("13.4.1", "2.21.5"), ("14.0.1", "2.21.5")],
+    ids=["equal", "newer", "before 13.5", "14: pathfinder first"],
+)
+def test_cupy_nccl_wheel_clean_twins(tmp_path, version, installed):
+    site = site_packages(tmp_path / "v")
+    cupy13(site, "cupy-cuda12x", version, nccl="2.25.1")
+    write_dist(site, "nvidia-nccl-cu12", installed)
+    assert [f for f in framework_findings(Stack(site_paths=(str(site),))) if "NCCL" in f.subject] == []
+
+
+def test_onnxruntime_provider_finding_quotes_its_build_info(tmp_path):
+    site = site_packages(tmp_path / "v")
+    provider = compile_so("libonnxruntime_providers_cuda.so", needed=["libcublasLt.so.12"])
+    files = {
+        "onnxruntime/capi/libonnxruntime_providers_cuda.so": provider,
+        "onnxruntime/capi/build_and_package_info.py": "package_name = 'onnxruntime-gpu'\ncuda_version = '12.8'\n",
+    }
+    write_dist(site, "onnxruntime-gpu", "1.24.4", files)
+    write_dist(site, "nvidia-cublas", "13.1.1.3", {"nvidia/cu13/lib/libcublasLt.so.13": compile_so("libcublasLt.so.13")})
+    (f,) = framework_findings(Stack(site_paths=(str(site),)))
+    assert "when a session asks for it; its build_and_package_info.py says cuda_version 12.8;" in f.cause

@@ -35,6 +35,7 @@ Two kinds are judged on the installed files instead of versions:
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections.abc import Mapping
@@ -211,8 +212,11 @@ def _build_value(dist: Distribution, rule: Rule, key: str) -> str | None:
     text = read_text(os.path.join(dist.location, rule.build_file), _BUILD_FILE_LIMIT)
     if text is None:
         return None
-    # a dict literal ('key': 'v') or an OrderedDict of pairs (('key', 'v')), as TensorFlow has written it
-    m = re.search(rf"""['"]{re.escape(key)}['"]\s*[:,]\s*['"]([^'"]*)['"]""", text)
+    # a dict literal ('key': 'v') or an OrderedDict of pairs (('key', 'v')), as TensorFlow has written it, or
+    # an assignment (key = 'v'), as onnxruntime's build_and_package_info.py is
+    m = re.search(rf"""['"]{re.escape(key)}['"]\s*[:,]\s*['"]([^'"]*)['"]""", text) or re.search(
+        rf"""^{re.escape(key)}\s*=\s*['"]([^'"]*)['"]""", text, re.MULTILINE
+    )
     return m[1] if m is not None else None
 
 
@@ -245,6 +249,8 @@ def framework_findings(stack: StackView) -> tuple[Finding, ...]:
                 continue
             if rule.kind == "loads_by_name":
                 got = _by_name(stack, dist, rule, row)
+            elif rule.kind == "wheel_floor":
+                got = _wheel_floor(stack, dist, rule, row)
             elif rule.skip_env and os.environ.get(rule.skip_env, "") not in ("", "0"):
                 got = f"{row.name}: {dist.name} skips its check ({rule.skip_env} is set)"
             else:
@@ -388,6 +394,55 @@ def _known_bad(dist: Distribution, rule: Rule, row: LibraryRow, copy: Copy, lib:
     )
 
 
+def _cupy_version(text: str) -> tuple[int, int, int]:
+    """cupy's ``_parse_version``: the first three numbers, missing ones 0 (``2.27.7`` -> (2, 27, 7))."""
+    parts = [int(p) for p in re.findall(r"\d+", text)[:3]] + [0, 0, 0]
+    return parts[0], parts[1], parts[2]
+
+
+def _wheel_floor(stack: StackView, dist: Distribution, rule: Rule, row: LibraryRow) -> Finding | str | None:
+    """A ``wheel_floor`` rule (cupy 13.5+ preloading NCCL, cuTENSOR): the ``<wheel>-cu<major>`` wheel its build
+    file names must have the same major and be no older than ``min_pypi_version``; an older or other-major one
+    is passed over (a WARNING: the library then comes from the linker's search, whatever version that finds).
+    None when the build file does not configure the library, or no such wheel is installed (the closure item
+    judges what the extension then loads)."""
+    text = read_text(os.path.join(dist.location, rule.build_file or ""), _BUILD_FILE_LIMIT)
+    try:
+        config = json.loads(text) if text is not None else None
+    except ValueError:
+        config = None
+    if not isinstance(config, dict):
+        return f"{row.name}: its {os.path.basename(rule.build_file or '')} is absent or not JSON"
+    entry, cuda = config.get(rule.library), config.get("cuda")
+    if not isinstance(entry, dict) or not isinstance(entry.get("min_pypi_version"), str) or not isinstance(cuda, str):
+        return None  # not preloaded by this build ("Preload ... not configured in wheel")
+    name = f"{row.wheel}-cu{cuda.split('.')[0]}"
+    wheel = stack.inventory.get(name)
+    if wheel is None:
+        return None
+    want, got = _cupy_version(entry["min_pypi_version"]), _cupy_version(wheel.version)
+    if got[0] == want[0] and got[1:] >= want[1:]:
+        return None
+    says = says_text(rule, want, got)
+    return Finding(
+        check=_CHECK,
+        severity=Severity.WARNING,
+        subject=f"{dist.name} {row.name}",
+        message=f'{dist.label} passes over {wheel.label} when it preloads {row.name}: "{says}"',
+        cause=f"its {os.path.basename(rule.build_file or '')} says it was built for CUDA {cuda} with {row.name} "
+        f"{entry.get('version', entry['min_pypi_version'])} and takes the {name} wheel only at major {want[0]}, "
+        f"{entry['min_pypi_version']} or later; {row.name} then comes from the linker's search for its extension's "
+        "own DT_NEEDED, whatever version that finds (an older one can lack symbols it binds)",
+        remedies=manual(
+            f"no safe automatic repair is known. By hand: install {name}>={entry['min_pypi_version']},"
+            f"<{want[0] + 1} (what {dist.name} itself proposes when the preload fails)"
+        ),
+        where=(wheel.dist_info, dist.dist_info),
+        distributions=(dist.key, wheel.key),
+        details=(f"rule: {rule.kind} ({rule.source}: {_source_url(rule)})",),
+    )
+
+
 def _shipped(inv: Inventory, row: LibraryRow) -> list[str]:
     """``"libcublas.so.13 (nvidia-cublas 13.1.1.3)"`` for each present soname of ``row`` an installed wheel of
     that library ships."""
@@ -490,7 +545,8 @@ def _provider(stack: StackView, dist: Distribution, rule: Rule, data: FrameworkR
             severity=Severity.WARNING,
             subject=f"{dist.name} {os.path.basename(path)}",
             message=f"{dist.label}'s {os.path.basename(path)} needs {names}, which the linker does not find{has}",
-            cause=f"{dist.name} loads {rule.provider} when a session asks for it; when that load fails it logs "
+            cause=f"{dist.name} loads {rule.provider} when a session asks for it{build_info(dist, rule)}; when that "
+            "load fails it logs "
             f'"{rule.says}" and creates the session with the remaining providers: the model runs, on the CPU, '
             "without an error (unless the program preloads these libraries itself, e.g. onnxruntime.preload_dlls())",
             remedies=manual(fix),

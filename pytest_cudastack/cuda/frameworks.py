@@ -18,6 +18,10 @@ Two tables, every row citing a source listed in the file's ``sources`` (validate
     ``says`` when the loaded copy is that version;
   - ``loads_by_name`` (cupy >= 14 and cuBLAS, NVRTC): the framework, built for CUDA ``major``, loads
     ``soname`` by name at run time (cuda-pathfinder), so some installed copy of that soname must exist;
+  - ``wheel_floor`` (cupy 13.5 to 13.x and NCCL, cuTENSOR): the framework preloads the library from its wheel
+    ``<wheel>-cu<major>`` only when that wheel has the major and is not older than the ``min_pypi_version``
+    its ``build_file`` (a JSON file: cupy/.data/_wheel.json, with the CUDA major under ``cuda``) states for
+    the rule's library; else it falls back to the linker's search;
   - ``provider`` (onnxruntime-gpu's CUDA execution provider): the framework dlopens ``provider`` (a path in
     its site directory) at run time and falls back to another provider when that fails; every library of
     the table (``library`` ``"*"``) its closure needs must be found.
@@ -69,7 +73,7 @@ __all__ = [
 ]
 
 DATA_FILE = "data/framework_rules.json"
-KINDS = ("build_match", "pin_floor", "floor", "undecidable", "loads_by_name", "provider")
+KINDS = ("build_match", "pin_floor", "floor", "undecidable", "loads_by_name", "provider", "wheel_floor")
 VERSION_KINDS = ("build_match", "pin_floor", "floor")  # judged on reported versions by judge()
 ANY_LIBRARY = "*"  # a provider rule's library: every library of the table
 
@@ -344,6 +348,8 @@ def _check_loads(raw: dict[str, Any], where: str, kind: str, libraries: Mapping[
             raise DataError(f"{where}: soname {soname!r} is not one of {raw['library']!r}'s")
         if isinstance(major, bool) or not isinstance(major, int) or not 1 <= major <= 99:
             raise DataError(f"{where}: 'major' must be a CUDA major version (an integer), got {major!r}")
+    if kind == "wheel_floor" and not str(raw.get("build_file", "")).endswith(".json"):
+        raise DataError(f"{where}: a wheel_floor rule reads its 'build_file', a JSON file such as _wheel.json")
     if kind == "provider" and (
         not isinstance(provider, str) or provider.startswith("/") or ".." in provider.split("/")
     ):
