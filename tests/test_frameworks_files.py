@@ -247,6 +247,7 @@ def test_onnxruntime_provider_finding_quotes_its_build_info(tmp_path):
         "onnxruntime/capi/build_and_package_info.py": "package_name = 'onnxruntime-gpu'\ncuda_version = '12.8'\n",
     }
     write_dist(site, "onnxruntime-gpu", "1.24.4", files)
-    write_dist(site, "nvidia-cublas", "13.1.1.3", {"nvidia/cu13/lib/libcublasLt.so.13": compile_so("libcublasLt.so.13")})
+    lt13 = compile_so("libcublasLt.so.13")
+    write_dist(site, "nvidia-cublas", "13.1.1.3", {"nvidia/cu13/lib/libcublasLt.so.13": lt13})
     (f,) = framework_findings(Stack(site_paths=(str(site),)))
     assert "when a session asks for it; its build_and_package_info.py says cuda_version 12.8;" in f.cause
