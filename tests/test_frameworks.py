@@ -24,6 +24,7 @@ from pytest_cudastack.cuda.frameworks import (
 from pytest_cudastack.errors import DataError
 from pytest_cudastack.findings import Severity
 from pytest_cudastack.linker.elf import read_elf
+from pytest_cudastack.settings import Settings
 from pytest_cudastack.stack import Stack
 from pytest_cudastack.wheels.inventory import installed_wheels
 from tests.helpers.sitebuild import site_packages, write_dist
@@ -265,8 +266,10 @@ def test_the_framework_message_is_quoted():
 JAX_WITH_CUDA = 'nvidia-cudnn-cu12<10.0,>=9.8; extra == "with-cuda"'
 
 
-def stack_of(site: Path) -> Stack:
-    return Stack(site_paths=(str(site),))
+def stack_of(site: Path, imports: tuple[str, ...] = ()) -> Stack:
+    """The stack of ``site``; ``imports``: the project's imports (cudastack_imports; the rootdir is not read)."""
+    settings = Settings.from_values(cudastack=True, cudastack_imports=list(imports), cudastack_imports_scan="false")
+    return Stack(settings, rootdir=str(site), site_paths=(str(site),))
 
 
 def test_jax_floor_broken_and_clean(tmp_path, monkeypatch):
@@ -332,8 +335,9 @@ def test_tensorflow_build_info_is_quoted_never_imported(tmp_path, text):
     site = site_packages(tmp_path / "v")
     write_dist(site, "tensorflow", "2.15.0", {"tensorflow/python/platform/build_info.py": "raise SystemExit\n" + text})
     write_dist(site, "nvidia-cudnn-cu12", "9.1.0.70")
-    (f,) = framework_findings(stack_of(site))
+    (f,) = framework_findings(stack_of(site, imports=("tensorflow",)))
     assert f.severity is Severity.ERROR
+    assert f.details[-1] == "reached by `import tensorflow` (--cudastack-imports)"
     assert f.message == (
         'tensorflow 2.15.0 would fail its cuDNN check: "Loaded runtime CuDNN library: 9.1.0 but source was '
         'compiled with: 8.  CuDNN library needs to have matching major version and equal or higher minor version."'
@@ -361,7 +365,7 @@ def test_tensorflow_and_cuda_pin_is_the_build(tmp_path, cudnn, bad):
     pin = 'nvidia-cudnn-cu12==8.9.4.25; extra == "and-cuda"'
     write_dist(site, "tensorflow", "2.15.0", requires=[pin])
     write_dist(site, "nvidia-cudnn-cu12", cudnn)
-    found = framework_findings(stack_of(site))
+    found = framework_findings(stack_of(site, imports=("tensorflow.keras",)))
     errors = [f for f in found if f.severity is Severity.ERROR]
     if not bad:
         assert errors == []
@@ -394,3 +398,14 @@ def test_jax_refuses_cudnn_9_10_0_unless_built_against_it(tmp_path, monkeypatch,
     assert w.cause.startswith(f"it would load {site}/nvidia_cudnn_cu12-{cudnn}.dist-info")
     assert "whether it was built against (9, 10, 0) cannot be decided statically because" in w.cause
     assert not [f for f in found if f.failing]
+
+
+def test_tensorflow_not_imported_by_the_project_is_a_warning(tmp_path):
+    # the same broken TensorFlow, which the project does not import: it would drop the GPU only if imported
+    site = site_packages(tmp_path / "v")
+    info = "build_info = {'cuda_version': '12.2', 'cudnn_version': '8'}\n"
+    write_dist(site, "tensorflow", "2.15.0", {"tensorflow/python/platform/build_info.py": info})
+    write_dist(site, "nvidia-cudnn-cu12", "9.1.0.70")
+    (f,) = framework_findings(stack_of(site, imports=("numpy",)))
+    assert f.severity is Severity.WARNING
+    assert f.message.startswith('after `import tensorflow`: tensorflow 2.15.0 would fail its cuDNN check: "Loaded')
