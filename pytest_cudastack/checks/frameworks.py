@@ -22,7 +22,11 @@ A rule the framework breaks is an ERROR quoting the framework's own message; an 
 whose versions are not readable, is an INFO that says why ("cannot be decided statically because ...");
 a rule whose ``skip_env`` is set in this environment is an INFO saying the framework skips it.
 
-Two kinds are judged on the installed files instead of versions:
+Three kinds are judged on the installed files instead of versions:
+
+* ``wheel_floor`` (cupy 13.5 to 13.x preloading NCCL and cuTENSOR): a WARNING when the ``<wheel>-cu<major>``
+  wheel its _wheel.json names is of another major or older than the ``min_pypi_version`` it states (cupy
+  passes it over and takes whatever the linker's search finds); silent when it meets it or is not installed;
 
 * ``loads_by_name`` (cupy >= 14, which loads cuBLAS and NVRTC through cuda-pathfinder): a WARNING when the
   soname of the CUDA major in cupy's package name (cupy-cuda12x: libcublas.so.12) is in no installed wheel
@@ -35,10 +39,11 @@ Two kinds are judged on the installed files instead of versions:
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -76,12 +81,16 @@ _VERSIONED = re.compile(r"lib[\w+-]+\.so\.\d+")  # a soname with its major: libc
 
 
 def _runtime(
-    stack: StackView, dist: Distribution, row: LibraryRow, reqs: Requirements, named: Mapping[str, str] | None = None
+    stack: StackView,
+    dist: Distribution,
+    row: LibraryRow,
+    reqs: Requirements,
+    named: Callable[[], Mapping[str, str]] = dict,
 ) -> tuple[Copy | None, Library | None]:
     """The copy ``dist`` would load and the resolver's record of it; (None, ...) when another concern reports
     it: a shadowed copy (shadow.py says it, with this rule's verdict), a path two RECORDs list (the integrity
     item names whose bytes are there) or no copy at all (requirements and closure). A library no closure
-    reaches is loaded by name at run time: by the sonames ``named`` (those its own files name) when there are
+    reaches is loaded by name at run time: by the sonames ``named()`` (those its own files name) when there are
     any, the first that an installed wheel ships or the linker finds; None when none of them is found (the
     dlopen or closure item names the absent soname); else the installed wheel of that library."""
     inv = stack.inventory
@@ -91,8 +100,9 @@ def _runtime(
             if shadowing(inv, lib, row, keys) is not None or len(inv.owners(lib.path)) > 1:
                 return None, lib
             return copy_version(inv, lib.path, row), lib
-    if named:
-        for soname in named:
+    names = named()
+    if names:
+        for soname in names:
             for ships, path in inv.shipping(soname):
                 if os.path.isfile(path) and row.matches_wheel(ships.name):
                     shown = reported_version(row, ships.version)
@@ -283,7 +293,7 @@ def _version_rule(stack: StackView, dist: Distribution, rule: Rule, row: Library
     The copy judged is the one its closures load, else the soname its own files name (``named_sonames``):
     when that soname is found nowhere the dlopen or closure item reports it, not this rule."""
     reqs = stack.requirements
-    named = named_sonames(stack, dist, row)
+    named = functools.cache(lambda: named_sonames(stack, dist, row))  # read only when a closure does not say
     copy, lib = _runtime(stack, dist, row, reqs, named)
     if rule.kind == "undecidable":
         if rule.bad is None:
@@ -298,13 +308,17 @@ def _version_rule(stack: StackView, dist: Distribution, rule: Rule, row: Library
         f.installed is copy.owner and not f.met and not f.inferred for f in reqs.of(dist)
     ):
         return None  # the requirements finding on that pin says it, with this rule's verdict
-    build = _build(dist, rule, row, reqs, named) if rule.kind != "floor" else Build(None)
+    build = (
+        _build(dist, rule, row, reqs, named() if "files" in rule.build_from else {})
+        if rule.kind != "floor"
+        else Build(None)
+    )
     verdict = judge(rule, build.version, copy.version)
     if verdict.ok is None:
         return f"{row.name}: {verdict.text}" + (f" ({'; '.join(build.said)})" if build.said else "")
     if verdict.ok:
         return None
-    return _broken(dist, rule, row, copy, lib, build, verdict.text, reqs, named)
+    return _broken(dist, rule, row, copy, lib, build, verdict.text, reqs)
 
 
 def _broken(
@@ -316,7 +330,6 @@ def _broken(
     build: Build,
     why: str,
     reqs: Requirements,
-    named: Mapping[str, str],
 ) -> Finding:
     says = says_text(rule, build.version, copy.version)
     route = f" via {lib.route.value}" if lib is not None else ""
