@@ -93,7 +93,7 @@ _DELETE = object()
         ),
         pytest.param(_set(("rules", 0, "build"), ["wheel"]), "rules[0].build[0]: expected one of", id="build place"),
         pytest.param(_set(("rules", 0, "build"), ["pin", "pin"]), "once each", id="build twice"),
-        pytest.param(_set(("rules", 2, "build"), ["pin"]), "belongs to kinds build_match", id="build kind"),
+        pytest.param(_set(("rules", 9, "build"), ["pin"]), "belongs to kinds build_match", id="build kind"),
         pytest.param(_set(("rules", 0, "build"), ["build_file"]), "does not name", id="build_file unnamed"),
         pytest.param(_set(("rules", 0, "silent"), "yes"), "rules[0].silent: expected boolean", id="silent"),
         pytest.param(_set(("rules", 0, "says"), "found {major"), "is not a template", id="says brace"),
@@ -338,9 +338,9 @@ def test_tensorflow_build_info_is_quoted_never_imported(tmp_path, text):
     (f,) = framework_findings(stack_of(site, imports=("tensorflow",)))
     assert f.severity is Severity.ERROR
     assert f.details[-1] == "reached by `import tensorflow` (--cudastack-imports)"
-    assert f.message == (
-        'tensorflow 2.15.0 would fail its cuDNN check: "Loaded runtime CuDNN library: 9.1.0 but source was '
-        'compiled with: 8.  CuDNN library needs to have matching major version and equal or higher minor version."'
+    assert (
+        f.message
+        == "tensorflow 2.15.0 loads cuDNN 8, which is not installed: the cuDNN here is (9, 1, 0), another major"
     )
     assert "its build_info.py says cudnn_version 8" in f.cause
 
@@ -408,4 +408,4 @@ def test_tensorflow_not_imported_by_the_project_is_a_warning(tmp_path):
     write_dist(site, "nvidia-cudnn-cu12", "9.1.0.70")
     (f,) = framework_findings(stack_of(site, imports=("numpy",)))
     assert f.severity is Severity.WARNING
-    assert f.message.startswith('after `import tensorflow`: tensorflow 2.15.0 would fail its cuDNN check: "Loaded')
+    assert f.message.startswith("after `import tensorflow`: tensorflow 2.15.0 loads cuDNN 8, which is not installed")

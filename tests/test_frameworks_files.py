@@ -98,6 +98,7 @@ def test_plugin_built_against_a_newer_cudnn_minor(tmp_path, cuda, version, floor
     assert f"its METADATA declares nvidia-cudnn-cu{cuda}<10.0,{floor.split(',')[0]}" in err.cause
     assert "its xla_cuda_plugin.so names libcudnn.so.9" in err.cause
     assert "drops the GPU and runs on the CPU" in err.cause
+    assert err.fix.endswith(f"install --no-deps 'nvidia-cudnn-cu{cuda}<10.0,{floor.split(',')[0]}'")
     assert err.details[-1].startswith("reached by `import jax` (")
 
 
@@ -141,7 +142,10 @@ def test_the_metadata_floor_alone_states_the_build_major(tmp_path):
     cudnn(site, 12, "8.9.7.29")
     (err,) = findings(site, imports=("jax_cuda12_plugin",))
     assert err.severity is Severity.ERROR
-    assert "Loaded runtime CuDNN library: 8.9.7 but source was compiled with: 9.0.0." in err.message
+    assert err.message == (
+        "jax-cuda12-plugin 0.4.30 loads cuDNN 9, which is not installed: the cuDNN here is (8, 9, 7), another major"
+    )
+    assert err.fix.endswith("install --no-deps 'nvidia-cudnn-cu12<10.0,>=9.0'")
 
 
 def test_nothing_states_the_build_is_not_judged_with_the_places_read(tmp_path):
@@ -251,3 +255,30 @@ def test_onnxruntime_provider_finding_quotes_its_build_info(tmp_path):
     write_dist(site, "nvidia-cublas", "13.1.1.3", {"nvidia/cu13/lib/libcublasLt.so.13": lt13})
     (f,) = framework_findings(Stack(site_paths=(str(site),)))
     assert "when a session asks for it; its build_and_package_info.py says cuda_version 12.8;" in f.cause
+
+
+def test_the_build_major_shipped_by_another_wheel_is_the_one_judged(tmp_path):
+    # cuDNN 8 for CUDA 12 first in search order, cuDNN 9 for CUDA 13 beside it: the plugin asks for cuDNN 9
+    site = site_packages(tmp_path / "v")
+    plugin(site, 12, "0.6.0", ">=9.8,<10.0", None)
+    write_dist(site, "nvidia-cudnn-cu12", "8.9.7.29")
+    write_dist(site, "nvidia-cudnn-cu13", "9.8.0.87")
+    assert findings(site, imports=("jax_cuda12_plugin",)) == []
+
+
+def test_a_floor_met_by_another_major_is_no_comfort(tmp_path):
+    # jax-cuda12-plugin declares cuBLAS for CUDA 12; only CUDA 13's cuBLAS is installed: its 13.1 meets JAX's
+    # 12.1 floor, but the plugin loads libcublas.so.12, which nothing ships
+    site = site_packages(tmp_path / "v")
+    write_dist(site, "jax-cuda12-plugin", "0.6.0", requires=['nvidia-cublas-cu12>=12.1.3.1; extra == "with-cuda"'])
+    write_dist(site, "nvidia-cublas", "13.1.1.3")
+    found = [f for f in framework_findings(Stack(site_paths=(str(site),))) if f.subject.endswith("cuBLAS")]
+    (err,) = found
+    assert err.message == (
+        "jax-cuda12-plugin 0.6.0 loads cuBLAS 12, which is not installed: the cuBLAS here is (13, 1, 1), another major"
+    )
+    clean = site_packages(tmp_path / "w")
+    write_dist(clean, "jax-cuda12-plugin", "0.6.0", requires=['nvidia-cublas-cu12>=12.1.3.1; extra == "with-cuda"'])
+    write_dist(clean, "nvidia-cublas", "13.1.1.3")
+    write_dist(clean, "nvidia-cublas-cu12", "12.9.1.4")
+    assert [f for f in framework_findings(Stack(site_paths=(str(clean),))) if f.subject.endswith("cuBLAS")] == []

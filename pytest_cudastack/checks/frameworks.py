@@ -55,6 +55,7 @@ from pytest_cudastack.checks.shadow import Copy, copy_version, loaded_libraries,
 from pytest_cudastack.cuda.frameworks import (
     FrameworkRules,
     Rule,
+    Verdict,
     judge,
     load_rules,
     reported_version,
@@ -118,6 +119,16 @@ def _runtime(
     return Copy(wheel.dist_info, wheel, version, f"its wheel {wheel.label} (loaded by name at run time)"), None
 
 
+def _wheel_of_major(stack: StackView, row: LibraryRow, major: int) -> Copy | None:
+    """The first installed wheel of ``row`` (any -cuNN) whose version reports ``major``, as a copy."""
+    for wheel in stack.inventory.distributions:
+        if row.matches_wheel(wheel.name):
+            version = reported_version(row, wheel.version)
+            if version is not None and version[0] == major:
+                return Copy(wheel.dist_info, wheel, version, f"its wheel {wheel.label} (loaded by name at run time)")
+    return None
+
+
 def named_sonames(stack: StackView, dist: Distribution, row: LibraryRow) -> dict[str, str]:
     """The versioned sonames of ``row`` (``libcudnn.so.9``) that ``dist``'s own shipped libraries name in their
     DT_NEEDED or read-only strings (what it links or dlopens), each with the first file naming it; a file
@@ -146,9 +157,10 @@ class Build:
     version: tuple[int, ...] | None
     said: tuple[str, ...] = ()
     pin: str = ""  # the active Requires-Dist pin it came from ("pin"), for the fix
+    spec: str = ""  # the requirement its METADATA declares ("declared": nvidia-cudnn-cu12<10.0,>=9.8), for the fix
 
 
-def _declared(dist: Distribution, row: LibraryRow) -> tuple[tuple[int, ...], str] | None:
+def _declared(dist: Distribution, row: LibraryRow) -> tuple[tuple[int, ...], str, str] | None:
     """The lowest version of ``row``'s wheel that ``dist``'s METADATA accepts, any extra (``==``, ``>=``,
     ``~=``): JAX's CUDA plugin declares the cuDNN it was built against as a floor (``nvidia-cudnn-cu12>=9.8,
     <10.0; extra == "with-cuda"``), TensorFlow's ``and-cuda`` extra pins it."""
@@ -168,7 +180,7 @@ def _declared(dist: Distribution, row: LibraryRow) -> tuple[tuple[int, ...], str
                 said = f"its METADATA declares {req.name}{req.specifier}"
                 if req.marker is not None:
                     said += f" ({req.marker})"
-                return (*release, 0, 0)[: max(len(release), row.reports or 0)], said
+                return (*release, 0, 0)[: max(len(release), row.reports or 0)], said, f"{req.name}{req.specifier}"
     return None
 
 
@@ -193,13 +205,15 @@ def _build(dist: Distribution, rule: Rule, row: LibraryRow, reqs: Requirements, 
     )
     for where in rule.build_from:
         got: tuple[tuple[int, ...] | None, str] | None = None
-        pin = ""
+        pin = spec = ""
         if where == "pin":
             fact = next((f for f in reqs.of(dist) if row.matches_wheel(f.name) and f.pin is not None), None)
             if fact is not None and fact.pin is not None:
                 got, pin = (reported_version(row, fact.pin), f"its metadata pins {fact.text}"), fact.text
         elif where == "declared":
-            got = _declared(dist, row)
+            declared = _declared(dist, row)
+            if declared is not None:
+                got, spec = declared[:2], declared[2]
         elif where == "build_file":
             got = _from_build_file(dist, rule)
         if got is None or got[0] is None:
@@ -209,7 +223,7 @@ def _build(dist: Distribution, rule: Rule, row: LibraryRow, reqs: Requirements, 
             continue
         if len(version) >= 2:
             said = (got[1], files_said) if files_said else (got[1],)
-            return Build(version, said, pin)
+            return Build(version, said, pin, spec)
         if major is None:
             major, files_said = version[0], got[1]
     return Build((major,), (files_said,)) if major is not None else Build(None)
@@ -246,6 +260,7 @@ def framework_findings(stack: StackView) -> tuple[Finding, ...]:
         return (Finding(_CHECK, Severity.WARNING, "framework rules", f"framework rules not loaded: {e}"),)
     findings: list[Finding] = []
     silent: list[tuple[Distribution, Finding]] = []
+    seen: set[tuple[str, str]] = set()
     for dist in inv.distributions:
         if inv.get(dist.name) is not dist:
             continue
@@ -265,6 +280,10 @@ def framework_findings(stack: StackView) -> tuple[Finding, ...]:
                 got = f"{row.name}: {dist.name} skips its check ({rule.skip_env} is set)"
             else:
                 got = _version_rule(stack, dist, rule, row)
+            if isinstance(got, Finding) and (got.subject, got.message) in seen:
+                continue  # two rules on one library meeting the same absent major (XLA's check and JAX's floor)
+            if isinstance(got, Finding):
+                seen.add((got.subject, got.message))
             if isinstance(got, Finding) and rule.silent and got.severity is Severity.ERROR:
                 silent.append((dist, got))
             elif isinstance(got, Finding):
@@ -308,12 +327,16 @@ def _version_rule(stack: StackView, dist: Distribution, rule: Rule, row: Library
         f.installed is copy.owner and not f.met and not f.inferred for f in reqs.of(dist)
     ):
         return None  # the requirements finding on that pin says it, with this rule's verdict
-    build = (
-        _build(dist, rule, row, reqs, named() if "files" in rule.build_from else {})
-        if rule.kind != "floor"
-        else Build(None)
-    )
+    # a floor is judged without the build, but the build's major still says which copy is loaded by name
+    build = _build(dist, rule, row, reqs, named() if "files" in rule.build_from else {})
+    if lib is None and build.version and copy.version and copy.version[0] != build.version[0]:
+        # loaded by name: the framework asks for its build's major, which another installed wheel may ship
+        copy = _wheel_of_major(stack, row, build.version[0]) or copy
     verdict = judge(rule, build.version, copy.version)
+    if lib is None and build.version and copy.version and copy.version[0] != build.version[0]:
+        # no wheel ships its build's major (nor do its files name that soname: the dlopen item would say it), so
+        # the load by name fails whatever a floor says of the other major's version
+        verdict = Verdict(False, f"was built against {row.name} {build.version[0]}")
     if verdict.ok is None:
         return f"{row.name}: {verdict.text}" + (f" ({'; '.join(build.said)})" if build.said else "")
     if verdict.ok:
@@ -347,11 +370,22 @@ def _broken(
         same = [f for f in reqs.on(copy.owner.name) if f.pin is not None]
         if same and all(f.pin == same[0].pin for f in same):
             fix = f"{pip_command(copy.owner)} install --no-deps '{copy.owner.name}=={same[0].pin}'"
+    if not fix and build.spec and copy.owner is not None and row.matches_wheel(copy.owner.name):
+        # what its own METADATA declares: a floor, so the install stays a manual step
+        fix = f"{pip_command(copy.owner)} install --no-deps '{build.spec}'"
+    message = f'{dist.label} would fail its {row.name} check: "{says}"'
+    if build.version and copy.version and build.version[0] != copy.version[0]:
+        # another major: the framework loads the soname of its build's major, absent here, so it never gets as
+        # far as comparing versions
+        message = (
+            f"{dist.label} loads {row.name} {build.version[0]}, which is not installed: the {row.name} here is "
+            f"{version_text(copy.version)}, another major"
+        )
     return Finding(
         check=_CHECK,
         severity=Severity.ERROR,
         subject=f"{dist.name} {row.name}",
-        message=f'{dist.label} would fail its {row.name} check: "{says}"',
+        message=message,
         cause=cause,
         remedies=manual(fix),
         where=(copy.path, dist.dist_info),

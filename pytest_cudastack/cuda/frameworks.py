@@ -402,8 +402,9 @@ def _check_build(raw: dict[str, Any], where: str, kind: str) -> tuple[tuple[str,
         or len(set(build)) < len(build)
     ):
         raise DataError(f"{where}: 'build' must list some of {', '.join(BUILD_FROM)}, once each, got {build!r}")
-    if "build" in raw and kind not in ("build_match", "pin_floor"):
-        raise DataError(f"{where}: 'build' belongs to kinds build_match and pin_floor only")
+    if "build" in raw and kind not in VERSION_KINDS:
+        # a floor ignores the build's version, but its major says which copy a load by name gets
+        raise DataError(f"{where}: 'build' belongs to kinds {', '.join(VERSION_KINDS)} only")
     if "build_file" in build and "build_file" not in raw:
         raise DataError(f"{where}: 'build' reads 'build_file', which the rule does not name")
     silent = raw.get("silent", False)
