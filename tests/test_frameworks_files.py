@@ -41,15 +41,18 @@ def system_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     return system
 
 
-def plugin(site: Path, cuda: int, version: str, floor: str | None, names: str | None) -> None:
+def plugin(site: Path, cuda: int, version: str, floor: str | None, names: str | None, *, pjrt: bool = True) -> None:
     """A jax CUDA plugin whose PJRT library names ``names`` in its read-only data (the soname it dlopens) and
-    whose METADATA declares ``floor`` for the cuDNN wheel of its CUDA major (its with-cuda extra)."""
+    whose METADATA declares ``floor`` for the cuDNN wheel of its CUDA major (its with-cuda extra); ``pjrt``:
+    with the ``jax_plugins.xla_cudaNN`` package, whose preloads dlopen_targets.json lists (else an own .so)."""
     payload = {"payload": names} if names else {}
-    files: dict[str, bytes | str] = {
-        f"jax_plugins/xla_cuda{cuda}/__init__.py": "",
-        f"jax_plugins/xla_cuda{cuda}/xla_cuda_plugin.so": compile_so("xla_cuda_plugin.so", **payload),
-        f"jax_cuda{cuda}_plugin/__init__.py": "",
-    }
+    so = compile_so("xla_cuda_plugin.so", **payload)
+    files: dict[str, bytes | str] = {f"jax_cuda{cuda}_plugin/__init__.py": ""}
+    if pjrt:
+        files[f"jax_plugins/xla_cuda{cuda}/__init__.py"] = ""
+        files[f"jax_plugins/xla_cuda{cuda}/xla_cuda_plugin.so"] = so
+    else:
+        files[f"jax_cuda{cuda}_plugin/xla_cuda_plugin.so"] = so
     requires = [f'nvidia-cudnn-cu{cuda}{floor}; extra == "with-cuda"'] if floor else []
     write_dist(site, f"jax-cuda{cuda}-plugin", version, files, requires=requires)
 
@@ -138,7 +141,7 @@ def test_the_soname_its_files_name_absent_is_left_to_the_dlopen_item(tmp_path):
 def test_the_metadata_floor_alone_states_the_build_major(tmp_path):
     # the same venv, the plugin's library naming no cuDNN soname: its METADATA says 9.0, cuDNN 8.9.7 is loaded
     site = site_packages(tmp_path / "v")
-    plugin(site, 12, "0.4.30", ">=9.0,<10.0", None)
+    plugin(site, 12, "0.4.30", ">=9.0,<10.0", None, pjrt=False)
     cudnn(site, 12, "8.9.7.29")
     (err,) = findings(site, imports=("jax_cuda12_plugin",))
     assert err.severity is Severity.ERROR
@@ -282,3 +285,12 @@ def test_a_floor_met_by_another_major_is_no_comfort(tmp_path):
     write_dist(clean, "nvidia-cublas", "13.1.1.3")
     write_dist(clean, "nvidia-cublas-cu12", "12.9.1.4")
     assert [f for f in framework_findings(Stack(site_paths=(str(clean),))) if f.subject.endswith("cuBLAS")] == []
+
+
+def test_a_major_the_dlopen_tables_preload_names_is_the_dlopen_items(tmp_path):
+    # jax_plugins.xla_cuda12 (jax-cuda12-pjrt) preloads nvidia/cudnn/lib/libcudnn.so.9 (dlopen_targets.json):
+    # that run-time load, absent with cuDNN 8 installed, is the dlopen item's finding; this rule says nothing
+    site = site_packages(tmp_path / "v")
+    plugin(site, 12, "0.6.2", ">=9.8,<10.0", None)
+    cudnn(site, 12, "8.9.7.29")
+    assert findings(site, imports=("jax",)) == []

@@ -52,6 +52,7 @@ from packaging.version import InvalidVersion, Version
 
 from pytest_cudastack._sysio import read_text
 from pytest_cudastack.checks.shadow import Copy, copy_version, loaded_libraries, providers, shadowing
+from pytest_cudastack.cuda.dlopen import load_preloads
 from pytest_cudastack.cuda.frameworks import (
     FrameworkRules,
     Rule,
@@ -117,6 +118,25 @@ def _runtime(
         return None, None
     version = reported_version(row, wheel.version)
     return Copy(wheel.dist_info, wheel, version, f"its wheel {wheel.label} (loaded by name at run time)"), None
+
+
+def _preloaded(stack: StackView, row: LibraryRow, major: int) -> bool:
+    """Whether a preload of ``cuda/data/dlopen_targets.json`` whose package is installed loads a soname of
+    ``row`` at ``major`` (jax_plugins.xla_cuda12 loads libcudnn.so.9 by path): the dlopen item's load."""
+    try:
+        preloads = load_preloads()
+    except CudaStackError:
+        return False
+    for pre in preloads:
+        if not any(
+            _VERSIONED.fullmatch(name) and row.matches_soname(name) and name.endswith(f".so.{major}")
+            for _, name in pre.libraries
+        ):
+            continue
+        top = pre.module.split(".")[0]
+        if any(os.path.isdir(os.path.join(site, top)) for site in stack.inventory.site_dirs):
+            return True
+    return False
 
 
 def _wheel_of_major(stack: StackView, row: LibraryRow, major: int) -> Copy | None:
@@ -334,7 +354,9 @@ def _version_rule(stack: StackView, dist: Distribution, rule: Rule, row: Library
         copy = _wheel_of_major(stack, row, build.version[0]) or copy
     verdict = judge(rule, build.version, copy.version)
     if lib is None and build.version and copy.version and copy.version[0] != build.version[0]:
-        # no wheel ships its build's major (nor do its files name that soname: the dlopen item would say it), so
+        if _preloaded(stack, row, build.version[0]):
+            return None  # a run-time load the dlopen item judges (its table names it): said once, there
+        # no wheel ships its build's major, nor do its files name that soname (the dlopen item would say it), so
         # the load by name fails whatever a floor says of the other major's version
         verdict = Verdict(False, f"was built against {row.name} {build.version[0]}")
     if verdict.ok is None:
