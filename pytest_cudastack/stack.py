@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
 import sys
 from collections.abc import Callable, Iterator
 from functools import cached_property
@@ -28,6 +29,7 @@ from pytest_cudastack.errors import DataError, UnreadableFile
 from pytest_cudastack.findings import Finding
 from pytest_cudastack.linker.elfcache import ElfCache
 from pytest_cudastack.linker.resolver import Resolver, SearchConfig
+from pytest_cudastack.model.fingerprint import library_files, stack_fingerprint
 from pytest_cudastack.model.modules import ModuleTree, module_trees
 from pytest_cudastack.model.needs import infer_binary, infer_shipped, infer_wheel
 from pytest_cudastack.model.reach import ProjectImports, Reachability, project_imports
@@ -48,6 +50,7 @@ if TYPE_CHECKING:
 __all__ = [
     "SNAPSHOT_FORMAT",
     "SNAPSHOT_LIMIT",
+    "SNAPSHOT_READS",
     "SNAPSHOT_SCHEMA",
     "CudaLibs",
     "CudaWheels",
@@ -60,7 +63,12 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 SNAPSHOT_SCHEMA = "pytest-cudastack/snapshot"
-SNAPSHOT_FORMAT = 1  # the snapshot's "version" (and "format", its name in files pytest-cudastack 0.1.0 reads)
+# the snapshot's "version" (and "format", its name in files pytest-cudastack 0.1.0 reads). 2: node facts, the
+# fingerprint, each library's bytes, key sonames' resolution, the CUDA needs; a reader of 1 would compare two
+# version-2 files without their bytes and call them equal, so the version changed. Files of 1 still read.
+SNAPSHOT_FORMAT = 2
+SNAPSHOT_READS = (1, 2)
+KEY_SONAMES = ("libcuda.so.1", "libnvidia-ml.so.1")  # the driver's; each CUDA wheel's libraries join them
 
 
 class CudaLibs:
@@ -103,7 +111,8 @@ class Stack:
     """Facts about this machine's CUDA stack, each computed on first use.
 
     ``rootdir`` is where relative scan paths start and what display names are relative to; ``site_paths``
-    restricts the wheel inventory (default: ``sys.path``).
+    restricts the wheel inventory (default: ``sys.path``); ``host_root`` is where the probe reads ``/proc``
+    and ``/sys`` (tests pass a fake root).
     """
 
     def __init__(
@@ -115,8 +124,10 @@ class Stack:
         cache: ElfCache | None = None,
         rootdir: str = ".",
         site_paths: tuple[str, ...] | None = None,
+        host_root: str = "/",
     ) -> None:
         self.settings = settings or Settings()
+        self.host_root = host_root
         self.rootdir = rootdir
         self._driver_info = driver_info
         self._probe = probe
@@ -141,7 +152,7 @@ class Stack:
         if probed is None:
             # no owner: naming libcuda's distribution would build the inventory just to probe the driver
             linker = Resolver(SearchConfig.from_environment(), reader=self.cache.read)
-            probed = probe_driver(find=linker_finder(linker))
+            probed = probe_driver(find=linker_finder(linker), root=self.host_root)
         if s.cuda_driver is None and not s.cuda_arch:
             return probed
         return declared_driver(s.cuda_driver, s.cuda_arch, probed=probed)
@@ -293,8 +304,10 @@ class Stack:
         return load_snapshot(os.path.join(self.rootdir, path))
 
     # JSON -------------------------------------------------------------------------------------------
-    def to_json(self) -> dict[str, Any]:
-        """The stack as JSON: driver, CUDA wheels (with missing files), scanned binaries' resolution."""
+    def to_json(self, host: bool = True) -> dict[str, Any]:
+        """The stack as JSON: driver, CUDA wheels (with missing files and each library's bytes), where the key
+        sonames resolve, the CUDA each component needs, scanned binaries' resolution, the node's facts
+        (``host``; ``cudastack snapshot --no-host`` leaves them out) and the stack fingerprint over them."""
         wheels = []
         for dist in self.wheels:
             wheels.append(
@@ -307,6 +320,7 @@ class Stack:
                     "missing": sorted(lib.path for lib in dist.libraries if not lib.exists),
                     "problems": list(dist.problems),
                     "gpu_code": self._gpu_code(dist),
+                    "files": library_files(dist, self.cache),
                 }
             )
         binaries = []
@@ -318,7 +332,7 @@ class Stack:
                 tree = with_gpu_code(self.tree(path).to_json(), self.fatbin)
                 tree["path"] = name
                 binaries.append(tree)
-        return {
+        doc: dict[str, Any] = {
             "schema": SNAPSHOT_SCHEMA,
             "version": SNAPSHOT_FORMAT,
             "format": SNAPSHOT_FORMAT,
@@ -326,6 +340,47 @@ class Stack:
             "driver": self.driver.to_json(),
             "wheels": wheels,
             "binaries": binaries,
+            "resolved": self._resolved_json(),
+            "needs": [
+                {"subject": inf.subject, "distribution": inf.distribution, "cuda": need.version}
+                for inf in self.inferences
+                for need in inf.needs
+            ],
+        }
+        if host:
+            doc["host"] = self._host_json()
+        doc["fingerprint"] = stack_fingerprint(doc)
+        return doc
+
+    def _resolved_json(self) -> list[dict[str, Any]]:
+        """Where the linker would load each key soname from as a DT_NEEDED of the Python executable: the
+        driver's libraries and every CUDA wheel's."""
+        sonames = dict.fromkeys(KEY_SONAMES)
+        for dist in self.wheels:
+            sonames.update(dict.fromkeys(sorted(lib.soname for lib in dist.libraries if lib.soname)))
+        out = []
+        for soname in sonames:
+            lib = self.find(soname)
+            out.append({"soname": soname, "path": lib.path, "provider": lib.provider})
+        return out
+
+    def _host_json(self) -> dict[str, Any]:
+        """This node: its name, the loaded kernel module against the user-space driver libraries, its GPUs
+        (NVML's, when the driver was probed)."""
+        d = self.driver
+        probed = d.source == "probed"
+        return {
+            "name": socket.gethostname(),
+            "driver_version": d.version if probed else None,
+            "cuda_version": d.cuda_version if probed else None,
+            "kernel_module": d.kernel_module,
+            "libcuda_version": d.libcuda_version,
+            "nvml_version": d.nvml_version,
+            "mismatch": [{"soname": s, "version": v} for s, v in d.mismatched_libraries()],
+            "gpus": [
+                {"name": g.name, "compute_capability": g.compute_capability, "uuid": g.uuid}
+                for g in (d.gpus if probed else ())
+            ],
         }
 
     def _gpu_code(self, dist: Distribution) -> dict[str, list[str]]:
@@ -357,19 +412,31 @@ def load_snapshot(path: str) -> dict[str, Any]:
         raise DataError(f"{path}: not a cudastack snapshot: not JSON: {why}") from e
     if not isinstance(data, dict) or data.get("schema", SNAPSHOT_SCHEMA) != SNAPSHOT_SCHEMA:
         raise DataError(f"{path}: not a cudastack snapshot (schema {SNAPSHOT_SCHEMA!r} expected)")
-    if data.get("version", data.get("format")) != SNAPSHOT_FORMAT:
-        raise DataError(f"{path}: not a cudastack snapshot (version {SNAPSHOT_FORMAT} expected)")
-    error = first_error(data, snapshot_schema(legacy="schema" not in data))
+    version = data.get("version", data.get("format"))
+    if version not in SNAPSHOT_READS:
+        raise DataError(f"{path}: not a cudastack snapshot (version {' or '.join(map(str, SNAPSHOT_READS))} expected)")
+    error = first_error(data, snapshot_schema(legacy="schema" not in data, version=version))
     if error is not None:
         raise DataError(f"{path}: not a cudastack snapshot: {error}")
     return data
 
 
-def snapshot_schema(legacy: bool) -> dict[str, Any]:
-    """The shipped snapshot schema; for a 0.1.0 file, without the fields 0.1.0 did not write (the top
-    level's schema and version, a wheel's gpu_code; its driver object was not fixed then)."""
+def snapshot_schema(legacy: bool, version: int = SNAPSHOT_FORMAT) -> dict[str, Any]:
+    """The shipped snapshot schema; for a version-1 file, without the fields version 2 added (node facts,
+    fingerprint, bytes, resolution, needs) and with version 1's driver; for a 0.1.0 file, also without the
+    fields 0.1.0 did not write (the top level's schema and version, a wheel's gpu_code; its driver object was
+    not fixed then)."""
     with open(os.path.join(os.path.dirname(__file__), "schemas", "snapshot.schema.json"), encoding="utf-8") as f:
         schema: dict[str, Any] = json.load(f)
+    if version == 1:
+        added = ("resolved", "needs", "fingerprint")
+        schema["required"] = [k for k in schema["required"] if k not in added]
+        for key in ("version", "format"):
+            schema["properties"][key] = {"const": 1}
+        defs = schema["$defs"]
+        defs["wheel"]["required"] = [k for k in defs["wheel"]["required"] if k != "files"]
+        libraries = ("libcuda_version", "nvml_version")
+        defs["driver"]["required"] = [k for k in defs["driver"]["required"] if k not in libraries]
     if legacy:
         schema["required"] = [k for k in schema["required"] if k not in ("schema", "version")]
         defs = schema["$defs"]
@@ -378,10 +445,10 @@ def snapshot_schema(legacy: bool) -> dict[str, Any]:
     return schema
 
 
-def write_snapshot(stack: Stack, path: str | None) -> None:
-    """``stack.to_json()`` to ``path`` (its directory created, the file replaced atomically), or to standard
+def write_snapshot(stack: Stack, path: str | None, host: bool = True) -> None:
+    """``stack.to_json(host)`` to ``path`` (its directory created, the file replaced atomically), or to standard
     output when None or ``-``. DataError naming the path when it cannot be written."""
-    text = json.dumps(stack.to_json(), indent=2, sort_keys=True) + "\n"
+    text = json.dumps(stack.to_json(host), indent=2, sort_keys=True) + "\n"
     if path is None or path == "-":
         sys.stdout.write(text)
         return

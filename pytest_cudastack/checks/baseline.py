@@ -11,7 +11,7 @@ from pytest_cudastack.findings import Finding, Severity, manual
 if TYPE_CHECKING:
     from pytest_cudastack.checks.facts import StackView, Target
 
-__all__ = ["Drift", "baseline_findings", "diff_snapshots", "run", "snapshot_drift"]
+__all__ = ["Drift", "Problem", "baseline_findings", "diff_snapshots", "run", "snapshot_drift", "snapshot_problems"]
 
 
 def _index(items: Iterable[Mapping[str, Any]], key: str) -> dict[str, Mapping[str, Any]]:
@@ -23,8 +23,9 @@ class Drift:
     """One difference between two snapshots, as ``cudastack diff --json`` lists it (schemas/diff.schema.json).
 
     ``kind`` is "driver" (``subject``: "version", "cuda_version", "archs" or "gpus"), "wheel" (``subject``: its
-    name; ``item``: the file that went missing or is back) or "binary" (``subject``: its path; ``item``: the
-    soname whose path changed); ``change`` is "added", "removed" or "changed"; ``before``/``after`` are the
+    name; ``item``: the file that went missing, is back, or whose bytes changed), "binary" (``subject``: its
+    path; ``item``: the soname whose path changed) or "host" (``subject``: "kernel_module", "libcuda_version"
+    or "nvml_version"); ``change`` is "added", "removed" or "changed"; ``before``/``after`` are the
     values on each side (None where absent or not found); ``text`` is the line ``cudastack diff`` prints.
     """
 
@@ -53,9 +54,23 @@ def snapshot_drift(old: Mapping[str, Any], new: Mapping[str, Any]) -> tuple[Drif
     od, nd = old.get("driver") or {}, new.get("driver") or {}
     return (
         *_driver_drift(od, nd),
+        *_host_drift(old.get("host"), new.get("host")),
         *_wheels_drift(old.get("wheels", ()), new.get("wheels", ())),
         *_binaries_drift(old.get("binaries", ()), new.get("binaries", ())),
     )
+
+
+def _host_drift(oh: Mapping[str, Any] | None, nh: Mapping[str, Any] | None) -> list[Drift]:
+    """The node's kernel module and user-space driver library versions, when both snapshots have node facts
+    (the driver's version, CUDA and GPUs are the driver's drift)."""
+    if not oh or not nh:
+        return []
+    out: list[Drift] = []
+    for key in ("kernel_module", "libcuda_version", "nvml_version"):
+        if oh.get(key) != nh.get(key):
+            line = f"host {key}: {oh.get(key)} -> {nh.get(key)}"
+            out.append(Drift("host", key, None, "changed", oh.get(key), nh.get(key), line))
+    return out
 
 
 def _driver_drift(od: Mapping[str, Any], nd: Mapping[str, Any]) -> list[Drift]:
@@ -78,6 +93,7 @@ def _wheels_drift(old: Iterable[Mapping[str, Any]], new: Iterable[Mapping[str, A
     """Wheels added or removed, by name in order, and the changes of each wheel on both sides."""
     out: list[Drift] = []
     ow, nw = _index(old, "name"), _index(new, "name")
+    listed = _record_owners(nw.values())
     for name in sorted(ow.keys() | nw.keys()):
         a, b = ow.get(name), nw.get(name)
         if a is None and b is not None:
@@ -87,12 +103,49 @@ def _wheels_drift(old: Iterable[Mapping[str, Any]], new: Iterable[Mapping[str, A
             line = f"wheel {name} {a.get('version')}: removed"
             out.append(Drift("wheel", name, None, "removed", a.get("version"), None, line))
         elif a is not None and b is not None:
-            out.extend(_wheel_drift(name, a, b))
+            out.extend(_wheel_drift(name, a, b, listed))
     return out
 
 
-def _wheel_drift(name: str, a: Mapping[str, Any], b: Mapping[str, Any]) -> list[Drift]:
-    """One wheel's changes: its version, then its files that went missing and those that are back."""
+def _record_owners(wheels: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], str]:
+    """(RECORD path, RECORD hash) -> "name version" of the wheel whose RECORD lists those bytes there."""
+    out: dict[tuple[str, str], str] = {}
+    for w in wheels:
+        for f in w.get("files", ()):
+            if f.get("record"):
+                out.setdefault((str(f["path"]), str(f["record"])), f"{w.get('name')} {w.get('version')}")
+    return out
+
+
+def _bytes_drift(
+    name: str, a: Mapping[str, Any], b: Mapping[str, Any], listed: Mapping[tuple[str, str], str]
+) -> list[Drift]:
+    """Each library present on both sides whose bytes on disk changed, saying whose bytes are there now: its
+    own RECORD's, another wheel's (a cu12 build installed over the cu13 one at the same paths), or nobody's.
+    Snapshots without bytes (version 1) compare nothing here."""
+    out: list[Drift] = []
+    af = {str(f.get("path")): f for f in a.get("files", ())}
+    for f in b.get("files", ()):
+        path = str(f.get("path"))
+        before, after = (af.get(path) or {}).get("sha256"), f.get("sha256")
+        if before is None or after is None or before == after:
+            continue
+        if after == f.get("record"):
+            whose = "its RECORD's bytes again" if (af.get(path) or {}).get("record") != before else "new bytes"
+        elif (other := listed.get((path, str(after)))) is not None:
+            whose = f"replaced by {other}'s bytes"
+        else:
+            whose = "replaced by bytes no installed RECORD lists"
+        line = f"wheel {name}: {path}: {whose} ({before[:19]}... -> {after[:19]}...)"
+        out.append(Drift("wheel", name, path, "changed", before, after, line))
+    return out
+
+
+def _wheel_drift(
+    name: str, a: Mapping[str, Any], b: Mapping[str, Any], listed: Mapping[tuple[str, str], str]
+) -> list[Drift]:
+    """One wheel's changes: its version, then its files that went missing and those that are back, then the
+    libraries whose bytes changed."""
     out: list[Drift] = []
     if a.get("version") != b.get("version"):
         line = f"wheel {name}: {a.get('version')} -> {b.get('version')}"
@@ -100,6 +153,8 @@ def _wheel_drift(name: str, a: Mapping[str, Any], b: Mapping[str, Any]) -> list[
     am, bm = set(a.get("missing", ())), set(b.get("missing", ()))
     out.extend(Drift("wheel", name, p, "removed", p, None, f"wheel {name}: {p} went missing") for p in sorted(bm - am))
     out.extend(Drift("wheel", name, p, "added", None, p, f"wheel {name}: {p} is back") for p in sorted(am - bm))
+    if a.get("version") == b.get("version"):
+        out.extend(_bytes_drift(name, a, b, listed))
     return out
 
 
@@ -137,16 +192,53 @@ def diff_snapshots(old: Mapping[str, Any], new: Mapping[str, Any]) -> tuple[str,
     return tuple(d.text for d in snapshot_drift(old, new))
 
 
+@dataclass(frozen=True)
+class Problem:
+    """What a snapshot records as broken: ``check`` is the item that reports it as an error ("integrity",
+    "closure", "driver"), ``subject`` what is broken, ``text`` one line."""
+
+    check: str
+    subject: str
+    text: str
+
+
+def snapshot_problems(doc: Mapping[str, Any]) -> tuple[Problem, ...]:
+    """The errors a snapshot itself shows: RECORD-listed libraries missing or with other bytes than their
+    RECORD's, scanned binaries' libraries not found, user-space driver libraries of another version than the
+    kernel module. A stack with any is never proposed as the new baseline."""
+    out: list[Problem] = []
+    for w in doc.get("wheels", ()):
+        label = f"{w.get('name')} {w.get('version')}"
+        out.extend(Problem("integrity", label, f"{label}: {p} is missing") for p in w.get("missing", ()))
+        for f in w.get("files", ()):
+            if f.get("sha256") and f.get("record") and f["sha256"] != f["record"]:
+                out.append(Problem("integrity", label, f"{label}: {f.get('path')} has other bytes than its RECORD's"))
+    for b in doc.get("binaries", ()):
+        for lib in b.get("libraries", ()):
+            if lib.get("path") is None:
+                out.append(Problem("closure", str(b.get("path")), f"{b.get('path')}: {lib.get('soname')} is not found"))
+    host = doc.get("host") or {}
+    for m in host.get("mismatch", ()):
+        line = f"{m.get('soname')} {m.get('version')} is not the kernel module's {host.get('kernel_module')}"
+        out.append(Problem("driver", "the NVIDIA driver", line))
+    return tuple(out)
+
+
 def baseline_findings(baseline: str, old: Mapping[str, Any], new: Mapping[str, Any]) -> tuple[Finding, ...]:
-    """One ERROR per difference between the recorded baseline and the stack now."""
-    return tuple(
-        Finding(
-            "baseline",
-            Severity.ERROR,
-            baseline,
-            f"drift from baseline: {line}",
-            remedies=manual(f"restore the recorded stack, or re-record it (pytest --cudastack-snapshot={baseline})"),
+    """One ERROR per difference between the recorded baseline and the stack now. Re-recording is proposed
+    only when the stack now shows no error (:func:`snapshot_problems`): a broken stack never becomes the
+    baseline."""
+    problems = snapshot_problems(new)
+    if problems:
+        shown = "; ".join(p.text for p in problems[:3]) + (f"; {len(problems) - 3} more" if len(problems) > 3 else "")
+        remedies = manual(
+            "restore the recorded stack",
+            why=f"not re-recorded: the stack now has errors ({shown}), which would become the baseline",
         )
+    else:
+        remedies = manual(f"restore the recorded stack, or re-record it (pytest --cudastack-snapshot={baseline})")
+    return tuple(
+        Finding("baseline", Severity.ERROR, baseline, f"drift from baseline: {line}", remedies=remedies)
         for line in diff_snapshots(old, new)
     )
 
