@@ -9,11 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from pytest_cudastack.checks.baseline import baseline_findings, snapshot_drift, snapshot_problems
+from pytest_cudastack.checks.baseline import baseline_findings, snapshot_drift
 from pytest_cudastack.cli import main
 from pytest_cudastack.cuda.driver import DriverInfo, Gpu
 from pytest_cudastack.linker.elfcache import ElfCache
 from pytest_cudastack.model.fingerprint import file_hash, stack_fingerprint
+from pytest_cudastack.model.fleet import snapshot_problems
 from pytest_cudastack.stack import Stack, load_snapshot, write_snapshot
 from tests.helpers.sitebuild import HAVE_CC, compile_so, record_hash, site_packages, write_dist
 

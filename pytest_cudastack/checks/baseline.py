@@ -7,11 +7,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pytest_cudastack.findings import Finding, Severity, manual
+from pytest_cudastack.model.fleet import snapshot_problems
 
 if TYPE_CHECKING:
     from pytest_cudastack.checks.facts import StackView, Target
 
-__all__ = ["Drift", "Problem", "baseline_findings", "diff_snapshots", "run", "snapshot_drift", "snapshot_problems"]
+__all__ = ["Drift", "baseline_findings", "diff_snapshots", "run", "snapshot_drift"]
 
 
 def _index(items: Iterable[Mapping[str, Any]], key: str) -> dict[str, Mapping[str, Any]]:
@@ -190,38 +191,6 @@ def _binary_drift(path: str, a: Mapping[str, Any], b: Mapping[str, Any]) -> list
 def diff_snapshots(old: Mapping[str, Any], new: Mapping[str, Any]) -> tuple[str, ...]:
     """Human-readable differences between two stack snapshots (``Stack.to_json``); empty when equal."""
     return tuple(d.text for d in snapshot_drift(old, new))
-
-
-@dataclass(frozen=True)
-class Problem:
-    """What a snapshot records as broken: ``check`` is the item that reports it as an error ("integrity",
-    "closure", "driver"), ``subject`` what is broken, ``text`` one line."""
-
-    check: str
-    subject: str
-    text: str
-
-
-def snapshot_problems(doc: Mapping[str, Any]) -> tuple[Problem, ...]:
-    """The errors a snapshot itself shows: RECORD-listed libraries missing or with other bytes than their
-    RECORD's, scanned binaries' libraries not found, user-space driver libraries of another version than the
-    kernel module. A stack with any is never proposed as the new baseline."""
-    out: list[Problem] = []
-    for w in doc.get("wheels", ()):
-        label = f"{w.get('name')} {w.get('version')}"
-        out.extend(Problem("integrity", label, f"{label}: {p} is missing") for p in w.get("missing", ()))
-        for f in w.get("files", ()):
-            if f.get("sha256") and f.get("record") and f["sha256"] != f["record"]:
-                out.append(Problem("integrity", label, f"{label}: {f.get('path')} has other bytes than its RECORD's"))
-    for b in doc.get("binaries", ()):
-        for lib in b.get("libraries", ()):
-            if lib.get("path") is None:
-                out.append(Problem("closure", str(b.get("path")), f"{b.get('path')}: {lib.get('soname')} is not found"))
-    host = doc.get("host") or {}
-    for m in host.get("mismatch", ()):
-        line = f"{m.get('soname')} {m.get('version')} is not the kernel module's {host.get('kernel_module')}"
-        out.append(Problem("driver", "the NVIDIA driver", line))
-    return tuple(out)
 
 
 def baseline_findings(baseline: str, old: Mapping[str, Any], new: Mapping[str, Any]) -> tuple[Finding, ...]:
