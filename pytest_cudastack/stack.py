@@ -54,6 +54,7 @@ __all__ = [
     "SNAPSHOT_SCHEMA",
     "CudaLibs",
     "CudaWheels",
+    "SnapshotReader",
     "Stack",
     "load_snapshot",
     "snapshot_schema",
@@ -352,6 +353,11 @@ class Stack:
         doc["fingerprint"] = stack_fingerprint(doc)
         return doc
 
+    @cached_property
+    def fingerprint(self) -> str:
+        """The stack fingerprint of this node's snapshot (``to_json()["fingerprint"]``), for the -v header."""
+        return str(self.to_json()["fingerprint"])
+
     def _resolved_json(self) -> list[dict[str, Any]]:
         """Where the linker would load each key soname from as a DT_NEEDED of the Python executable: the
         driver's libraries and every CUDA wheel's."""
@@ -400,25 +406,73 @@ def load_snapshot(path: str) -> dict[str, Any]:
     over ``SNAPSHOT_LIMIT`` bytes), is not JSON, or departs from the shipped snapshot schema, naming the first
     wrong field. A file without ``"schema"`` (written before the snapshot named its schema, by
     pytest-cudastack 0.1.0) is read by its ``"format"``, without the fields added since."""
-    try:
-        raw = read_regular(path, SNAPSHOT_LIMIT)
-    except UnreadableFile as e:
-        reason = str(e).removeprefix(f"{path}: ")
-        raise DataError(f"{path}: cannot read cudastack snapshot: {reason}") from e
-    try:
-        data = json.loads(raw.decode("utf-8"))
-    except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError; nesting -> RecursionError
-        why = "nested too deeply" if isinstance(e, RecursionError) else str(e)
-        raise DataError(f"{path}: not a cudastack snapshot: not JSON: {why}") from e
-    if not isinstance(data, dict) or data.get("schema", SNAPSHOT_SCHEMA) != SNAPSHOT_SCHEMA:
-        raise DataError(f"{path}: not a cudastack snapshot (schema {SNAPSHOT_SCHEMA!r} expected)")
-    version = data.get("version", data.get("format"))
-    if version not in SNAPSHOT_READS:
-        raise DataError(f"{path}: not a cudastack snapshot (version {' or '.join(map(str, SNAPSHOT_READS))} expected)")
-    error = first_error(data, snapshot_schema(legacy="schema" not in data, version=version))
-    if error is not None:
-        raise DataError(f"{path}: not a cudastack snapshot: {error}")
-    return data
+    return SnapshotReader(memo=0).read(path)
+
+
+class SnapshotReader:
+    """:func:`load_snapshot` for many files (``cudastack fleet``): the same answers, with each top-level
+    field's verdict remembered by its JSON text, so the wheels and resolution that thousands of nodes share
+    are checked against the schema once. At most ``memo`` verdicts are kept (the memo is emptied when full);
+    a document with any complaint is checked again whole, so its message is :func:`load_snapshot`'s."""
+
+    def __init__(self, memo: int = 256) -> None:
+        self._limit = memo
+        self._memo: dict[tuple[int, bool, str, str], bool] = {}
+        self._schemas: dict[tuple[int, bool], tuple[dict[str, Any], dict[str, Any]]] = {}
+
+    def _schema(self, version: int, legacy: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(the whole schema, its top level alone: required and additional properties, any value allowed)."""
+        key = (version, legacy)
+        if key not in self._schemas:
+            whole = snapshot_schema(legacy=legacy, version=version)
+            top = {**whole, "properties": {name: {} for name in whole["properties"]}}
+            self._schemas[key] = (whole, top)
+        return self._schemas[key]
+
+    def _valid(self, data: dict[str, Any], version: int, legacy: bool) -> bool:
+        whole, top = self._schema(version, legacy)
+        if first_error(data, top) is not None:
+            return False
+        for name, value in data.items():
+            text = json.dumps(value, sort_keys=True)
+            key = (version, legacy, name, text)
+            verdict = self._memo.get(key)
+            if verdict is None:
+                sub = {"$defs": whole.get("$defs", {}), **whole["properties"][name]}
+                verdict = first_error(value, sub) is None
+                if len(self._memo) >= self._limit:
+                    self._memo.clear()
+                if self._limit:
+                    self._memo[key] = verdict
+            if not verdict:
+                return False
+        return True
+
+    def read(self, path: str) -> dict[str, Any]:
+        """The snapshot in ``path``, as :func:`load_snapshot` reads it."""
+        try:
+            raw = read_regular(path, SNAPSHOT_LIMIT)
+        except UnreadableFile as e:
+            reason = str(e).removeprefix(f"{path}: ")
+            raise DataError(f"{path}: cannot read cudastack snapshot: {reason}") from e
+        try:
+            data = json.loads(raw.decode("utf-8"))
+        except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError; nesting -> RecursionError
+            why = "nested too deeply" if isinstance(e, RecursionError) else str(e)
+            raise DataError(f"{path}: not a cudastack snapshot: not JSON: {why}") from e
+        if not isinstance(data, dict) or data.get("schema", SNAPSHOT_SCHEMA) != SNAPSHOT_SCHEMA:
+            raise DataError(f"{path}: not a cudastack snapshot (schema {SNAPSHOT_SCHEMA!r} expected)")
+        version = data.get("version", data.get("format"))
+        if version not in SNAPSHOT_READS:
+            expected = " or ".join(map(str, SNAPSHOT_READS))
+            raise DataError(f"{path}: not a cudastack snapshot (version {expected} expected)")
+        legacy = "schema" not in data
+        if self._limit and self._valid(data, version, legacy):
+            return data
+        error = first_error(data, self._schema(version, legacy)[0])
+        if error is not None:
+            raise DataError(f"{path}: not a cudastack snapshot: {error}")
+        return data
 
 
 def snapshot_schema(legacy: bool, version: int = SNAPSHOT_FORMAT) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from pytest_cudastack import schemacheck
 from pytest_cudastack.cli import main
 from pytest_cudastack.errors import DataError
 from pytest_cudastack.schemacheck import KEYWORDS, first_error
-from pytest_cudastack.stack import load_snapshot
+from pytest_cudastack.stack import SnapshotReader, load_snapshot
 
 pytest_plugins = ["pytester"]
 
@@ -180,6 +180,22 @@ BAD = [
     pytest.param(lambda d: _set(d, "driver.source", "guessed"), "$.driver.source: expected one of", id="enum"),
     pytest.param(lambda d: _set(d, "driver.gpus.0.index", -1), "$.driver.gpus[0].index: -1 is less than", id="min"),
 ]
+
+
+@pytest.mark.parametrize(("mutate", "message"), BAD)
+def test_the_fleet_reader_answers_as_load_snapshot(tmp_path, mutate, message):
+    """cudastack fleet's reader remembers verdicts per top-level field: a good file read before a bad one
+    does not make the bad one pass, and the message is load_snapshot's."""
+    reader = SnapshotReader()
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps(SNAP))
+    assert reader.read(str(good)) == SNAP
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(mutate(copy.deepcopy(SNAP))))
+    with pytest.raises(DataError) as e:
+        reader.read(str(bad))
+    assert str(e.value).startswith(f"{bad}: not a cudastack snapshot: {message}")
+    assert reader.read(str(good)) == SNAP
 
 
 @pytest.mark.parametrize(("mutate", "message"), BAD)

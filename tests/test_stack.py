@@ -52,7 +52,8 @@ def test_header_lines(stack):
         "cudastack: driver 550.54.15 (declared) | CUDA <= 12.4 | GPUs: archs sm_90 (declared) | 0 CUDA wheels"
         " | --cuda-max=12.9"
     )
-    assert len(header_lines(stack, verbose=1)) >= 1
+    verbose = header_lines(stack, verbose=1)
+    assert verbose[-1].startswith(f"  stack fingerprint: {stack.to_json()['fingerprint']} ")
 
 
 def test_load_snapshot_rejects_other_json(tmp_path):

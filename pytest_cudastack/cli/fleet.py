@@ -30,7 +30,7 @@ from pytest_cudastack import __version__
 from pytest_cudastack.checks.baseline import Drift, snapshot_drift
 from pytest_cudastack.errors import DataError
 from pytest_cudastack.model.fleet import Group, Node, Verdict, group_nodes, snapshot_files, would_run
-from pytest_cudastack.stack import load_snapshot
+from pytest_cudastack.stack import SnapshotReader, load_snapshot
 
 __all__ = ["FLEET_SCHEMA", "FLEET_VERSION", "Fleet", "cmd_fleet", "read_fleet", "render"]
 
@@ -64,9 +64,10 @@ class Fleet:
 
 
 def _stream(paths: Sequence[str], unreadable: list[tuple[str, str]]) -> Iterator[tuple[str, dict[str, Any]]]:
+    reader = SnapshotReader()
     for path in snapshot_files(paths):
         try:
-            yield path, load_snapshot(path)
+            yield path, reader.read(path)
         except DataError as e:
             unreadable.append((path, str(e)))
 

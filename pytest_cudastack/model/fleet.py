@@ -73,7 +73,7 @@ def snapshot_problems(doc: Mapping[str, Any]) -> tuple[Problem, ...]:
 @dataclass(frozen=True)
 class Node:
     """One node's snapshot, as the fleet keeps it: ``source`` the file, ``name`` the host name (else the file
-    name), ``fingerprint`` recomputed from the document (a version-1 snapshot has none recorded)."""
+    name), ``fingerprint`` the one it records (computed from the document for a version-1 snapshot)."""
 
     source: str
     name: str
@@ -91,7 +91,7 @@ def node_of(source: str, doc: Mapping[str, Any]) -> Node:
     return Node(
         source,
         str(name),
-        stack_fingerprint(doc),
+        str(doc.get("fingerprint") or stack_fingerprint(doc)),
         driver.get("version"),
         driver.get("cuda_version"),
         host.get("kernel_module", driver.get("kernel_module")),
