@@ -434,7 +434,7 @@ class SnapshotReader:
         if first_error(data, top) is not None:
             return False
         for name, value in data.items():
-            text = json.dumps(value, sort_keys=True)
+            text = json.dumps(value)  # the C encoder; a snapshot's writer orders its keys
             key = (version, legacy, name, text)
             verdict = self._memo.get(key)
             if verdict is None:
