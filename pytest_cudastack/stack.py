@@ -137,6 +137,7 @@ class Stack:
         self._site_paths = site_paths
         self._trees: dict[str, Tree] = {}
         self._findings: dict[tuple[str, Target | None], tuple[Finding, ...]] = {}
+        self._files: dict[str, list[dict[str, Any]]] = {}
 
     # facts ------------------------------------------------------------------------------------------
     @cached_property
@@ -322,7 +323,7 @@ class Stack:
                     "missing": sorted(lib.path for lib in dist.libraries if not lib.exists),
                     "problems": list(dist.problems),
                     "gpu_code": self._gpu_code(dist),
-                    "files": library_files(dist, self.cache),
+                    "files": self._library_files(dist),
                 }
             )
         binaries = []
@@ -353,6 +354,13 @@ class Stack:
             doc["host"] = self._host_json()
         doc["fingerprint"] = stack_fingerprint(doc)
         return doc
+
+    def _library_files(self, dist: Distribution) -> list[dict[str, Any]]:
+        """Each library's RECORD and on-disk hashes (``model.fingerprint.library_files``), hashed once per
+        stack even without the on-disk cache: the snapshot, the baseline and the -v header share them."""
+        if dist.dist_info not in self._files:
+            self._files[dist.dist_info] = library_files(dist, self.cache)
+        return self._files[dist.dist_info]
 
     @cached_property
     def fingerprint(self) -> str:
