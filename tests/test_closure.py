@@ -153,3 +153,24 @@ def test_optional_library_needing_only_installed_sonames_says_so(tmp_path):
     assert "not found here" not in opt.message
     assert opt.fix.startswith("nothing to install")
     assert any("shipped by pkg 1.0" in d for d in opt.details)
+
+
+def test_the_consumer_is_a_distribution_key_and_the_count_is_in_the_message(tmp_path):
+    """Facts.consumer means one thing (the needing object's distribution); the grouped message says how many
+    extension modules need the soname, counted from ``objects``."""
+    site = build(tmp_path)
+    (site / "nvidia/nccl/lib/libnccl.so.2").unlink()
+    _inv, _resolver, found = run(site)
+    (err,) = [f for f in found if f.failing]
+    assert err.facts.consumer == "torchish"
+    assert len(err.facts.objects) == 2
+    assert err.message == (
+        "libnccl.so.2 is not found: needed by torchish/lib/libtorch_x.so (from 2 extension module(s) of torchish 1.0)"
+    )
+    (site / "nvidia/cudnn/lib/libcudnn.so.9").unlink()
+    _inv, _resolver, found = run(site)
+    (grouped,) = [f for f in found if f.failing]
+    assert grouped.facts.consumer is None
+    assert grouped.message.endswith(
+        "; the first needed by torchish/lib/libtorch_x.so (from 2 extension module(s) of torchish 1.0)"
+    )

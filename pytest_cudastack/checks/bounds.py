@@ -110,7 +110,7 @@ def bound_findings(
                     f"{worst.evidence.split(' via ')[0]} but {label}",
                     cause=f"it requires CUDA {worst.version}; {label} forbids anything {word} than {bound}",
                     facts=Facts(
-                        required=label, found=worst.evidence.split(" via ")[0], bound=bound, consumer=inf.subject
+                        required=label, found=worst.evidence.split(" via ")[0], bound=bound, consumer=inf.distribution
                     ),
                     distributions=(inf.distribution,) if inf.distribution else (),
                     remedies=_bound_remedy(inf, kind, bound),

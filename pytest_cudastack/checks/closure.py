@@ -213,15 +213,20 @@ def _best_chain(m: _Missing) -> tuple[str, ...]:
     return min(chains, key=len)
 
 
+def _needed_by(inv: Inventory, needer: str, modules: Sequence[str]) -> str:
+    """``needer (from N extension module(s) of DIST, ...)``: the object that needs a soname (as shown) and the
+    extension modules that load it (paths), counted, with their distributions."""
+    dists = sorted({d.label for path in modules for d in inv.owners(path)})
+    return f"{needer} (from {len(set(modules))} extension module(s) of {', '.join(dists) or 'no distribution'})"
+
+
 def _missing_finding(inv: Inventory, m: _Missing, reqs: Requirements) -> Finding:
     chain = _best_chain(m)
-    dists = sorted({mt.dist.label for mt in m.needers})
     modules = sorted({inv.relative(mt.module.path) for mt in m.needers})
-    needer = inv.relative(chain[-1]) if chain else modules[0]
+    objects = tuple(mt.module.path for mt in m.needers)
     gone, present, claimers = _claims(inv, m.soname)
-    message = (
-        f"{m.soname} is not found: needed by {needer} (from {len(modules)} extension module(s) of {', '.join(dists)})"
-    )
+    needer = inv.relative(chain[-1]) if chain else modules[0]
+    message = f"{m.soname} is not found: needed by {_needed_by(inv, needer, objects)}"
     if gone or present:
         cause = "; ".join(gone + present)
     else:
@@ -260,8 +265,8 @@ def _missing_finding(inv: Inventory, m: _Missing, reqs: Requirements) -> Finding
         facts=Facts(
             required=m.soname,
             sonames=(m.soname,),
-            objects=tuple(mt.module.path for mt in m.needers),
-            consumer=f"{needer} (from {len(modules)} extension module(s) of {', '.join(dists)})",
+            objects=objects,
+            consumer=next((d.key for d in inv.owners(chain[-1])), m.needers[0].dist.key) if chain else None,
         ),
         where=tuple(tried[:16]),
         chain=tuple(inv.relative(p) for p in chain),
@@ -304,7 +309,8 @@ def _gone_finding(inv: Inventory, gone: Sequence[Finding], reqs: Requirements) -
         check="closure",
         severity=Severity.ERROR,
         subject=", ".join(names),
-        message=f"{len(names)} sonames are not found: {', '.join(names)}; the first needed by {first.facts.consumer}",
+        message=f"{len(names)} sonames are not found: {', '.join(names)}; the first needed by "
+        + _needed_by(inv, first.chain[-1] if first.chain else "?", first.facts.objects),
         cause="the files the installed distributions' RECORDs list for them are gone (deleted by hand, or by "
         "uninstalling another distribution that installs the same paths); the loader would report only the "
         "first of them",
