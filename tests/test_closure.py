@@ -1,14 +1,17 @@
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from pytest_cudastack.checks.closure import extension_closures
-from pytest_cudastack.findings import Severity
+from pytest_cudastack.findings import SearchPath, Severity
 from pytest_cudastack.linker.elf import read_elf
 from pytest_cudastack.linker.resolver import Resolver, SearchConfig
 from pytest_cudastack.model.modules import extension_modules, module_trees
+from pytest_cudastack.model.repair import plan_repairs
 from pytest_cudastack.wheels.inventory import installed_wheels
 from tests.helpers.sitebuild import HAVE_CC, compile_so, site_packages, write_dist
 
@@ -174,3 +177,61 @@ def test_the_consumer_is_a_distribution_key_and_the_count_is_in_the_message(tmp_
     assert grouped.message.endswith(
         "; the first needed by torchish/lib/libtorch_x.so (from 2 extension module(s) of torchish 1.0)"
     )
+
+
+# -- a soname installed outside the search ------------------------------------------------------------------------
+
+
+def _outside(tmp_path: Path, *, shadow: bool = False) -> Path:
+    """``fftish``'s module needs libfftx.so.3, which the ``fftx-lib`` wheel installs in ``vendor/cu9/lib``,
+    outside the module's RUNPATH. ``shadow``: that directory also holds a libcore.so.1 of its own, while the
+    ``other`` package's module loads libcore.so.1 from its own directory."""
+    site = site_packages(tmp_path / "venv")
+    write_dist(
+        site,
+        "fftish",
+        "3.1",
+        {"fftish/_fft.abi3.so": compile_so(None, pyinit="_fft", needed=["libfftx.so.3"], runpath="$ORIGIN")},
+    )
+    libs = {"vendor/cu9/lib/libfftx.so.3": compile_so("libfftx.so.3")}
+    if shadow:
+        libs["vendor/cu9/lib/libcore.so.1"] = compile_so("libcore.so.1", payload="vendor build")
+    write_dist(site, "fftx-lib", "9.2.0", libs)
+    write_dist(
+        site,
+        "other",
+        "1.0",
+        {
+            "other/_o.abi3.so": compile_so(None, pyinit="_o", needed=["libcore.so.1"], runpath="$ORIGIN/lib"),
+            "other/lib/libcore.so.1": compile_so("libcore.so.1"),
+        },
+    )
+    return site
+
+
+def test_a_soname_installed_outside_the_search_gets_a_checked_search_path_step(tmp_path):
+    site = _outside(tmp_path)
+    inv, _resolver, found = run(site)
+    (err,) = [f for f in found if f.failing]
+    directory = str(site / "vendor/cu9/lib")
+    step = err.remedies[0]
+    assert isinstance(step, SearchPath)
+    assert (step.directory, step.op, step.path) == (directory, "prepend", "LD_LIBRARY_PATH")
+    assert step.why.startswith("checked: ")
+    (plan,) = plan_repairs(found, inv)
+    assert plan.steps[0].action == step
+    assert plan.steps[0].resolves == (err.id,)
+    assert "decide which of the distributions" not in plan.render()
+    # the oracle: the module loads with that entry, and not without
+    code = f"import ctypes; ctypes.CDLL({str(site / 'fftish/_fft.abi3.so')!r})"
+    assert subprocess.run([sys.executable, "-c", code], env={}, capture_output=True).returncode != 0
+    ok = subprocess.run([sys.executable, "-c", code], env={"LD_LIBRARY_PATH": directory}, capture_output=True)
+    assert ok.returncode == 0, ok.stderr
+
+
+def test_a_search_path_step_that_would_move_another_library_is_not_offered(tmp_path):
+    """The directory also holds another build of a library another module loads from elsewhere: putting it
+    first on LD_LIBRARY_PATH would load that build instead, so no search-path step is offered."""
+    _inv, _resolver, found = run(_outside(tmp_path, shadow=True))
+    (err,) = [f for f in found if f.failing]
+    assert not any(isinstance(r, SearchPath) for r in err.remedies)
