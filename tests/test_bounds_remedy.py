@@ -4,17 +4,20 @@ and, where it brings its own library, that under CUDA minor-version compatibilit
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
 from pytest_cudastack.checks.bounds import bound_findings
+from pytest_cudastack.cli import main
 from pytest_cudastack.cuda.compat import mvc_floor
 from pytest_cudastack.findings import DriverUpgrade, Finding, Manual, UseBuild
 from pytest_cudastack.linker.elf import read_elf
 from pytest_cudastack.model.needs import infer_wheel
 from pytest_cudastack.model.repair import plan_repairs
 from pytest_cudastack.wheels.inventory import Inventory, installed_wheels
+from tests.helpers.realenv import torch_venv
 from tests.helpers.sitebuild import HAVE_CC, compile_so, site_packages, write_dist
 
 pytestmark = pytest.mark.skipif(not HAVE_CC, reason="needs a C compiler")
@@ -133,3 +136,25 @@ def test_another_major_keeps_the_build_advice_without_a_spec(tmp_path):
     (build,) = err.remedies
     assert isinstance(build, UseBuild)
     assert build.install is None
+
+
+@pytest.mark.real
+def test_real_cuda_max_13_0_on_the_stock_torch_venv_names_the_nvjitlink_spec(monkeypatch, capsys, tmp_path):
+    """pip pulled nvidia-nvjitlink 13.5 into the stock CUDA 13 torch venv (cuda-toolkit 13.0.3 accepts
+    ``<14,>=13.0.88``): the plan names the release range within 13.0 that cuda-toolkit accepts, and that the
+    wheel brings its own libnvJitLink.so.13, which the CUDA 13 driver branch runs."""
+    venv = torch_venv()
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("LD_LIBRARY_PATH", raising=False)
+    assert main(["check", "--json", "--site", str(venv), "--cuda-max=13.0"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    errors = [f for found in doc["items"].values() for f in found if f["severity"] == "error"]
+    jit = [f for f in errors if f["subject"].startswith("nvidia-nvjitlink ")]
+    if not jit:
+        pytest.skip("this venv's nvidia-nvjitlink is within 13.0")
+    (step_build, step_driver) = [s for p in doc["repair"] for s in p["steps"] if jit[0]["id"] in s["resolves"]]
+    assert step_build["kind"] == "manual"
+    assert step_build["action"]["install"]["specs"] == ["nvidia-nvjitlink<13.1,>=13.0.88"]
+    assert step_build["action"]["install"]["argv"][0] == str(venv / "bin/python")
+    assert step_driver["action"]["kind"] == "driver"
+    assert step_driver["action"]["minimum"] == "580"

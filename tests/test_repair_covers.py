@@ -15,10 +15,12 @@ from pathlib import Path
 import pytest
 
 from pytest_cudastack.cli import main
+from pytest_cudastack.cli.check import CHECK_SCHEMA
 from tests.helpers.sitebuild import HAVE_CC, compile_so, site_packages, write_dist
 from tests.test_bounds_remedy import jitlink
 from tests.test_repair import cuda13_torch, cudnn, venv
 from tests.test_repair_dlopen import SUBS, cudnn_site
+from tests.test_schemas import validate
 from tests.test_shadow import build as shadow_build
 
 pytestmark = pytest.mark.skipif(not HAVE_CC, reason="needs a C compiler")
@@ -177,7 +179,8 @@ def check_json(tmp_path: Path, state: Callable[[Path], State], monkeypatch, caps
     monkeypatch.chdir(tmp_path)  # no configuration file: only these options
     capsys.readouterr()
     assert main(["check", "--json", "--site", str(site), *args]) == 1
-    return json.loads(capsys.readouterr().out)
+    doc: dict = validate(json.loads(capsys.readouterr().out), CHECK_SCHEMA)  # facts and remedies as shipped
+    return doc
 
 
 @pytest.mark.parametrize("name", list(STATES))

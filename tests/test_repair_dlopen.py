@@ -56,6 +56,7 @@ def test_a_reinstall_that_puts_the_sub_library_back_claims_the_dlopen_error(tmp_
     (dl,) = [f for f in findings if f.failing and f.check == "dlopen"]
     assert dl.facts.tried
     assert dl.facts.tried[0].endswith("nvidia/cudnn/lib/libcudnn_ops.so.9")
+    assert Finding.from_json(dl.to_json()) == dl  # as xdist carries it to the controller, tried included
     (plan,) = plan_repairs(findings, inv)
     (step,) = plan.steps
     assert step.kind == "automatic"
