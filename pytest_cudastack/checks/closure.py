@@ -271,6 +271,7 @@ def _missing_finding(inv: Inventory, m: _Missing, reqs: Requirements) -> Finding
             required=m.soname,
             sonames=(m.soname,),
             objects=objects,
+            tried=tuple(dict.fromkeys(os.path.normpath(t) for lib in m.libs for t in lib.tried)),
             consumer=next((d.key for d in inv.owners(chain[-1])), m.needers[0].dist.key) if chain else None,
         ),
         where=tuple(tried[:16]),

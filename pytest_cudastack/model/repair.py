@@ -896,16 +896,20 @@ def _about(f: Finding, keys: set[str]) -> frozenset[str]:
 
 
 def _fallback_facts(findings: Sequence[Finding], inv: Inventory, model: _Model) -> LoadFacts:
-    """Without resolved trees: a closure finding's soname is found where a RECORD lists it only if that file
-    was gone (a present one is not on the search path), and every present library may be loaded by
-    someone (an uninstall that deletes one without writing it again is not claimed as safe)."""
+    """Without resolved trees: a closure finding's soname is found at a path its search tried (the finding's
+    ``facts.tried``, a single-soname finding's), else where a RECORD lists it only if that file was gone (a
+    present one is not on the search path); every present library may be loaded by someone (an uninstall
+    that deletes one without writing it again is not claimed as safe)."""
     missing: dict[str, tuple[str, ...]] = {}
     for f in findings:
         if f.check != "closure" or not f.failing:
             continue
         for soname in _sonames(f):
             claims = [p for _, p in inv.shipping(soname)]
-            missing[soname] = () if any(os.path.lexists(p) for p in claims) else tuple(claims)
+            if f.facts.tried and len(_sonames(f)) == 1:
+                missing[soname] = tuple(os.path.normpath(t) for t in f.facts.tried)
+            else:
+                missing[soname] = () if any(os.path.lexists(p) for p in claims) else tuple(claims)
     loaded = tuple((model.sonames.get(p, os.path.basename(p)), p) for p, k in model.on_disk.items() if k is not None)
     return LoadFacts(loaded, tuple(missing.items()))
 
