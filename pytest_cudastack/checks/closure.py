@@ -511,21 +511,11 @@ def _elsewhere_finding(
     dirs = list(dict.fromkeys(os.path.dirname(os.path.normpath(p)) for _, p in claims))
     if not _resolves_with(inv, resolver, m, dirs) or not _moves_nothing(inv, resolver, mts, dirs, m.soname):
         return None
-    owners = ", ".join(dict.fromkeys(d.label for d, _ in claims))
     checked = (
         f"checked: the linker then finds {m.soname} there for every module that needs it, and every other "
         "library each extension module loads stays where it loads it now"
     )
-    return replace(
-        finding,
-        remedies=(
-            SearchPath(os.pathsep.join(dirs), op="prepend", why=checked),
-            Manual(
-                (f"or load {m.soname} from {dirs[0]} (by full path, RTLD_GLOBAL) before importing the module",),
-                why=f"what a package that finds {owners}'s libraries itself does; no file changes",
-            ),
-        ),
-    )
+    return replace(finding, remedies=(SearchPath(os.pathsep.join(dirs), op="prepend", why=checked),))
 
 
 def _moves_nothing(
