@@ -235,3 +235,26 @@ def test_a_search_path_step_that_would_move_another_library_is_not_offered(tmp_p
     _inv, _resolver, found = run(_outside(tmp_path, shadow=True))
     (err,) = [f for f in found if f.failing]
     assert not any(isinstance(r, SearchPath) for r in err.remedies)
+
+
+def test_no_search_path_step_to_a_copy_of_another_cuda_major(tmp_path):
+    """A CUDA 12 package's module needs libcusparse.so.12, which only the CUDA 13 wheel installs (outside its
+    search): putting that directory on LD_LIBRARY_PATH would load the CUDA 13 build into it."""
+    site = site_packages(tmp_path / "venv")
+    ops = compile_so(None, pyinit="_ops", needed=["libcusparse.so.12"], runpath="$ORIGIN")
+    write_dist(site, "kernelish-cu12", "0.3.0", {"kernelish/_ops.abi3.so": ops})
+    write_dist(
+        site, "nvidia-cusparse", "12.6.3.3", {"nvidia/cu13/lib/libcusparse.so.12": compile_so("libcusparse.so.12")}
+    )
+    _inv, _resolver, found = run(site)
+    (err,) = [f for f in found if f.failing]
+    assert not any(isinstance(r, SearchPath) for r in err.remedies)
+    # the same layout with the CUDA 12 wheel's copy: the checked step
+    site2 = site_packages(tmp_path / "venv2")
+    write_dist(site2, "kernelish-cu12", "0.3.0", {"kernelish/_ops.abi3.so": ops})
+    write_dist(
+        site2, "nvidia-cusparse-cu12", "12.5.8.93", {"vendor/lib/libcusparse.so.12": compile_so("libcusparse.so.12")}
+    )
+    _inv, _resolver, found = run(site2)
+    (err,) = [f for f in found if f.failing]
+    assert isinstance(err.remedies[0], SearchPath)

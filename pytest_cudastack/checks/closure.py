@@ -503,10 +503,15 @@ def _elsewhere_finding(
     needing objects' search (cupy-cuda13x's ``cufft`` module beside the CUDA 13 wheels' ``nvidia/cu13/lib``):
     the repair is a search-path change, kept only when the resolver, searching again with those directories
     first on LD_LIBRARY_PATH, finds the soname there for every module that needs it and moves no library any
-    module tree loads now (:func:`_moves_nothing`); else None (the generic advice stays). Not pip: the files
+    module tree loads now (:func:`_moves_nothing`), and no copy is of another CUDA major than a needing
+    module's distribution; else None (the generic advice stays). Not pip: the files
     are installed, and a reinstall writes the same paths again."""
     claims = inv.shipping(m.soname)
     if not claims or not all(os.path.lexists(p) for _, p in claims):
+        return None
+    # a copy of another CUDA major than a needer's would load where it is found: the mixed-majors error
+    needed = {mt.dist.cuda_major for mt in m.needers} - {None}
+    if any(d.cuda_major is not None and needed - {d.cuda_major} for d, _ in claims):
         return None
     dirs = list(dict.fromkeys(os.path.dirname(os.path.normpath(p)) for _, p in claims))
     if not _resolves_with(inv, resolver, m, dirs) or not _moves_nothing(inv, resolver, mts, dirs, m.soname):
