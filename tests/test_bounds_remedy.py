@@ -139,11 +139,13 @@ def test_another_major_keeps_the_build_advice_without_a_spec(tmp_path):
 
 
 @pytest.mark.real
+@pytest.mark.xdist_group("torch-venv")  # with the tests whose cp -al copies change the venv's inodes' ctime
 def test_real_cuda_max_13_0_on_the_stock_torch_venv_names_the_nvjitlink_spec(monkeypatch, capsys, tmp_path):
     """pip pulled nvidia-nvjitlink 13.5 into the stock CUDA 13 torch venv (cuda-toolkit 13.0.3 accepts
     ``<14,>=13.0.88``): the plan names the release range within 13.0 that cuda-toolkit accepts, and that the
     wheel brings its own libnvJitLink.so.13, which the CUDA 13 driver branch runs."""
     venv = torch_venv()
+    monkeypatch.setenv("CUDASTACK_CACHE_DIR", str(tmp_path / "elfcache"))
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("LD_LIBRARY_PATH", raising=False)
     assert main(["check", "--json", "--site", str(venv), "--cuda-max=13.0"]) == 1
