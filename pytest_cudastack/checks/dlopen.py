@@ -182,7 +182,7 @@ def _load_finding(ld: Load, caller: ElfInfo, inv: Inventory, read: Callable[[str
                 )
             ),
             where=lib.searched[:12] or tuple(os.path.dirname(t) for t in lib.tried[:12]),
-            facts=Facts(required=ld.name, sonames=(ld.name,), objects=(ld.caller,)),
+            facts=Facts(required=ld.name, sonames=(ld.name,), objects=(ld.caller,), tried=lib.tried),
             chain=(who,),
             details=(f"the table row: {source}",),
         )
@@ -208,7 +208,7 @@ def _load_finding(ld: Load, caller: ElfInfo, inv: Inventory, read: Callable[[str
                 ),
             ),
             where=(os.path.dirname(lib.path),),
-            facts=Facts(sonames=(ld.name,), objects=(ld.caller, lib.path)),
+            facts=Facts(sonames=(ld.name,), objects=(ld.caller, lib.path), tried=lib.tried),
             chain=(who, lib.path),
             details=(f"the table row: {source}",),
         )
