@@ -943,17 +943,7 @@ class Resolver:
         got = self._info(caller)
         if isinstance(got, ElfError):
             return Library(name, None, None, Route.NOT_FOUND, "", (), (caller,), None, str(got))
-        lpath = self._abs(program) if program is not None else os.path.realpath(sys.executable)
-        exe = self._info(lpath)
-        main = self._new_obj(lpath, exe, None) if isinstance(exe, ElfInfo) else None
-        up: _Obj | None = None
-        for lp in reversed(loaders):
-            li = self._info(lp)
-            if main is not None and self._abs(lp) == lpath:
-                up = main  # the program itself: its RPATH is searched once, in the chain (did_main_map)
-            elif isinstance(li, ElfInfo):
-                up = self._new_obj(lp, li, up)
-        req = self._new_obj(caller, got, up)
+        req, main = self._caller_chain(caller, got, loaders, program)
         hit = self._loaded_match(name, caller, got, loaded, names or {})
         if hit is not None:
             return hit
@@ -989,6 +979,64 @@ class Resolver:
             provider=self._owner_of(r.path),
             problem=r.problem,
         )
+
+    def _caller_chain(
+        self, caller: str, got: ElfInfo, loaders: Sequence[str], program: str | None
+    ) -> tuple[_Obj, _Obj | None]:
+        """The caller's link map with its ``l_loader`` chain (``loaders``, nearest first; the program's own
+        map where one of them is the program) and the program's map (None when it cannot be read)."""
+        lpath = self._abs(program) if program is not None else os.path.realpath(sys.executable)
+        exe = self._info(lpath)
+        main = self._new_obj(lpath, exe, None) if isinstance(exe, ElfInfo) else None
+        up: _Obj | None = None
+        for lp in reversed(loaders):
+            li = self._info(lp)
+            if main is not None and self._abs(lp) == lpath:
+                up = main  # the program itself: its RPATH is searched once, in the chain (did_main_map)
+            elif isinstance(li, ElfInfo):
+                up = self._new_obj(lp, li, up)
+        return self._new_obj(caller, got, up), main
+
+    def opened_tree(
+        self,
+        path: str,
+        caller: str,
+        loaded: Sequence[str] = (),
+        loaders: Sequence[str] = (),
+        *,
+        program: str | None = None,
+        names: Mapping[str, str] | None = None,
+    ) -> Tree:
+        """What ``dlopen`` of the file ``path`` by ``caller`` maps besides it: its DT_NEEDED closure in the
+        caller's process (``dl_open_worker`` -> ``_dl_map_object_deps`` from the new object, whose
+        ``l_loader`` is the caller: each dependency searched with the RPATHs of its needer, the new object,
+        the caller and the caller's ``loaders``, then the program's; ``loaded`` and ``names`` as for
+        :meth:`dlopen` satisfy requests without a search). The tree's ``path`` is ``path``."""
+        path = os.fspath(path)
+        got = self._info(path)
+        if isinstance(got, ElfError):
+            return Tree(path, None, (), (str(got),))
+        cinfo = self._info(caller)
+        if isinstance(cinfo, ElfError):
+            return self.tree(path, loaded=loaded)
+        req, main = self._caller_chain(caller, cinfo, loaders, program)
+        new = self._new_obj(path, got, req)
+        w = _Walk(main or new, got)
+        w.queue = [new]
+        w.register(req)
+        w.register(new)
+        self._seed(w, [], loaded)
+        for n, p in (names or {}).items():
+            o = w.by_name.get(p)
+            if o is not None:
+                w.by_name.setdefault(n, o)
+        i = 0
+        while i < len(w.queue):
+            obj = w.queue[i]
+            i += 1
+            for raw in obj.info.needed:
+                self._need(w, obj, raw)
+        return Tree(path, got, self._libraries(w.ordered), tuple(w.problems), w.parents)
 
     def _loaded_match(
         self, name: str, caller: str, got: ElfInfo, loaded: Sequence[str], names: Mapping[str, str]
