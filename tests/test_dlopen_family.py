@@ -236,7 +236,31 @@ def test_right_copy_already_mapped_clean_twin(tmp_path: Path):
 
 
 def test_pinned_distribution_copy_beaten_by_ld_library_path(tmp_path: Path):
-    """The caller's own distribution does not ship the name; the one it requires does (its pin)."""
+    """The caller's own distribution does not ship the names it opens; the one it requires (its pin) does:
+    a package bundling the cuDNN shim over nvidia-cudnn-cu13's sub-libraries."""
+    site = site_packages(tmp_path / "venv")
+    write_dist(
+        site,
+        "bundler",
+        "1.0",
+        {
+            f"bundler/{EXT}": so(None, pyinit="_C", needed=["libcudnn.so.9"], runpath="$ORIGIN/lib"),
+            "bundler/lib/libcudnn.so.9": so("libcudnn.so.9", runpath="$ORIGIN/../../nvidia/cudnn/lib"),
+        },
+        requires=["nvidia-cudnn-cu13==9.24.0.43"],
+    )
+    subs = {f"nvidia/cudnn/lib/libcudnn_{s}.so.9": so(f"libcudnn_{s}.so.9", runpath="$ORIGIN") for s in CUDNN9}
+    write_dist(site, "nvidia-cudnn-cu13", "9.24.0.43", subs)
+    assert not failing(check(site))
+    old = _old_cudnn(tmp_path, "9.19.0")
+    found = [f for f in failing(check(site, llp=[str(old)])) if f.subject == "libcudnn_ops.so.9"]
+    assert [f.severity for f in found] == [Severity.ERROR]
+    assert "(version 9.19.0), not nvidia/cudnn/lib/libcudnn_ops.so.9 (nvidia-cudnn-cu13 9.24.0.43)" in found[0].message
+
+
+def test_name_in_data_on_another_copy_is_info(tmp_path: Path):
+    """A name found only in a caller's data may be opened by a full path instead (triton's proton opens its
+    own libcupti.so so): another copy on the search is reported, as a fact."""
     site = site_packages(tmp_path / "venv")
     write_dist(
         site,
@@ -246,11 +270,12 @@ def test_pinned_distribution_copy_beaten_by_ld_library_path(tmp_path: Path):
         requires=["nvidia-nvjitlink==13.0.88"],
     )
     write_dist(site, "nvidia-nvjitlink", "13.0.88", {"nvidia/cu13/lib/libnvjitlink.so.13": so("libnvjitlink.so.13")})
-    assert not failing(check(site))
     old = tmp_path / "cuda/lib64"
     put(old / "libnvjitlink.so.13.0.39", so("libnvjitlink.so.13", names=("old",)))
     os.symlink("libnvjitlink.so.13.0.39", old / "libnvjitlink.so.13")
-    (f,) = failing(check(site, llp=[str(old)]))
+    found = check(site, llp=[str(old)])
+    assert not failing(found)
+    (f,) = [f for f in found if f.subject == "libnvjitlink.so.13"]
     assert "(version 13.0.39), not nvidia/cu13/lib/libnvjitlink.so.13 (nvidia-nvjitlink 13.0.88)" in f.message
 
 

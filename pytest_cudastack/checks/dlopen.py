@@ -13,15 +13,19 @@ fails only when none of its names resolves, and is on a wrong copy only when non
 * resolves nowhere while the family is installed (a wheel's RECORD or ld.so.cache) where the caller's search
   does not reach it, or only under another name or major: ERROR (the load fails, or the framework silently
   drops the GPU), naming where the family is, why the search misses it, and the remedy (that directory on
-  ``LD_LIBRARY_PATH`` where the name itself is there);
+  ``LD_LIBRARY_PATH`` where the name itself is there). For names found only in the data, only when the data
+  says which library: that very name is installed, or a versioned name's family at another version (an
+  unversioned development name such as ``libudev.so`` is a fallback candidate: a note);
 * resolves nowhere and the family is not installed at all: the row's severity for a table row (``fatal``
   ERROR, ``fallback`` WARNING, ``optional`` INFO; the driver's ``libcuda.so.1`` INFO), an INFO for a name
   found in the data, one per distribution, "may load at run time" (an optional feature);
 * resolves to a copy built for another CUDA major than the caller (``compat.soname_cuda_majors``), or to a
   copy of another version than the one the caller's own distribution, or a distribution it requires, ships
   under that name (another wheel, ``LD_LIBRARY_PATH``, ld.so.cache, a default directory): ERROR naming both
-  copies, both versions and the route (a WARNING when the version of the copy found is unknown);
-* an object a run-time load maps whose own DT_NEEDED are missing: its load fails, at that load's severity.
+  copies, both versions and the route for a table row (a WARNING when the version of the copy found is
+  unknown), INFO for a name found in the data (it may be opened by a full path instead);
+* an object a run-time load maps whose own DT_NEEDED are missing: its load fails, at that load's severity
+  (INFO for a name found in the data).
 
 A caller that an extension module's closure maps is resolved with the chain that loaded it (glibc searches
 the RPATHs of the loader chain); a shipped library that neither an import nor a run-time load maps is judged
@@ -200,12 +204,26 @@ def _judge(
             continue
         w = group[0]
         sibling = _versioned_sibling(w, r, copies)
-        if copies and sibling is None:
+        if sibling is None and _claims(group, copies):
             out.append(_miss_finding(w, r, inv, copies))
         else:
             note = f"not found as written; {sibling} is beside it" if sibling else "not found"
             notes.append((f"{inv.relative(r.path)} may load {w.name} ({note})", w.library.searched))
     return out, notes
+
+
+def _claims(group: Sequence[Want], copies: Sequence[_Copy]) -> bool:
+    """Whether names found only in a caller's data say which library it needs: one of them is installed
+    under that very name (out of the caller's reach), or is versioned (``libfoo.so.3``) while its family is
+    installed at another version. An unversioned development name (``libudev.so``, ``libcublas.so``) is a
+    fallback candidate programs list beside the versioned names they try, which wheels and distributions
+    never ship: not a claim (the note says so)."""
+    for w in group:
+        if any(c.name == w.name or os.path.basename(c.path) == w.name for c in copies):
+            return True
+        if copies and not w.name.endswith(".so"):
+            return True
+    return False
 
 
 def _versioned_sibling(w: Want, r: Reached, copies: Sequence[_Copy]) -> str | None:
@@ -242,7 +260,8 @@ def _opened_missing(r: Reached, opened: Tree, by: Want, inv: Inventory, reported
     missing = [x.soname for x in opened.missing if not is_driver_soname(x.soname) and x.soname not in reported]
     if not missing:
         return []
-    severity = _SEVERITY[by.row.miss] if by.row is not None else Severity.WARNING
+    # a name found only in the data is an optional feature as far as the files say
+    severity = _SEVERITY[by.row.miss] if by.row is not None else Severity.INFO
     caller = inv.relative(by.caller)
     return [
         Finding(
@@ -257,7 +276,8 @@ def _opened_missing(r: Reached, opened: Tree, by: Want, inv: Inventory, reported
                 f"{NO_SAFE_REPAIR}: install the libraries that provide {', '.join(missing)} where {_who(r, inv)} "
                 "or its loaders search"
             ),
-            where=tuple(d for x in opened.missing for d in x.searched)[:12],
+            # the library that fails to load first, then where its dependencies were looked for
+            where=(r.path, *dict.fromkeys(d for x in opened.missing for d in x.searched))[:12],
             facts=Facts(required=missing[0], sonames=tuple(missing), objects=(by.caller, r.path)),
             chain=_chain(r),
         )
@@ -456,9 +476,12 @@ def _wrong_copy(
         )
     else:
         remedy = Manual((f"make {exp} the first {w.name} on {who}'s search",), why=NO_SAFE_REPAIR)
+    # a table row says the caller opens that name; a name in its data may be opened by a full path instead
+    # (triton's proton opens its own libcupti.so so): there the other copy is a fact, not a failure
+    severity = Severity.INFO if w.row is None else (Severity.ERROR if v_found is not None else Severity.WARNING)
     return Finding(
         check="dlopen",
-        severity=Severity.ERROR if v_found is not None else Severity.WARNING,
+        severity=severity,
         subject=w.name,
         message=f"{w.name} loaded at run time (dlopen) by {who} is {path} ({label_found}), not "
         f"{inv.relative(exp)} ({label_exp}) that its own distribution or pin provides",
