@@ -98,15 +98,21 @@ class _Installed:
                     for n in dict.fromkeys((os.path.basename(lib.path), lib.soname)):
                         if n:
                             self._by.setdefault(family(n), []).append(_Copy(lib.path, n, d))
-        self._cache = resolver.config.ld_cache
-        self._root = resolver.config.root
+        self._cached: dict[str, list[str]] = {}  # the ld.so.cache's entries by family, their keys in cache order
+        cache = resolver.config.ld_cache
+        for e in cache.entries if cache is not None else ():
+            self._cached.setdefault(family(e.soname), []).append(e.soname)
+        self._cache = cache
+        self._root = resolver.config.root.rstrip("/")
 
     def of(self, fam: str) -> list[_Copy]:
+        """The family's copies: the wheels' first, then each ld.so.cache entry whose file exists."""
         out = list(self._by.get(fam, ()))
         if self._cache is not None:
-            for e in self._cache.entries:
-                if family(e.soname) == fam and os.path.exists(self._root.rstrip("/") + e.path):
-                    out.append(_Copy(e.path, e.soname, None))
+            for key in dict.fromkeys(self._cached.get(fam, ())):
+                for e in self._cache.candidates(key):
+                    if os.path.exists(self._root + e.path):
+                        out.append(_Copy(e.path, e.soname, None))
         return out
 
 
@@ -134,7 +140,8 @@ def dlopen_findings(
         if info is None:
             continue
         start = Reached(c.path, info, Context(c.loaders or (), c.loaded, (), (c.path,)))
-        for r, wants in run_time_chain(start, resolver, read, strings, seen):
+        # alone, its findings are infos: the names in its data (a scan of every shipped library) add nothing
+        for r, wants in run_time_chain(start, resolver, read, strings, seen, data_names=not alone):
             found, notes = _judge(r, wants, inv, read, installed, reported)
             if alone:
                 found = [_alone(f) for f in found]

@@ -165,14 +165,18 @@ def wants_of(
     strings: Callable[[str], StringFacts],
     ctx: Context,
     rows: Sequence[DlopenRow] | None = None,
+    data_names: bool = True,
 ) -> tuple[Want, ...]:
-    """Every name ``path`` may open at run time, resolved in ``ctx``: the table's loads, then the library
-    names in its read-only data that are not its own soname, its DT_NEEDED, a table target or the driver's."""
+    """Every name ``path`` may open at run time, resolved in ``ctx``: the table's loads, then (``data_names``)
+    the library names in its read-only data that are not its own soname, its DT_NEEDED, a table target or
+    the driver's."""
     names = dict(ctx.names)
     out = [
         Want(path, ld.name, ld.library, ld.row)
         for ld in loads_of(path, info, resolver, strings, ctx.loaded, rows, ctx.loaders, names)
     ]
+    if not data_names:
+        return tuple(out)
     try:
         found = strings(path).names
     except ElfError:
@@ -193,18 +197,20 @@ def run_time_chain(
     strings: Callable[[str], StringFacts],
     seen: set[str],
     rows: Sequence[DlopenRow] | None = None,
+    data_names: bool = True,
 ) -> list[tuple[Reached, tuple[Want, ...]]]:
     """``start`` and every object its run-time loads map, transitively, each with what it may open: an
     object a load finds (not one already loaded) is mapped with its DT_NEEDED closure in the caller's
     process (``Resolver.opened_tree``), and it and the objects of that closure are callers in turn, their
     loader chains through the caller. ``seen`` (real paths) holds the objects judged already, by this walk
-    or another (each is judged once, in the first context that maps it); at most :data:`MAX_REACHED`."""
+    or another (each is judged once, in the first context that maps it); at most :data:`MAX_REACHED`.
+    ``data_names``: whether the names in each object's read-only data count (:func:`wants_of`)."""
     out: list[tuple[Reached, tuple[Want, ...]]] = []
     queue = [start]
     seen.add(os.path.realpath(start.path))
     while queue and len(out) < MAX_REACHED:
         r = queue.pop(0)
-        wants = wants_of(r.path, r.info, resolver, strings, r.context, rows)
+        wants = wants_of(r.path, r.info, resolver, strings, r.context, rows, data_names)
         out.append((r, wants))
         loaded = list(r.context.loaded)
         names = list(r.context.names)
