@@ -366,7 +366,9 @@ def _cudnn_site(tmp_path: Path, subs: list[str]) -> Path:
         },
     )
     files = {"nvidia/cudnn/lib/libcudnn.so.9": compile_so("libcudnn.so.9", rpath="$ORIGIN")}
-    files.update({f"nvidia/cudnn/lib/libcudnn_{s}.so.9": compile_so(f"libcudnn_{s}.so.9") for s in subs})
+    # RPATH $ORIGIN as the wheel's own: an object dlopen maps has no loader whose RPATH would find its peers
+    for s in subs:
+        files[f"nvidia/cudnn/lib/libcudnn_{s}.so.9"] = compile_so(f"libcudnn_{s}.so.9", rpath="$ORIGIN")
     write_dist(site, "nvidia-cudnn-cu13", "9.24.0.43", files)
     return site
 

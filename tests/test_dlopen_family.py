@@ -285,7 +285,8 @@ def test_name_in_data_on_another_copy_is_info(tmp_path: Path):
 def _cudnn8_site(tmp_path: Path, *, dev_link: bool, init: str | None = None, cublas: bool = True) -> Path:
     """The torch 2.0 cu118 layout: the extension links libcudnn.so.8 (nvidia-cudnn-cu11), whose shim opens
     libcudnn_cnn_infer.so.8 at run time, which opens the unversioned libnvrtc.so; nvidia-cuda-nvrtc-cu11
-    ships libnvrtc.so.11.2 only (``dev_link``: and a libnvrtc.so link beside it, on the extension's RPATH)."""
+    ships libnvrtc.so.11.2 only (``dev_link``: and a libnvrtc.so link beside it, which only LD_LIBRARY_PATH
+    reaches: the sub-library has no loader whose RPATH would)."""
     site = site_packages(tmp_path / "venv")
     rpath = "$ORIGIN/../nvidia/cudnn/lib:$ORIGIN/../nvidia/cuda_nvrtc/lib:$ORIGIN/../nvidia/cublas/lib"
     files: dict[str, bytes | str] = {f"torchish/{EXT}": so(None, pyinit="_C", needed=["libcudnn.so.8"], rpath=rpath)}
@@ -295,7 +296,10 @@ def _cudnn8_site(tmp_path: Path, *, dev_link: bool, init: str | None = None, cub
     subs = ["ops_infer", "ops_train", "cnn_infer", "cnn_train", "adv_infer", "adv_train"]
     cudnn = {"nvidia/cudnn/lib/libcudnn.so.8": so("libcudnn.so.8")}
     cudnn.update({f"nvidia/cudnn/lib/libcudnn_{s}.so.8": so(f"libcudnn_{s}.so.8") for s in subs})
-    cudnn["nvidia/cudnn/lib/libcudnn_cnn_infer.so.8"] = so("libcudnn_cnn_infer.so.8", needed=["libcublasLt.so.11"])
+    # an object dlopen maps has no loader: its own RPATH finds its dependencies, as the wheels' do
+    cudnn["nvidia/cudnn/lib/libcudnn_cnn_infer.so.8"] = so(
+        "libcudnn_cnn_infer.so.8", needed=["libcublasLt.so.11"], rpath="$ORIGIN:$ORIGIN/../../cublas/lib"
+    )
     write_dist(site, "nvidia-cudnn-cu11", "8.5.0.96", cudnn)
     if cublas:
         write_dist(
@@ -325,12 +329,17 @@ def test_cudnn8_chain_unversioned_nvrtc_is_an_error_through_the_chain(tmp_path: 
 
 
 def test_cudnn8_chain_clean_twin(tmp_path: Path):
-    assert not failing(check(_cudnn8_site(tmp_path, dev_link=True)))
+    site = _cudnn8_site(tmp_path, dev_link=True)
+    (f,) = failing(check(site))  # the link is there, out of the search: its directory is the remedy
+    (remedy,) = f.remedies
+    assert isinstance(remedy, SearchPath)
+    assert remedy.directory == str(site / "nvidia/cuda_nvrtc/lib")
+    assert not failing(check(site, llp=[remedy.directory]))
 
 
 def test_object_opened_at_run_time_brings_its_dt_needed(tmp_path: Path):
     site = _cudnn8_site(tmp_path, dev_link=True, cublas=False)
-    (f,) = failing(check(site))
+    (f,) = failing(check(site, llp=[str(site / "nvidia/cuda_nvrtc/lib")]))
     assert f.subject == "libcudnn_cnn_infer.so.8"
     assert "cannot be loaded: it needs libcublasLt.so.11, not found" in f.message
     assert "by nvidia/cudnn/lib/libcudnn.so.8" in f.message

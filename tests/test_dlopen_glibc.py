@@ -56,7 +56,9 @@ int cudastack_try(const char *name) {
 PROG_C = r"""
 #include <dlfcn.h>
 #include <stdio.h>
-/* prog TOP NAME [PRELOAD...]: open each PRELOAD, then TOP, by path; call cudastack_try(NAME) in TOP's scope */
+#include <string.h>
+/* prog TOP NAMES [PRELOAD...]: open each PRELOAD, then TOP, by path; call cudastack_try(NAME) in TOP's scope
+   for each of the comma-separated NAMES in turn */
 int main(int argc, char **argv) {
     for (int i = 3; i < argc; i++)
         if (!dlopen(argv[i], RTLD_NOW)) { printf("SETUP %s\n", dlerror()); return 2; }
@@ -64,7 +66,8 @@ int main(int argc, char **argv) {
     if (!top) { printf("SETUP %s\n", dlerror()); return 2; }
     int (*f)(const char *) = (int (*)(const char *))dlsym(top, "cudastack_try");
     if (!f) { printf("SETUP no cudastack_try\n"); return 2; }
-    return f(argv[2]) ? 1 : 0;
+    for (char *name = strtok(argv[2], ","); name; name = strtok(0, ",")) f(name);
+    return 0;
 }
 """
 
@@ -160,22 +163,32 @@ def lab(tmp_path: Path) -> Iterator[Lab]:
         link.unlink(missing_ok=True)
 
 
-def _child(lab: Lab, prog: Path, top: Path, name: str, preload: Sequence[Path], llp: str | None) -> str | None:
-    """What glibc's dlopen gave in the child: the real path, or None when it failed."""
+def _child_all(
+    lab: Lab, prog: Path, top: Path, names: str, preload: Sequence[Path], llp: str | None
+) -> list[str | None]:
+    """What glibc's dlopen gave in the child for each of the comma-separated ``names``, in turn: the real
+    path, or None when it failed."""
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
     if llp is not None:
         env["LD_LIBRARY_PATH"] = llp
     out = subprocess.run(
-        [str(lab.ldso), str(prog), str(top), name, *map(str, preload)],
+        [str(lab.ldso), str(prog), str(top), names, *map(str, preload)],
         capture_output=True,
         text=True,
         env=env,
         cwd=lab.root,
         check=False,
     )
-    line = (out.stdout.strip().splitlines() or [""])[-1]
-    assert line.startswith(("OK ", "FAIL ")), (out.stdout, out.stderr)
-    return line[3:] if line.startswith("OK ") else None
+    lines = out.stdout.strip().splitlines()
+    assert lines, (out.stdout, out.stderr)
+    assert all(x.startswith(("OK ", "FAIL ")) for x in lines), (out.stdout, out.stderr)
+    return [x[3:] if x.startswith("OK ") else None for x in lines]
+
+
+def _child(lab: Lab, prog: Path, top: Path, name: str, preload: Sequence[Path], llp: str | None) -> str | None:
+    """What glibc's dlopen of ``name`` gave in the child: the real path, or None when it failed."""
+    (got,) = _child_all(lab, prog, top, name, preload, llp)
+    return got
 
 
 def _ours(
@@ -407,3 +420,67 @@ def test_dlopen_equals_glibc(lab: Lab, case: Case):
     got, route = _ours(lab, prog, top, caller, name, preload, llp, cache)
     assert got == real, (case.id, route)
     assert route is case.route
+
+
+# ------------------------------------------------------------------------------------------- what a dlopen maps
+
+
+def _chain_layout(lab: Lab, cid: str) -> tuple[Path, Path, Path, Sequence[Path]]:
+    """(program, top, caller, preloads): the caller opens libcsp_open.so.1, which needs libcsp_dep.so.1."""
+    prog = lab.prog()
+    c = lab.lib("c/libcaller.so", "libcaller.so", caller=True)
+    mid = lab.lib("m/libmid.so", "libmid.so", rpath=f"{lab.root / 'x'}:{lab.root / 'c'}", needed=["c/libcaller.so"])
+    lab.lib("x/libcsp_dep.so.1", "libcsp_dep.so.1")
+    if cid == "dependency-not-through-the-callers-loader-rpath":
+        lab.lib("x/libcsp_open.so.1", "libcsp_open.so.1", needed=["x/libcsp_dep.so.1"])
+        return prog, mid, c, ()
+    if cid == "dependency-through-the-program-rpath":
+        prog = lab.prog(rpath=str(lab.root / "x"))
+        lab.lib("x/libcsp_open.so.1", "libcsp_open.so.1", needed=["x/libcsp_dep.so.1"])
+        return prog, mid, c, ()
+    if cid == "dependency-through-the-opened-objects-runpath":
+        lab.lib("y/libcsp_dep.so.1", "libcsp_dep.so.1")
+        lab.lib("x/libcsp_open.so.1", "libcsp_open.so.1", needed=["y/libcsp_dep.so.1"], runpath="$ORIGIN/../y")
+        return prog, mid, c, ()
+    if cid == "dependency-already-loaded-by-soname":
+        other = lab.lib("z/libcsp_dep.so.1", "libcsp_dep.so.1")
+        lab.lib("x/libcsp_open.so.1", "libcsp_open.so.1", needed=["x/libcsp_dep.so.1"], runpath="$ORIGIN")
+        return prog, mid, c, (other,)
+    if cid == "dependency-missing":
+        lab.lib("w/libcsp_dep.so.1", "libcsp_dep.so.1")
+        lab.lib("x/libcsp_open.so.1", "libcsp_open.so.1", needed=["w/libcsp_dep.so.1"])
+        (lab.root / "x/libcsp_dep.so.1").unlink()
+        return prog, mid, c, ()
+    raise AssertionError(cid)
+
+
+@pytest.mark.parametrize(
+    "cid",
+    [
+        "dependency-not-through-the-callers-loader-rpath",
+        "dependency-through-the-program-rpath",
+        "dependency-through-the-opened-objects-runpath",
+        "dependency-already-loaded-by-soname",
+        "dependency-missing",
+    ],
+)
+def test_opened_tree_equals_glibc(lab: Lab, cid: str):
+    """``Resolver.opened_tree``: the DT_NEEDED of an object a dlopen maps, searched from it (not with the
+    caller's loader chain: glibc drops it), as glibc maps them (the child opens the dependency by soname
+    after: the object loaded, or, when the first dlopen failed, a search of its own)."""
+    prog, top, caller, preload = _chain_layout(lab, cid)
+    opened, dep = _child_all(lab, prog, top, "libcsp_open.so.1,libcsp_dep.so.1", preload, None)
+    r = Resolver(SearchConfig(default_dirs=(), cwd=str(lab.root)), reader=read_elf)
+    loaded = [str(p) for p in preload] + [str(top), str(caller)]
+    loaders = (str(top), str(prog))
+    lib = r.dlopen("libcsp_open.so.1", str(caller), loaded, loaders, program=str(prog))
+    assert lib.path is not None
+    tree = r.opened_tree(lib.path, loaded, program=str(prog))
+    (x,) = [x for x in tree.libraries if x.soname == "libcsp_dep.so.1"]
+    if x.path is None:
+        # a dependency missing makes the whole dlopen fail
+        assert opened is None, cid
+        assert cid in ("dependency-missing", "dependency-not-through-the-callers-loader-rpath")
+        return
+    assert lib.realpath == opened
+    assert x.realpath == dep

@@ -328,6 +328,9 @@ def _miss_finding(w: Want, r: Reached, inv: Inventory, copies: Sequence[_Copy]) 
     )
     severity = Severity.ERROR if copies else (_SEVERITY[row.miss] if row is not None else Severity.INFO)
     same = [c for c in copies if c.name == w.name or os.path.basename(c.path) == w.name]
+    # a file of that very name beside an installed copy (a development link no RECORD lists)
+    beside = dict.fromkeys(os.path.join(os.path.dirname(c.path), w.name) for c in copies if c not in same)
+    same += [_Copy(p, w.name, None) for p in beside if os.path.exists(p) and p not in {c.path for c in same}]
     family_note = _family_note(w, copies, same, inv)
     details = (f"the table row: cuda/data/dlopen_targets.json (source {row.source})",) if row is not None else ()
     return Finding(
@@ -358,9 +361,9 @@ def _family_note(w: Want, copies: Sequence[_Copy], same: Sequence[_Copy], inv: I
         return ""
     parts = []
     for c in same[:4]:
-        owner = f" ({c.dist.label})" if c.dist is not None else " (ld.so.cache)"
+        owner = f" ({c.dist.label})" if c.dist is not None else ""
         parts.append(f"{inv.relative(c.path)}{owner} has that name, in a directory the caller's search does not reach")
-    others = [c for c in copies if c not in same]
+    others = [c for c in copies if c.path not in {x.path for x in same}]
     for c in others[:4]:
         owner = f" ({c.dist.label})" if c.dist is not None else " (ld.so.cache)"
         parts.append(f"{inv.relative(c.path)}{owner} is {family(w.name)} as {c.name}, not the name {w.name} opened")

@@ -29,7 +29,8 @@ its placeholder for a missing object, so ``ldd`` may list a soname as "not found
 open error other than ENOENT/EACCES (e.g. a symlink loop) abandons the rest of that search list; the program
 interpreter is already loaded, so ``ld-linux-x86-64.so.2`` in DT_NEEDED is satisfied by it (and listed, as
 ``ldd`` lists it); ``preloaded`` objects behave like LD_PRELOAD; :meth:`Resolver.dlopen` is one run-time
-load by name from a calling object (dlopen). ``Library.tried`` lists every candidate opened, in order,
+load by name from a calling object (dlopen), :meth:`Resolver.opened_tree` what it maps with it (the new
+object has no loader: ``__RTLD_CALLMAP``). ``Library.tried`` lists every candidate opened, in order,
 except glibc-hwcaps/legacy hwcap subdirectories that do not exist (ld.so tries those once and then
 remembers them as missing). Not modelled: secure-execution (setuid) rules, ``--inhibit-cache``,
 audit modules.
@@ -1000,30 +1001,26 @@ class Resolver:
     def opened_tree(
         self,
         path: str,
-        caller: str,
         loaded: Sequence[str] = (),
-        loaders: Sequence[str] = (),
         *,
         program: str | None = None,
         names: Mapping[str, str] | None = None,
     ) -> Tree:
-        """What ``dlopen`` of the file ``path`` by ``caller`` maps besides it: its DT_NEEDED closure in the
-        caller's process (``dl_open_worker`` -> ``_dl_map_object_deps`` from the new object, whose
-        ``l_loader`` is the caller: each dependency searched with the RPATHs of its needer, the new object,
-        the caller and the caller's ``loaders``, then the program's; ``loaded`` and ``names`` as for
-        :meth:`dlopen` satisfy requests without a search). The tree's ``path`` is ``path``."""
+        """What ``dlopen`` of the file ``path`` maps besides it: its DT_NEEDED closure in the process
+        (``dl_open_worker`` -> ``_dl_map_object_deps`` from the new object). The caller's link map only
+        chose where the file itself was searched: ``_dl_map_object`` drops it as the new object's loader
+        (``if (mode & __RTLD_CALLMAP) loader = NULL``), so each dependency is searched with the RPATHs of
+        its needer, up to the new object, then the program's; ``loaded`` and ``names`` as for
+        :meth:`dlopen` satisfy requests without a search. The tree's ``path`` is ``path``."""
         path = os.fspath(path)
         got = self._info(path)
         if isinstance(got, ElfError):
             return Tree(path, None, (), (str(got),))
-        cinfo = self._info(caller)
-        if isinstance(cinfo, ElfError):
-            return self.tree(path, loaded=loaded)
-        req, main = self._caller_chain(caller, cinfo, loaders, program)
-        new = self._new_obj(path, got, req)
-        w = _Walk(main or new, got)
+        lpath = self._abs(program) if program is not None else os.path.realpath(sys.executable)
+        exe = self._info(lpath)
+        new = self._new_obj(path, got, None)
+        w = _Walk(self._new_obj(lpath, exe, None) if isinstance(exe, ElfInfo) else new, got)
         w.queue = [new]
-        w.register(req)
         w.register(new)
         self._seed(w, [], loaded)
         for n, p in (names or {}).items():

@@ -8,9 +8,9 @@ calling object, its loaders' RPATHs included) or by the row's explicit paths. Th
 them as ``Process.run_time``.
 
 Chains (:func:`run_time_chain`): an object a run-time load maps brings its own DT_NEEDED
-(``Resolver.opened_tree``: searched from it, its ``l_loader`` being the caller) and its own run-time loads,
-judged from it in the same process (what is loaded by then, the loader chain), transitively: cuDNN 8's
-``libcudnn.so.8`` opens ``libcudnn_cnn_infer.so.8``, which opens ``libnvrtc.so``.
+(``Resolver.opened_tree``: searched from it; glibc gives it no loader, so the caller's RPATHs do not
+apply) and its own run-time loads, judged from it in the same process (what is loaded by then),
+transitively: cuDNN 8's ``libcudnn.so.8`` opens ``libcudnn_cnn_infer.so.8``, which opens ``libnvrtc.so``.
 """
 
 from __future__ import annotations
@@ -202,8 +202,9 @@ def run_time_chain(
     """``start`` and every object its run-time loads map, transitively, each with what it may open: an
     object a load finds (not one already loaded) is mapped with its DT_NEEDED closure in the caller's
     process (``Resolver.opened_tree``), and it and the objects of that closure are callers in turn, their
-    loader chains through the caller. ``seen`` (real paths) holds the objects judged already, by this walk
-    or another (each is judged once, in the first context that maps it); at most :data:`MAX_REACHED`.
+    loader chains ending at the object opened (which has no loader). ``seen`` (real paths) holds the
+    objects judged already, by this walk or another (each is judged once, in the first context that maps
+    it); at most :data:`MAX_REACHED`.
     ``data_names``: whether the names in each object's read-only data count (:func:`wants_of`)."""
     out: list[tuple[Reached, tuple[Want, ...]]] = []
     queue = [start]
@@ -222,14 +223,15 @@ def run_time_chain(
             if key in seen:
                 continue
             seen.add(key)
-            tree = resolver.opened_tree(lib.path, r.path, loaded, r.context.loaders, names=dict(names))
+            tree = resolver.opened_tree(lib.path, loaded, names=dict(names))
             loaded.append(lib.path)
             names.append((w.name, lib.path))
             fresh = [x for x in tree.libraries if x.path is not None and x.route is not Route.ALREADY_LOADED]
             loaded.extend(x.path for x in fresh if x.path is not None)
             names.extend((x.soname, x.path) for x in fresh if x.path is not None)
-            up = (r.path, *r.context.loaders)
-            ctx = Context(up, tuple(loaded), tuple(names), (*r.context.via, lib.path))
+            # the object opened has no loader (glibc drops the caller after the search: __RTLD_CALLMAP), so
+            # its own loads search its RPATH, then the program's; its dependencies', up to it
+            ctx = Context((), tuple(loaded), tuple(names), (*r.context.via, lib.path))
             info = read_or_none(read, lib.path)
             if info is None:
                 continue
@@ -241,5 +243,5 @@ def run_time_chain(
                     continue
                 seen.add(k)
                 chain = tuple(reversed(tree.chain(x.soname)))
-                queue.append(Reached(x.path, xi, replace(ctx, loaders=(*chain, *up), via=(*ctx.via, x.path))))
+                queue.append(Reached(x.path, xi, replace(ctx, loaders=chain, via=(*ctx.via, x.path))))
     return out
