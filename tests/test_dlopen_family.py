@@ -29,6 +29,7 @@ from pytest_cudastack.linker.elf import read_elf
 from pytest_cudastack.linker.resolver import Resolver, SearchConfig
 from pytest_cudastack.linker.strings import read_strings
 from pytest_cudastack.model.modules import module_trees
+from pytest_cudastack.model.runtime import family
 from pytest_cudastack.settings import Settings
 from pytest_cudastack.stack import Stack
 from pytest_cudastack.wheels.inventory import installed_wheels
@@ -361,3 +362,37 @@ def test_chain_error_a_warning_naming_the_import_when_none_maps_it(tmp_path: Pat
     found = _stack_dlopen(tmp_path, _cudnn8_site(tmp_path, dev_link=False, init=""))
     assert [f.severity for f in found] == [Severity.WARNING]
     assert found[0].message.startswith("after `import torchish._C`: libnvrtc.so is not found")
+
+
+@pytest.mark.parametrize(
+    ("name", "fam"),
+    [
+        ("libcudnn_graph.so.9", "libcudnn_graph"),
+        ("libcudnn_graph.so", "libcudnn_graph"),
+        ("libnvrtc-builtins.so.13.0", "libnvrtc-builtins"),
+        ("libnvrtc.so.11.2", "libnvrtc"),
+        ("/x/y/libcublasLt.so.12", "libcublasLt"),
+    ],
+)
+def test_family_is_the_name_before_so(name: str, fam: str):
+    assert family(name) == fam
+
+
+def test_a_cycle_of_run_time_loads_ends(tmp_path: Path):
+    """A opens B, B opens C, C opens B again (already mapped): each object is judged once."""
+    site = site_packages(tmp_path / "venv")
+    write_dist(
+        site,
+        "pkg",
+        "1.0",
+        {
+            f"pkg/{EXT}": compile_so(None, pyinit="_C", needed=["libcsa.so.1"], rpath="$ORIGIN"),
+            "pkg/libcsa.so.1": so("libcsa.so.1", names=("libcsb.so.1",), rpath="$ORIGIN"),
+            "pkg/libcsb.so.1": so("libcsb.so.1", names=("libcsc.so.1", "libcsa.so.1"), rpath="$ORIGIN"),
+            "pkg/libcsc.so.1": so("libcsc.so.1", names=("libcsb.so.1", "libcsd.so.4"), rpath="$ORIGIN"),
+            "pkg/libcsd.so.3": so("libcsd.so.3"),
+        },
+    )
+    (f,) = failing(check(site))  # C wants libcsd.so.4; only libcsd.so.3 is installed
+    assert f.subject == "libcsd.so.4"
+    assert [os.path.basename(p) for p in f.chain] == ["libcsa.so.1", "libcsb.so.1", "libcsc.so.1"]
