@@ -396,3 +396,24 @@ def test_a_cycle_of_run_time_loads_ends(tmp_path: Path):
     (f,) = failing(check(site))  # C wants libcsd.so.4; only libcsd.so.3 is installed
     assert f.subject == "libcsd.so.4"
     assert [os.path.basename(p) for p in f.chain] == ["libcsa.so.1", "libcsb.so.1", "libcsc.so.1"]
+
+
+def test_a_name_the_import_opened_an_object_as_is_that_object(tmp_path: Path):
+    """glibc matches a dlopen's name against the names loaded objects were opened as (``l_libname``): the
+    extension's DT_NEEDED ``libcsplug.so`` (a library without SONAME, found through the extension's RPATH)
+    answers the helper's dlopen of that name, though the helper's own search (its RUNPATH: no RPATH chain)
+    would not find it."""
+    site = site_packages(tmp_path / "venv")
+    write_dist(
+        site,
+        "pkg",
+        "1.0",
+        {
+            f"pkg/{EXT}": so(
+                None, pyinit="_C", needed=["libhelper.so.1", "libcsplug.so"], rpath="$ORIGIN:$ORIGIN/plug"
+            ),
+            "pkg/libhelper.so.1": so("libhelper.so.1", names=("libcsplug.so",), runpath="$ORIGIN"),
+            "pkg/plug/libcsplug.so": so(None),
+        },
+    )
+    assert not failing(check(site))

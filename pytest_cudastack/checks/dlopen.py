@@ -130,6 +130,10 @@ def dlopen_findings(
     reported = frozenset(x.soname for mt in trees for x in mt.tree.missing)  # the closure item names these
     findings: list[Finding] = []
     unexplained: dict[str, list[tuple[str, tuple[str, ...]]]] = {}
+    # the names each module's closure opened its objects as (l_libname): a dlopen of one is that object
+    opened_as = {
+        mt.module.path: tuple((x.soname, x.path) for x in mt.tree.libraries if x.path is not None) for mt in trees
+    }
     every = callers(inv, trees)
     seen = {os.path.realpath(c.path) for c in every if c.loaders is not None}
     for c in every:
@@ -139,7 +143,8 @@ def dlopen_findings(
         info = read_or_none(read, c.path)
         if info is None:
             continue
-        start = Reached(c.path, info, Context(c.loaders or (), c.loaded, (), (c.path,)))
+        names = opened_as.get(c.loaded[0], ()) if c.loaded else ()  # c.loaded: its module, then the closure
+        start = Reached(c.path, info, Context(c.loaders or (), c.loaded, names, (c.path,)))
         # alone, its findings are infos: the names in its data (a scan of every shipped library) add nothing
         for r, wants in run_time_chain(start, resolver, read, strings, seen, data_names=not alone):
             found, notes = _judge(r, wants, inv, read, installed, reported)
