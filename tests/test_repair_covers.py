@@ -92,7 +92,13 @@ def dlopen_target_gone(tmp_path: Path) -> State:
 def dlopen_target_never_shipped(tmp_path: Path) -> State:
     site = _reached_cudnn(tmp_path)
     files = {"nvidia/cudnn/lib/libcudnn.so.9": compile_so("libcudnn.so.9", rpath="$ORIGIN")}
-    files.update({f"nvidia/cudnn/lib/libcudnn_{s}.so.9": compile_so(f"libcudnn_{s}.so.9") for s in SUBS if s != "adv"})
+    files.update(
+        {
+            f"nvidia/cudnn/lib/libcudnn_{s}.so.9": compile_so(f"libcudnn_{s}.so.9", rpath="$ORIGIN")
+            for s in SUBS
+            if s != "adv"
+        }
+    )
     write_dist(site, "nvidia-cudnn-cu13", "9.24.0.43", files)
     (site / "nvidia/cudnn/lib/libcudnn_adv.so.9").unlink()
     return site, [], None

@@ -36,7 +36,9 @@ def cudnn_site(tmp_path: Path, wheel: str = "nvidia-cudnn-cu13", version: str = 
         requires=[f"{wheel}=={version}"],
     )
     files = {"nvidia/cudnn/lib/libcudnn.so.9": compile_so("libcudnn.so.9", rpath="$ORIGIN")}
-    files.update({f"nvidia/cudnn/lib/libcudnn_{s}.so.9": compile_so(f"libcudnn_{s}.so.9") for s in SUBS})
+    files.update(
+        {f"nvidia/cudnn/lib/libcudnn_{s}.so.9": compile_so(f"libcudnn_{s}.so.9", rpath="$ORIGIN") for s in SUBS}
+    )
     write_dist(site, wheel, version, files)
     return site
 
@@ -84,7 +86,11 @@ def test_a_target_no_wheel_ships_stays_unresolved_with_its_manual_step(tmp_path)
         "9.24.0.43",
         {
             "nvidia/cudnn/lib/libcudnn.so.9": compile_so("libcudnn.so.9", rpath="$ORIGIN"),
-            **{f"nvidia/cudnn/lib/libcudnn_{s}.so.9": compile_so(f"libcudnn_{s}.so.9") for s in SUBS if s != "adv"},
+            **{
+                f"nvidia/cudnn/lib/libcudnn_{s}.so.9": compile_so(f"libcudnn_{s}.so.9", rpath="$ORIGIN")
+                for s in SUBS
+                if s != "adv"
+            },
         },
     )
     (site / "nvidia/cudnn/lib/libcudnn_adv.so.9").unlink()
@@ -106,7 +112,13 @@ def test_a_reinstall_that_writes_the_target_outside_the_callers_search_does_not_
     finding, and the search, done again over the predicted files, still misses it."""
     site = cudnn_site(tmp_path)
     libs = {"nvidia/cudnn/lib/libcudnn.so.9": compile_so("libcudnn.so.9", rpath="$ORIGIN")}
-    libs.update({f"nvidia/cudnn/lib/libcudnn_{s}.so.9": compile_so(f"libcudnn_{s}.so.9") for s in SUBS if s != "cnn"})
+    libs.update(
+        {
+            f"nvidia/cudnn/lib/libcudnn_{s}.so.9": compile_so(f"libcudnn_{s}.so.9", rpath="$ORIGIN")
+            for s in SUBS
+            if s != "cnn"
+        }
+    )
     libs["nvidia/cudnn/extra/libcudnn_cnn.so.9"] = compile_so("libcudnn_cnn.so.9")
     (site / "nvidia/cudnn/lib/libcudnn_cnn.so.9").unlink()
     write_dist(site, "nvidia-cudnn-cu13", "9.24.0.43", libs)

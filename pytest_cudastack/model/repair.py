@@ -383,11 +383,14 @@ class _Model:
         and the caller's search (``facts.tried``, in order: the same search, over this state's files) first
         meets a file, of the caller's CUDA major where both majors are known, or a wheel installed from the
         index ships the name (what the install adds to the search, as for closure). A wrong-major finding
-        (``objects``: caller, the file found) needs that file's holder known and of the caller's major."""
+        (``objects``: caller, the file found) needs that file's holder known and of the caller's major; a load
+        on another copy (``objects``: caller, that copy, its own) is repaired when its own copy comes first."""
         if not f.facts.objects or not self.present(f.facts.objects[0]):
             return False
         caller = f.facts.objects[0]
         first = next((t for t in f.facts.tried if self.present(t)), None)
+        if len(f.facts.objects) > 2:  # another copy (caller, found, its own): repaired when its own comes first
+            return first is not None and os.path.normpath(first) == os.path.normpath(f.facts.objects[2])
         if first is None:
             return any(ships(s) for s in f.facts.sonames for ships in self.added.values())
         want, got = self.major(caller), self.major(first)
