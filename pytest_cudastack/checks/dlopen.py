@@ -290,7 +290,12 @@ def _opened_missing(r: Reached, opened: Tree, by: Want, inv: Inventory, reported
             ),
             # the library that fails to load first, then where its dependencies were looked for
             where=(r.path, *dict.fromkeys(d for x in opened.missing for d in x.searched))[:12],
-            facts=Facts(required=missing[0], sonames=tuple(missing), objects=(by.caller, r.path)),
+            facts=Facts(
+                required=missing[0],
+                sonames=tuple(missing),
+                objects=(by.caller, r.path),
+                tried=tuple(t for x in opened.missing if x.soname in missing for t in x.tried),
+            ),
             chain=_chain(r),
         )
     ]

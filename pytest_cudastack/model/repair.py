@@ -379,24 +379,32 @@ class _Model:
         return wheel_cuda_flavour(self.names.get(key, key), self.versions.get(key, ""), (), ())[0]
 
     def loads_again(self, f: Finding) -> bool:
-        """Whether the run-time load a dlopen finding reports succeeds in this state: its caller is present
-        and the caller's search (``facts.tried``, in order: the same search, over this state's files) first
-        meets a file, of the caller's CUDA major where both majors are known, or a wheel installed from the
-        index ships the name (what the install adds to the search, as for closure). A wrong-major finding
-        (``objects``: caller, the file found) needs that file's holder known and of the caller's major; a load
-        on another copy (``objects``: caller, that copy, its own) is repaired when its own copy comes first."""
+        """Whether the run-time load a dlopen finding reports succeeds in this state: its caller
+        (``objects[0]``) is present and, for each soname it reports, the caller's search (``facts.tried``, in
+        order: the same search, over this state's files; the paths ending in that name) first meets a file, of
+        the caller's CUDA major where both majors are known, or a wheel installed from the index ships the name
+        (what the install adds to the search, as for closure). A load on a copy of another major (``found``)
+        needs the copy it now meets held by a known distribution of the caller's major; a load on another copy
+        than its own (``required``: its own copy's path) is repaired when its own copy comes first."""
         if not f.facts.objects or not self.present(f.facts.objects[0]):
             return False
-        caller = f.facts.objects[0]
-        first = next((t for t in f.facts.tried if self.present(t)), None)
-        if len(f.facts.objects) > 2:  # another copy (caller, found, its own): repaired when its own comes first
-            return first is not None and os.path.normpath(first) == os.path.normpath(f.facts.objects[2])
-        if first is None:
-            return any(ships(s) for s in f.facts.sonames for ships in self.added.values())
-        want, got = self.major(caller), self.major(first)
-        if len(f.facts.objects) > 1 and (want is None or got is None):
-            return False
-        return want is None or got is None or want == got
+        caller, tried = f.facts.objects[0], f.facts.tried
+        if f.facts.found and os.path.isabs(f.facts.required or ""):
+            first = next((t for t in tried if self.present(t)), None)
+            return first is not None and os.path.normpath(first) == os.path.normpath(f.facts.required or "")
+        for soname in f.facts.sonames or (f.facts.required or "",):
+            paths = [t for t in tried if os.path.basename(t) == soname] or list(tried)
+            first = next((t for t in paths if self.present(t)), None)
+            if first is None:
+                if not any(ships(soname) for ships in self.added.values()):
+                    return False
+                continue
+            want, got = self.major(caller), self.major(first)
+            if f.facts.found and (want is None or got is None):
+                return False
+            if want is not None and got is not None and want != got:
+                return False
+        return True
 
 
 def _model(dists: Sequence[Distribution], required: dict[str, list[Requirer]], inv: Inventory) -> _Model:
