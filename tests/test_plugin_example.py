@@ -41,11 +41,12 @@ def run(pt: pytest.Pytester, *args: str) -> pytest.RunResult:
 def test_example_clean_build_passes(example):
     build(example)
     result = run(example, "--cuda-driver=550.54.15", "--cudastack-unmet=skip", "-v")
-    result.assert_outcomes(passed=5, skipped=3)
+    result.assert_outcomes(passed=6, skipped=3)  # cuda-max, driver (turned on by --cuda-driver), scan, 3 tests
     result.stdout.fnmatch_lines(
         [
             "cudastack: driver 550.54.15 (declared) | CUDA <= 12.4 | * | --cuda-max=12.9 (from ini) | scan: 1 file",
             "cudastack::cuda-max PASSED*",
+            "cudastack::driver PASSED*",
             "cudastack::scan[[]bin/train_ppo] PASSED*",
         ],
         consecutive=False,
@@ -56,7 +57,7 @@ def test_example_clean_build_passes(example):
 def test_example_cuda13_binary_fails_ci(example):
     build(example, "--with-cuda13")
     result = run(example, "--cuda-driver=550.54.15", "--cudastack-unmet=skip")
-    result.assert_outcomes(passed=5, failed=1, skipped=3)
+    result.assert_outcomes(passed=5, failed=2, skipped=3)  # cuda-max and driver: CUDA 13 needs driver >= 580
     result.stdout.fnmatch_lines(["*bin/train_tft: links libcublas.so.13 (CUDA 13.x) but --cuda-max=12.9 (from ini)"])
     assert result.ret == pytest.ExitCode.TESTS_FAILED
 

@@ -283,6 +283,36 @@ def test_items_with_nothing_to_check_are_skipped_with_the_reason(pt, conftest, a
     result.stdout.fnmatch_lines(skips, consecutive=False)
 
 
+@pytest.mark.parametrize(
+    ("args", "items"),
+    [
+        pytest.param(["--cuda-driver=550.54.15"], ["cudastack::driver"], id="driver"),
+        pytest.param(["--cuda-arch=sm_90"], ["cudastack::arch"], id="arch"),
+        pytest.param(["--cuda-driver=550", "--cuda-arch=sm_90"], ["cudastack::driver", "cudastack::arch"], id="both"),
+        pytest.param(["--cuda-max=12.9"], ["cudastack::cuda-max"], id="cuda-max"),
+    ],
+)
+def test_declared_target_options_turn_on_the_item_that_judges_them(pt, args, items):
+    pt.makeconftest(NO_DRIVER_HOOK)
+    pt.makepyfile("def test_x(): pass")
+    result = run(pt, "--co", "-q", *args)
+    listed = [line for line in result.stdout.lines if line.startswith("cudastack::")]
+    assert listed == items
+
+
+def test_declared_driver_alone_skips_arch_naming_what_is_missing(pt):
+    pt.makeconftest(NO_DRIVER_HOOK)
+    pt.makepyfile("def test_x(): pass")
+    result = run(pt, "--cudastack", "--cuda-driver=550.54.15", "-rs", "-k", "arch and not test_x")
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(
+        [
+            "SKIPPED [1] cudastack::arch: no GPU arch known (--cuda-driver declares the driver, not its GPUs; "
+            "none probed here): pass --cuda-arch=sm_XX"
+        ]
+    )
+
+
 @needs_cc
 def test_arch_with_a_known_arch_but_no_gpu_code_anywhere_is_skipped(seed):
     # the seed's binaries are gcc-built host code: a known arch with no kernel to hold against it
@@ -298,7 +328,10 @@ def test_cudastack_check_prints_skip(tmp_path, capsys, monkeypatch):
     out = capsys.readouterr().out
     assert rc == 0, out
     assert "skip cudastack::driver: nothing in the stack names the CUDA version it requires" in out.splitlines()
-    assert "skip cudastack::arch: no GPU arch known: pass --cuda-arch=sm_XX" in out.splitlines()
+    assert (
+        "skip cudastack::arch: no GPU arch known (--cuda-driver declares the driver, not its GPUs; none probed "
+        "here): pass --cuda-arch=sm_XX"
+    ) in out.splitlines()
     assert "ok   cudastack::integrity" in out.splitlines()
 
 
