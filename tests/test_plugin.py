@@ -229,7 +229,7 @@ DRIVER_TESTS = """
 def test_driver_cuda_gpu_markers_against_declared_driver(pt):
     pt.makepyfile(DRIVER_TESTS)
     result = run(pt, "--cuda-driver=550.54.15", "--cuda-arch=sm_90", "-rs")
-    result.assert_outcomes(passed=3, failed=3)
+    result.assert_outcomes(passed=3, failed=3, skipped=2)  # the driver and arch items: nothing to judge here
     result.stdout.fnmatch_lines(
         [
             "*requires_driver('>=580') unmet: driver 550.54.15 (declared); requires >=580*",
@@ -243,7 +243,7 @@ def test_driver_cuda_gpu_markers_against_declared_driver(pt):
 def test_driver_markers_from_ini(pt):
     pt.makepyfile(DRIVER_TESTS)
     pt.makeini("[pytest]\ncuda_driver = 580.65.06\ncuda_arch = sm_100\n")
-    run(pt).assert_outcomes(passed=6)  # driver 580 supports CUDA 13.0; sm_100 matches both arch markers
+    run(pt).assert_outcomes(passed=6, skipped=2)  # driver 580 supports CUDA 13.0; sm_100 matches both arch markers
 
 
 def test_driver_hook_fakes_the_probe(pt):
@@ -563,7 +563,7 @@ def test_scan_path_that_does_not_exist_fails(pt):
 @needs_cc
 def test_xdist_runs_each_generated_item_once(seed):
     result = run(seed, "-p", "xdist.plugin", "-n", "2", "--cuda-max=12.9", "--cudastack-scan=bin", "--cuda-driver=550")
-    result.assert_outcomes(passed=3, failed=1)
+    result.assert_outcomes(passed=3, failed=2)  # cuda-max and driver: CUDA 13 on R550
     assert result.stdout.str().count("bin/train_tft: links libcublas.so.13") >= 1
 
 
@@ -617,7 +617,7 @@ def test_fixtures(pt):
             assert data["driver"]["version"] == "550.54.15" == cuda_driver.version
         """
     )
-    run(pt, "--cuda-driver=550.54.15").assert_outcomes(passed=3)
+    run(pt, "--cuda-driver=550.54.15").assert_outcomes(passed=3, skipped=1)  # the driver item: nothing to judge
 
 
 def test_fixtures_documented(pt):
@@ -639,13 +639,13 @@ def test_fixtures_documented(pt):
 
 def test_snapshot_then_baseline_then_drift(pt):
     pt.makepyfile("def test_x(): pass")
-    run(pt, "--cuda-driver=550.54.15", "--cudastack-snapshot=stack.json").assert_outcomes(passed=1)
+    run(pt, "--cuda-driver=550.54.15", "--cudastack-snapshot=stack.json").assert_outcomes(passed=1, skipped=1)
     snap = json.loads((pt.path / "stack.json").read_text())
     assert snap["driver"]["version"] == "550.54.15"
     result = run(pt, "--cuda-driver=550.54.15", "--cudastack-baseline=stack.json")
-    result.assert_outcomes(passed=2)
+    result.assert_outcomes(passed=2, skipped=1)
     result = run(pt, "--cuda-driver=580.65.06", "--cudastack-baseline=stack.json")
-    result.assert_outcomes(passed=1, failed=1)
+    result.assert_outcomes(passed=1, failed=1, skipped=1)
     result.stdout.fnmatch_lines(["*drift from baseline: driver version: 550.54.15 -> 580.65.06*"])
 
 
@@ -797,3 +797,85 @@ def test_the_plan_reaches_the_step_summary_and_junit(seed, monkeypatch):
     out = result.stdout.str()
     assert out.index("cudastack repair plan") < out.index("FAILURES")
     assert out.count("rebuild bin/train_ppo with a CUDA 13.0 toolkit") == 1
+
+
+# -- a misspelt requires_* mark ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "meant"),
+    [
+        pytest.param("requires_sonam", "requires_soname", id="deletion"),
+        pytest.param("requires_sonames", "requires_soname", id="insertion"),
+        pytest.param("require_wheels", "requires_wheel", id="two"),
+        pytest.param("requires_drvier", "requires_driver", id="transposition"),
+        pytest.param("requires_gpus", "requires_gpu", id="plural"),
+        pytest.param("requires_cuda", None, id="ours"),
+        pytest.param("requires_network", None, id="far"),
+        pytest.param("slow", None, id="unrelated"),
+    ],
+)
+def test_meant_marker(name, meant):
+    from pytest_cudastack.plugin import meant_marker
+
+    assert meant_marker(name, frozenset()) == meant
+
+
+def test_misspelt_mark_is_a_collection_error_naming_the_one_meant(pt):
+    pt.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.requires_sonam("libcudnn.so.9")
+        def test_typo():
+            pass
+
+        def test_other():
+            pass
+        """
+    )
+    result = run(pt, "-W", "ignore::pytest.PytestUnknownMarkWarning")
+    result.assert_outcomes(errors=1)
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+    result.stdout.fnmatch_lines(
+        [
+            "*ERROR collecting test_misspelt_mark_is_a_collection_error_naming_the_one_meant.py*",
+            "cudastack: *::test_typo: unknown marker 'requires_sonam': did you mean requires_soname?*",
+        ]
+    )
+
+
+def test_misspelt_mark_on_a_class_or_module(pt):
+    pt.makepyfile(
+        """
+        import pytest
+
+        pytestmark = pytest.mark.requires_whel("nvidia-cudnn-cu12")
+
+        class TestX:
+            def test_a(self):
+                pass
+
+            def test_b(self):
+                pass
+        """
+    )
+    result = run(pt, "-W", "ignore::pytest.PytestUnknownMarkWarning")
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*unknown marker 'requires_whel': did you mean requires_wheel?*"])
+    assert result.stdout.str().count("unknown marker 'requires_whel'") == 1
+
+
+def test_a_registered_close_mark_is_the_users(pt):
+    pt.makeini("[pytest]\nmarkers =\n    requires_gpus(n): my own marker\n")
+    pt.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.requires_gpus(2)
+        def test_mine():
+            pass
+        """
+    )
+    result = run(pt, "--strict-markers")
+    result.assert_outcomes(passed=1)
