@@ -14,23 +14,33 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from typing import TYPE_CHECKING, Any
+from xml.etree import ElementTree
 
 import pytest
 
 from pytest_cudastack import options
-from pytest_cudastack._sysio import append_text, output_problem
+from pytest_cudastack._sysio import append_text, output_problem, write_atomic
 from pytest_cudastack.cuda.driver import DriverInfo
 from pytest_cudastack.errors import CudaStackError, DataError, OptionError
 from pytest_cudastack.findings import Finding, Severity
-from pytest_cudastack.items import REPORT_RESULT, CudaStackCollector, InvariantItem, ItemResult, finding_properties
+from pytest_cudastack.items import (
+    REPORT_RESULT,
+    CudaStackCollector,
+    InvariantItem,
+    ItemResult,
+    finding_properties,
+    headlines,
+    render_findings,
+)
 from pytest_cudastack.markers import Unmet, check_marker, evaluate_all, short_reason
 from pytest_cudastack.model.repair import RepairPlan, plan_repairs, render_plans
 from pytest_cudastack.settings import Settings, absolute_paths, resolve
 from pytest_cudastack.stack import Stack, load_snapshot, write_snapshot
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Generator, Mapping, Sequence
 
 __all__ = ["HEADER_WIDTH", "WORKER_DRIVER", "CudaStackRun", "XdistHooks", "header_lines", "start"]
 
@@ -275,11 +285,19 @@ class CudaStackRun:
         for line in text.splitlines():
             terminalreporter.write_line(line, bold=line.lstrip().startswith(tuple("123456789")))
 
-    @pytest.hookimpl(tryfirst=True)
-    def pytest_sessionfinish(self) -> None:
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_sessionfinish(self) -> Generator[None, object, object]:
+        # before pytest's junitxml writes its file: the global properties; after: what it cannot write
+        if not _is_worker(self.config):  # xdist workers write neither files nor the ELF cache
+            self.finish()
+        result = yield
+        if not _is_worker(self.config):
+            self.junit_output()
+        return result
+
+    def finish(self) -> None:
+        """The run's files: JUnit's global properties, the snapshot, ``$GITHUB_STEP_SUMMARY``."""
         config = self.config
-        if _is_worker(config):
-            return  # xdist workers write neither files nor the ELF cache
         stack = self.stack
         _junit_properties(config, stack, self.plans())
         snapshot = self.settings.cudastack_snapshot
@@ -293,6 +311,38 @@ class CudaStackRun:
         summary = os.environ.get("GITHUB_STEP_SUMMARY")
         if summary:
             self.step_summary(summary, stack)
+
+    def junit_output(self) -> None:
+        """What CI tools show of a JUnit file, added to the one pytest's junitxml wrote (``--junitxml``): each
+        item's findings in its testcase's system-out and its errors in its failure's message (pytest's
+        message is the short summary's line), the repair plan in the suite's system-out. pytest writes no
+        suite-level output and no testcase output under the default ``junit_logging = no``."""
+        path = getattr(self.config.option, "xmlpath", None)
+        if not path or not os.path.isfile(path):
+            return
+        cases = {
+            report.nodeid.split("::", 1)[1]: result.findings for report, result in self.results() if result.findings
+        }
+        plan = render_plans(self.plans(), self.failing_findings())
+        if not cases and not plan:
+            return
+        try:
+            with open(path, encoding="utf-8") as f:
+                tree = ElementTree.parse(f)
+        except (OSError, ElementTree.ParseError) as e:
+            self._warn(f"cudastack: --junitxml: {path}: cannot add the findings: {e}")
+            return
+        for suite in tree.getroot().iter("testsuite"):
+            _junit_suite(suite, cases, plan)
+        text = '<?xml version="1.0" encoding="utf-8"?>' + ElementTree.tostring(tree.getroot(), encoding="unicode")
+        error = write_atomic(os.path.dirname(os.path.abspath(path)), path, text, mode=0o666)
+        if error is not None:
+            self._warn(f"cudastack: --junitxml: {path}: cannot add the findings: {error.strerror or error}")
+
+    def _warn(self, line: str) -> None:
+        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(line, red=True)
 
     def step_summary(self, path: str, stack: Stack) -> None:
         """Append a Markdown table of the generated items to ``$GITHUB_STEP_SUMMARY``."""
@@ -393,6 +443,36 @@ def _fit(prefix: str, parts: list[str], droppable: tuple[str, ...]) -> str:
         kept.pop()
         line = prefix + " | ".join([*kept, "... (-v)"])
     return line
+
+
+# XML 1.0 forbids these characters even escaped; pytest's junitxml writes them as #xNN (bin_xml_escape)
+_XML_ILLEGAL = re.compile("[^\u0009\u000a\u000d\u0020-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+
+
+def _xml_text(text: str) -> str:
+    return _XML_ILLEGAL.sub(lambda m: f"#x{ord(m.group()):02X}", text)
+
+
+def _junit_suite(suite: ElementTree.Element, cases: Mapping[str, Sequence[Finding]], plan: str) -> None:
+    """Add the findings of our testcases (classname ``[prefix.]cudastack``, name the item's) and the plan."""
+    for case in suite.iter("testcase"):
+        findings = cases.get(case.get("name", ""))
+        if findings is None or case.get("classname", "").rsplit(".", 1)[-1] != "cudastack":
+            continue
+        failure = case.find("failure")
+        if failure is not None and any(f.failing for f in findings):
+            failure.set("message", _xml_text(headlines(findings)))
+        _append_output(case, render_findings(findings))
+    if plan:
+        _append_output(suite, "cudastack repair plan\n" + plan)
+
+
+def _append_output(element: ElementTree.Element, text: str) -> None:
+    """``text`` in ``element``'s ``<system-out>`` (after what is there: one per element, as JUnit's schema says)."""
+    out = element.find("system-out")
+    if out is None:
+        out = ElementTree.SubElement(element, "system-out")
+    out.text = (out.text + "\n" if out.text else "") + _xml_text(text)
 
 
 def _plan_rows(plans: Sequence[RepairPlan]) -> list[str]:

@@ -469,14 +469,72 @@ def test_junit_properties(pt):
 
 
 @needs_cc
-def test_junit_testcase_properties_carry_warnings(seed):
+@pytest.mark.parametrize("family", ["xunit1", "xunit2"])
+def test_junit_testcase_carries_warnings(seed, family):
     # train_tft needs CUDA 13.x: within --cuda-max=13.0 or not cannot be told (13.1 exists): a warning
-    seed.runpytest("-p", "pytest_cudastack.plugin", "--cuda-max=13.0", "--cudastack-scan=bin", "--junitxml=o.xml")
+    seed.runpytest(
+        "-p", "pytest_cudastack.plugin", "--cuda-max=13.0", "--cudastack-scan=bin", "--junitxml=o.xml",
+        "-o", f"junit_family={family}",
+    )  # fmt: skip
     root = ET.parse(seed.path / "o.xml").getroot()
     case = next(tc for tc in root.iter("testcase") if tc.get("name") == "cuda-max")
-    (prop,) = case.iter("property")
-    assert prop.get("name") == "cudastack.finding"
-    assert prop.get("value", "").startswith("warning: bin/train_tft: require CUDA 13.x: cannot tell whether")
+    warning = "bin/train_tft: require CUDA 13.x: cannot tell whether"
+    assert case.findtext("system-out", "").startswith(f"[warning] {warning}")
+    props = list(case.iter("property"))
+    if family == "xunit1":  # xunit2's testcase has no properties
+        (prop,) = props
+        assert prop.get("name") == "cudastack.finding"
+        assert prop.get("value", "").startswith(f"warning: {warning}")
+    else:
+        assert props == []
+
+
+def _junit(path: Path) -> tuple[ET.Element, dict[str, ET.Element]]:
+    """The suite and its testcases by name, read as CI tools read a JUnit file."""
+    (suite,) = ET.parse(path).getroot().iter("testsuite")
+    return suite, {f"{tc.get('classname')}::{tc.get('name')}": tc for tc in suite.iter("testcase")}
+
+
+@needs_cc
+@pytest.mark.parametrize(
+    "args",
+    [
+        pytest.param([], id="xunit2"),
+        pytest.param(["-o", "junit_family=xunit1"], id="xunit1"),
+        pytest.param(["-p", "xdist.plugin", "-n", "2"], id="xdist"),
+        pytest.param(["-o", "junit_logging=all"], id="captured-output-too"),
+    ],
+)
+def test_junit_failure_message_and_system_out_carry_the_findings(seed, args):
+    result = seed.runpytest(
+        "-p", "pytest_cudastack.plugin", "-W", "error::pytest.PytestWarning", "--junitxml=o.xml",
+        "--cuda-max=12.9", "--cudastack-scan=bin", *args,
+    )  # fmt: skip
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    assert "PytestWarning" not in result.stdout.str()
+    suite, cases = _junit(seed.path / "o.xml")
+    error = "bin/train_tft: links libcublas.so.13 (CUDA 13.x) but --cuda-max=12.9"
+    failure = cases["cudastack::cuda-max"].find("failure")
+    assert failure is not None
+    assert failure.get("message") == error  # the error itself, not the short summary's "1 error: bin/train_tft"
+    assert f"[error] {error}" in (failure.text or "")
+    out = cases["cudastack::cuda-max"].findall("system-out")
+    assert len(out) == 1  # one element, after any captured output
+    assert f"[error] {error}\n" in (out[0].text or "")
+    assert "fix: rebuild bin/train_tft with a CUDA 12.9 toolkit" in (out[0].text or "")
+    if "junit_logging=all" not in args:  # (pytest's captured output goes to every testcase's)
+        assert cases["cudastack::scan[bin/train_tft]"].find("system-out") is None  # nothing found, nothing said
+    plan = suite.findtext("system-out", "")
+    assert plan.startswith("cudastack repair plan\nrepair plan for ")
+    assert "1. [by hand] rebuild bin/train_tft with a CUDA 12.9 toolkit" in plan
+
+
+def test_junit_quiet_when_clean(pt):
+    pt.makepyfile("def test_x(): pass")
+    run(pt, "--cuda-max=13.0", "--junitxml=o.xml").assert_outcomes(passed=2)
+    suite, cases = _junit(pt.path / "o.xml")
+    assert suite.find("system-out") is None
+    assert all(tc.find("system-out") is None for tc in cases.values())
 
 
 # -- the seed scenario with gcc-built stubs --------------------------------------------------------
