@@ -26,7 +26,16 @@ if TYPE_CHECKING:
     from pytest_cudastack.session import CudaStackRun
     from pytest_cudastack.stack import CudaLibs, CudaWheels, Stack
 
-__all__ = ["MARKERS", "MARK_TYPO_DISTANCE", "HookSpecs", "edit_distance", "meant_marker", "run_key"]
+__all__ = [
+    "ITEMS_ROOT",
+    "MARKERS",
+    "MARK_TYPO_DISTANCE",
+    "HookSpecs",
+    "edit_distance",
+    "meant_marker",
+    "run_key",
+    "take_node_ids",
+]
 
 # name -> registration line for `pytest --markers`: signature, what it does, an example.
 MARKERS: dict[str, str] = {
@@ -45,6 +54,7 @@ MARKERS: dict[str, str] = {
 }
 
 run_key: pytest.StashKey[CudaStackRun] = pytest.StashKey()
+ITEMS_ROOT = "cudastack"  # the collector of the generated items: their node IDs read cudastack::NAME
 
 
 class HookSpecs:
@@ -73,8 +83,28 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     for line in MARKERS.values():
         config.addinivalue_line("markers", line)
-    if _given(config):  # resolved now: a bad value is a usage error before collection
-        _run(config, given=True)
+    named = take_node_ids(config)
+    if named or _given(config):  # resolved now: a bad value is a usage error before collection
+        _run(config, given=True, named=named)
+
+
+def take_node_ids(config: pytest.Config) -> tuple[str, ...]:
+    """The command-line arguments naming generated items by the node IDs pytest prints (``cudastack``,
+    ``cudastack::closure``, ``cudastack::scan[bin/app]``), taken out of ``config.args`` before the session
+    resolves them: pytest reads every argument as a path, and these name no file (a file or directory named
+    ``cudastack`` keeps its argument). The run selects them among its items. Under xdist each worker parses
+    the same command line, and so takes the same IDs."""
+    if config.args_source is not pytest.Config.ArgsSource.ARGS:
+        return ()
+    base = config.invocation_params.dir
+    named = tuple(
+        arg
+        for arg in config.args
+        if (arg == ITEMS_ROOT or arg.startswith(f"{ITEMS_ROOT}::")) and not (base / ITEMS_ROOT).exists()
+    )
+    if named:
+        config.args[:] = [arg for arg in config.args if arg not in named]
+    return named
 
 
 def _given(config: pytest.Config) -> bool:
@@ -92,15 +122,16 @@ def _given(config: pytest.Config) -> bool:
     return False
 
 
-def _run(config: pytest.Config, *, given: bool = False) -> CudaStackRun:
-    """The run's state, started on first active use (``session.start``)."""
+def _run(config: pytest.Config, *, given: bool = False, named: tuple[str, ...] = ()) -> CudaStackRun:
+    """The run's state, started on first active use (``session.start``); ``named``: the items the command
+    line names by node ID."""
     run = config.stash.get(run_key, None)
     if run is None:
         # lazy: the plugin's one import of its work; an unused plugin imports only pytest, the stdlib and the
         # option table (benchmarks/bench_plugin.py)
         from pytest_cudastack.session import start
 
-        run = config.stash[run_key] = start(config, given=given)
+        run = config.stash[run_key] = start(config, given=given, named=named)
     return run
 
 

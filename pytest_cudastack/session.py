@@ -22,6 +22,7 @@ import pytest
 
 from pytest_cudastack import options
 from pytest_cudastack._sysio import append_text, output_problem, write_atomic
+from pytest_cudastack.checks import CHECKS
 from pytest_cudastack.cuda.driver import DriverInfo
 from pytest_cudastack.errors import CudaStackError, DataError, OptionError
 from pytest_cudastack.findings import Finding, Severity
@@ -42,28 +43,90 @@ from pytest_cudastack.stack import Stack, load_snapshot, write_snapshot
 if TYPE_CHECKING:
     from collections.abc import Generator, Mapping, Sequence
 
-__all__ = ["HEADER_WIDTH", "WORKER_DRIVER", "CudaStackRun", "XdistHooks", "header_lines", "start"]
+__all__ = [
+    "HEADER_WIDTH",
+    "ITEM_ROOT",
+    "WORKER_DRIVER",
+    "CudaStackRun",
+    "XdistHooks",
+    "header_lines",
+    "select_named",
+    "start",
+]
 
 WORKER_DRIVER = "cudastack_driver"  # workerinput key: the controller's DriverInfo as JSON
+ITEM_ROOT = "cudastack"  # the node ID of the generated items' collector (items.CudaStackCollector)
 HEADER_WIDTH = 120
 _SECTION_LINES = 4  # lines under a warning in the summary below -v (cause, where, fix, ...)
 
 _unmet_key: pytest.StashKey[Unmet | None] = pytest.StashKey()
 
 
-def start(config: pytest.Config, *, given: bool) -> CudaStackRun:
+def start(config: pytest.Config, *, given: bool, named: tuple[str, ...] = ()) -> CudaStackRun:
     """The run's state: ``given`` (an option is set somewhere) resolves the settings from the command line,
     the environment and the ini file (a bad value is a usage error naming it), else the defaults are the
-    settings. A run whose settings ask for work registers its hooks."""
+    settings. ``named``: the items the command line names by node ID (``cudastack::closure``), which turn on
+    the ``--cudastack`` items when one of those is named and off. A run whose settings ask for work registers
+    its hooks."""
     settings = _resolve(config) if given else Settings()
-    run = CudaStackRun(config, settings)
-    if settings.active:
+    if named and not settings.cudastack and _names_a_cudastack_item(named, settings):
+        settings = settings.with_values(cudastack=True)
+    _check_named(named, settings)
+    run = CudaStackRun(config, settings, named)
+    if settings.active or named:
         _check_files(settings)
         config.pluginmanager.register(run, "cudastack-run")
         # "xdist" when auto-loaded from its entry point, "xdist.plugin" when loaded with -p xdist.plugin
         if config.pluginmanager.hasplugin("xdist") or config.pluginmanager.hasplugin("xdist.plugin"):
             config.pluginmanager.register(XdistHooks(run), "cudastack-xdist")
     return run
+
+
+def _names_a_cudastack_item(named: Sequence[str], settings: Settings) -> bool:
+    """Whether ``named`` (node IDs) names an item that ``--cudastack`` turns on and ``settings`` do not: the
+    run that printed ``cudastack::closure`` had it on; its node ID alone re-runs it."""
+    on = settings.with_values(cudastack=True)
+    for node_id in named:
+        name = node_id.partition("::")[2].partition("[")[0]
+        if not name:  # `cudastack`: every item the options turn on, or the --cudastack ones
+            return not settings.items and not settings.cudastack_scan
+        check = CHECKS.get(name)
+        if check is not None and not check.enabled(settings) and check.enabled(on):
+            return True
+    return False
+
+
+def _check_named(named: Sequence[str], settings: Settings) -> None:
+    """A usage error, before collection (on xdist's controller too), for a node ID naming no item the settings
+    turn on; a per-target item's target (``scan[bin/app]``) is looked for among the collected items."""
+    unknown = []
+    for node_id in named:
+        name = node_id.partition("::")[2].partition("[")[0]
+        check = CHECKS.get(name)
+        if name and (check is None or not check.enabled(settings)):
+            unknown.append(node_id)
+    if unknown:
+        here = ", ".join(f"{ITEM_ROOT}::{name}" for name in settings.items) or "none: no option turns one on"
+        if settings.cudastack_scan:
+            here += f", {ITEM_ROOT}::scan[...]"
+        raise pytest.UsageError(f"not found: {', '.join(unknown)} (cudastack items here: {here})")
+
+
+def select_named(items: Sequence[pytest.Item], named: Sequence[str]) -> tuple[list[pytest.Item], list[str]]:
+    """(the ``items`` that ``named`` node IDs select, in order; the IDs that select none). As pytest reads
+    ``test_x.py::test_a``: ``cudastack`` selects every item, ``cudastack::scan`` every ``scan[...]``."""
+    chosen: set[str] = set()
+    unmatched = []
+    for node_id in named:
+        hits = [
+            item.nodeid
+            for item in items
+            if node_id in (ITEM_ROOT, item.nodeid) or item.nodeid.startswith(f"{node_id}[")
+        ]
+        chosen.update(hits)
+        if not hits:
+            unmatched.append(node_id)
+    return [item for item in items if item.nodeid in chosen], unmatched
 
 
 def _resolve(config: pytest.Config) -> Settings:
@@ -113,9 +176,10 @@ class CudaStackRun:
     summary, JUnit properties, the snapshot and ``$GITHUB_STEP_SUMMARY``. Its other methods are what the
     hooks of :mod:`pytest_cudastack.plugin` call."""
 
-    def __init__(self, config: pytest.Config, settings: Settings) -> None:
+    def __init__(self, config: pytest.Config, settings: Settings, named: tuple[str, ...] = ()) -> None:
         self.config = config
         self.settings = settings
+        self.named = named  # the items the command line names by node ID
         self.reports: list[pytest.TestReport] = []
         self._stack: Stack | None = None
         self._plans: tuple[RepairPlan, ...] | None = None
@@ -187,12 +251,18 @@ class CudaStackRun:
     def pytest_collection_modifyitems(self, session: pytest.Session, items: list[pytest.Item]) -> None:
         # tryfirst: the generated items exist before -k / -m deselection and --co listing see the items
         settings = self.settings
-        if not settings.items and not settings.cudastack_scan:
-            return
-        if _selects_tests(self.config) and not any(src == "command line" for _, src in settings.sources):
-            return  # `pytest tests/test_x.py::test_y` runs that test; ini-driven items join whole-suite runs only
+        if not self.named:
+            if not settings.items and not settings.cudastack_scan:
+                return
+            if _selects_tests(self.config) and not any(src == "command line" for _, src in settings.sources):
+                return  # `pytest tests/test_x.py::test_y` runs that test; ini-driven items join whole-suite runs only
         collector = CudaStackCollector.for_session(session, lambda: self.stack)
         generated = list(collector.collect())
+        if self.named:
+            generated, unmatched = select_named(generated, self.named)
+            if unmatched:
+                here = ", ".join(item.nodeid for item in collector.collect()) or "none: no option turns one on"
+                raise pytest.UsageError(f"not found: {', '.join(unmatched)} (cudastack items here: {here})")
         # reported like any collected node, so "collected N items" and collection-aware plugins count them
         report = pytest.CollectReport(collector.nodeid, "passed", None, list(generated))
         self.config.hook.pytest_collectreport(report=report)
