@@ -27,6 +27,7 @@ from pytest_cudastack.cli import main
 from pytest_cudastack.cli.check import CHECK_SCHEMA, CHECK_VERSION
 from pytest_cudastack.cli.diff import DIFF_SCHEMA, DIFF_VERSION
 from pytest_cudastack.cli.loaded import LOADED_SCHEMA, LOADED_VERSION, cmd_loaded
+from pytest_cudastack.cli.report import REPORT_SCHEMA, REPORT_VERSION
 from pytest_cudastack.cli.tree import TREE_SCHEMA, TREE_VERSION
 from pytest_cudastack.cli.why import WHY_SCHEMA, WHY_VERSION
 from pytest_cudastack.cuda.driver import DriverInfo, Gpu
@@ -46,6 +47,7 @@ DOCUMENTS = {
     SNAPSHOT_SCHEMA: SNAPSHOT_FORMAT,
     DIFF_SCHEMA: DIFF_VERSION,
     WHY_SCHEMA: WHY_VERSION,
+    REPORT_SCHEMA: REPORT_VERSION,
 }
 
 
@@ -240,6 +242,24 @@ def test_why_json_validates(tmp_path: Path, capsys: pytest.CaptureFixture[str], 
         assert doc["consumers"][0]["path"].endswith("nvidia/dep/lib/libdep.so.1")
         assert doc["on_disk"] is not None  # two wheels list the path
     rejects(doc, *COMMON_MUTATIONS, assign("found", "yes"), assign("executable.route", "somewhere"))
+
+
+# -- report --json ------------------------------------------------------------------------------------
+
+
+def test_report_and_check_describe_a_finding_alike() -> None:
+    for name in ("finding", "facts", "remedy", "pip"):
+        assert schema_of(REPORT_SCHEMA)["$defs"][name] == schema_of(CHECK_SCHEMA)["$defs"][name]
+
+
+@needs_cc
+def test_report_json_validates(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    site = cuda_site(tmp_path)
+    assert main(["report", "--json", "--site", str(site)]) == 1  # two wheels ship one path: an integrity error
+    doc = validate(json.loads(capsys.readouterr().out), REPORT_SCHEMA)
+    assert doc["ok"] is False
+    assert {d["name"] for d in doc["distributions"]} >= {"pkg", "nvidia-dep-cu13", "nvidia-dep-cu12"}
+    rejects(doc, *COMMON_MUTATIONS, assign("distributions.0.libraries", "many"), assign("ok", None))
 
 
 # -- check --json -------------------------------------------------------------------------------------
