@@ -447,6 +447,12 @@ def test_ini_cudastack_bool_turns_items_on(pt):
 
 @needs_cc
 def test_header_one_line_and_verbose(pt):
+    # a declared driver keeps the probed GPUs: none probed, whatever this host has
+    pt.makeconftest(
+        "from pytest_cudastack.cuda.driver import DriverInfo\n"
+        "def pytest_cudastack_driver(config):\n"
+        "    return DriverInfo('absent', None, None, reason='no NVML here')\n"
+    )
     pt.makepyfile("def test_x(): pass")
     result = run(pt, "--cuda-driver=550.54.15", "--cuda-max=12.9")
     result.stdout.fnmatch_lines(
