@@ -155,10 +155,10 @@ class FindingsRepr:
 def _junit_family(config: pytest.Config) -> str | None:
     """``junit_family`` (xunit2 by default), None without pytest's junitxml plugin (``-p no:junitxml``)."""
     try:
-        family = config.getini("junit_family")
+        family = str(config.getini("junit_family"))
     except ValueError:
         return None
-    return str(family)
+    return "xunit1" if family == "legacy" else family  # as pytest's junitxml reads it
 
 
 def headlines(findings: Iterable[Finding]) -> str:

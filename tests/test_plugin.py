@@ -507,6 +507,7 @@ def _junit(path: Path) -> tuple[ET.Element, dict[str, ET.Element]]:
     [
         pytest.param([], id="xunit2"),
         pytest.param(["-o", "junit_family=xunit1"], id="xunit1"),
+        pytest.param(["-o", "junit_family=legacy"], id="legacy"),
         pytest.param(["-p", "xdist.plugin", "-n", "2"], id="xdist"),
         pytest.param(["-o", "junit_logging=all"], id="captured-output-too"),
     ],
