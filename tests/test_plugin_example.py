@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from pytest_cudastack.cuda.driver import NVML_LIBRARY_ENV
 from pytest_cudastack.settings import ENV
 from tests.helpers.elfbuild import needs_cc
 
@@ -19,6 +20,9 @@ def example(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytes
     monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
     for var in ENV.values():
         monkeypatch.delenv(var, raising=False)
+    # the example runs as on its CI runner, without a GPU, whatever this host has: NVML cannot load (the
+    # run's subprocess probes afresh), so no GPU meets requires_gpu and no probed arch turns GPU code on
+    monkeypatch.setenv(NVML_LIBRARY_ENV, str(pytester.path / "no-libnvidia-ml.so.1"))
     for item in ("pyproject.toml", "build.sh", "src", "tests", ".github"):
         src = EXAMPLE / item
         if src.is_dir():

@@ -328,10 +328,9 @@ def test_cudastack_check_prints_skip(tmp_path, capsys, monkeypatch):
     out = capsys.readouterr().out
     assert rc == 0, out
     assert "skip cudastack::driver: nothing in the stack names the CUDA version it requires" in out.splitlines()
-    assert (
-        "skip cudastack::arch: no GPU arch known (--cuda-driver declares the driver, not its GPUs; none probed "
-        "here): pass --cuda-arch=sm_XX"
-    ) in out.splitlines()
+    # why arch is skipped depends on this host's GPUs (none: no arch; some: no GPU code in an empty site);
+    # test_declared_driver_alone_skips_arch_naming_what_is_missing pins the first with a driver hook
+    assert any(line.startswith("skip cudastack::arch: no GPU ") for line in out.splitlines()), out
     assert "ok   cudastack::integrity" in out.splitlines()
 
 
