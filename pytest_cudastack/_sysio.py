@@ -222,13 +222,13 @@ def output_problem(path: str, append: bool = False) -> str | None:
 
 
 def append_text(path: str, text: str) -> OSError | None:
-    """Append *text* to the regular file *path* (created, mode 0644, when missing; its directory must exist):
-    ``O_APPEND`` (GitHub's step summary is a file every step appends to), ``O_NONBLOCK`` (a FIFO without a
-    reader fails with ENXIO instead of waiting), ``O_NOFOLLOW`` (a symbolic link is refused). Returns the
-    I/O error instead of raising it."""
+    """Append *text* to the regular file *path* (created, mode 0666 less the umask, when missing; its
+    directory must exist): ``O_APPEND`` (GitHub's step summary is a file every step appends to),
+    ``O_NONBLOCK`` (a FIFO without a reader fails with ENXIO instead of waiting), ``O_NOFOLLOW`` (a symbolic
+    link is refused). Returns the I/O error instead of raising it."""
     flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
     try:
-        fd = os.open(path, flags | getattr(os, "O_NOFOLLOW", 0), 0o644)
+        fd = os.open(path, flags | getattr(os, "O_NOFOLLOW", 0), 0o666)  # less the umask, as open() does
     except OSError as e:
         return e
     except ValueError as e:  # an embedded NUL byte
@@ -247,12 +247,13 @@ def append_text(path: str, text: str) -> OSError | None:
     return None
 
 
-def write_atomic(directory: str, file: str, text: str) -> OSError | None:
-    """Write *text* to *file* in *directory* (created when missing) atomically: a private temporary file
-    (``O_EXCL | O_NOFOLLOW``, mode 0600), then ``os.replace``, which replaces a symbolic link at *file*
-    rather than writing through it. A *file* that exists and is neither a regular file nor a symbolic link
-    (a directory, a FIFO, a device) is left alone: the error says what it is. Returns the I/O error instead
-    of raising it, so that each caller words the warning for what it was writing."""
+def write_atomic(directory: str, file: str, text: str, mode: int = 0o600) -> OSError | None:
+    """Write *text* to *file* in *directory* (created when missing) atomically: a new temporary file
+    (``O_EXCL | O_NOFOLLOW``, created with *mode* less the umask, as ``open()`` creates a file: 0600, a
+    private cache, by default; 0666 for a user's output file), then ``os.replace``, which replaces a symbolic
+    link at *file* rather than writing through it. A *file* that exists and is neither a regular file nor a
+    symbolic link (a directory, a FIFO, a device) is left alone: the error says what it is. Returns the I/O
+    error instead of raising it, so that each caller words the warning for what it was writing."""
     try:
         st = os.lstat(file)
     except OSError:
@@ -263,7 +264,7 @@ def write_atomic(directory: str, file: str, text: str) -> OSError | None:
         return OSError(errno.EEXIST, f"is {_kind(st.st_mode)}, not a regular file", file)
     try:
         os.makedirs(directory, exist_ok=True)
-        fd, tmp = _mkstemp(directory)
+        fd, tmp = _mkstemp(directory, mode)
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 f.write(text)
@@ -279,14 +280,14 @@ def write_atomic(directory: str, file: str, text: str) -> OSError | None:
     return None
 
 
-def _mkstemp(directory: str) -> tuple[int, str]:
-    """A new private file in *directory*, as tempfile.mkstemp makes it, without importing tempfile
-    (random, shutil, ...) on every run that writes a cache."""
+def _mkstemp(directory: str, mode: int = 0o600) -> tuple[int, str]:
+    """A new file in *directory* (*mode* less the umask), as tempfile.mkstemp makes it, without importing
+    tempfile (random, shutil, ...) on every run that writes a cache."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0)
     for attempt in range(100):
         name = os.path.join(directory, f".cudastack-{os.getpid()}-{os.urandom(6).hex()}.tmp")
         try:
-            return os.open(name, flags, 0o600), name
+            return os.open(name, flags, mode), name
         except FileExistsError:
             if attempt == 99:
                 raise

@@ -2,10 +2,11 @@
 
 They are ordinary ``pytest.Item`` objects under one session-level collector named ``cudastack``, so they
 show in ``--co``, ``-k``, JUnit and are distributed (once each) by xdist. An item fails iff its check has an
-ERROR finding, and shows the errors (only) in its failure; its findings as text go to ``user_properties``
-(JUnit properties). Its findings as data (``ItemResult``) travel with its call report (``REPORT_RESULT``,
-serialised by ``pytest_cudastack.session`` under xdist): the end-of-run summary and repair plan read them
-there, on the controller, and run no check again. An item whose check has nothing to check here is skipped
+ERROR finding, and shows the errors (only) in its failure; its findings as text go to its JUnit system-out
+(``session.junit_output``) and, with ``junit_family = xunit1``, to ``user_properties`` (JUnit properties).
+Its findings as data (``ItemResult``) travel with its call report (``REPORT_RESULT``, serialised by
+``pytest_cudastack.session`` under xdist): the end-of-run summary and repair plan read them there, on the
+controller, and run no check again. An item whose check has nothing to check here is skipped
 with the check's reason (``Check.skip_reason``).
 """
 
@@ -39,6 +40,7 @@ __all__ = [
     "InvariantItem",
     "ItemResult",
     "finding_properties",
+    "headlines",
     "render_findings",
 ]
 
@@ -150,6 +152,20 @@ class FindingsRepr:
         return "\n".join(line for line, _ in self.lines())
 
 
+def _junit_family(config: pytest.Config) -> str | None:
+    """``junit_family`` (xunit2 by default), None without pytest's junitxml plugin (``-p no:junitxml``)."""
+    try:
+        family = str(config.getini("junit_family"))
+    except ValueError:
+        return None
+    return "xunit1" if family == "legacy" else family  # as pytest's junitxml reads it
+
+
+def headlines(findings: Iterable[Finding]) -> str:
+    """The first line of each ERROR finding, most severe first, ``; ``-joined: a JUnit failure's message."""
+    return "; ".join(f.render().splitlines()[0] for f in most_severe_first(f for f in findings if f.failing))
+
+
 class InvariantItem(pytest.Item):
     """One invariant check of the CUDA stack; ``check`` names it (``checks.CHECKS``), ``target`` is the
     ``(display name, path)`` of a per-target check's item (a scanned binary)."""
@@ -176,8 +192,11 @@ class InvariantItem(pytest.Item):
         if reason is not None:
             pytest.skip(reason)
         self.findings = stack.findings(self.check, self.target)
-        for _, text in finding_properties(self.findings):
-            self.user_properties.append((FINDING_PROPERTY, text))
+        if _junit_family(self.config) == "xunit1":
+            # xunit2's testcase has no <properties> (pytest warns its record_property users): there the
+            # findings go to the testcase's failure message and system-out (session.junit_output)
+            for _, text in finding_properties(self.findings):
+                self.user_properties.append((FINDING_PROPERTY, text))
         if any(f.failing for f in self.findings):
             raise InvariantFailed(self.findings)
 

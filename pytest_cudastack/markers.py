@@ -429,6 +429,10 @@ def gpus_satisfy(
         ok = count == 0 or bool(hits)
         return ok, f"{found}; {wanted}"
     if not driver.gpus:
+        if driver.source == "declared" and driver.arch_source != "declared":
+            # --cuda-driver alone declares a driver, not GPUs: say which of the two is missing
+            found = "no GPU probed here and none declared (--cuda-driver declares the driver; --cuda-arch the GPUs)"
+            return count == 0, f"{found}; {wanted}"
         why = short_reason(driver.reason) if driver.reason else "NVML sees no GPU"
         return count == 0, f"no GPU{_source_tag(driver.arch_source or driver.source)} ({why}); {wanted}"
     matching = []

@@ -14,6 +14,7 @@ module keeps start-up cheap where byte-code is not cached (PYTHONDONTWRITEBYTECO
 from __future__ import annotations
 
 import os
+from collections.abc import Collection, Generator
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -25,7 +26,16 @@ if TYPE_CHECKING:
     from pytest_cudastack.session import CudaStackRun
     from pytest_cudastack.stack import CudaLibs, CudaWheels, Stack
 
-__all__ = ["MARKERS", "HookSpecs", "run_key"]
+__all__ = [
+    "ITEMS_ROOT",
+    "MARKERS",
+    "MARK_TYPO_DISTANCE",
+    "HookSpecs",
+    "edit_distance",
+    "meant_marker",
+    "run_key",
+    "take_node_ids",
+]
 
 # name -> registration line for `pytest --markers`: signature, what it does, an example.
 MARKERS: dict[str, str] = {
@@ -44,6 +54,7 @@ MARKERS: dict[str, str] = {
 }
 
 run_key: pytest.StashKey[CudaStackRun] = pytest.StashKey()
+ITEMS_ROOT = "cudastack"  # the collector of the generated items: their node IDs read cudastack::NAME
 
 
 class HookSpecs:
@@ -72,8 +83,28 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     for line in MARKERS.values():
         config.addinivalue_line("markers", line)
-    if _given(config):  # resolved now: a bad value is a usage error before collection
-        _run(config, given=True)
+    named = take_node_ids(config)
+    if named or _given(config):  # resolved now: a bad value is a usage error before collection
+        _run(config, given=True, named=named)
+
+
+def take_node_ids(config: pytest.Config) -> tuple[str, ...]:
+    """The command-line arguments naming generated items by the node IDs pytest prints (``cudastack``,
+    ``cudastack::closure``, ``cudastack::scan[bin/app]``), taken out of ``config.args`` before the session
+    resolves them: pytest reads every argument as a path, and these name no file (a file or directory named
+    ``cudastack`` keeps its argument). The run selects them among its items. Under xdist each worker parses
+    the same command line, and so takes the same IDs."""
+    if config.args_source is not pytest.Config.ArgsSource.ARGS:
+        return ()
+    base = config.invocation_params.dir
+    named = tuple(
+        arg
+        for arg in config.args
+        if (arg == ITEMS_ROOT or arg.startswith(f"{ITEMS_ROOT}::")) and not (base / ITEMS_ROOT).exists()
+    )
+    if named:
+        config.args[:] = [arg for arg in config.args if arg not in named]
+    return named
 
 
 def _given(config: pytest.Config) -> bool:
@@ -91,19 +122,85 @@ def _given(config: pytest.Config) -> bool:
     return False
 
 
-def _run(config: pytest.Config, *, given: bool = False) -> CudaStackRun:
-    """The run's state, started on first active use (``session.start``)."""
+def _run(config: pytest.Config, *, given: bool = False, named: tuple[str, ...] = ()) -> CudaStackRun:
+    """The run's state, started on first active use (``session.start``); ``named``: the items the command
+    line names by node ID."""
     run = config.stash.get(run_key, None)
     if run is None:
         # lazy: the plugin's one import of its work; an unused plugin imports only pytest, the stdlib and the
         # option table (benchmarks/bench_plugin.py)
         from pytest_cudastack.session import start
 
-        run = config.stash[run_key] = start(config, given=given)
+        run = config.stash[run_key] = start(config, given=given, named=named)
     return run
 
 
 # markers --------------------------------------------------------------------------------------------
+
+# A mark this close to one of ours (Levenshtein distance) is taken for a misspelling of it: pytest would only
+# warn about an unknown mark, and the test would run with its requirement unchecked.
+MARK_TYPO_DISTANCE = 2
+
+
+def edit_distance(a: str, b: str) -> int:
+    """Levenshtein distance: the fewest single-character insertions, deletions and substitutions."""
+    previous = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        current = [i]
+        for j, cb in enumerate(b, 1):
+            current.append(min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (ca != cb)))
+        previous = current
+    return previous[-1]
+
+
+def meant_marker(name: str, registered: Collection[str]) -> str | None:
+    """The marker of ours ``name`` misspells (``requires_sonam`` -> ``requires_soname``), or None: ``name`` is
+    ours, registered by the user (``markers`` ini lines), or not close to any of ours."""
+    if name in MARKERS or name in registered:
+        return None
+    close = [(edit_distance(name, ours), ours) for ours in MARKERS]
+    distance, ours = min(close)
+    return ours if distance <= MARK_TYPO_DISTANCE else None
+
+
+def _registered_markers(config: pytest.Config) -> frozenset[str]:
+    """The names of the ``markers`` ini lines (``"name(args): help"``), as pytest's --strict-markers reads them."""
+    lines: list[str] = config.getini("markers")
+    return frozenset(line.split(":", 1)[0].split("(", 1)[0].strip() for line in lines)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(
+    collector: pytest.Collector,
+) -> Generator[None, pytest.CollectReport, pytest.CollectReport]:
+    # A misspelt requires_* mark is a collection error of the collector that made the test, naming the mark
+    # meant, as --strict-markers makes an unregistered mark one: a test must not run with its requirement
+    # silently unchecked.
+    report = yield
+    if not report.passed:
+        return report
+    registered: frozenset[str] | None = None
+    typos: dict[str, tuple[str, str]] = {}
+    for node in report.result:
+        if not isinstance(node, pytest.Item):
+            continue
+        for mark in node.iter_markers():
+            if mark.name in MARKERS or mark.name in typos:
+                continue
+            if registered is None:
+                registered = _registered_markers(collector.config)
+            meant = meant_marker(mark.name, registered)
+            if meant is not None:
+                typos[mark.name] = (meant, node.nodeid)
+    if typos:
+        report.outcome = "failed"
+        report.longrepr = "\n".join(
+            f"cudastack: {nodeid}: unknown marker {name!r}: did you mean {meant}? (if {name} is yours, register "
+            f"it in the `markers` ini option)"
+            for name, (meant, nodeid) in typos.items()
+        )
+        report.result = []
+    return report
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -14,46 +14,119 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from typing import TYPE_CHECKING, Any
+from xml.etree import ElementTree
 
 import pytest
 
 from pytest_cudastack import options
-from pytest_cudastack._sysio import append_text, output_problem
+from pytest_cudastack._sysio import append_text, output_problem, write_atomic
+from pytest_cudastack.checks import CHECKS
 from pytest_cudastack.cuda.driver import DriverInfo
 from pytest_cudastack.errors import CudaStackError, DataError, OptionError
 from pytest_cudastack.findings import Finding, Severity
-from pytest_cudastack.items import REPORT_RESULT, CudaStackCollector, InvariantItem, ItemResult, finding_properties
+from pytest_cudastack.items import (
+    REPORT_RESULT,
+    CudaStackCollector,
+    InvariantItem,
+    ItemResult,
+    finding_properties,
+    headlines,
+    render_findings,
+)
 from pytest_cudastack.markers import Unmet, check_marker, evaluate_all, short_reason
 from pytest_cudastack.model.repair import RepairPlan, plan_repairs, render_plans
 from pytest_cudastack.settings import Settings, absolute_paths, resolve
 from pytest_cudastack.stack import Stack, load_snapshot, write_snapshot
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Generator, Mapping, Sequence
 
-__all__ = ["HEADER_WIDTH", "WORKER_DRIVER", "CudaStackRun", "XdistHooks", "header_lines", "start"]
+__all__ = [
+    "HEADER_WIDTH",
+    "ITEM_ROOT",
+    "WORKER_DRIVER",
+    "CudaStackRun",
+    "XdistHooks",
+    "header_lines",
+    "select_named",
+    "start",
+]
 
 WORKER_DRIVER = "cudastack_driver"  # workerinput key: the controller's DriverInfo as JSON
+ITEM_ROOT = "cudastack"  # the node ID of the generated items' collector (items.CudaStackCollector)
 HEADER_WIDTH = 120
 _SECTION_LINES = 4  # lines under a warning in the summary below -v (cause, where, fix, ...)
 
 _unmet_key: pytest.StashKey[Unmet | None] = pytest.StashKey()
 
 
-def start(config: pytest.Config, *, given: bool) -> CudaStackRun:
+def start(config: pytest.Config, *, given: bool, named: tuple[str, ...] = ()) -> CudaStackRun:
     """The run's state: ``given`` (an option is set somewhere) resolves the settings from the command line,
     the environment and the ini file (a bad value is a usage error naming it), else the defaults are the
-    settings. A run whose settings ask for work registers its hooks."""
+    settings. ``named``: the items the command line names by node ID (``cudastack::closure``), which turn on
+    the ``--cudastack`` items when one of those is named and off. A run whose settings ask for work registers
+    its hooks."""
     settings = _resolve(config) if given else Settings()
-    run = CudaStackRun(config, settings)
-    if settings.active:
+    if named and not settings.cudastack and _names_a_cudastack_item(named, settings):
+        settings = settings.with_values(cudastack=True)
+    _check_named(named, settings)
+    run = CudaStackRun(config, settings, named)
+    if settings.active or named:
         _check_files(settings)
         config.pluginmanager.register(run, "cudastack-run")
         # "xdist" when auto-loaded from its entry point, "xdist.plugin" when loaded with -p xdist.plugin
         if config.pluginmanager.hasplugin("xdist") or config.pluginmanager.hasplugin("xdist.plugin"):
             config.pluginmanager.register(XdistHooks(run), "cudastack-xdist")
     return run
+
+
+def _names_a_cudastack_item(named: Sequence[str], settings: Settings) -> bool:
+    """Whether ``named`` (node IDs) names an item that ``--cudastack`` turns on and ``settings`` do not: the
+    run that printed ``cudastack::closure`` had it on; its node ID alone re-runs it."""
+    on = settings.with_values(cudastack=True)
+    for node_id in named:
+        name = node_id.partition("::")[2].partition("[")[0]
+        if not name:  # `cudastack`: every item the options turn on, or the --cudastack ones
+            return not settings.items and not settings.cudastack_scan
+        check = CHECKS.get(name)
+        if check is not None and not check.enabled(settings) and check.enabled(on):
+            return True
+    return False
+
+
+def _check_named(named: Sequence[str], settings: Settings) -> None:
+    """A usage error, before collection (on xdist's controller too), for a node ID naming no item the settings
+    turn on; a per-target item's target (``scan[bin/app]``) is looked for among the collected items."""
+    unknown = []
+    for node_id in named:
+        name = node_id.partition("::")[2].partition("[")[0]
+        check = CHECKS.get(name)
+        if name and (check is None or not check.enabled(settings)):
+            unknown.append(node_id)
+    if unknown:
+        here = ", ".join(f"{ITEM_ROOT}::{name}" for name in settings.items) or "none: no option turns one on"
+        if settings.cudastack_scan:
+            here += f", {ITEM_ROOT}::scan[...]"
+        raise pytest.UsageError(f"not found: {', '.join(unknown)} (cudastack items here: {here})")
+
+
+def select_named(items: Sequence[pytest.Item], named: Sequence[str]) -> tuple[list[pytest.Item], list[str]]:
+    """(the ``items`` that ``named`` node IDs select, in order; the IDs that select none). As pytest reads
+    ``test_x.py::test_a``: ``cudastack`` selects every item, ``cudastack::scan`` every ``scan[...]``."""
+    chosen: set[str] = set()
+    unmatched = []
+    for node_id in named:
+        hits = [
+            item.nodeid
+            for item in items
+            if node_id in (ITEM_ROOT, item.nodeid) or item.nodeid.startswith(f"{node_id}[")
+        ]
+        chosen.update(hits)
+        if not hits:
+            unmatched.append(node_id)
+    return [item for item in items if item.nodeid in chosen], unmatched
 
 
 def _resolve(config: pytest.Config) -> Settings:
@@ -103,9 +176,10 @@ class CudaStackRun:
     summary, JUnit properties, the snapshot and ``$GITHUB_STEP_SUMMARY``. Its other methods are what the
     hooks of :mod:`pytest_cudastack.plugin` call."""
 
-    def __init__(self, config: pytest.Config, settings: Settings) -> None:
+    def __init__(self, config: pytest.Config, settings: Settings, named: tuple[str, ...] = ()) -> None:
         self.config = config
         self.settings = settings
+        self.named = named  # the items the command line names by node ID
         self.reports: list[pytest.TestReport] = []
         self._stack: Stack | None = None
         self._plans: tuple[RepairPlan, ...] | None = None
@@ -177,12 +251,18 @@ class CudaStackRun:
     def pytest_collection_modifyitems(self, session: pytest.Session, items: list[pytest.Item]) -> None:
         # tryfirst: the generated items exist before -k / -m deselection and --co listing see the items
         settings = self.settings
-        if not settings.items and not settings.cudastack_scan:
-            return
-        if _selects_tests(self.config) and not any(src == "command line" for _, src in settings.sources):
-            return  # `pytest tests/test_x.py::test_y` runs that test; ini-driven items join whole-suite runs only
+        if not self.named:
+            if not settings.items and not settings.cudastack_scan:
+                return
+            if _selects_tests(self.config) and not any(src == "command line" for _, src in settings.sources):
+                return  # `pytest tests/test_x.py::test_y` runs that test; ini-driven items join whole-suite runs only
         collector = CudaStackCollector.for_session(session, lambda: self.stack)
         generated = list(collector.collect())
+        if self.named:
+            generated, unmatched = select_named(generated, self.named)
+            if unmatched:
+                here = ", ".join(item.nodeid for item in collector.collect()) or "none: no option turns one on"
+                raise pytest.UsageError(f"not found: {', '.join(unmatched)} (cudastack items here: {here})")
         # reported like any collected node, so "collected N items" and collection-aware plugins count them
         report = pytest.CollectReport(collector.nodeid, "passed", None, list(generated))
         self.config.hook.pytest_collectreport(report=report)
@@ -275,11 +355,19 @@ class CudaStackRun:
         for line in text.splitlines():
             terminalreporter.write_line(line, bold=line.lstrip().startswith(tuple("123456789")))
 
-    @pytest.hookimpl(tryfirst=True)
-    def pytest_sessionfinish(self) -> None:
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_sessionfinish(self) -> Generator[None, object, object]:
+        # before pytest's junitxml writes its file: the global properties; after: what it cannot write
+        if not _is_worker(self.config):  # xdist workers write neither files nor the ELF cache
+            self.finish()
+        result = yield
+        if not _is_worker(self.config):
+            self.junit_output()
+        return result
+
+    def finish(self) -> None:
+        """The run's files: JUnit's global properties, the snapshot, ``$GITHUB_STEP_SUMMARY``."""
         config = self.config
-        if _is_worker(config):
-            return  # xdist workers write neither files nor the ELF cache
         stack = self.stack
         _junit_properties(config, stack, self.plans())
         snapshot = self.settings.cudastack_snapshot
@@ -293,6 +381,38 @@ class CudaStackRun:
         summary = os.environ.get("GITHUB_STEP_SUMMARY")
         if summary:
             self.step_summary(summary, stack)
+
+    def junit_output(self) -> None:
+        """What CI tools show of a JUnit file, added to the one pytest's junitxml wrote (``--junitxml``): each
+        item's findings in its testcase's system-out and its errors in its failure's message (pytest's
+        message is the short summary's line), the repair plan in the suite's system-out. pytest writes no
+        suite-level output and no testcase output under the default ``junit_logging = no``."""
+        path = getattr(self.config.option, "xmlpath", None)
+        if not path or not os.path.isfile(path):
+            return
+        cases = {
+            report.nodeid.split("::", 1)[1]: result.findings for report, result in self.results() if result.findings
+        }
+        plan = render_plans(self.plans(), self.failing_findings())
+        if not cases and not plan:
+            return
+        try:
+            with open(path, encoding="utf-8") as f:
+                tree = ElementTree.parse(f)
+        except (OSError, ElementTree.ParseError) as e:
+            self._warn(f"cudastack: --junitxml: {path}: cannot add the findings: {e}")
+            return
+        for suite in tree.getroot().iter("testsuite"):
+            _junit_suite(suite, cases, plan)
+        text = '<?xml version="1.0" encoding="utf-8"?>' + ElementTree.tostring(tree.getroot(), encoding="unicode")
+        error = write_atomic(os.path.dirname(os.path.abspath(path)), path, text, mode=0o666)
+        if error is not None:
+            self._warn(f"cudastack: --junitxml: {path}: cannot add the findings: {error.strerror or error}")
+
+    def _warn(self, line: str) -> None:
+        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(line, red=True)
 
     def step_summary(self, path: str, stack: Stack) -> None:
         """Append a Markdown table of the generated items to ``$GITHUB_STEP_SUMMARY``."""
@@ -394,6 +514,36 @@ def _fit(prefix: str, parts: list[str], droppable: tuple[str, ...]) -> str:
         kept.pop()
         line = prefix + " | ".join([*kept, "... (-v)"])
     return line
+
+
+# XML 1.0 forbids these characters even escaped; pytest's junitxml writes them as #xNN (bin_xml_escape)
+_XML_ILLEGAL = re.compile("[^\u0009\u000a\u000d\u0020-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+
+
+def _xml_text(text: str) -> str:
+    return _XML_ILLEGAL.sub(lambda m: f"#x{ord(m.group()):02X}", text)
+
+
+def _junit_suite(suite: ElementTree.Element, cases: Mapping[str, Sequence[Finding]], plan: str) -> None:
+    """Add the findings of our testcases (classname ``[prefix.]cudastack``, name the item's) and the plan."""
+    for case in suite.iter("testcase"):
+        findings = cases.get(case.get("name", ""))
+        if findings is None or case.get("classname", "").rsplit(".", 1)[-1] != "cudastack":
+            continue
+        failure = case.find("failure")
+        if failure is not None and any(f.failing for f in findings):
+            failure.set("message", _xml_text(headlines(findings)))
+        _append_output(case, render_findings(findings))
+    if plan:
+        _append_output(suite, "cudastack repair plan\n" + plan)
+
+
+def _append_output(element: ElementTree.Element, text: str) -> None:
+    """``text`` in ``element``'s ``<system-out>`` (after what is there: one per element, as JUnit's schema says)."""
+    out = element.find("system-out")
+    if out is None:
+        out = ElementTree.SubElement(element, "system-out")
+    out.text = (out.text + "\n" if out.text else "") + _xml_text(text)
 
 
 def _plan_rows(plans: Sequence[RepairPlan]) -> list[str]:

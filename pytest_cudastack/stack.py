@@ -515,6 +515,7 @@ def write_snapshot(stack: Stack, path: str | None, host: bool = True) -> None:
     if path is None or path == "-":
         sys.stdout.write(text)
         return
-    error = write_atomic(os.path.dirname(os.path.abspath(path)), path, text)
+    # a user's output file: 0666 less the umask, as any tool's `-o FILE` (the ELF caches stay private)
+    error = write_atomic(os.path.dirname(os.path.abspath(path)), path, text, mode=0o666)
     if error is not None:
         raise DataError(f"{path}: cannot write the snapshot: {error.strerror or error}")

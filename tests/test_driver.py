@@ -805,6 +805,14 @@ DECLARED_86 = declared_driver("550.54.15", "sm_86")
         ({"memory": "40GiB"}, DECLARED_86, False, "GPU memory unknown"),
         ({}, ABSENT, False, "no GPU (nvmlInit: the NVIDIA kernel driver is not loaded); requires 1 GPU"),
         ({"count": 0}, ABSENT, True, ""),
+        # --cuda-driver alone declares a driver, not GPUs: the reason says which is missing, never "(declared)"
+        (
+            {},
+            declared_driver("550.54.15", (), ABSENT),
+            False,
+            "no GPU probed here and none declared (--cuda-driver declares the driver; --cuda-arch the GPUs); "
+            "requires 1 GPU",
+        ),
     ],
 )
 def test_gpus_satisfy(kwargs: dict[str, Any], driver: DriverInfo, ok: bool, reason: str):

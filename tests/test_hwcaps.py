@@ -202,15 +202,43 @@ def test_read_cpuinfo_block_reads_the_first_block_only(tmp_path: Path, monkeypat
     assert read_cpuinfo_block(str(fifo)) is None  # never blocks on a FIFO
 
 
+# What the CPUs of the table above decide (platform, glibc-hwcaps levels, legacy subdirectories): the
+# candidates a test that swaps in "another CPU" picks from, so that it is another CPU on any host.
+OTHER_CPUS: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
+    ("haswell", V432, HASWELL_AVX512_1),
+    ("haswell", V432[1:], HASWELL),
+    ("xeon_phi", V432[1:], XEON_PHI),
+    ("x86_64", V432[2:], X86_64_TWICE),
+    ("x86_64", (), X86_64_TWICE),
+)
+
+
+def other_cpu(
+    host: tuple[str, tuple[str, ...], tuple[str, ...]],
+) -> tuple[str, tuple[str, ...], tuple[str, ...]]:
+    """A CPU's search (``host_search()``'s shape) that differs from ``host``'s."""
+    return next(cpu for cpu in OTHER_CPUS if cpu != host)
+
+
+@pytest.mark.parametrize("host", [*OTHER_CPUS, ("aarch64", (), ())], ids=lambda c: f"{c[0]}-{len(c[1])}")
+def test_other_cpu_differs_from_any_host(host: tuple[str, tuple[str, ...], tuple[str, ...]]) -> None:
+    assert other_cpu(host) != host
+
+
+def test_other_cpu_differs_from_this_host() -> None:
+    assert other_cpu(host_search()) != host_search()
+
+
 def test_treecache_key_follows_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
     """The closure cache's environment key holds what the CPU decides, and changes with it."""
-    platform, levels, legacy = host_search()
+    platform, levels, legacy = host = host_search()
     key, _ = treecache.environment_key({})
     assert [platform, list(levels), list(legacy)] in json.loads(key)
-    monkeypatch.setattr(treecache, "host_search", lambda: ("haswell", V432, HASWELL_AVX512_1))
+    cpu = other_cpu(host)
+    monkeypatch.setattr(treecache, "host_search", lambda: cpu)
     other, _ = treecache.environment_key({})
     assert other != key
-    assert ["haswell", list(V432), list(HASWELL_AVX512_1)] in json.loads(other)
+    assert [cpu[0], list(cpu[1]), list(cpu[2])] in json.loads(other)
 
 
 # ---------------------------------------------------------------- this host's ld.so as the oracle

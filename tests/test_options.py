@@ -237,7 +237,7 @@ R580_TESTS = """
 def test_r580_is_a_declared_driver_of_branch_580(pt):
     pt.makepyfile(R580_TESTS)
     result = run(pt, "--cuda-driver=R580", "-p", "no:randomly")
-    result.assert_outcomes(passed=4, failed=2)
+    result.assert_outcomes(passed=4, failed=2, skipped=1)  # the driver item: nothing to judge
     result.stdout.fnmatch_lines(
         [
             "*requires_driver('>=580.65') unmet: driver branch R580 (declared), minor version unknown: "

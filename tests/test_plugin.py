@@ -229,7 +229,7 @@ DRIVER_TESTS = """
 def test_driver_cuda_gpu_markers_against_declared_driver(pt):
     pt.makepyfile(DRIVER_TESTS)
     result = run(pt, "--cuda-driver=550.54.15", "--cuda-arch=sm_90", "-rs")
-    result.assert_outcomes(passed=3, failed=3)
+    result.assert_outcomes(passed=3, failed=3, skipped=2)  # the driver and arch items: nothing to judge here
     result.stdout.fnmatch_lines(
         [
             "*requires_driver('>=580') unmet: driver 550.54.15 (declared); requires >=580*",
@@ -243,7 +243,7 @@ def test_driver_cuda_gpu_markers_against_declared_driver(pt):
 def test_driver_markers_from_ini(pt):
     pt.makepyfile(DRIVER_TESTS)
     pt.makeini("[pytest]\ncuda_driver = 580.65.06\ncuda_arch = sm_100\n")
-    run(pt).assert_outcomes(passed=6)  # driver 580 supports CUDA 13.0; sm_100 matches both arch markers
+    run(pt).assert_outcomes(passed=6, skipped=2)  # driver 580 supports CUDA 13.0; sm_100 matches both arch markers
 
 
 def test_driver_hook_fakes_the_probe(pt):
@@ -447,6 +447,12 @@ def test_ini_cudastack_bool_turns_items_on(pt):
 
 @needs_cc
 def test_header_one_line_and_verbose(pt):
+    # a declared driver keeps the probed GPUs: none probed, whatever this host has
+    pt.makeconftest(
+        "from pytest_cudastack.cuda.driver import DriverInfo\n"
+        "def pytest_cudastack_driver(config):\n"
+        "    return DriverInfo('absent', None, None, reason='no NVML here')\n"
+    )
     pt.makepyfile("def test_x(): pass")
     result = run(pt, "--cuda-driver=550.54.15", "--cuda-max=12.9")
     result.stdout.fnmatch_lines(
@@ -469,14 +475,73 @@ def test_junit_properties(pt):
 
 
 @needs_cc
-def test_junit_testcase_properties_carry_warnings(seed):
+@pytest.mark.parametrize("family", ["xunit1", "xunit2"])
+def test_junit_testcase_carries_warnings(seed, family):
     # train_tft needs CUDA 13.x: within --cuda-max=13.0 or not cannot be told (13.1 exists): a warning
-    seed.runpytest("-p", "pytest_cudastack.plugin", "--cuda-max=13.0", "--cudastack-scan=bin", "--junitxml=o.xml")
+    seed.runpytest(
+        "-p", "pytest_cudastack.plugin", "--cuda-max=13.0", "--cudastack-scan=bin", "--junitxml=o.xml",
+        "-o", f"junit_family={family}",
+    )  # fmt: skip
     root = ET.parse(seed.path / "o.xml").getroot()
     case = next(tc for tc in root.iter("testcase") if tc.get("name") == "cuda-max")
-    (prop,) = case.iter("property")
-    assert prop.get("name") == "cudastack.finding"
-    assert prop.get("value", "").startswith("warning: bin/train_tft: require CUDA 13.x: cannot tell whether")
+    warning = "bin/train_tft: require CUDA 13.x: cannot tell whether"
+    assert case.findtext("system-out", "").startswith(f"[warning] {warning}")
+    props = list(case.iter("property"))
+    if family == "xunit1":  # xunit2's testcase has no properties
+        (prop,) = props
+        assert prop.get("name") == "cudastack.finding"
+        assert prop.get("value", "").startswith(f"warning: {warning}")
+    else:
+        assert props == []
+
+
+def _junit(path: Path) -> tuple[ET.Element, dict[str, ET.Element]]:
+    """The suite and its testcases by name, read as CI tools read a JUnit file."""
+    (suite,) = ET.parse(path).getroot().iter("testsuite")
+    return suite, {f"{tc.get('classname')}::{tc.get('name')}": tc for tc in suite.iter("testcase")}
+
+
+@needs_cc
+@pytest.mark.parametrize(
+    "args",
+    [
+        pytest.param([], id="xunit2"),
+        pytest.param(["-o", "junit_family=xunit1"], id="xunit1"),
+        pytest.param(["-o", "junit_family=legacy"], id="legacy"),
+        pytest.param(["-p", "xdist.plugin", "-n", "2"], id="xdist"),
+        pytest.param(["-o", "junit_logging=all"], id="captured-output-too"),
+    ],
+)
+def test_junit_failure_message_and_system_out_carry_the_findings(seed, args):
+    result = seed.runpytest(
+        "-p", "pytest_cudastack.plugin", "-W", "error::pytest.PytestWarning", "--junitxml=o.xml",
+        "--cuda-max=12.9", "--cudastack-scan=bin", *args,
+    )  # fmt: skip
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    assert "PytestWarning" not in result.stdout.str()
+    suite, cases = _junit(seed.path / "o.xml")
+    error = "bin/train_tft: links libcublas.so.13 (CUDA 13.x) but --cuda-max=12.9"
+    failure = cases["cudastack::cuda-max"].find("failure")
+    assert failure is not None
+    assert failure.get("message") == error  # the error itself, not the short summary's "1 error: bin/train_tft"
+    assert f"[error] {error}" in (failure.text or "")
+    out = cases["cudastack::cuda-max"].findall("system-out")
+    assert len(out) == 1  # one element, after any captured output
+    assert f"[error] {error}\n" in (out[0].text or "")
+    assert "fix: rebuild bin/train_tft with a CUDA 12.9 toolkit" in (out[0].text or "")
+    if "junit_logging=all" not in args:  # (pytest's captured output goes to every testcase's)
+        assert cases["cudastack::scan[bin/train_tft]"].find("system-out") is None  # nothing found, nothing said
+    plan = suite.findtext("system-out", "")
+    assert plan.startswith("cudastack repair plan\nrepair plan for ")
+    assert "1. [by hand] rebuild bin/train_tft with a CUDA 12.9 toolkit" in plan
+
+
+def test_junit_quiet_when_clean(pt):
+    pt.makepyfile("def test_x(): pass")
+    run(pt, "--cuda-max=13.0", "--junitxml=o.xml").assert_outcomes(passed=2)
+    suite, cases = _junit(pt.path / "o.xml")
+    assert suite.find("system-out") is None
+    assert all(tc.find("system-out") is None for tc in cases.values())
 
 
 # -- the seed scenario with gcc-built stubs --------------------------------------------------------
@@ -563,7 +628,7 @@ def test_scan_path_that_does_not_exist_fails(pt):
 @needs_cc
 def test_xdist_runs_each_generated_item_once(seed):
     result = run(seed, "-p", "xdist.plugin", "-n", "2", "--cuda-max=12.9", "--cudastack-scan=bin", "--cuda-driver=550")
-    result.assert_outcomes(passed=3, failed=1)
+    result.assert_outcomes(passed=3, failed=2)  # cuda-max and driver: CUDA 13 on R550
     assert result.stdout.str().count("bin/train_tft: links libcublas.so.13") >= 1
 
 
@@ -617,7 +682,7 @@ def test_fixtures(pt):
             assert data["driver"]["version"] == "550.54.15" == cuda_driver.version
         """
     )
-    run(pt, "--cuda-driver=550.54.15").assert_outcomes(passed=3)
+    run(pt, "--cuda-driver=550.54.15").assert_outcomes(passed=3, skipped=1)  # the driver item: nothing to judge
 
 
 def test_fixtures_documented(pt):
@@ -639,13 +704,13 @@ def test_fixtures_documented(pt):
 
 def test_snapshot_then_baseline_then_drift(pt):
     pt.makepyfile("def test_x(): pass")
-    run(pt, "--cuda-driver=550.54.15", "--cudastack-snapshot=stack.json").assert_outcomes(passed=1)
+    run(pt, "--cuda-driver=550.54.15", "--cudastack-snapshot=stack.json").assert_outcomes(passed=1, skipped=1)
     snap = json.loads((pt.path / "stack.json").read_text())
     assert snap["driver"]["version"] == "550.54.15"
     result = run(pt, "--cuda-driver=550.54.15", "--cudastack-baseline=stack.json")
-    result.assert_outcomes(passed=2)
+    result.assert_outcomes(passed=2, skipped=1)
     result = run(pt, "--cuda-driver=580.65.06", "--cudastack-baseline=stack.json")
-    result.assert_outcomes(passed=1, failed=1)
+    result.assert_outcomes(passed=1, failed=1, skipped=1)
     result.stdout.fnmatch_lines(["*drift from baseline: driver version: 550.54.15 -> 580.65.06*"])
 
 
@@ -750,7 +815,8 @@ def test_cold_session_caches_every_file_it_parsed(pt, monkeypatch):
     parsed = set(parsed_log.read_text().splitlines())
     assert {os.path.realpath(sys.executable), str(site / "spy" / "_spy.so")} <= parsed  # probe and closure
     entries = json.loads((cache / "elfcache-v1.json").read_text())["entries"]
-    assert {e for e in entries if not e.startswith("strings:")} == parsed  # strings: the dlopen check's scans
+    # strings: the dlopen check's scans; fatbin-: GPU code, read only where a GPU (its arch) is known
+    assert {e for e in entries if not e.startswith(("strings:", "fatbin-"))} == parsed
 
 
 def test_python_executable_is_elf():
@@ -797,3 +863,85 @@ def test_the_plan_reaches_the_step_summary_and_junit(seed, monkeypatch):
     out = result.stdout.str()
     assert out.index("cudastack repair plan") < out.index("FAILURES")
     assert out.count("rebuild bin/train_ppo with a CUDA 13.0 toolkit") == 1
+
+
+# -- a misspelt requires_* mark ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "meant"),
+    [
+        pytest.param("requires_sonam", "requires_soname", id="deletion"),
+        pytest.param("requires_sonames", "requires_soname", id="insertion"),
+        pytest.param("require_wheels", "requires_wheel", id="two"),
+        pytest.param("requires_drvier", "requires_driver", id="transposition"),
+        pytest.param("requires_gpus", "requires_gpu", id="plural"),
+        pytest.param("requires_cuda", None, id="ours"),
+        pytest.param("requires_network", None, id="far"),
+        pytest.param("slow", None, id="unrelated"),
+    ],
+)
+def test_meant_marker(name, meant):
+    from pytest_cudastack.plugin import meant_marker
+
+    assert meant_marker(name, frozenset()) == meant
+
+
+def test_misspelt_mark_is_a_collection_error_naming_the_one_meant(pt):
+    pt.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.requires_sonam("libcudnn.so.9")
+        def test_typo():
+            pass
+
+        def test_other():
+            pass
+        """
+    )
+    result = run(pt, "-W", "ignore::pytest.PytestUnknownMarkWarning")
+    result.assert_outcomes(errors=1)
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+    result.stdout.fnmatch_lines(
+        [
+            "*ERROR collecting test_misspelt_mark_is_a_collection_error_naming_the_one_meant.py*",
+            "cudastack: *::test_typo: unknown marker 'requires_sonam': did you mean requires_soname?*",
+        ]
+    )
+
+
+def test_misspelt_mark_on_a_class_or_module(pt):
+    pt.makepyfile(
+        """
+        import pytest
+
+        pytestmark = pytest.mark.requires_whel("nvidia-cudnn-cu12")
+
+        class TestX:
+            def test_a(self):
+                pass
+
+            def test_b(self):
+                pass
+        """
+    )
+    result = run(pt, "-W", "ignore::pytest.PytestUnknownMarkWarning")
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*unknown marker 'requires_whel': did you mean requires_wheel?*"])
+    assert result.stdout.str().count("unknown marker 'requires_whel'") == 1
+
+
+def test_a_registered_close_mark_is_the_users(pt):
+    pt.makeini("[pytest]\nmarkers =\n    requires_gpus(n): my own marker\n")
+    pt.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.requires_gpus(2)
+        def test_mine():
+            pass
+        """
+    )
+    result = run(pt, "--strict-markers")
+    result.assert_outcomes(passed=1)

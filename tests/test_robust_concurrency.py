@@ -31,6 +31,7 @@ def scene(tmp_path):
     synth_elf(tmp_path / "bin" / "broken", soname=None, needed=["libdep.so.1", "libgone.so.3"], rpath=str(lib))
     for i in range(20):  # enough files that the cache is worth writing and a writer takes a moment
         synth_elf(tmp_path / "bin" / f"extra{i}", soname=None, needed=["libdep.so.1"], rpath=str(lib))
+    (tmp_path / "none").mkdir()  # an empty site directory: no wheels
     return tmp_path
 
 

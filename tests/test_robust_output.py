@@ -29,7 +29,10 @@ def pt(pytester, monkeypatch, tmp_path_factory):
 
 
 def run(pt, *args):
-    return pt.runpytest("-p", "pytest_cudastack.plugin", "--cuda-driver=550.54.15", *args)
+    # the declared driver keeps NVML out; its item (which --cuda-driver turns on) is not what these tests count
+    return pt.runpytest(
+        "-p", "pytest_cudastack.plugin", "--cuda-driver=550.54.15", "--deselect=cudastack::driver", *args
+    )
 
 
 def _usage_error(result, line):
@@ -111,6 +114,7 @@ def test_cli_snapshot_bad_outputs_are_exit_2(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("CUDASTACK_CACHE_DIR", str(tmp_path / "cache"))
     os.mkfifo(tmp_path / "fifo.json")
     (tmp_path / "adir").mkdir()
+    (tmp_path / "none").mkdir()  # an empty site directory: no wheels
     site = ["--site", str(tmp_path / "none"), "--cuda-driver=550.54.15"]
     for out, why in [("fifo.json", "is a FIFO, not a regular file"), ("adir", "is a directory, not a regular file")]:
         assert main(["snapshot", *site, "-o", str(tmp_path / out)]) == 2

@@ -301,6 +301,7 @@ def test_baseline_usage_errors(pytester, monkeypatch):
 def test_check_baseline_is_exit_2(tmp_path, capsys):
     bad = tmp_path / "typed.json"
     bad.write_text(json.dumps(_set(copy.deepcopy(SNAP), "driver", [])))
+    (tmp_path / "none").mkdir()  # an empty site directory: no wheels
     code = main(["check", "--site", str(tmp_path / "none"), "--cuda-driver=580.65.06", f"--cudastack-baseline={bad}"])
     assert code == 2
     assert f"{bad}: not a cudastack snapshot: $.driver: expected object" in capsys.readouterr().err

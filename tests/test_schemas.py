@@ -28,7 +28,9 @@ from pytest_cudastack.cli.check import CHECK_SCHEMA, CHECK_VERSION
 from pytest_cudastack.cli.diff import DIFF_SCHEMA, DIFF_VERSION
 from pytest_cudastack.cli.fleet import FLEET_SCHEMA, FLEET_VERSION
 from pytest_cudastack.cli.loaded import LOADED_SCHEMA, LOADED_VERSION, cmd_loaded
+from pytest_cudastack.cli.report import REPORT_SCHEMA, REPORT_VERSION
 from pytest_cudastack.cli.tree import TREE_SCHEMA, TREE_VERSION
+from pytest_cudastack.cli.why import WHY_SCHEMA, WHY_VERSION
 from pytest_cudastack.cuda.driver import DriverInfo, Gpu
 from pytest_cudastack.linker import treecache
 from pytest_cudastack.linker.resolver import Resolver
@@ -46,6 +48,8 @@ DOCUMENTS = {
     SNAPSHOT_SCHEMA: SNAPSHOT_FORMAT,
     DIFF_SCHEMA: DIFF_VERSION,
     FLEET_SCHEMA: FLEET_VERSION,
+    WHY_SCHEMA: WHY_VERSION,
+    REPORT_SCHEMA: REPORT_VERSION,
 }
 
 
@@ -186,7 +190,7 @@ def test_tree_json_cold_and_warm_validates(
     paths = [str(scen.rpath_inherit), str(scen.missing_deep), str(scen.wrong_class), str(scen.base / "absent.so")]
     monkeypatch.setattr(treecache, "RACY_NS", 50_000_000)  # 50 ms, not 2 s: the fixture files may be younger
     time.sleep(0.06)
-    assert main(["tree", "--json", *paths]) == 1
+    assert main(["tree", "--json", *paths]) == 2  # absent.so cannot be opened: unreadable input; its tree is printed
     cold = capsys.readouterr().out
     with monkeypatch.context() as m:  # the warm run writes the cached rows verbatim inside the wrapper
 
@@ -194,7 +198,7 @@ def test_tree_json_cold_and_warm_validates(
             raise AssertionError(f"resolved {path}: the closure cache was not used")
 
         m.setattr(Resolver, "tree_deps", resolve)
-        assert main(["tree", "--json", *paths]) == 1
+        assert main(["tree", "--json", *paths]) == 2
         assert capsys.readouterr().out == cold
     doc = validate(json.loads(cold), TREE_SCHEMA)
     assert [t["path"] for t in doc["trees"]] == paths
@@ -223,6 +227,41 @@ def test_tree_json_with_owners_validates(tmp_path: Path, capsys: pytest.CaptureF
     (dep,) = (lib for lib in doc["trees"][0]["libraries"] if lib["soname"] == "libdep.so.1")
     assert dep["provider"] is not None
     rejects(doc, assign("trees.0.libraries.0.provider", ["nvidia-dep-cu13"]))
+
+
+# -- why --json ---------------------------------------------------------------------------------------
+
+
+@needs_cc
+@pytest.mark.parametrize(("soname", "code"), [("libdep.so.1", 0), ("libnowhere.so.7", 1)])
+def test_why_json_validates(tmp_path: Path, capsys: pytest.CaptureFixture[str], soname: str, code: int) -> None:
+    site = cuda_site(tmp_path)
+    assert main(["why", "--json", "--site", str(site), soname]) == code
+    doc = validate(json.loads(capsys.readouterr().out), WHY_SCHEMA)
+    assert doc["found"] is (code == 0)
+    if code == 0:
+        assert doc["consumers"]
+        assert doc["consumers"][0]["path"].endswith("nvidia/dep/lib/libdep.so.1")
+        assert doc["on_disk"] is not None  # two wheels list the path
+    rejects(doc, *COMMON_MUTATIONS, assign("found", "yes"), assign("executable.route", "somewhere"))
+
+
+# -- report --json ------------------------------------------------------------------------------------
+
+
+def test_report_and_check_describe_a_finding_alike() -> None:
+    for name in ("finding", "facts", "remedy", "pip"):
+        assert schema_of(REPORT_SCHEMA)["$defs"][name] == schema_of(CHECK_SCHEMA)["$defs"][name]
+
+
+@needs_cc
+def test_report_json_validates(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    site = cuda_site(tmp_path)
+    assert main(["report", "--json", "--site", str(site)]) == 1  # two wheels ship one path: an integrity error
+    doc = validate(json.loads(capsys.readouterr().out), REPORT_SCHEMA)
+    assert doc["ok"] is False
+    assert {d["name"] for d in doc["distributions"]} >= {"pkg", "nvidia-dep-cu13", "nvidia-dep-cu12"}
+    rejects(doc, *COMMON_MUTATIONS, assign("distributions.0.libraries", "many"), assign("ok", None))
 
 
 # -- check --json -------------------------------------------------------------------------------------
@@ -256,6 +295,7 @@ def test_check_json_with_findings_validates(
         assign(f"items.{item}", {}),
     )
     # a clean run validates too (empty finding lists)
+    (tmp_path / "none").mkdir()  # an empty site directory: no wheels
     assert main(["check", "--site", str(tmp_path / "none"), "--cuda-driver=580.65.06", "--json"]) == 0
     assert validate(json.loads(capsys.readouterr().out), CHECK_SCHEMA)["ok"] is True
 
@@ -312,7 +352,7 @@ def test_pytest_snapshot_option_validates(pytester: pytest.Pytester, monkeypatch
     result = pytester.runpytest(
         "-p", "pytest_cudastack.plugin", "--cuda-driver=550.54.15", "--cuda-arch=sm_90", "--cudastack-snapshot=s.json"
     )
-    result.assert_outcomes(passed=1)
+    result.assert_outcomes(passed=1, skipped=2)  # the driver and arch items: nothing to judge here
     doc = validate(json.loads((pytester.path / "s.json").read_text()), SNAPSHOT_SCHEMA)
     assert (doc["driver"]["source"], doc["driver"]["archs"]) == ("declared", ["sm_90"])
 

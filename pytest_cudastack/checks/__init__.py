@@ -156,14 +156,14 @@ CHECKS: Mapping[str, Check] = registry(
         "driver",
         "the driver supports the CUDA the stack requires",
         _Lazy("driver"),
-        lambda o: o.cudastack,
+        lambda o: o.cudastack or o.cuda_driver is not None,
         skip=_LazySkip("driver"),
     ),
     Check(
         "arch",
         "GPU code runs on the target architectures",
         _Lazy("arch"),
-        lambda o: o.cudastack,
+        lambda o: o.cudastack or bool(o.cuda_arch),
         skip=_LazySkip("arch"),
     ),
     Check(

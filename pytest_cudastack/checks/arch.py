@@ -418,6 +418,11 @@ def nothing_to_check(stack: StackView, target: Target | None = None) -> str | No
     """Why the ``arch`` item is skipped: no target arch (none probed, no --cuda-arch), or no GPU code in any
     installed library or scanned file (fatbin headers, read through the stack's cache, as ``run`` reads them)."""
     if not stack.driver.archs:
+        if stack.driver.source == "declared":  # --cuda-driver alone: the target's GPUs are what is missing
+            return (
+                "no GPU arch known (--cuda-driver declares the driver, not its GPUs; none probed here): "
+                "pass --cuda-arch=sm_XX"
+            )
         return "no GPU arch known: pass --cuda-arch=sm_XX"
     scans = [path for _, path in stack.scan_targets if os.path.isfile(path)]
     if any(_dist_fatbins(dist, stack.fatbin, frozenset())[0] for dist in stack.inventory.distributions):

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 
 from pytest_cudastack import __version__
+from pytest_cudastack.cli.sites import site_dirs_from
 
 __all__ = ["EPILOG", "build_parser", "main"]
 
@@ -189,6 +190,18 @@ def build_parser(check_options: bool = True) -> argparse.ArgumentParser:
     return parser
 
 
+def _missing_site(args: argparse.Namespace) -> str | None:
+    """Why a ``--site DIR`` (or ``$CUDASTACK_SITE`` entry) of a subcommand that takes one cannot be read."""
+    if not hasattr(args, "site"):
+        return None
+    source = "--site" if args.site else "$CUDASTACK_SITE"
+    for directory in site_dirs_from(args) or ():
+        if not os.path.isdir(directory):
+            what = "no such directory" if not os.path.lexists(directory) else "not a directory"
+            return f"{source} {directory}: {what}"
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     words = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(check_options=any(w in _OPTIONS_OF for w in words))
@@ -197,6 +210,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.environ["CUDASTACK_NO_CACHE"] = "1"
     if args.command is None:
         args = parser.parse_args([*words, "report"])
+    bad_site = _missing_site(args)
+    if bad_site is not None:  # an unreadable input is a usage error (exit 2), not "no distributions"
+        print(f"cudastack {args.command}: error: {bad_site}", file=sys.stderr)
+        return 2
     try:
         handler: Callable[[argparse.Namespace], int] = getattr(_subcommand(args.command), f"cmd_{args.command}")
         return handler(args)

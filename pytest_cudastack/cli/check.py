@@ -44,7 +44,16 @@ def cmd_check(args: argparse.Namespace) -> int:
     except CudaStackError as e:
         print(f"cudastack check: error: {e}", file=sys.stderr)
         return 2
-    if not settings.items and not settings.cudastack_scan:
+    # the declared target (--cuda-driver, --cuda-arch) turns on its own item in pytest; here it is what the
+    # whole check is evaluated against
+    chosen = (
+        settings.cudastack,
+        settings.cuda_max,
+        settings.cuda_min,
+        settings.cudastack_scan,
+        settings.cudastack_baseline,
+    )
+    if not any(chosen):
         settings = settings.with_values(cudastack=True)
     stack = Stack(settings, rootdir=config.rootdir, site_paths=site_dirs_from(args))
     try:

@@ -28,12 +28,17 @@ from pytest_cudastack.stack import Stack
 from pytest_cudastack.wheels.inventory import Inventory
 
 __all__ = [
+    "REPORT_SCHEMA",
+    "REPORT_VERSION",
     "WheelReport",
     "cmd_report",
     "render_report",
     "wheel_findings",
     "wheel_report",
 ]
+
+REPORT_SCHEMA = "pytest-cudastack/report"  # ``report --json``'s document: schemas/report.schema.json
+REPORT_VERSION = 1
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +72,8 @@ class WheelReport:
 
     def to_json(self) -> dict[str, Any]:
         return {
+            "schema": REPORT_SCHEMA,
+            "version": REPORT_VERSION,
             "site_dirs": list(self.inventory.site_dirs),
             "ok": not self.failing,
             "findings": [f.to_json() for f in self.findings],

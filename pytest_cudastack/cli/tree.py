@@ -23,7 +23,8 @@ import sys
 
 # Everything else is imported in the function that needs it: a warm `tree --json` (answered from the closure
 # cache) must import no resolver, ELF reader, dataclasses, typing or logging (tests/test_treeview.py).
-from pytest_cudastack.errors import ElfError  # loaded with elfcache anyway
+from pytest_cudastack._sysio import open_regular  # loaded with elfcache anyway
+from pytest_cudastack.errors import ElfError, UnreadableFile  # loaded with elfcache anyway
 from pytest_cudastack.linker.elfcache import ElfCache
 
 TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing (~5 ms) on tree's warm path
@@ -281,8 +282,27 @@ def cmd_tree(args: argparse.Namespace) -> int:
     # containers, cuBLASLt's) double a cold run, past its target of 0.25x ldd; the facts are cached like the
     # ELF facts. `--no-gpu-code` is accepted too, for scripts that say what they want
     gpu: bool = getattr(args, "gpu_code", False)
-    if getattr(args, "json", False):
-        return _tree_json(paths, site, gpu)
+    # a PATH that cannot be opened is the README's "unreadable input" (exit 2), not a finding about a file:
+    # its tree is still printed, with why, among the others
+    unreadable = [why for why in map(_unreadable, dict.fromkeys(paths)) if why is not None]
+    code = _tree_json(paths, site, gpu) if getattr(args, "json", False) else _tree_text(paths, site, gpu)
+    for why in unreadable:
+        sys.stderr.write(f"cudastack tree: error: {why}\n")
+    return 2 if unreadable else code
+
+
+def _unreadable(path: str) -> str | None:
+    """Why ``path`` cannot be read as a file (missing, unreadable, a directory, a FIFO), or None."""
+    try:
+        fd, _st = open_regular(path, UnreadableFile)
+    except UnreadableFile as e:
+        return str(e)
+    os.close(fd)
+    return None
+
+
+def _tree_text(paths: list[str], site: Sequence[str] | None, gpu: bool) -> int:
+    """``tree PATH...``: each tree rendered as text; 1 when a library is missing or a file has a problem."""
     # lazy: a warm `tree --json` imports no resolver, ELF reader, dataclasses or logging
     from pytest_cudastack.linker.resolver import Resolver, SearchConfig
 

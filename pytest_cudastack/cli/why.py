@@ -7,7 +7,8 @@ extension module or library in the inventory whose DT_NEEDED names it: torch's `
 from this interpreter). When two distributions' RECORDs list the path it loads from, the bytes on disk are
 attributed as the integrity check attributes them (:func:`pytest_cudastack.wheels.ownership.bytes_on_disk`).
 
-Exit status: 0 when some load on this machine would find it, 1 when none would (NOT FOUND).
+Exit status: 0 when some load on this machine would find it, 1 when none would (NOT FOUND), 2 for a path
+(``why`` takes a soname; ``cudastack tree PATH`` gives a file's closure).
 """
 
 from __future__ import annotations
@@ -27,7 +28,10 @@ from pytest_cudastack.linker.resolver import Library, Resolver, SearchConfig
 from pytest_cudastack.wheels.inventory import Inventory, installed_wheels
 from pytest_cudastack.wheels.ownership import bytes_on_disk
 
-__all__ = ["cmd_why", "consumers_of", "render_why"]
+__all__ = ["WHY_SCHEMA", "WHY_VERSION", "cmd_why", "consumers_of", "render_why"]
+
+WHY_SCHEMA = "pytest-cudastack/why"  # ``why --json``'s document: schemas/why.schema.json
+WHY_VERSION = 1
 
 logger = logging.getLogger(__name__)
 
@@ -120,6 +124,8 @@ def _why_data(soname: str, executable: Library, consumers: Sequence[Library], in
     if best is None:
         best = exe if exe["path"] is not None or not answers else answers[0]
     return {
+        "schema": WHY_SCHEMA,
+        "version": WHY_VERSION,
         **best,
         "soname": soname,
         "found": any(a["path"] is not None for a in (*answers, exe)),
@@ -183,7 +189,15 @@ def render_why(data: dict[str, Any], out: TextIO, paint: Painter | None = None) 
 
 
 def cmd_why(args: argparse.Namespace) -> int:
-    """``cudastack why SONAME [--json] [--site DIR]``: exit 1 when no load on this machine would find it."""
+    """``cudastack why SONAME [--json] [--site DIR]``: exit 1 when no load on this machine would find it, 2
+    for a path: a file's own closure is ``cudastack tree PATH``'s answer (a soname never holds a ``/``)."""
+    if "/" in args.soname:
+        print(
+            f"cudastack why: error: {args.soname}: a path; why takes a soname (libcudnn.so.9) and says where it "
+            f"loads from: for the libraries this file loads, run: cudastack tree {args.soname}",
+            file=sys.stderr,
+        )
+        return 2
     cache = ElfCache()
     inv = _inventory(getattr(args, "site", None), cache.read)
     resolver = Resolver(
