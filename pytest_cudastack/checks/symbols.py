@@ -55,9 +55,9 @@ from pytest_cudastack.errors import ElfError
 from pytest_cudastack.findings import Facts, Finding, Severity, manual
 from pytest_cudastack.linker.elf import ElfInfo, read_elf
 from pytest_cudastack.linker.resolver import Library, Resolver, Route, Tree
-from pytest_cudastack.linker.symbols import ScopeIndex, SymbolFacts
+from pytest_cudastack.linker.symbols import ScopeIndex, SymbolFacts, relocation_order
 from pytest_cudastack.model.modules import ModuleTree, module_trees
-from pytest_cudastack.model.process import ImportScope, Interpreter, import_scopes
+from pytest_cudastack.model.process import ImportScope, Interpreter, Process, import_scopes
 from pytest_cudastack.model.reach import judge_reach
 from pytest_cudastack.wheels.inventory import Inventory
 
@@ -65,7 +65,15 @@ if TYPE_CHECKING:
     from pytest_cudastack.checks.facts import StackView, Target
     from pytest_cudastack.linker.elfcache import ElfCache
 
-__all__ = ["GLOBAL_PRELOADS", "Scope", "binary_symbol_findings", "extension_symbol_findings", "run"]
+__all__ = [
+    "GLOBAL_PRELOADS",
+    "Scope",
+    "binary_symbol_findings",
+    "extension_symbol_findings",
+    "loader_message",
+    "process_symbol_findings",
+    "run",
+]
 
 SymbolReader = Callable[[str], SymbolFacts]
 
@@ -410,6 +418,32 @@ def _findings(
     return out
 
 
+def _loader_order(obj: str, p: _Problem) -> list[tuple[str, str | None]]:
+    """``p``'s symbols in the order ld.so's relocation of ``obj`` looks them up (the first is the one an
+    RTLD_NOW load reports); by name when the relocation records cannot be read."""
+    named = sorted(p.symbols, key=lambda s: (s[0], s[1] or ""))
+    try:
+        order = relocation_order(obj, [n for n, _ in named])
+    except ElfError:
+        return named
+    rank = {n: i for i, n in enumerate(order)}
+    return sorted(named, key=lambda s: rank.get(s[0], len(rank)))
+
+
+def loader_message(finding: Finding) -> str | None:
+    """The error ld.so prints for the first unbound reference a symbols finding describes (its first detail),
+    as ``FILE: undefined symbol: NAME`` or ``version `V' not found (required by FILE)``; None for another
+    finding."""
+    if finding.check != "symbols" or not finding.details or not finding.facts.objects:
+        return None
+    head = finding.details[0]
+    if head.startswith("undefined symbol: "):
+        return f"{finding.facts.objects[0]}: {head.split(' (defined by ', 1)[0]}"
+    if head.startswith("version `"):
+        return head
+    return None
+
+
 def _problem_finding(
     check: str,
     run: _Run,
@@ -421,7 +455,8 @@ def _problem_finding(
     display: Callable[[str], str],
     context: str,
 ) -> Finding:
-    """The ERROR for ``obj``'s references that ``file`` (or nothing in its scope) does not define."""
+    """The ERROR for ``obj``'s references that ``file`` (or nothing in its scope) does not define; its
+    symbols in relocation order, the one the loader reports first."""
     lib = p.provider
     needer = display(obj)
     what = [f"{len(p.versions)} version node(s)"] if p.versions else []
@@ -434,11 +469,13 @@ def _problem_finding(
             if file
             else "load the library that defines them, or rebuild the needing object against what is installed"
         )
-    when = (
-        "each fails at its first call (lazy binding, no BIND_NOW)"
-        if p.lazy_only
-        else f"{context} fails to load with the first of them"
-    )
+    ordered = _loader_order(obj, p)
+    if p.lazy_only:
+        when = "each fails at its first call (lazy binding, no BIND_NOW)"
+    elif p.versions:
+        when = f"{context} fails to load with the first of them (version `{sorted(p.versions)[0]}' not found)"
+    else:
+        when = f"{context} fails to load with the first of them in relocation order (undefined symbol: {ordered[0][0]})"
     found = (lib.path,) if lib is not None and lib.path else ()
     return Finding(
         check=check,
@@ -448,11 +485,11 @@ def _problem_finding(
         cause=f"the dynamic linker binds every reference at load time; {when}",
         remedies=manual(fix),
         facts=Facts(
-            required=" ".join(sorted({name for name, _ in p.symbols} | set(p.versions)))[:2000],
+            required=" ".join([*sorted(p.versions), *dict.fromkeys(name for name, _ in ordered)])[:2000],
             sonames=(file,) if file else (),
             objects=tuple(os.path.normpath(o) for o in (obj, *found)),
         ),
-        details=(*_problem_details(needer, p, index, display), *notes),
+        details=(*_problem_details(needer, p, ordered, index, display), *notes),
         where=tuple(display(f) for f in found),
     )
 
@@ -471,10 +508,17 @@ def _target(file: str | None, p: _Problem, display: Callable[[str], str]) -> str
     return f"{file} resolved to {display(lib.path)} ({_route(lib, display)}{owner})"
 
 
-def _problem_details(needer: str, p: _Problem, index: ScopeIndex, display: Callable[[str], str]) -> list[str]:
-    """Each missing version node and symbol (with who defines it outside the scope), capped."""
+def _problem_details(
+    needer: str,
+    p: _Problem,
+    ordered: Sequence[tuple[str, str | None]],
+    index: ScopeIndex,
+    display: Callable[[str], str],
+) -> list[str]:
+    """Each missing version node (dl-version.c checks them before any relocation), then each symbol in
+    relocation order (with who defines it outside the scope), capped."""
     details = [f"version `{v}' not found (required by {needer})" for v in sorted(p.versions)]
-    for name, version in sorted(p.symbols, key=lambda s: (s[0], s[1] or "")):
+    for name, version in ordered:
         details.append(f"undefined symbol: {name}" + (f", version {version}" if version else ""))
         others = [display(x) for x in index.definers(name, version)]
         if others and p.provider is None:
@@ -625,6 +669,13 @@ def _in_context(
 
 def _context_scope(path: str, ctx: ImportScope, resolver: Resolver, interp_scope: Scope, dirs: dict[str, str]) -> Scope:
     """[global scope when the module is opened] + its own search list (dl_open_worker's lookup scopes)."""
+    return _context_scopes(path, ctx, resolver, interp_scope, dirs)[0]
+
+
+def _context_scopes(
+    path: str, ctx: ImportScope, resolver: Resolver, interp_scope: Scope, dirs: dict[str, str]
+) -> tuple[Scope, Scope]:
+    """:func:`_context_scope`, and the opened object's own search list alone (``l_searchlist``)."""
     tree = resolver.tree(path, loaded=ctx.loaded)
     trees = [tree]
     for lib in tree.libraries:  # an already-loaded dependency brings its own dependencies into the list
@@ -632,12 +683,95 @@ def _context_scope(path: str, ctx: ImportScope, resolver: Resolver, interp_scope
             trees.append(resolver.tree(lib.path, loaded=ctx.loaded))
     local = _scope(trees, dirs)
     head = tuple(dict.fromkeys(real_path(g, dirs) for g in ctx.global_scope))
-    return Scope(
+    both = Scope(
         head + local.objects,
         {**local.sonames, **interp_scope.sonames},
         interp_scope.missing | local.missing,
         {**interp_scope.needs, **local.needs},
     )
+    return both, local
+
+
+def _relocation_sequence(local: Scope, new: set[str], dirs: dict[str, str]) -> list[str]:
+    """The objects of ``new`` in the order one ``dlopen`` relocates them. ``_dl_map_object_deps`` sorts the
+    search list into ``l_initfini`` (``elf/dl-sort-maps.c``, the default DFS algorithm of glibc >= 2.35:
+    each object of the list, last first, is walked depth first through its DT_NEEDED in order, and placed
+    after its dependencies, in reverse postorder), and ``dl_open_worker`` relocates ``l_initfini`` from its
+    end: the DFS postorder, dependencies before what needs them, the opened object last."""
+    order: list[str] = []
+    visited: set[str] = set()
+
+    def deps(obj: str) -> list[str]:
+        return [lib.realpath or real_path(lib.path, dirs) for lib in local.needs.get(obj, ()) if lib.path is not None]
+
+    for start in reversed(local.objects):
+        if start in visited:
+            continue
+        visited.add(start)
+        stack = [(start, iter(deps(start)))]
+        while stack:  # iterative: a long DT_NEEDED chain must not hit Python's recursion limit
+            obj, it = stack[-1]
+            for dep in it:
+                if dep not in visited:
+                    visited.add(dep)
+                    stack.append((dep, iter(deps(dep))))
+                    break
+            else:
+                stack.pop()
+                order.append(obj)
+    rest = [o for o in local.objects if o in new and o not in order]
+    return [o for o in order if o in new] + rest
+
+
+def process_symbol_findings(
+    process: Process,
+    resolver: Resolver,
+    read: SymbolReader,
+    inventory: Inventory | None = None,
+    verdicts: VerdictStore | None = None,
+) -> tuple[Finding, ...]:
+    """The binding check over a predicted import (``Process.loads``, each ``dlopen`` with RTLD_NOW in the
+    scopes it finds: the global scope then, and its own search list), in the order the loader meets the
+    failures: load by load (the first failing ``dlopen`` ends the import); within a load the missing version
+    nodes first (``_dl_check_map_versions`` runs over the search list before any relocation), then the
+    objects in relocation order (:func:`_relocation_sequence`), each object's symbols in its relocation
+    records' order. So the first finding's first detail is what the import's error names
+    (:func:`loader_message`)."""
+    dirs: dict[str, str] = {}
+    interp_scope = _scope([resolver.tree(process.executable)], dirs) if process.executable else _scope([], dirs)
+    plans: list[tuple[str, Sequence[Scope], bool]] = []
+    rank: dict[str, tuple[int, int, int]] = {}
+    loads = process.loads
+    for i, load in enumerate(loads):
+        end = loads[i + 1].first if i + 1 < len(loads) else len(process.objects)
+        new = {o.realpath for o in process.objects[load.first : end]}
+        both, local = _context_scopes(load.path, load.scope, resolver, interp_scope, dirs)
+        searched = {o: k for k, o in enumerate(local.objects)}
+        for j, obj in enumerate(_relocation_sequence(local, new, dirs)):
+            rank[obj] = (i, searched.get(obj, 0), j)
+            plans.append((obj, [both], True))
+    labels = [d.label for d in inventory.distributions] if inventory else []
+    key = _plan_key(["process", process.executable, process.module, labels], plans)
+    hit = _recall(verdicts, key)
+    if hit is not None:
+        return hit
+    run = _Run(read)
+    problems, index = _check(run, plans)
+    display = _display(inventory)
+
+    def order(item: tuple[tuple[str, str | None], _Problem]) -> tuple[int, int, int, str]:
+        (obj, file), p = item
+        load, searched, reloc = rank.get(obj, (len(loads), 0, 0))
+        return (load, 0 if p.versions else 1, searched if p.versions else reloc, file or "")
+
+    found: list[Finding] = [
+        _problem_finding("symbols", run, obj, file, p, index, inventory, display, "the import")
+        for (obj, file), p in sorted(problems.items(), key=order)
+    ]
+    found.extend(Finding("symbols", Severity.WARNING, e.split(":", 1)[0], f"symbols not read: {e}") for e in run.errors)
+    out = tuple(found)
+    _remember(verdicts, key, run, out)
+    return out
 
 
 def binary_symbol_findings(

@@ -59,6 +59,7 @@ from pytest_cudastack.model.runtime import loads_of
 __all__ = [
     "ImportScope",
     "Interpreter",
+    "Load",
     "Mapped",
     "Process",
     "import_contexts",
@@ -139,6 +140,17 @@ class Mapped:
 
 
 @dataclass(frozen=True)
+class Load:
+    """One ``dlopen`` of the import (an extension module or a preload by path): the object opened, the index
+    in ``Process.objects`` of the first object it mapped (it maps those up to the next load's), and what it
+    finds loaded and in the global scope when it starts (the binding check's lookup scopes)."""
+
+    path: str
+    first: int
+    scope: ImportScope
+
+
+@dataclass(frozen=True)
 class Process:
     """The predicted process: mapped objects in load order, loads that happen later (``run_time``: dlopen
     by a mapped object when a feature is used), missing sonames and problems."""
@@ -149,6 +161,8 @@ class Process:
     missing: tuple[str, ...] = ()
     problems: tuple[str, ...] = ()
     modules: tuple[str, ...] = field(default=(), repr=False)  # Python modules the model imported, in order
+    loads: tuple[Load, ...] = field(default=(), repr=False)  # the dlopen calls that mapped ``objects``, in order
+    executable: str = field(default="", repr=False)  # the interpreter whose closure is the first global scope
 
 
 @dataclass
@@ -173,6 +187,7 @@ class _State:
     ran: set[int] = field(default_factory=set)  # before_import preload rows already run (by index)
     triggers: dict[str, tuple[int, ...]] = field(default_factory=dict)  # module -> its before_import rows
     global_real: set[str] = field(default_factory=set)  # realpaths of ``globals``
+    loads: list[Load] = field(default_factory=list)
 
 
 # --------------------------------------------------------------------------------------------- finding modules
@@ -261,6 +276,7 @@ def _map(st: _State, path: str, route: str, reason: str, is_global: bool = False
     st.real.add(key)
     st.before[key] = tuple(st.loaded)
     st.scope_before[key] = tuple(st.globals)
+    st.loads.append(Load(path, len(st.objects), ImportScope(st.before[key], st.scope_before[key])))
     st.loaded.append(path)
     st.objects.append(Mapped(path, key, info.soname, st.owner(path), route, reason))
     if is_global:
@@ -449,6 +465,7 @@ def _copy(st: _State) -> _State:
         scope_before=dict(st.scope_before),
         ran=set(st.ran),
         global_real=set(st.global_real),
+        loads=list(st.loads),
     )
 
 
@@ -594,4 +611,13 @@ def predict_import(
                 later.append(
                     Mapped(lib.path, k, ld.name, lib.provider, "dlopen", f"dlopen by {os.path.basename(obj.path)}")
                 )
-    return Process(module, tuple(st.objects), tuple(later), tuple(st.missing), tuple(st.problems), tuple(st.order))
+    return Process(
+        module,
+        tuple(st.objects),
+        tuple(later),
+        tuple(st.missing),
+        tuple(st.problems),
+        tuple(st.order),
+        tuple(st.loads),
+        interp.executable,
+    )
