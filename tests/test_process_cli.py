@@ -78,14 +78,6 @@ def test_static_text_escapes_control_characters_in_file_names(tmp_path: Path, mo
 
 # What a static reading of the files cannot see, for ``import torch`` (each listed with why):
 UNPREDICTABLE = {
-    # Cython extension modules import their cimported modules from C at module init; no Python source
-    # names those imports (cuda.bindings.driver -> cydriver -> _internal.driver, ...)
-    "cuda/bindings/cydriver": "Cython cimport at extension init",
-    "cuda/bindings/cyruntime": "Cython cimport at extension init",
-    "cuda/bindings/_internal/driver": "Cython cimport at extension init",
-    "cuda/bindings/_internal/runtime": "Cython cimport at extension init",
-    "cuda/bindings/_internal/runtime_ptds": "Cython cimport at extension init",
-    "cuda/bindings/_internal/utils": "Cython cimport at extension init",
     # hashlib imports _blake2 inside __get_builtin_constructor, a function its top level calls in a loop
     "lib-dynload/_blake2": "imported inside a function that hashlib's top level calls",
 }

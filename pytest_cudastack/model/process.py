@@ -18,7 +18,12 @@ The model:
 * **CPython extension loading.** An extension module is ``dlopen``-ed by path with RTLD_NOW | RTLD_LOCAL
   (``sys.getdlopenflags()``'s default); its DT_NEEDED closure is resolved by :meth:`Resolver.tree` with every
   object mapped so far already loaded (glibc's ``_dl_map_object`` first matches a request against the
-  names and DT_SONAME of loaded objects, whatever their RTLD_LOCAL/RTLD_GLOBAL scope).
+  names and DT_SONAME of loaded objects, whatever their RTLD_LOCAL/RTLD_GLOBAL scope). Each ``dlopen`` is
+  recorded (``Process.loads``) with what it finds loaded and the global scope then, for the binding check.
+* **Imports from C.** An extension module's init then imports what its C code names
+  (:mod:`pytest_cudastack.linker.lookups`): each dotted C string of its read-only data that names an
+  installed module (Cython's ``cimport``s), and the module names under its own top-level package in its
+  compressed string table (Cython >= 3.1), each the longest prefix there that names a module.
 * **Known preloads** (``cuda/data/dlopen_targets.json``, ``preloads``): torch's ``_load_global_deps``
   maps ``libtorch_global_deps.so`` by path with RTLD_GLOBAL and then its nvidia libraries by path from
   ``sys.path``, at the point of its top-level code that calls it; rows with ``before_import`` run right
@@ -31,7 +36,8 @@ The model:
   not at import.
 
 Not modelled: imports performed by code the model does not run (``importlib.import_module`` with a computed
-name, ``__getattr__`` lazy imports, imports inside functions called at import time), ``.pth`` files,
+name, ``__getattr__`` lazy imports, imports inside functions called at import time; a C string that names
+a module the extension imports only later, when a function runs, is taken as an import at init), ``.pth`` files,
 the current directory at the head of ``sys.path``, and ctypes loads other than the table's.
 """
 
@@ -44,12 +50,14 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from pytest_cudastack._sysio import real_path
 from pytest_cudastack.cuda.dlopen import Preload, load_preloads
 from pytest_cudastack.errors import ElfError
 from pytest_cudastack.linker.elf import ElfInfo
 from pytest_cudastack.linker.elfcache import ElfCache
+from pytest_cudastack.linker.lookups import Lookups, read_lookups
 from pytest_cudastack.linker.resolver import Resolver, Route
 from pytest_cudastack.linker.strings import StringFacts
 from pytest_cudastack.model.abi import inspected_suffixes
@@ -385,12 +393,80 @@ def _import(st: _State, finder: _Finder, name: str, depth: int = 0) -> bool:
     if file is None:
         return True
     if not file.endswith(".py"):
+        fresh = real_path(file, st.dirs) not in st.real
         _map(st, file, "extension module", f"extension module {name} (dlopen RTLD_NOW|RTLD_LOCAL)")
+        if fresh and real_path(file, st.dirs) in st.real:  # its init ran: the imports it makes from C
+            for sub in _c_imports(st, finder, name, file):
+                _import(st, finder, sub, depth + 1)
         return True
     is_package = os.path.basename(file) == "__init__.py"
     rows = [r for r in st.preloads if r.module == name and not r.before_import]
     _run_body(st, finder, module_imports(file, name, is_package, st.cache), name, os.path.dirname(file), rows, depth)
     return True
+
+
+def _lookups(st: _State, path: str) -> Lookups | None:
+    """The run-time lookups of an extension module (cached in the ELF cache's extras under the file's
+    identity); None when the file cannot be read."""
+    key: list[Any] | None = None
+    if st.cache is not None:
+        try:
+            stat = os.stat(path)
+        except OSError:
+            return None
+        key = [stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns]
+        hit = st.cache.get_extra(f"lookups:{path}")
+        if isinstance(hit, dict) and hit.get("key") == key:
+            with contextlib.suppress(ElfError):
+                return Lookups.from_json(hit.get("lookups"))
+    try:
+        found = read_lookups(path)
+    except ElfError as e:
+        st.problems.append(str(e))
+        return None
+    if st.cache is not None and key is not None:
+        st.cache.put_extra(f"lookups:{path}", {"key": key, "lookups": found.to_json()})
+    return found
+
+
+def _c_imports(st: _State, finder: _Finder, module: str, path: str) -> list[str]:
+    """The installed modules extension ``module`` imports from C at init (:mod:`pytest_cudastack.linker.lookups`):
+    its dotted C strings that name a module, then the module names under its own top-level package in its
+    compressed string tables (each the longest prefix of the text after ``top.`` that names a module)."""
+    found = _lookups(st, path)
+    if found is None:
+        return []
+    out: dict[str, None] = {}
+    for name in found.modules:
+        if name != module and name not in st.imported and finder.find(name):
+            out.setdefault(name, None)
+    top = module.split(".")[0] + "."
+    for run in found.packed:
+        at = run.find(top)
+        while at != -1:
+            packed = _longest_module(finder, run[at:])
+            if packed is not None and packed != module and packed not in st.imported:
+                out.setdefault(packed, None)
+            at = run.find(top, at + 1)
+    return list(out)
+
+
+def _longest_module(finder: _Finder, text: str) -> str | None:
+    """The longest dotted prefix of ``text`` (its last part may end inside a run of identifier characters)
+    that names a module, at least two parts long; None when there is none."""
+    parts = text.split(".")
+    name = parts[0]
+    best: str | None = None
+    for part in parts[1:]:
+        sizes = range(min(len(part), 100), 0, -1)
+        size = next((k for k in sizes if part[:k].isidentifier() and finder.find(f"{name}.{part[:k]}")), 0)
+        if not size:
+            break
+        best = f"{name}.{part[:size]}"
+        if size < len(part):
+            break  # the name ended inside this part: what follows is another constant
+        name = best
+    return best
 
 
 def _run_body(

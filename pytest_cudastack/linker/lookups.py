@@ -1,0 +1,123 @@
+"""Names an ELF file looks up by name at run time, read from its read-only data: the Python modules an
+extension module imports from C, and the CUDA driver entry points it asks ``dlsym``/``cuGetProcAddress`` for.
+
+* **Modules imported from C.** An extension module that imports another module in its init function passes
+  the name to ``PyImport_ImportModule`` (Cython: ``__Pyx_ImportDottedModule`` for every ``cimport``ed module,
+  whose functions and types it fetches at init) as a C string: a NUL-terminated dotted name in ``.rodata``
+  (``cuda.bindings.cydriver`` in ``cuda/bindings/driver.so``). Cython >= 3.1 also keeps the module's Python
+  string constants (its ``import`` statements' names among them) in one zlib-compressed table in
+  ``.rodata``, concatenated without separators: :attr:`Lookups.packed` holds that table's runs of
+  identifier characters and dots (``driver.pyxcuda.bindings._internal.utilsfunction``), in which the caller
+  finds module names with its module finder (a name may start and end inside a run).
+* **Driver entry points.** NUL-terminated ``cu[A-Z]...`` identifiers (``cuMemAlloc_v2``, ``cuGreenCtxCreate``),
+  the names a library passes to ``dlsym`` on ``libcuda.so.1`` or to ``cuGetProcAddress``;
+  :attr:`Lookups.proc_address` says whether the file names ``cuGetProcAddress`` itself (the lookup that
+  reports a missing entry point per call instead of failing the load).
+
+Bounded like :mod:`pytest_cudastack.linker.strings`: at most :data:`MAX_SCAN` bytes of read-only data, a
+compressed table inflated to at most :data:`MAX_INFLATE` bytes, :data:`MAX_NAMES` names of each kind.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import zlib
+from dataclasses import dataclass
+from typing import Any
+
+from pytest_cudastack._sysio import open_regular
+from pytest_cudastack.errors import ElfError
+from pytest_cudastack.linker.strings import read_only_ranges
+
+__all__ = ["MAX_INFLATE", "MAX_NAMES", "MAX_SCAN", "Lookups", "read_lookups"]
+
+MAX_SCAN = 64 << 20  # an extension module's read-only data: a few MB (cuda-bindings' driver: 1.5 MB)
+MAX_INFLATE = 16 << 20
+MAX_NAMES = 4096
+_DOTTED = re.compile(rb"\0([A-Za-z_][A-Za-z0-9_]{0,100}(?:\.[A-Za-z_][A-Za-z0-9_]{0,100}){1,10})(?=\0)")
+_RUN = re.compile(rb"[A-Za-z0-9_]*(?:\.[A-Za-z0-9_]+)+")
+_MAX_RUN = 1 << 16  # a run holds many concatenated constants
+_DRIVER = re.compile(rb"\0(cu[A-Z][A-Za-z0-9_]{1,100})(?=\0)")
+_ZLIB = re.compile(rb"\x78[\x01\x5e\x9c\xda]")
+_MIN_TABLE = 64  # bytes inflated: a real string table, not a chance zlib header
+
+
+@dataclass(frozen=True)
+class Lookups:
+    """What one file looks up by name at run time (module docstring)."""
+
+    path: str
+    modules: tuple[str, ...]  # dotted C strings, in file order
+    packed: tuple[str, ...]  # dotted runs of compressed string tables (prefixes may be modules)
+    driver: tuple[str, ...]  # cu* identifiers, in file order
+    proc_address: bool  # the file names cuGetProcAddress (per-entry lookups that report absence)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "modules": list(self.modules),
+            "packed": list(self.packed),
+            "driver": list(self.driver),
+            "proc_address": self.proc_address,
+        }
+
+    @classmethod
+    def from_json(cls, d: Any) -> Lookups:
+        """Inverse of :meth:`to_json`; ElfError on anything else (a corrupt cache entry)."""
+        keys = {"path", "modules", "packed", "driver", "proc_address"}
+        if not isinstance(d, dict) or set(d) != keys or not isinstance(d["proc_address"], bool):
+            raise ElfError("malformed lookups")
+        lists = [d[k] for k in ("modules", "packed", "driver")]
+        if not isinstance(d["path"], str) or not all(
+            isinstance(v, list) and len(v) <= MAX_NAMES and all(isinstance(x, str) for x in v) for v in lists
+        ):
+            raise ElfError("malformed lookups")
+        return cls(d["path"], tuple(lists[0]), tuple(lists[1]), tuple(lists[2]), d["proc_address"])
+
+
+def _inflate(data: bytes, at: int) -> bytes | None:
+    """The zlib stream starting at ``at``, when one ends there within the bounds; None otherwise."""
+    z = zlib.decompressobj()
+    try:
+        out = z.decompress(data[at:], MAX_INFLATE)
+    except zlib.error:
+        return None
+    return out if z.eof and len(out) >= _MIN_TABLE else None
+
+
+def read_lookups(path: str | os.PathLike[str]) -> Lookups:
+    """The names ``path`` looks up at run time (module docstring); ElfError when it cannot be read."""
+    p = os.fspath(path)
+    modules: dict[str, None] = {}
+    packed: dict[str, None] = {}
+    driver: dict[str, None] = {}
+    budget = MAX_SCAN
+    ranges = read_only_ranges(p)
+    fd, _st = open_regular(p)
+    try:
+        for offset, length in ranges:
+            n = min(length, budget)
+            if n <= 0:
+                break
+            budget -= n
+            data = b"\0" + os.pread(fd, n, offset) + b"\0"
+            for m in _DOTTED.finditer(data):
+                if len(modules) < MAX_NAMES:
+                    modules.setdefault(m.group(1).decode("ascii"), None)
+            for m in _DRIVER.finditer(data):
+                if len(driver) < MAX_NAMES:
+                    driver.setdefault(m.group(1).decode("ascii"), None)
+            for m in _ZLIB.finditer(data):
+                table = _inflate(data, m.start())
+                if table is None:
+                    continue
+                for run in _RUN.finditer(table):
+                    if len(packed) < MAX_NAMES and len(run.group()) <= _MAX_RUN:
+                        packed.setdefault(run.group().decode("ascii"), None)
+    except OSError as e:
+        raise ElfError(f"{p}: cannot read: {e.strerror or e}") from e
+    finally:
+        os.close(fd)
+    proc = any(n.startswith("cuGetProcAddress") for n in driver)
+    return Lookups(p, tuple(modules), tuple(packed), tuple(driver), proc)

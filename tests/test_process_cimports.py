@@ -1,0 +1,117 @@
+"""Modules an extension module imports from C at init (model/process.py with linker/lookups.py): a dotted C
+string naming an installed module (Cython's ``cimport``: ``__Pyx_ImportDottedModule``), and a module name
+inside a zlib-compressed string table (Cython >= 3.1's packed constants). gcc-built extension modules that
+really import at init; the oracle is the real import in a child process."""
+
+from __future__ import annotations
+
+import importlib.machinery
+import os
+import subprocess
+import sysconfig
+import zlib
+from pathlib import Path
+
+import pytest
+
+from pytest_cudastack.cli.loaded import loaded_libraries, static_document
+from pytest_cudastack.linker.lookups import Lookups, read_lookups
+from tests.helpers.elfbuild import CC, needs_cc
+from tests.helpers.sitebuild import site_packages
+
+pytestmark = needs_cc
+SUFFIX = importlib.machinery.EXTENSION_SUFFIXES[0]
+INCLUDE = sysconfig.get_paths()["include"]
+HAVE_HEADERS = os.path.isfile(os.path.join(INCLUDE, "Python.h"))
+
+
+def _ext(out: Path, name: str, body: str, extra: str = "") -> None:
+    """An extension module ``name`` whose PyInit runs ``body`` (C statements) before creating the module."""
+    assert CC is not None
+    src = out.with_suffix(".c")
+    src.write_text(
+        "#include <Python.h>\n"
+        f"{extra}\n"
+        f'static struct PyModuleDef def_ = {{PyModuleDef_HEAD_INIT, "{name}", NULL, -1, NULL}};\n'
+        f"PyMODINIT_FUNC PyInit_{name}(void) {{\n{body}\n  return PyModule_Create(&def_);\n}}\n"
+    )
+    proc = subprocess.run(
+        [CC, "-shared", "-fPIC", f"-I{INCLUDE}", "-o", str(out), str(src)], capture_output=True, text=True, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    src.unlink()
+
+
+IMPORT = "  {{ PyObject *m = PyImport_ImportModule({expr}); if (!m) return NULL; Py_DECREF(m); }}"
+
+
+def _site(tmp_path: Path) -> Path:
+    """``import pkgc`` imports pkgc.front (an extension module), whose init imports ``pkgc.cy`` (a C string,
+    as Cython's cimport does) and ``pkgc._utils`` (a name assembled at run time; the file keeps it only in a
+    zlib-compressed table, as Cython 3.1 does). Strings that are not imports stay unfollowed: a qualified
+    name under an extension module (``pkgc.cy.func``) and a module that is not installed (``pkgc.absent``)."""
+    site = site_packages(tmp_path / "venv")
+    pkg = site / "pkgc"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("from . import front\n")
+    table = zlib.compress(b"front.pyxpkgc._utilsfunction pkgc.absentmodulexx" * 4)
+    blob = ", ".join(str(b) for b in table)
+    extra = (
+        f"const unsigned char packed_strings[{len(table)}] = {{{blob}}};\n"
+        'const char *not_imports[] = {"pkgc.cy.func", "pkgc.absent"};\n'
+    )
+    utils = 'PyUnicode_FromFormat("%s.%s", "pkgc", "_utils")'
+    body = "\n".join(
+        [
+            IMPORT.format(expr='"pkgc.cy"'),
+            f"  {{ PyObject *n = {utils}; PyObject *m = PyImport_Import(n); Py_DECREF(n); if (!m) return NULL; "
+            "Py_DECREF(m); }",
+            "  (void)not_imports; (void)packed_strings;",
+        ]
+    )
+    _ext(pkg / f"front{SUFFIX}", "front", body, extra)
+    _ext(pkg / f"cy{SUFFIX}", "cy", "")
+    _ext(pkg / f"_utils{SUFFIX}", "_utils", "")
+    return site
+
+
+@pytest.mark.skipif(not HAVE_HEADERS, reason="needs Python.h")
+def test_modules_imported_from_c_are_predicted_as_the_real_import_maps_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.setenv("CUDASTACK_CACHE_DIR", str(tmp_path / "cache"))
+    site = _site(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    real, error = loaded_libraries("pkgc", site_paths=[str(site)])
+    assert error is None
+    observed = {os.path.basename(lib.path) for lib in real if str(site) in lib.path}
+    assert observed == {f"front{SUFFIX}", f"cy{SUFFIX}", f"_utils{SUFFIX}"}
+    for _ in range(2):  # cold, then from the cache
+        doc, clean = static_document("pkgc", [str(site)])
+        assert clean, doc.get("error")
+        predicted = {os.path.basename(x["path"]) for x in doc["libraries"] if str(site) in x["path"]}
+        assert predicted == observed
+
+
+@pytest.mark.skipif(not HAVE_HEADERS, reason="needs Python.h")
+def test_without_the_names_nothing_more_is_predicted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """The twin: an extension module with no such strings imports nothing from C in the model."""
+    monkeypatch.setenv("CUDASTACK_CACHE_DIR", str(tmp_path / "cache"))
+    site = site_packages(tmp_path / "venv")
+    (site / "pkgd").mkdir()
+    (site / "pkgd/__init__.py").write_text("from . import front\n")
+    _ext(site / f"pkgd/front{SUFFIX}", "front", "")
+    _ext(site / f"pkgd/cy{SUFFIX}", "cy", "")
+    doc, clean = static_document("pkgd", [str(site)])
+    assert clean
+    assert {os.path.basename(x["path"]) for x in doc["libraries"] if str(site) in x["path"]} == {f"front{SUFFIX}"}
+
+
+@pytest.mark.skipif(not HAVE_HEADERS, reason="needs Python.h")
+def test_lookups_reader_and_round_trip(tmp_path: Path):
+    site = _site(tmp_path)
+    found = read_lookups(site / f"pkgc/front{SUFFIX}")
+    assert "pkgc.cy" in found.modules
+    assert "pkgc.absent" in found.modules
+    assert any("pkgc._utilsfunction" in run for run in found.packed)
+    assert Lookups.from_json(found.to_json()) == found
