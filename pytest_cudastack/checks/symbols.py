@@ -54,6 +54,7 @@ from pytest_cudastack.cuda.driversyms import driver_entry_points
 from pytest_cudastack.errors import ElfError
 from pytest_cudastack.findings import Facts, Finding, Severity, manual
 from pytest_cudastack.linker.elf import ElfInfo, read_elf
+from pytest_cudastack.linker.lookups import cached_lookups
 from pytest_cudastack.linker.resolver import Library, Resolver, Route, Tree
 from pytest_cudastack.linker.symbols import ScopeIndex, SymbolFacts, relocation_order
 from pytest_cudastack.model.modules import ModuleTree, module_trees
@@ -355,6 +356,81 @@ def _driver_findings(
     return out
 
 
+def _driver_cuda(driver: DriverInfo | None) -> tuple[tuple[int, ...], str] | None:
+    """The driver's CUDA version as numbers and its label, when a driver is known."""
+    if driver is None or not driver.present or driver.cuda_version is None:
+        return None
+    try:
+        have = tuple(int(x) for x in driver.cuda_version.split(".")[:2])
+    except ValueError:
+        return None
+    return have, f"{driver.source} {driver.version}" if driver.version else driver.source
+
+
+def _runtime_driver_findings(
+    run: _Run,
+    objects: Iterable[str],
+    driver: DriverInfo | None,
+    display: Callable[[str], str],
+    store: VerdictStore | None,
+) -> list[Finding]:
+    """Driver entry points an object obtains at run time (``dlsym`` on libcuda.so.1 or ``cuGetProcAddress``:
+    the ``cu*`` names in its read-only data, :mod:`pytest_cudastack.linker.lookups`) newer than the declared or
+    probed driver's CUDA (the link-time table, ``cuda/data/driver_symbols.json``). A WARNING per object: a
+    name in its data is a possible lookup, not a certain one, and both lookups return NULL for a missing entry
+    point, which the caller may handle (``cuGetProcAddress`` reports it per call; the CUDA runtime and the
+    language bindings fail only the API that needs it) or not; the load itself never fails. Names the object
+    also references at link time are the link-time check's, and names it defines itself (libcuda.so.1) are
+    no lookups."""
+    known = _driver_cuda(driver)
+    if known is None or driver is None:
+        return []
+    have, label = known
+    table = driver_entry_points()
+    out: list[Finding] = []
+    for obj in dict.fromkeys(objects):
+        try:
+            found = cached_lookups(obj, store)
+        except ElfError:
+            continue  # unreadable files are reported by the symbol reader
+        facts = run.get(obj)
+        own = set(facts.def_names) | set(facts.ref_names) if facts is not None else set()
+        newer = [(table[n].cuda, n) for n in found.driver if n in table and table[n].cuda > have and n not in own]
+        if not newer:
+            continue
+        newer.sort(key=lambda e: (e[0], e[1]))
+        lines = [
+            f"{n} was introduced in CUDA {table[n].cuda_text} ({table[n].source} in cudaTypedefs.h)" for _v, n in newer
+        ]
+        how = "cuGetProcAddress" if found.proc_address else "dlsym"
+        last = newer[-1][1]
+        out.append(
+            Finding(
+                check="symbols",
+                severity=Severity.WARNING,
+                subject=display(obj),
+                message=f"{len(newer)} driver entry point(s) {display(obj)} may obtain at run time ({how}) are "
+                f"newer than the driver ({label}, CUDA {driver.cuda_version}): {newer[0][1]} (CUDA "
+                f"{table[newer[0][1]].cuda_text}) ... {last} (CUDA {table[last].cuda_text})",
+                cause=f"{display(obj)} names them in its read-only data; {_LIBCUDA} for CUDA "
+                f"{driver.cuda_version} does not define them, so the lookup returns NULL and whatever needs "
+                "them fails when used (the load itself succeeds)",
+                remedies=manual(
+                    f"run on a driver for CUDA >= {table[last].cuda_text} where these features are used, or "
+                    f"install a build for CUDA {driver.cuda_version}"
+                ),
+                facts=Facts(
+                    required=" ".join(n for _v, n in newer)[:2000],
+                    found=str(driver.cuda_version),
+                    objects=(os.path.normpath(obj),),
+                ),
+                details=tuple(lines[:_MAX_DETAILS])
+                + ((f"... and {len(lines) - _MAX_DETAILS} more",) if len(lines) > _MAX_DETAILS else ()),
+            )
+        )
+    return out
+
+
 def _route(lib: Library, display: Callable[[str], str] = str) -> str:
     """``runpath, runpath of torch/lib/libtorch_cuda.so``: the route, with the requester's path displayed."""
     detail = lib.route_detail
@@ -632,7 +708,11 @@ def extension_symbol_findings(
                 *_findings("symbols", run, kept, index, inv, display, "the import"),
                 *_findings("symbols", run, problems2, index2, inv, display, "the import"),
             ]
-    found = (*found_here, *_driver_findings(run, index, plans, driver, display))
+    found = (
+        *found_here,
+        *_driver_findings(run, index, plans, driver, display),
+        *_runtime_driver_findings(run, (obj for obj, _s, _n in plans), driver, display, verdicts),
+    )
     _remember(verdicts, key, run, found)
     return found
 
@@ -800,6 +880,7 @@ def binary_symbol_findings(
     found = (
         *_findings("symbols", run, problems, index, inventory, display, subject),
         *_driver_findings(run, index, plans, driver, display),
+        *_runtime_driver_findings(run, (obj for obj, _s, _n in plans), driver, display, verdicts),
     )
     _remember(verdicts, key, run, found)
     return found

@@ -24,13 +24,13 @@ import os
 import re
 import zlib
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from pytest_cudastack._sysio import open_regular
 from pytest_cudastack.errors import ElfError
 from pytest_cudastack.linker.strings import read_only_ranges
 
-__all__ = ["MAX_INFLATE", "MAX_NAMES", "MAX_SCAN", "Lookups", "read_lookups"]
+__all__ = ["MAX_INFLATE", "MAX_NAMES", "MAX_SCAN", "ExtraStore", "Lookups", "cached_lookups", "read_lookups"]
 
 MAX_SCAN = 64 << 20  # an extension module's read-only data: a few MB (cuda-bindings' driver: 1.5 MB)
 MAX_INFLATE = 16 << 20
@@ -121,3 +121,33 @@ def read_lookups(path: str | os.PathLike[str]) -> Lookups:
         os.close(fd)
     proc = any(n.startswith("cuGetProcAddress") for n in driver)
     return Lookups(p, tuple(modules), tuple(packed), tuple(driver), proc)
+
+
+class ExtraStore(Protocol):
+    """Where facts are kept between runs (``ElfCache.get_extra`` / ``put_extra``)."""
+
+    def get_extra(self, key: str) -> Any: ...
+
+    def put_extra(self, key: str, value: Any) -> None: ...
+
+
+def cached_lookups(path: str, store: ExtraStore | None) -> Lookups:
+    """:func:`read_lookups`, kept in ``store`` under the file's identity (device, inode, size, mtime) while
+    it is unchanged; ElfError as :func:`read_lookups`."""
+    key: list[int] | None = None
+    if store is not None:
+        try:
+            st = os.stat(path)
+        except (OSError, ValueError) as e:
+            raise ElfError(f"{path}: cannot read: {e}") from e
+        key = [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns]
+        hit = store.get_extra(f"lookups:{path}")
+        if isinstance(hit, dict) and hit.get("key") == key:
+            try:
+                return Lookups.from_json(hit.get("lookups"))
+            except ElfError:
+                pass  # a corrupt entry: read the file again
+    found = read_lookups(path)
+    if store is not None and key is not None:
+        store.put_extra(f"lookups:{path}", {"key": key, "lookups": found.to_json()})
+    return found

@@ -50,14 +50,13 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from pytest_cudastack._sysio import real_path
 from pytest_cudastack.cuda.dlopen import Preload, load_preloads
 from pytest_cudastack.errors import ElfError
 from pytest_cudastack.linker.elf import ElfInfo
 from pytest_cudastack.linker.elfcache import ElfCache
-from pytest_cudastack.linker.lookups import Lookups, read_lookups
+from pytest_cudastack.linker.lookups import Lookups, cached_lookups
 from pytest_cudastack.linker.resolver import Resolver, Route
 from pytest_cudastack.linker.strings import StringFacts
 from pytest_cudastack.model.abi import inspected_suffixes
@@ -406,27 +405,12 @@ def _import(st: _State, finder: _Finder, name: str, depth: int = 0) -> bool:
 
 
 def _lookups(st: _State, path: str) -> Lookups | None:
-    """The run-time lookups of an extension module (cached in the ELF cache's extras under the file's
-    identity); None when the file cannot be read."""
-    key: list[Any] | None = None
-    if st.cache is not None:
-        try:
-            stat = os.stat(path)
-        except OSError:
-            return None
-        key = [stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns]
-        hit = st.cache.get_extra(f"lookups:{path}")
-        if isinstance(hit, dict) and hit.get("key") == key:
-            with contextlib.suppress(ElfError):
-                return Lookups.from_json(hit.get("lookups"))
+    """The run-time lookups of an extension module (kept in the ELF cache); None when it cannot be read."""
     try:
-        found = read_lookups(path)
+        return cached_lookups(path, st.cache)
     except ElfError as e:
         st.problems.append(str(e))
         return None
-    if st.cache is not None and key is not None:
-        st.cache.put_extra(f"lookups:{path}", {"key": key, "lookups": found.to_json()})
-    return found
 
 
 def _c_imports(st: _State, finder: _Finder, module: str, path: str) -> list[str]:
