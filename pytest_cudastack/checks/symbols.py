@@ -376,12 +376,14 @@ def _runtime_driver_findings(
 ) -> list[Finding]:
     """Driver entry points an object obtains at run time (``dlsym`` on libcuda.so.1 or ``cuGetProcAddress``:
     the ``cu*`` names in its read-only data, :mod:`pytest_cudastack.linker.lookups`) newer than the declared or
-    probed driver's CUDA (the link-time table, ``cuda/data/driver_symbols.json``). A WARNING per object: a
-    name in its data is a possible lookup, not a certain one, and both lookups return NULL for a missing entry
-    point, which the caller may handle (``cuGetProcAddress`` reports it per call; the CUDA runtime and the
-    language bindings fail only the API that needs it) or not; the load itself never fails. Names the object
-    also references at link time are the link-time check's, and names it defines itself (libcuda.so.1) are
-    no lookups."""
+    probed driver's CUDA (the link-time table, ``cuda/data/driver_symbols.json``), one finding per object.
+    Never an error: a name in its data is a possible lookup, not a certain one, and the load itself never
+    fails. A WARNING when the object looks names up with ``dlsym`` only (a missing name is a NULL pointer the
+    caller may not check); an INFO when it uses ``cuGetProcAddress`` (which reports a missing entry point
+    per call, with the version it needs: the CUDA runtime, statically linked into most CUDA libraries, and the
+    language bindings turn that into an error of the one API that needs it). Names the object also
+    references at link time are the link-time check's, and names it defines itself (libcuda.so.1) are no
+    lookups."""
     known = _driver_cuda(driver)
     if known is None or driver is None:
         return []
@@ -390,7 +392,7 @@ def _runtime_driver_findings(
     out: list[Finding] = []
     for obj in dict.fromkeys(objects):
         try:
-            found = cached_lookups(obj, store)
+            found = cached_lookups(obj, store, modules=False)
         except ElfError:
             continue  # unreadable files are reported by the symbol reader
         facts = run.get(obj)
@@ -407,7 +409,7 @@ def _runtime_driver_findings(
         out.append(
             Finding(
                 check="symbols",
-                severity=Severity.WARNING,
+                severity=Severity.INFO if found.proc_address else Severity.WARNING,
                 subject=display(obj),
                 message=f"{len(newer)} driver entry point(s) {display(obj)} may obtain at run time ({how}) are "
                 f"newer than the driver ({label}, CUDA {driver.cuda_version}): {newer[0][1]} (CUDA "

@@ -33,7 +33,8 @@ from pytest_cudastack.linker.strings import read_only_ranges
 __all__ = ["MAX_INFLATE", "MAX_NAMES", "MAX_SCAN", "ExtraStore", "Lookups", "cached_lookups", "read_lookups"]
 
 MAX_SCAN = 64 << 20  # an extension module's read-only data: a few MB (cuda-bindings' driver: 1.5 MB)
-MAX_INFLATE = 16 << 20
+MAX_INFLATE = 4 << 20  # Cython's table for cuda-bindings' driver module: 0.2 MB inflated
+_WINDOW = 1 << 20  # compressed bytes one table may span
 MAX_NAMES = 4096
 _DOTTED = re.compile(rb"\0([A-Za-z_][A-Za-z0-9_]{0,100}(?:\.[A-Za-z_][A-Za-z0-9_]{0,100}){1,10})(?=\0)")
 _RUN = re.compile(rb"[A-Za-z0-9_]*(?:\.[A-Za-z0-9_]+)+")
@@ -76,20 +77,22 @@ class Lookups:
         return cls(d["path"], tuple(lists[0]), tuple(lists[1]), tuple(lists[2]), d["proc_address"])
 
 
-def _inflate(data: bytes, at: int) -> bytes | None:
+def _inflate(data: memoryview, at: int) -> bytes | None:
     """The zlib stream starting at ``at``, when one ends there within the bounds; None otherwise."""
     z = zlib.decompressobj()
     try:
-        out = z.decompress(data[at:], MAX_INFLATE)
+        out = z.decompress(data[at : at + _WINDOW], MAX_INFLATE)  # a view: no copy per candidate header
     except zlib.error:
         return None
     return out if z.eof and len(out) >= _MIN_TABLE else None
 
 
-def read_lookups(path: str | os.PathLike[str]) -> Lookups:
-    """The names ``path`` looks up at run time (module docstring); ElfError when it cannot be read."""
+def read_lookups(path: str | os.PathLike[str], modules: bool = True) -> Lookups:
+    """The names ``path`` looks up at run time (module docstring); ElfError when it cannot be read. Without
+    ``modules`` only the driver entry points are read (``modules`` and ``packed`` empty): a multi-GB library's
+    read-only data is then one cheap scan."""
     p = os.fspath(path)
-    modules: dict[str, None] = {}
+    dotted: dict[str, None] = {}
     packed: dict[str, None] = {}
     driver: dict[str, None] = {}
     budget = MAX_SCAN
@@ -102,14 +105,17 @@ def read_lookups(path: str | os.PathLike[str]) -> Lookups:
                 break
             budget -= n
             data = b"\0" + os.pread(fd, n, offset) + b"\0"
-            for m in _DOTTED.finditer(data):
-                if len(modules) < MAX_NAMES:
-                    modules.setdefault(m.group(1).decode("ascii"), None)
             for m in _DRIVER.finditer(data):
                 if len(driver) < MAX_NAMES:
                     driver.setdefault(m.group(1).decode("ascii"), None)
+            if not modules:
+                continue
+            for m in _DOTTED.finditer(data):
+                if len(dotted) < MAX_NAMES:
+                    dotted.setdefault(m.group(1).decode("ascii"), None)
+            view = memoryview(data)
             for m in _ZLIB.finditer(data):
-                table = _inflate(data, m.start())
+                table = _inflate(view, m.start())
                 if table is None:
                     continue
                 for run in _RUN.finditer(table):
@@ -120,7 +126,7 @@ def read_lookups(path: str | os.PathLike[str]) -> Lookups:
     finally:
         os.close(fd)
     proc = any(n.startswith("cuGetProcAddress") for n in driver)
-    return Lookups(p, tuple(modules), tuple(packed), tuple(driver), proc)
+    return Lookups(p, tuple(dotted), tuple(packed), tuple(driver), proc)
 
 
 class ExtraStore(Protocol):
@@ -131,7 +137,7 @@ class ExtraStore(Protocol):
     def put_extra(self, key: str, value: Any) -> None: ...
 
 
-def cached_lookups(path: str, store: ExtraStore | None) -> Lookups:
+def cached_lookups(path: str, store: ExtraStore | None, modules: bool = True) -> Lookups:
     """:func:`read_lookups`, kept in ``store`` under the file's identity (device, inode, size, mtime) while
     it is unchanged; ElfError as :func:`read_lookups`."""
     key: list[int] | None = None
@@ -141,13 +147,13 @@ def cached_lookups(path: str, store: ExtraStore | None) -> Lookups:
         except (OSError, ValueError) as e:
             raise ElfError(f"{path}: cannot read: {e}") from e
         key = [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns]
-        hit = store.get_extra(f"lookups:{path}")
+        hit = store.get_extra(f"lookups{int(modules)}:{path}")
         if isinstance(hit, dict) and hit.get("key") == key:
             try:
                 return Lookups.from_json(hit.get("lookups"))
             except ElfError:
                 pass  # a corrupt entry: read the file again
-    found = read_lookups(path)
+    found = read_lookups(path, modules)
     if store is not None and key is not None:
-        store.put_extra(f"lookups:{path}", {"key": key, "lookups": found.to_json()})
+        store.put_extra(f"lookups{int(modules)}:{path}", {"key": key, "lookups": found.to_json()})
     return found
