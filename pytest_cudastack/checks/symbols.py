@@ -49,7 +49,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from pytest_cudastack._sysio import real_path
-from pytest_cudastack.cuda.driver import DriverInfo
 from pytest_cudastack.cuda.driversyms import driver_entry_points
 from pytest_cudastack.errors import ElfError
 from pytest_cudastack.findings import Facts, Finding, Severity, manual
@@ -57,14 +56,14 @@ from pytest_cudastack.linker.elf import ElfInfo, read_elf
 from pytest_cudastack.linker.lookups import cached_lookups
 from pytest_cudastack.linker.resolver import Library, Resolver, Route, Tree
 from pytest_cudastack.linker.symbols import ScopeIndex, SymbolFacts, relocation_order
-from pytest_cudastack.model.modules import ModuleTree, module_trees
 from pytest_cudastack.model.process import ImportScope, Interpreter, Process, import_scopes
-from pytest_cudastack.model.reach import judge_reach
 from pytest_cudastack.wheels.inventory import Inventory
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # annotations only: `loaded --static` imports this module for its binding check alone
     from pytest_cudastack.checks.facts import StackView, Target
+    from pytest_cudastack.cuda.driver import DriverInfo
     from pytest_cudastack.linker.elfcache import ElfCache
+    from pytest_cudastack.model.modules import ModuleTree
 
 __all__ = [
     "GLOBAL_PRELOADS",
@@ -671,7 +670,11 @@ def extension_symbol_findings(
         if obj not in started:
             scopes_of.setdefault(obj, []).append(glob)
     loaders: dict[str, list[ModuleTree]] = {}  # object -> the modules whose import loads it
-    for mt in trees if trees is not None else module_trees(inv, resolver):
+    if trees is None:
+        from pytest_cudastack.model.modules import module_trees  # lazy: see TYPE_CHECKING above
+
+        trees = module_trees(inv, resolver)
+    for mt in trees:
         local = _scope([mt.tree], dirs)
         both = Scope(
             glob.objects + local.objects,
@@ -819,6 +822,19 @@ def process_symbol_findings(
     objects in relocation order (:func:`_relocation_sequence`), each object's symbols in its relocation
     records' order. So the first finding's first detail is what the import's error names
     (:func:`loader_message`)."""
+    labels = [d.label for d in inventory.distributions] if inventory else []
+    cfg = resolver.config
+    # the scopes follow from the loads (each with what it found loaded) and the search configuration: a key
+    # of those recalls a verdict without resolving any scope (the files it was computed from are checked)
+    body = [
+        ["process", process.executable, process.module, labels, cfg.root, list(cfg.ld_library_path)],
+        [[ld.path, ld.first, list(ld.scope.loaded), list(ld.scope.global_scope)] for ld in process.loads],
+        [o.realpath for o in process.objects],
+    ]
+    key = _VERDICT_PREFIX + hashlib.sha256(json.dumps(body).encode()).hexdigest()
+    hit = _recall(verdicts, key)
+    if hit is not None:
+        return hit
     dirs: dict[str, str] = {}
     interp_scope = _scope([resolver.tree(process.executable)], dirs) if process.executable else _scope([], dirs)
     plans: list[tuple[str, Sequence[Scope], bool]] = []
@@ -832,11 +848,6 @@ def process_symbol_findings(
         for j, obj in enumerate(_relocation_sequence(local, new, dirs)):
             rank[obj] = (i, searched.get(obj, 0), j)
             plans.append((obj, [both], True))
-    labels = [d.label for d in inventory.distributions] if inventory else []
-    key = _plan_key(["process", process.executable, process.module, labels], plans)
-    hit = _recall(verdicts, key)
-    if hit is not None:
-        return hit
     run = _Run(read)
     problems, index = _check(run, plans)
     display = _display(inventory)
@@ -948,6 +959,8 @@ def run(stack: StackView, target: Target | None = None) -> tuple[Finding, ...]:
         pycache=cache,
         trees=stack.module_trees,
     )
+    from pytest_cudastack.model.reach import judge_reach  # lazy: see TYPE_CHECKING above
+
     # an unbound reference is an ERROR when an import that will happen loads its needer (facts.objects[0])
     out = list(judge_reach(found, stack.reachability, stack.module_trees, lambda f: f.facts.objects[:1]))
     for name, path in stack.scan_targets:
