@@ -9,6 +9,8 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from pytest_cudastack.checks.symbols import binary_symbol_findings
 from pytest_cudastack.cuda.driver import DriverInfo
 from pytest_cudastack.findings import Severity
@@ -95,3 +97,13 @@ def test_the_driver_itself_is_no_lookup(tmp_path: Path):
         tmp_path, "libcuda_like", 'int cuGreenCtxCreate(void) { return 0; }\nconst char *n = "cuGreenCtxCreate";\n'
     )
     assert _findings(lib, DECLARED) == []
+
+
+def test_driver_names_are_read_in_chunks_without_losing_one_across_a_boundary(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    lib = _lib(tmp_path, "libjit", DLSYM)
+    whole = read_lookups(lib, modules=False).driver
+    for size in (7, 16, 33):
+        monkeypatch.setattr("pytest_cudastack.linker.lookups._CHUNK", size)
+        assert read_lookups(lib, modules=False).driver == whole

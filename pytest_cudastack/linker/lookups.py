@@ -40,6 +40,8 @@ _DOTTED = re.compile(rb"\0([A-Za-z_][A-Za-z0-9_]{0,100}(?:\.[A-Za-z_][A-Za-z0-9_
 _RUN = re.compile(rb"[A-Za-z0-9_]*(?:\.[A-Za-z0-9_]+)+")
 _MAX_RUN = 1 << 16  # a run holds many concatenated constants
 _DRIVER = re.compile(rb"\0(cu[A-Z][A-Za-z0-9_]{1,100})(?=\0)")
+_MAX_DRIVER_NAME = 104  # NUL, "cu", 101 characters
+_CHUNK = 4 << 20
 _ZLIB = re.compile(rb"\x78[\x01\x5e\x9c\xda]")
 _MIN_TABLE = 64  # bytes inflated: a real string table, not a chance zlib header
 
@@ -104,12 +106,11 @@ def read_lookups(path: str | os.PathLike[str], modules: bool = True) -> Lookups:
             if n <= 0:
                 break
             budget -= n
-            data = b"\0" + os.pread(fd, n, offset) + b"\0"
-            for m in _DRIVER.finditer(data):
-                if len(driver) < MAX_NAMES:
-                    driver.setdefault(m.group(1).decode("ascii"), None)
+            _driver_names(fd, offset, n, driver)
             if not modules:
                 continue
+            # whole (an extension module's read-only data is small): a compressed table is one stream
+            data = b"\0" + os.pread(fd, n, offset) + b"\0"
             for m in _DOTTED.finditer(data):
                 if len(dotted) < MAX_NAMES:
                     dotted.setdefault(m.group(1).decode("ascii"), None)
@@ -127,6 +128,28 @@ def read_lookups(path: str | os.PathLike[str], modules: bool = True) -> Lookups:
         os.close(fd)
     proc = any(n.startswith("cuGetProcAddress") for n in driver)
     return Lookups(p, tuple(dotted), tuple(packed), tuple(driver), proc)
+
+
+def _driver_names(fd: int, offset: int, length: int, found: dict[str, None]) -> None:
+    """Add the ``cu*`` strings of one range to ``found``, chunk by chunk (a multi-GB library is never read
+    whole); the unfinished string after a chunk's last NUL is carried into the next one."""
+    carry = b"\0"
+    pos, end = offset, offset + length
+    while pos < end and len(found) < MAX_NAMES:
+        chunk = os.pread(fd, min(_CHUNK, end - pos), pos)
+        if not chunk:
+            break
+        pos += len(chunk)
+        buf = carry + chunk + (b"\0" if pos >= end else b"")
+        last = buf.rfind(b"\0")
+        if last == -1:  # no string boundary at all: nothing here starts a name
+            carry = b""
+            continue
+        for m in _DRIVER.finditer(buf, 0, last + 1):
+            if len(found) < MAX_NAMES:
+                found.setdefault(m.group(1).decode("ascii"), None)
+        tail = buf[last:]
+        carry = tail if len(tail) <= _MAX_DRIVER_NAME else b""
 
 
 class ExtraStore(Protocol):

@@ -34,11 +34,14 @@ The model:
 * **dlopen targets.** The run-time loads of the dlopen table (:mod:`pytest_cudastack.checks.dlopen`) of
   every mapped object are listed apart (``Process.run_time``): they happen when a feature is first used,
   not at import.
+* **Calls at import time.** Imports inside the module's own functions that its top-level code calls (with
+  constant arguments, through aliases, in ``for`` loops over constant sequences) run when the call does
+  (:mod:`pytest_cudastack.model.pysource`: hashlib's ``__get_builtin_constructor`` imports ``_blake2``).
 
 Not modelled: imports performed by code the model does not run (``importlib.import_module`` with a computed
-name, ``__getattr__`` lazy imports, imports inside functions called at import time; a C string that names
-a module the extension imports only later, when a function runs, is taken as an import at init), ``.pth`` files,
-the current directory at the head of ``sys.path``, and ctypes loads other than the table's.
+name, ``__getattr__`` lazy imports, methods and other modules' functions called at import time; a C string
+that names a module the extension imports only later, when a function runs, is taken as an import at init),
+``.pth`` files, the current directory at the head of ``sys.path``, and ctypes loads other than the table's.
 """
 
 from __future__ import annotations

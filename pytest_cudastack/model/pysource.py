@@ -3,7 +3,11 @@
 Never runs or imports anything: a string-aware line scan keeps only the top-level statements the import model
 reads (imports, ``if``/``try``/``with``/``class`` blocks and top-level calls), :mod:`ast` parses them, and
 ``if`` tests on ``TYPE_CHECKING``, ``sys.platform``, ``sys.version_info`` and ``os.name`` are decided for this
-interpreter. The result (:data:`Items`) is JSON-able and cached in the ELF cache's extras under the file's
+interpreter. A module one of whose functions imports something and is named outside its own body (a cheap
+textual gate) is parsed whole, and the calls its top level makes of its own functions are followed
+(:func:`_top_calls`: arguments and module-level names bound to literals are known, ``x in {...}`` and
+``x == c`` tests on them are decided, ``__name__`` is the module's, a ``for`` over a constant sequence calls
+once per value). The result (:data:`Items`) is JSON-able and cached in the ELF cache's extras under the file's
 identity. :mod:`pytest_cudastack.model.process` follows these lists to predict an import.
 """
 
