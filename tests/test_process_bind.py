@@ -5,6 +5,7 @@ stand-ins; the oracle is the real import of them by this interpreter in a child 
 
 from __future__ import annotations
 
+import contextlib
 import importlib.machinery
 import os
 import subprocess
@@ -167,3 +168,23 @@ def test_real_import_error_of_the_stand_in_is_the_dlopen_error(tmp_path: Path):
     env = {**os.environ, "PYTHONPATH": str(site)}
     proc = subprocess.run([sys.executable, "-c", "import pkg"], env=env, capture_output=True, text=True, check=False)
     assert "undefined symbol: z_data" in proc.stderr
+
+
+def test_broken_relocation_tables_are_elf_errors_naming_the_file(tmp_path: Path):
+    """A truncated or garbled library: relocation_order raises ElfError (the finding falls back to names),
+    never a struct or index error."""
+    from pytest_cudastack.errors import ElfError
+
+    good = _so(tmp_path / "b", "libuser.so.1", USER)
+    for n, data in enumerate((good[: len(good) // 3], good[:64], b"\x7fELF" + b"\xff" * 200, b"not an elf")):
+        bad = tmp_path / f"bad{n}.so"
+        bad.write_bytes(data)
+        with pytest.raises(ElfError, match=str(bad)):
+            relocation_order(bad, ["z_data"])
+    flipped = bytearray(good)
+    for at in range(64, len(flipped), 97):  # garbage through the dynamic table and relocation records
+        flipped[at] ^= 0xFF
+    bad = tmp_path / "flipped.so"
+    bad.write_bytes(bytes(flipped))
+    with contextlib.suppress(ElfError):  # an ElfError is fine; any other exception fails the test
+        assert set(relocation_order(bad, ["z_data", "a_call"])) == {"z_data", "a_call"}

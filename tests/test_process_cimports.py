@@ -115,3 +115,16 @@ def test_lookups_reader_and_round_trip(tmp_path: Path):
     assert "pkgc.absent" in found.modules
     assert any("pkgc._utilsfunction" in run for run in found.packed)
     assert Lookups.from_json(found.to_json()) == found
+
+
+def test_lookups_of_broken_files_are_elf_errors(tmp_path: Path):
+    from pytest_cudastack.errors import ElfError
+
+    text = tmp_path / "x.so"
+    text.write_text("not an ELF file\n")
+    with pytest.raises(ElfError, match="not an ELF"):
+        read_lookups(text)
+    wrong = {"path": "x", "modules": [1], "packed": [], "driver": [], "proc_address": False}
+    for bad in (None, [], {"path": "x"}, wrong):
+        with pytest.raises(ElfError, match="malformed"):
+            Lookups.from_json(bad)
