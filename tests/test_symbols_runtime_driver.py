@@ -107,3 +107,25 @@ def test_driver_names_are_read_in_chunks_without_losing_one_across_a_boundary(
     for size in (7, 16, 33):
         monkeypatch.setattr("pytest_cudastack.linker.lookups._CHUNK", size)
         assert read_lookups(lib, modules=False).driver == whole
+
+
+def test_the_runtime_s_entry_point_lookup_is_a_per_entry_lookup(tmp_path: Path):
+    """torch's c10 asks cudaGetDriverEntryPointByVersion (imported from libcudart) for names in its data."""
+    assert CC is not None
+    rt = tmp_path / "rt"
+    rt.mkdir()
+    (rt / "r.c").write_text("int cudaGetDriverEntryPointByVersion(const char *s, void **f, unsigned v) { return 0; }\n")
+    cudart = rt / "libcudart.so.13"
+    subprocess.run(
+        [CC, "-shared", "-fPIC", "-o", str(cudart), str(rt / "r.c"), "-Wl,-soname,libcudart.so.13"], check=True
+    )
+    src = tmp_path / "c10.c"
+    src.write_text(
+        "int cudaGetDriverEntryPointByVersion(const char *, void **, unsigned);\n"
+        'int get(void **f) { return cudaGetDriverEntryPointByVersion("cuGreenCtxCreate", f, 12040); }\n'
+    )
+    lib = tmp_path / "libc10_like.so"
+    subprocess.run([CC, "-shared", "-fPIC", "-o", str(lib), str(src), str(cudart), f"-Wl,-rpath,{rt}"], check=True)
+    (finding,) = _findings(lib, DECLARED)
+    assert finding.severity is Severity.INFO
+    assert "(cudaGetDriverEntryPointByVersion)" in finding.message

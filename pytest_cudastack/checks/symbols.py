@@ -355,6 +355,9 @@ def _driver_findings(
     return out
 
 
+_PER_ENTRY = ("cuGetProcAddress", "cudaGetDriverEntryPoint")
+
+
 def _driver_cuda(driver: DriverInfo | None) -> tuple[tuple[int, ...], str] | None:
     """The driver's CUDA version as numbers and its label, when a driver is known."""
     if driver is None or not driver.present or driver.cuda_version is None:
@@ -378,9 +381,10 @@ def _runtime_driver_findings(
     probed driver's CUDA (the link-time table, ``cuda/data/driver_symbols.json``), one finding per object.
     Never an error: a name in its data is a possible lookup, not a certain one, and the load itself never
     fails. A WARNING when the object looks names up with ``dlsym`` only (a missing name is a NULL pointer the
-    caller may not check); an INFO when it uses ``cuGetProcAddress`` (which reports a missing entry point
-    per call, with the version it needs: the CUDA runtime, statically linked into most CUDA libraries, and the
-    language bindings turn that into an error of the one API that needs it). Names the object also
+    caller may not check); an INFO when it uses a per-entry lookup: ``cuGetProcAddress`` named in its data,
+    or ``cuGetProcAddress*``/``cudaGetDriverEntryPoint*`` imported (they report a missing entry point per
+    call, with the version it needs: the CUDA runtime, statically linked into most CUDA libraries, the
+    language bindings and torch's c10 turn that into an error of the one API that needs it). Names the object also
     references at link time are the link-time check's, and names it defines itself (libcuda.so.1) are no
     lookups."""
     known = _driver_cuda(driver)
@@ -403,12 +407,17 @@ def _runtime_driver_findings(
         lines = [
             f"{n} was introduced in CUDA {table[n].cuda_text} ({table[n].source} in cudaTypedefs.h)" for _v, n in newer
         ]
-        how = "cuGetProcAddress" if found.proc_address else "dlsym"
+        # the per-entry lookups, by name in the data (a dlsym of cuGetProcAddress) or imported (the runtime's
+        # cudaGetDriverEntryPoint*, itself a cuGetProcAddress); else the names go to dlsym on libcuda.so.1
+        refs = sorted(facts.ref_names) if facts is not None else []
+        imported = next((n for n in refs if n.startswith(_PER_ENTRY)), None)
+        how = imported or ("cuGetProcAddress" if found.proc_address else "dlsym")
+        per_entry = how != "dlsym"
         last = newer[-1][1]
         out.append(
             Finding(
                 check="symbols",
-                severity=Severity.INFO if found.proc_address else Severity.WARNING,
+                severity=Severity.INFO if per_entry else Severity.WARNING,
                 subject=display(obj),
                 message=f"{len(newer)} driver entry point(s) {display(obj)} may obtain at run time ({how}) are "
                 f"newer than the driver ({label}, CUDA {driver.cuda_version}): {newer[0][1]} (CUDA "
