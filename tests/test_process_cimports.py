@@ -1,7 +1,8 @@
 """Modules an extension module imports from C at init (model/process.py with linker/lookups.py): a dotted C
-string naming an installed module (Cython's ``cimport``: ``__Pyx_ImportDottedModule``), and a module name
-inside a zlib-compressed string table (Cython >= 3.1's packed constants). gcc-built extension modules that
-really import at init; the oracle is the real import in a child process."""
+string naming an installed module (Cython's ``cimport``: ``__Pyx_ImportDottedModule``), followed unless a
+Cython older than 3.1 built the module (its Python constants, names of imports inside functions among them,
+are plain C strings too). gcc-built extension modules that really import at init, or only name a module;
+the oracle is the real import in a child process."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ import importlib.machinery
 import os
 import subprocess
 import sysconfig
-import zlib
 from pathlib import Path
 
 import pytest
@@ -45,52 +45,52 @@ def _ext(out: Path, name: str, body: str, extra: str = "") -> None:
 IMPORT = "  {{ PyObject *m = PyImport_ImportModule({expr}); if (!m) return NULL; Py_DECREF(m); }}"
 
 
-def _site(tmp_path: Path) -> Path:
-    """``import pkgc`` imports pkgc.front (an extension module), whose init imports ``pkgc.cy`` (a C string,
-    as Cython's cimport does) and ``pkgc._utils`` (a name assembled at run time; the file keeps it only in a
-    zlib-compressed table, as Cython 3.1 does). Strings that are not imports stay unfollowed: a qualified
-    name under an extension module (``pkgc.cy.func``) and a module that is not installed (``pkgc.absent``)."""
+def _site(tmp_path: Path, marker: str = "_cython_3_2_9.cython_function_or_method", imports: bool = True) -> Path:
+    """``import pkgc`` imports pkgc.front (an extension module, built by the Cython ``marker`` names), whose
+    init imports ``pkgc.cy`` by a C string, as Cython's cimport does (``imports``; else it only names it, as
+    an old Cython's constant of an import inside a function). Strings that are not imports stay unfollowed:
+    a qualified name under an extension module (``pkgc.cy.func``) and a module that is not installed."""
     site = site_packages(tmp_path / "venv")
     pkg = site / "pkgc"
     pkg.mkdir()
     (pkg / "__init__.py").write_text("from . import front\n")
-    table = zlib.compress(b"front.pyxpkgc._utilsfunction pkgc.absentmodulexx" * 4)
-    blob = ", ".join(str(b) for b in table)
-    extra = (
-        f"const unsigned char packed_strings[{len(table)}] = {{{blob}}};\n"
-        'const char *not_imports[] = {"pkgc.cy.func", "pkgc.absent"};\n'
-    )
-    utils = 'PyUnicode_FromFormat("%s.%s", "pkgc", "_utils")'
-    body = "\n".join(
-        [
-            IMPORT.format(expr='"pkgc.cy"'),
-            f"  {{ PyObject *n = {utils}; PyObject *m = PyImport_Import(n); Py_DECREF(n); if (!m) return NULL; "
-            "Py_DECREF(m); }",
-            "  (void)not_imports; (void)packed_strings;",
-        ]
-    )
-    _ext(pkg / f"front{SUFFIX}", "front", body, extra)
+    extra = f'const char *names[] = {{"pkgc.cy.func", "pkgc.absent", "{marker}", "pkgc.cy"}};\n'
+    body = IMPORT.format(expr='"pkgc.cy"') if imports else ""
+    _ext(pkg / f"front{SUFFIX}", "front", body + "\n  (void)names;", extra)
     _ext(pkg / f"cy{SUFFIX}", "cy", "")
-    _ext(pkg / f"_utils{SUFFIX}", "_utils", "")
     return site
 
 
-@pytest.mark.skipif(not HAVE_HEADERS, reason="needs Python.h")
-def test_modules_imported_from_c_are_predicted_as_the_real_import_maps_them(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-):
-    monkeypatch.setenv("CUDASTACK_CACHE_DIR", str(tmp_path / "cache"))
-    site = _site(tmp_path)
+def _observed_and_predicted(site: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[set[str], set[str]]:
     monkeypatch.setenv("PYTHONPATH", str(site))
     real, error = loaded_libraries("pkgc", site_paths=[str(site)])
     assert error is None
     observed = {os.path.basename(lib.path) for lib in real if str(site) in lib.path}
-    assert observed == {f"front{SUFFIX}", f"cy{SUFFIX}", f"_utils{SUFFIX}"}
+    doc, clean = static_document("pkgc", [str(site)])
+    assert clean, doc.get("error")
+    return observed, {os.path.basename(x["path"]) for x in doc["libraries"] if str(site) in x["path"]}
+
+
+@pytest.mark.skipif(not HAVE_HEADERS, reason="needs Python.h")
+@pytest.mark.parametrize("marker", ["_cython_3_2_9.cython_function_or_method", "no_cython.marker"])
+def test_modules_imported_from_c_are_predicted_as_the_real_import_maps_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, marker: str
+):
+    monkeypatch.setenv("CUDASTACK_CACHE_DIR", str(tmp_path / "cache"))
+    site = _site(tmp_path, marker)
     for _ in range(2):  # cold, then from the cache
-        doc, clean = static_document("pkgc", [str(site)])
-        assert clean, doc.get("error")
-        predicted = {os.path.basename(x["path"]) for x in doc["libraries"] if str(site) in x["path"]}
+        observed, predicted = _observed_and_predicted(site, monkeypatch)
+        assert observed == {f"front{SUFFIX}", f"cy{SUFFIX}"}
         assert predicted == observed
+
+
+@pytest.mark.skipif(not HAVE_HEADERS, reason="needs Python.h")
+def test_an_old_cython_module_s_strings_are_no_imports(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """Cython 0.29 keeps every Python constant as a C string: naming pkgc.cy is no import at init."""
+    monkeypatch.setenv("CUDASTACK_CACHE_DIR", str(tmp_path / "cache"))
+    site = _site(tmp_path, "_cython_0_29_37.cython_function_or_method", imports=False)
+    observed, predicted = _observed_and_predicted(site, monkeypatch)
+    assert observed == predicted == {f"front{SUFFIX}"}
 
 
 @pytest.mark.skipif(not HAVE_HEADERS, reason="needs Python.h")
@@ -113,7 +113,7 @@ def test_lookups_reader_and_round_trip(tmp_path: Path):
     found = read_lookups(site / f"pkgc/front{SUFFIX}")
     assert "pkgc.cy" in found.modules
     assert "pkgc.absent" in found.modules
-    assert any("pkgc._utilsfunction" in run for run in found.packed)
+    assert found.cython == (3, 2)
     assert Lookups.from_json(found.to_json()) == found
 
 
@@ -124,7 +124,7 @@ def test_lookups_of_broken_files_are_elf_errors(tmp_path: Path):
     text.write_text("not an ELF file\n")
     with pytest.raises(ElfError, match="not an ELF"):
         read_lookups(text)
-    wrong = {"path": "x", "modules": [1], "packed": [], "driver": [], "proc_address": False}
+    wrong = {"path": "x", "modules": [1], "cython": None, "driver": [], "proc_address": False}
     for bad in (None, [], {"path": "x"}, wrong):
         with pytest.raises(ElfError, match="malformed"):
             Lookups.from_json(bad)

@@ -2,27 +2,28 @@
 extension module imports from C, and the CUDA driver entry points it asks ``dlsym``/``cuGetProcAddress`` for.
 
 * **Modules imported from C.** An extension module that imports another module in its init function passes
-  the name to ``PyImport_ImportModule`` (Cython: ``__Pyx_ImportDottedModule`` for every ``cimport``ed module,
-  whose functions and types it fetches at init) as a C string: a NUL-terminated dotted name in ``.rodata``
-  (``cuda.bindings.cydriver`` in ``cuda/bindings/driver.so``). Cython >= 3.1 also keeps the module's Python
-  string constants (its ``import`` statements' names among them) in one zlib-compressed table in
-  ``.rodata``, concatenated without separators: :attr:`Lookups.packed` holds that table's runs of
-  identifier characters and dots (``driver.pyxcuda.bindings._internal.utilsfunction``), in which the caller
-  finds module names with its module finder (a name may start and end inside a run).
+  the name to ``PyImport_ImportModule`` as a C string (Cython: ``__Pyx_ImportDottedModule`` for every
+  ``cimport``ed module, whose functions and types it fetches at init): a NUL-terminated dotted name in
+  ``.rodata`` (``cuda.bindings.cydriver`` in ``cuda/bindings/driver.so``). :attr:`Lookups.modules` lists them,
+  and :attr:`Lookups.cython` the Cython version named by the shared-type module a Cython module keeps
+  (``_cython_3_2_9``): before Cython 3.1 every Python string constant, the names of imports inside functions
+  among them, was such a C string too, so there a dotted string proves no import at init; from 3.1 on the
+  Python constants live in one packed (zlib-compressed) table and a plain dotted C string is a C-level use.
+  The packed table is not read: its constants are sorted, so an import at module level and one inside a
+  function look alike there.
 * **Driver entry points.** NUL-terminated ``cu[A-Z]...`` identifiers (``cuMemAlloc_v2``, ``cuGreenCtxCreate``),
   the names a library passes to ``dlsym`` on ``libcuda.so.1`` or to ``cuGetProcAddress``;
   :attr:`Lookups.proc_address` says whether the file names ``cuGetProcAddress`` itself (the lookup that
   reports a missing entry point per call instead of failing the load).
 
-Bounded like :mod:`pytest_cudastack.linker.strings`: at most :data:`MAX_SCAN` bytes of read-only data, a
-compressed table inflated to at most :data:`MAX_INFLATE` bytes, :data:`MAX_NAMES` names of each kind.
+Bounded like :mod:`pytest_cudastack.linker.strings`: at most :data:`MAX_SCAN` bytes of read-only data,
+:data:`MAX_NAMES` names of each kind.
 """
 
 from __future__ import annotations
 
 import os
 import re
-import zlib
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -30,20 +31,15 @@ from pytest_cudastack._sysio import open_regular
 from pytest_cudastack.errors import ElfError
 from pytest_cudastack.linker.strings import read_only_ranges
 
-__all__ = ["MAX_INFLATE", "MAX_NAMES", "MAX_SCAN", "ExtraStore", "Lookups", "cached_lookups", "read_lookups"]
+__all__ = ["MAX_NAMES", "MAX_SCAN", "ExtraStore", "Lookups", "cached_lookups", "read_lookups"]
 
 MAX_SCAN = 64 << 20  # an extension module's read-only data: a few MB (cuda-bindings' driver: 1.5 MB)
-MAX_INFLATE = 4 << 20  # Cython's table for cuda-bindings' driver module: 0.2 MB inflated
-_WINDOW = 1 << 20  # compressed bytes one table may span
 MAX_NAMES = 4096
 _DOTTED = re.compile(rb"\0([A-Za-z_][A-Za-z0-9_]{0,100}(?:\.[A-Za-z_][A-Za-z0-9_]{0,100}){1,10})(?=\0)")
-_RUN = re.compile(rb"[A-Za-z0-9_]*(?:\.[A-Za-z0-9_]+)+")
-_MAX_RUN = 1 << 16  # a run holds many concatenated constants
+_CYTHON = re.compile(r"_cython_(\d+)_(\d+)_\d+(?:\.|$)")
 _DRIVER = re.compile(rb"\0(cu[A-Z][A-Za-z0-9_]{1,100})(?=\0)")
 _MAX_DRIVER_NAME = 104  # NUL, "cu", 101 characters
 _CHUNK = 4 << 20
-_ZLIB = re.compile(rb"\x78[\x01\x5e\x9c\xda]")
-_MIN_TABLE = 64  # bytes inflated: a real string table, not a chance zlib header
 
 
 @dataclass(frozen=True)
@@ -52,7 +48,7 @@ class Lookups:
 
     path: str
     modules: tuple[str, ...]  # dotted C strings, in file order
-    packed: tuple[str, ...]  # dotted runs of compressed string tables (prefixes may be modules)
+    cython: tuple[int, int] | None  # the Cython (major, minor) that built it, None when no Cython marker
     driver: tuple[str, ...]  # cu* identifiers, in file order
     proc_address: bool  # the file names cuGetProcAddress (per-entry lookups that report absence)
 
@@ -60,7 +56,7 @@ class Lookups:
         return {
             "path": self.path,
             "modules": list(self.modules),
-            "packed": list(self.packed),
+            "cython": list(self.cython) if self.cython else None,
             "driver": list(self.driver),
             "proc_address": self.proc_address,
         }
@@ -68,34 +64,28 @@ class Lookups:
     @classmethod
     def from_json(cls, d: Any) -> Lookups:
         """Inverse of :meth:`to_json`; ElfError on anything else (a corrupt cache entry)."""
-        keys = {"path", "modules", "packed", "driver", "proc_address"}
+        keys = {"path", "modules", "cython", "driver", "proc_address"}
         if not isinstance(d, dict) or set(d) != keys or not isinstance(d["proc_address"], bool):
             raise ElfError("malformed lookups")
-        lists = [d[k] for k in ("modules", "packed", "driver")]
+        lists = [d["modules"], d["driver"]]
         if not isinstance(d["path"], str) or not all(
             isinstance(v, list) and len(v) <= MAX_NAMES and all(isinstance(x, str) for x in v) for v in lists
         ):
             raise ElfError("malformed lookups")
-        return cls(d["path"], tuple(lists[0]), tuple(lists[1]), tuple(lists[2]), d["proc_address"])
-
-
-def _inflate(data: memoryview, at: int) -> bytes | None:
-    """The zlib stream starting at ``at``, when one ends there within the bounds; None otherwise."""
-    z = zlib.decompressobj()
-    try:
-        out = z.decompress(data[at : at + _WINDOW], MAX_INFLATE)  # a view: no copy per candidate header
-    except zlib.error:
-        return None
-    return out if z.eof and len(out) >= _MIN_TABLE else None
+        cy = d["cython"]
+        if cy is not None and not (
+            isinstance(cy, list) and len(cy) == 2 and all(isinstance(x, int) and not isinstance(x, bool) for x in cy)
+        ):
+            raise ElfError("malformed lookups")
+        return cls(d["path"], tuple(lists[0]), (cy[0], cy[1]) if cy else None, tuple(lists[1]), d["proc_address"])
 
 
 def read_lookups(path: str | os.PathLike[str], modules: bool = True) -> Lookups:
     """The names ``path`` looks up at run time (module docstring); ElfError when it cannot be read. Without
-    ``modules`` only the driver entry points are read (``modules`` and ``packed`` empty): a multi-GB library's
-    read-only data is then one cheap scan."""
+    ``modules`` only the driver entry points are read (``modules`` empty): a multi-GB library's read-only
+    data is then one cheap scan."""
     p = os.fspath(path)
     dotted: dict[str, None] = {}
-    packed: dict[str, None] = {}
     driver: dict[str, None] = {}
     budget = MAX_SCAN
     ranges = read_only_ranges(p)
@@ -109,25 +99,24 @@ def read_lookups(path: str | os.PathLike[str], modules: bool = True) -> Lookups:
             _driver_names(fd, offset, n, driver)
             if not modules:
                 continue
-            # whole (an extension module's read-only data is small): a compressed table is one stream
+            # whole: an extension module's read-only data is small
             data = b"\0" + os.pread(fd, n, offset) + b"\0"
             for m in _DOTTED.finditer(data):
                 if len(dotted) < MAX_NAMES:
                     dotted.setdefault(m.group(1).decode("ascii"), None)
-            view = memoryview(data)
-            for m in _ZLIB.finditer(data):
-                table = _inflate(view, m.start())
-                if table is None:
-                    continue
-                for run in _RUN.finditer(table):
-                    if len(packed) < MAX_NAMES and len(run.group()) <= _MAX_RUN:
-                        packed.setdefault(run.group().decode("ascii"), None)
     except OSError as e:
         raise ElfError(f"{p}: cannot read: {e.strerror or e}") from e
     finally:
         os.close(fd)
     proc = any(n.startswith("cuGetProcAddress") for n in driver)
-    return Lookups(p, tuple(dotted), tuple(packed), tuple(driver), proc)
+    cython = None
+    for name in dotted:
+        hit = _CYTHON.match(name)
+        if hit is not None:
+            cython = (int(hit.group(1)), int(hit.group(2)))
+            break
+    modules_ = tuple(n for n in dotted if _CYTHON.match(n) is None)
+    return Lookups(p, modules_, cython, tuple(driver), proc)
 
 
 def _driver_names(fd: int, offset: int, length: int, found: dict[str, None]) -> None:

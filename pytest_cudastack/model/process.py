@@ -22,8 +22,7 @@ The model:
   recorded (``Process.loads``) with what it finds loaded and the global scope then, for the binding check.
 * **Imports from C.** An extension module's init then imports what its C code names
   (:mod:`pytest_cudastack.linker.lookups`): each dotted C string of its read-only data that names an
-  installed module (Cython's ``cimport``s), and the module names under its own top-level package in its
-  compressed string table (Cython >= 3.1), each the longest prefix there that names a module.
+  installed module (Cython's ``cimport``s), unless a Cython older than 3.1 built it.
 * **Known preloads** (``cuda/data/dlopen_targets.json``, ``preloads``): torch's ``_load_global_deps``
   maps ``libtorch_global_deps.so`` by path with RTLD_GLOBAL and then its nvidia libraries by path from
   ``sys.path``, at the point of its top-level code that calls it; rows with ``before_import`` run right
@@ -39,8 +38,10 @@ The model:
   (:mod:`pytest_cudastack.model.pysource`: hashlib's ``__get_builtin_constructor`` imports ``_blake2``).
 
 Not modelled: imports performed by code the model does not run (``importlib.import_module`` with a computed
-name, ``__getattr__`` lazy imports, methods and other modules' functions called at import time; a C string
-that names a module the extension imports only later, when a function runs, is taken as an import at init),
+name, ``__getattr__`` lazy imports, methods and other modules' functions called at import time; the imports
+a Cython >= 3.1 module's Python code makes at init, whose names are in its packed constant table with those
+of imports inside functions; a C string that names a module the extension imports only later, when a
+function runs, is taken as an import at init),
 ``.pth`` files, the current directory at the head of ``sys.path``, and ctypes loads other than the table's.
 """
 
@@ -418,42 +419,12 @@ def _lookups(st: _State, path: str) -> Lookups | None:
 
 def _c_imports(st: _State, finder: _Finder, module: str, path: str) -> list[str]:
     """The installed modules extension ``module`` imports from C at init (:mod:`pytest_cudastack.linker.lookups`):
-    its dotted C strings that name a module, then the module names under its own top-level package in its
-    compressed string tables (each the longest prefix of the text after ``top.`` that names a module)."""
+    its dotted C strings that name a module, unless a Cython older than 3.1 built it (its Python constants,
+    the names of imports inside functions among them, are such strings too)."""
     found = _lookups(st, path)
-    if found is None:
+    if found is None or (found.cython is not None and found.cython < (3, 1)):
         return []
-    out: dict[str, None] = {}
-    for name in found.modules:
-        if name != module and name not in st.imported and finder.find(name):
-            out.setdefault(name, None)
-    top = module.split(".")[0] + "."
-    for run in found.packed:
-        at = run.find(top)
-        while at != -1:
-            packed = _longest_module(finder, run[at:])
-            if packed is not None and packed != module and packed not in st.imported:
-                out.setdefault(packed, None)
-            at = run.find(top, at + 1)
-    return list(out)
-
-
-def _longest_module(finder: _Finder, text: str) -> str | None:
-    """The longest dotted prefix of ``text`` (its last part may end inside a run of identifier characters)
-    that names a module, at least two parts long; None when there is none."""
-    parts = text.split(".")
-    name = parts[0]
-    best: str | None = None
-    for part in parts[1:]:
-        sizes = range(min(len(part), 100), 0, -1)
-        size = next((k for k in sizes if part[:k].isidentifier() and finder.find(f"{name}.{part[:k]}")), 0)
-        if not size:
-            break
-        best = f"{name}.{part[:size]}"
-        if size < len(part):
-            break  # the name ended inside this part: what follows is another constant
-        name = best
-    return best
+    return [n for n in found.modules if n != module and n not in st.imported and finder.find(n)]
 
 
 def _run_body(
