@@ -142,3 +142,22 @@ def test_hashlib_of_this_interpreter_imports_blake2(tmp_path: Path):
 
     items = repr(module_imports(hashlib.__file__, "hashlib", False, None))
     assert "'_blake2'" in items
+
+
+def test_a_call_graph_with_fan_out_is_followed_once_per_distinct_call(tmp_path: Path):
+    """Each function calls the next ten times: the paths are 10**30, the distinct calls a few hundred."""
+    src = [f"def f{i}(x):\n    import mod{i}\n" + "".join(f"    f{i + 1}({k})\n" for k in range(10)) for i in range(30)]
+    src.append("for v in (1, 2, 3):\n    f0(v)\n")
+    path = tmp_path / "fan.py"
+    path.write_text("\n".join(src))
+    items = module_imports(str(path), "fan", False, None)
+    text = repr(items)
+    assert "'mod0'" in text
+    assert "'mod5'" in text  # followed as deep as the depth cap allows
+    assert len(text) < 10_000
+
+
+def test_many_functions_with_imports_nothing_calls_are_not_followed(tmp_path: Path):
+    path = tmp_path / "many.py"
+    path.write_text("".join(f"def f{i}():\n    import mod{i}\n" for i in range(1000)))
+    assert module_imports(str(path), "many", False, None) == []

@@ -14,6 +14,7 @@ identity. :mod:`pytest_cudastack.model.process` follows these lists to predict a
 from __future__ import annotations
 
 import ast
+import bisect
 import itertools
 import os
 import re
@@ -146,6 +147,7 @@ class _Calls:
     defs: dict[str, ast.FunctionDef] = field(default_factory=dict)
     env: dict[str, Any] = field(default_factory=dict)
     active: set[str] = field(default_factory=set)
+    done: set[str] = field(default_factory=set)  # calls already followed (function and arguments)
 
 
 @dataclass(frozen=True)
@@ -156,6 +158,7 @@ class _Func:
 
 
 _MAX_CALL_DEPTH = 8
+_MAX_CALLS = 2_000  # distinct calls followed per module: a hostile file's call graph stays bounded
 
 
 def _value(node: ast.expr | None, env: dict[str, Any]) -> Any:
@@ -220,8 +223,14 @@ def _called(node: ast.stmt, ctx: _Calls, env: dict[str, Any]) -> list[tuple[ast.
 
 def _call_items(fn: ast.FunctionDef, bound: dict[str, Any], ctx: _Calls, depth: int) -> Items:
     """The imports a call of module-level function ``fn`` performs, its parameters bound (others unknown)."""
-    if fn.name in ctx.active or depth > _MAX_CALL_DEPTH:
+    if fn.name in ctx.active or depth > _MAX_CALL_DEPTH or len(ctx.done) >= _MAX_CALLS:
         return []
+    # a call already followed imported what it imports (a second import of a module is a no-op): each
+    # distinct call is expanded once, so a call graph with fan-out costs its size, not its paths
+    key = repr((fn.name, sorted(bound.items(), key=lambda kv: kv[0])))
+    if key in ctx.done:
+        return []
+    ctx.done.add(key)
     ctx.active.add(fn.name)
     try:
         env = {**ctx.env, **{a.arg: _UNKNOWN for a in (*fn.args.posonlyargs, *fn.args.args, *fn.args.kwonlyargs)}}
@@ -357,6 +366,7 @@ def _top_calls(node: ast.stmt, ctx: _Calls) -> Items:
     return out
 
 
+_MAX_GATED = 256  # candidate functions scanned for by name; past this the module is parsed whole
 _TOP_LINE = re.compile(r"^[^\s#]", re.M)
 _TOP_DEF = re.compile(r"(?:async[ \t]+)?def[ \t]+(\w+)")
 _INNER_IMPORT = re.compile(r"^[ \t]+(?:import|from)[ \t]+[\w.]+", re.M)
@@ -365,18 +375,26 @@ _INNER_IMPORT = re.compile(r"^[ \t]+(?:import|from)[ \t]+[\w.]+", re.M)
 def _calls_importing_function(text: str) -> bool:
     """Whether a module-level function of ``text`` has an import in its body and its name occurs outside
     that body (a call from the top level, or through another function or an alias): only then is the
-    whole module parsed to follow the calls (a cheap textual gate; the parse decides)."""
+    whole module parsed to follow the calls (a cheap textual gate; the parse decides). Linear: one scan for
+    the top-level lines, one per body, one for all the candidate names together."""
     starts = [m.start() for m in _TOP_LINE.finditer(text)] + [len(text)]
-    spans: list[tuple[str, int, int]] = []
+    spans: dict[str, list[tuple[int, int]]] = {}
     for a, b in itertools.pairwise(starts):
         m = _TOP_DEF.match(text, a)
         if m is not None and _INNER_IMPORT.search(text, a, b):
-            spans.append((m.group(1), a, b))
-    for name, a, b in spans:
-        word = re.compile(r"\b" + re.escape(name) + r"\b")
-        if word.search(text, 0, a) or word.search(text, b):
-            return True
-    return False
+            spans.setdefault(m.group(1), []).append((a, b))
+    if not spans:
+        return False
+    if len(spans) > _MAX_GATED:  # too many to scan for: let the parse decide
+        return True
+    names = re.compile(r"\b(?:" + "|".join(re.escape(n) for n in sorted(spans, key=len, reverse=True)) + r")\b")
+    return any(not _inside(spans[hit.group()], hit.start()) for hit in names.finditer(text))
+
+
+def _inside(spans: list[tuple[int, int]], at: int) -> bool:
+    """Whether ``at`` lies in one of ``spans`` (sorted, disjoint)."""
+    i = bisect.bisect_right(spans, (at, sys.maxsize)) - 1
+    return i >= 0 and spans[i][0] <= at < spans[i][1]
 
 
 def _valid_items(items: Any, depth: int = 0) -> bool:
