@@ -241,8 +241,10 @@ def remedy_from_json(data: dict[str, Any]) -> Remedy:
 class Facts:
     """What a finding is about, as data (the checks fill what they know; text is made from it at the edge):
     what was ``required`` and what was ``found``, the ``sonames`` and ``objects`` (files) involved, the
-    ``versions`` named (``(name, version)``), the ``bound`` (``--cuda-max`` / ``--cuda-min`` value) and the
-    ``consumer`` (the distribution or file that needs it)."""
+    ``versions`` named (``(name, version)``), the ``bound`` (``--cuda-max`` / ``--cuda-min`` value), the
+    ``consumer`` (the key of the distribution that needs it, None when no distribution does) and ``tried``:
+    every path the dynamic linker's search tried for the soname, in its order (where a file the repair model
+    puts back would be found: the first of them present is what the search loads)."""
 
     required: str = ""
     found: str = ""
@@ -251,6 +253,7 @@ class Facts:
     versions: tuple[tuple[str, str], ...] = ()
     bound: str | None = None
     consumer: str | None = None
+    tried: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -261,6 +264,7 @@ class Facts:
             "versions": [list(v) for v in self.versions],
             "bound": self.bound,
             "consumer": self.consumer,
+            "tried": list(self.tried),
         }
 
     @classmethod
@@ -273,6 +277,7 @@ class Facts:
             tuple((str(a), str(b)) for a, b in data.get("versions", ())),
             data.get("bound"),
             data.get("consumer"),
+            tuple(data.get("tried", ())),
         )
 
 

@@ -376,6 +376,7 @@ def header_lines(stack: Stack, verbose: int = 0) -> list[str]:
         )
         lines.extend(f"  driver note: {n}" for n in d.notes)
         lines.extend(f"  wheel: {dist.label} (CUDA {dist.cuda_major}: {dist.cuda_evidence})" for dist in wheels)
+        lines.append(f"  stack fingerprint: {stack.fingerprint} (cudastack snapshot; cudastack fleet groups by it)")
     return lines
 
 

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import json
 import logging
+import marshal
 import os
+import socket
 import sys
 from collections.abc import Callable, Iterator
 from functools import cached_property
@@ -28,6 +30,7 @@ from pytest_cudastack.errors import DataError, UnreadableFile
 from pytest_cudastack.findings import Finding
 from pytest_cudastack.linker.elfcache import ElfCache
 from pytest_cudastack.linker.resolver import Resolver, SearchConfig
+from pytest_cudastack.model.fingerprint import library_files, stack_fingerprint
 from pytest_cudastack.model.modules import ModuleTree, module_trees
 from pytest_cudastack.model.needs import infer_binary, infer_shipped, infer_wheel
 from pytest_cudastack.model.reach import ProjectImports, Reachability, project_imports
@@ -48,9 +51,11 @@ if TYPE_CHECKING:
 __all__ = [
     "SNAPSHOT_FORMAT",
     "SNAPSHOT_LIMIT",
+    "SNAPSHOT_READS",
     "SNAPSHOT_SCHEMA",
     "CudaLibs",
     "CudaWheels",
+    "SnapshotReader",
     "Stack",
     "load_snapshot",
     "snapshot_schema",
@@ -60,7 +65,12 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 SNAPSHOT_SCHEMA = "pytest-cudastack/snapshot"
-SNAPSHOT_FORMAT = 1  # the snapshot's "version" (and "format", its name in files pytest-cudastack 0.1.0 reads)
+# the snapshot's "version" (and "format", its name in files pytest-cudastack 0.1.0 reads). 2: node facts, the
+# fingerprint, each library's bytes, key sonames' resolution, the CUDA needs; a reader of 1 would compare two
+# version-2 files without their bytes and call them equal, so the version changed. Files of 1 still read.
+SNAPSHOT_FORMAT = 2
+SNAPSHOT_READS = (1, 2)
+KEY_SONAMES = ("libcuda.so.1", "libnvidia-ml.so.1")  # the driver's; each CUDA wheel's libraries join them
 
 
 class CudaLibs:
@@ -103,7 +113,8 @@ class Stack:
     """Facts about this machine's CUDA stack, each computed on first use.
 
     ``rootdir`` is where relative scan paths start and what display names are relative to; ``site_paths``
-    restricts the wheel inventory (default: ``sys.path``).
+    restricts the wheel inventory (default: ``sys.path``); ``host_root`` is where the probe reads ``/proc``
+    and ``/sys`` (tests pass a fake root).
     """
 
     def __init__(
@@ -115,8 +126,10 @@ class Stack:
         cache: ElfCache | None = None,
         rootdir: str = ".",
         site_paths: tuple[str, ...] | None = None,
+        host_root: str = "/",
     ) -> None:
         self.settings = settings or Settings()
+        self.host_root = host_root
         self.rootdir = rootdir
         self._driver_info = driver_info
         self._probe = probe
@@ -124,6 +137,7 @@ class Stack:
         self._site_paths = site_paths
         self._trees: dict[str, Tree] = {}
         self._findings: dict[tuple[str, Target | None], tuple[Finding, ...]] = {}
+        self._files: dict[str, list[dict[str, Any]]] = {}
 
     # facts ------------------------------------------------------------------------------------------
     @cached_property
@@ -141,7 +155,7 @@ class Stack:
         if probed is None:
             # no owner: naming libcuda's distribution would build the inventory just to probe the driver
             linker = Resolver(SearchConfig.from_environment(), reader=self.cache.read)
-            probed = probe_driver(find=linker_finder(linker))
+            probed = probe_driver(find=linker_finder(linker), root=self.host_root)
         if s.cuda_driver is None and not s.cuda_arch:
             return probed
         return declared_driver(s.cuda_driver, s.cuda_arch, probed=probed)
@@ -293,8 +307,10 @@ class Stack:
         return load_snapshot(os.path.join(self.rootdir, path))
 
     # JSON -------------------------------------------------------------------------------------------
-    def to_json(self) -> dict[str, Any]:
-        """The stack as JSON: driver, CUDA wheels (with missing files), scanned binaries' resolution."""
+    def to_json(self, host: bool = True) -> dict[str, Any]:
+        """The stack as JSON: driver, CUDA wheels (with missing files and each library's bytes), where the key
+        sonames resolve, the CUDA each component needs, scanned binaries' resolution, the node's facts
+        (``host``; ``cudastack snapshot --no-host`` leaves them out) and the stack fingerprint over them."""
         wheels = []
         for dist in self.wheels:
             wheels.append(
@@ -307,6 +323,7 @@ class Stack:
                     "missing": sorted(lib.path for lib in dist.libraries if not lib.exists),
                     "problems": list(dist.problems),
                     "gpu_code": self._gpu_code(dist),
+                    "files": self._library_files(dist),
                 }
             )
         binaries = []
@@ -318,7 +335,7 @@ class Stack:
                 tree = with_gpu_code(self.tree(path).to_json(), self.fatbin)
                 tree["path"] = name
                 binaries.append(tree)
-        return {
+        doc: dict[str, Any] = {
             "schema": SNAPSHOT_SCHEMA,
             "version": SNAPSHOT_FORMAT,
             "format": SNAPSHOT_FORMAT,
@@ -326,6 +343,59 @@ class Stack:
             "driver": self.driver.to_json(),
             "wheels": wheels,
             "binaries": binaries,
+            "resolved": self._resolved_json(),
+            "needs": [
+                {"subject": inf.subject, "distribution": inf.distribution, "cuda": need.version}
+                for inf in self.inferences
+                for need in inf.needs
+            ],
+        }
+        if host:
+            doc["host"] = self._host_json()
+        doc["fingerprint"] = stack_fingerprint(doc)
+        return doc
+
+    def _library_files(self, dist: Distribution) -> list[dict[str, Any]]:
+        """Each library's RECORD and on-disk hashes (``model.fingerprint.library_files``), hashed once per
+        stack even without the on-disk cache: the snapshot, the baseline and the -v header share them."""
+        if dist.dist_info not in self._files:
+            self._files[dist.dist_info] = library_files(dist, self.cache)
+        return self._files[dist.dist_info]
+
+    @cached_property
+    def fingerprint(self) -> str:
+        """The stack fingerprint of this node's snapshot (``to_json()["fingerprint"]``), for the -v header."""
+        return str(self.to_json()["fingerprint"])
+
+    def _resolved_json(self) -> list[dict[str, Any]]:
+        """Where the linker would load each key soname from as a DT_NEEDED of the Python executable: the
+        driver's libraries and every CUDA wheel's."""
+        sonames = dict.fromkeys(KEY_SONAMES)
+        for dist in self.wheels:
+            sonames.update(dict.fromkeys(sorted(lib.soname for lib in dist.libraries if lib.soname)))
+        out = []
+        for soname in sonames:
+            lib = self.find(soname)
+            out.append({"soname": soname, "path": lib.path, "provider": lib.provider})
+        return out
+
+    def _host_json(self) -> dict[str, Any]:
+        """This node: its name, the loaded kernel module against the user-space driver libraries, its GPUs
+        (NVML's, when the driver was probed)."""
+        d = self.driver
+        probed = d.source == "probed"
+        return {
+            "name": socket.gethostname(),
+            "driver_version": d.version if probed else None,
+            "cuda_version": d.cuda_version if probed else None,
+            "kernel_module": d.kernel_module,
+            "libcuda_version": d.libcuda_version,
+            "nvml_version": d.nvml_version,
+            "mismatch": [{"soname": s, "version": v} for s, v in d.mismatched_libraries()],
+            "gpus": [
+                {"name": g.name, "compute_capability": g.compute_capability, "uuid": g.uuid}
+                for g in (d.gpus if probed else ())
+            ],
         }
 
     def _gpu_code(self, dist: Distribution) -> dict[str, list[str]]:
@@ -345,31 +415,91 @@ def load_snapshot(path: str) -> dict[str, Any]:
     over ``SNAPSHOT_LIMIT`` bytes), is not JSON, or departs from the shipped snapshot schema, naming the first
     wrong field. A file without ``"schema"`` (written before the snapshot named its schema, by
     pytest-cudastack 0.1.0) is read by its ``"format"``, without the fields added since."""
-    try:
-        raw = read_regular(path, SNAPSHOT_LIMIT)
-    except UnreadableFile as e:
-        reason = str(e).removeprefix(f"{path}: ")
-        raise DataError(f"{path}: cannot read cudastack snapshot: {reason}") from e
-    try:
-        data = json.loads(raw.decode("utf-8"))
-    except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError; nesting -> RecursionError
-        why = "nested too deeply" if isinstance(e, RecursionError) else str(e)
-        raise DataError(f"{path}: not a cudastack snapshot: not JSON: {why}") from e
-    if not isinstance(data, dict) or data.get("schema", SNAPSHOT_SCHEMA) != SNAPSHOT_SCHEMA:
-        raise DataError(f"{path}: not a cudastack snapshot (schema {SNAPSHOT_SCHEMA!r} expected)")
-    if data.get("version", data.get("format")) != SNAPSHOT_FORMAT:
-        raise DataError(f"{path}: not a cudastack snapshot (version {SNAPSHOT_FORMAT} expected)")
-    error = first_error(data, snapshot_schema(legacy="schema" not in data))
-    if error is not None:
-        raise DataError(f"{path}: not a cudastack snapshot: {error}")
-    return data
+    return SnapshotReader(memo=0).read(path)
 
 
-def snapshot_schema(legacy: bool) -> dict[str, Any]:
-    """The shipped snapshot schema; for a 0.1.0 file, without the fields 0.1.0 did not write (the top
-    level's schema and version, a wheel's gpu_code; its driver object was not fixed then)."""
+class SnapshotReader:
+    """:func:`load_snapshot` for many files (``cudastack fleet``): the same answers, with each top-level
+    field's verdict remembered by its content, so the wheels and resolution that thousands of nodes share
+    are checked against the schema once. At most ``memo`` verdicts are kept (the memo is emptied when full);
+    a document with any complaint is checked again whole, so its message is :func:`load_snapshot`'s."""
+
+    def __init__(self, memo: int = 256) -> None:
+        self._limit = memo
+        self._memo: dict[tuple[int, bool, str, bytes], bool] = {}
+        self._schemas: dict[tuple[int, bool], tuple[dict[str, Any], dict[str, Any]]] = {}
+
+    def _schema(self, version: int, legacy: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(the whole schema, its top level alone: required and additional properties, any value allowed)."""
+        key = (version, legacy)
+        if key not in self._schemas:
+            whole = snapshot_schema(legacy=legacy, version=version)
+            top = {**whole, "properties": {name: {} for name in whole["properties"]}}
+            self._schemas[key] = (whole, top)
+        return self._schemas[key]
+
+    def _valid(self, data: dict[str, Any], version: int, legacy: bool) -> bool:
+        whole, top = self._schema(version, legacy)
+        if first_error(data, top) is not None:
+            return False
+        for name, value in data.items():
+            # marshal: the value's exact content (types, order) at a fifth of json.dumps's cost
+            key = (version, legacy, name, marshal.dumps(value))
+            verdict = self._memo.get(key)
+            if verdict is None:
+                sub = {"$defs": whole.get("$defs", {}), **whole["properties"][name]}
+                verdict = first_error(value, sub) is None
+                if len(self._memo) >= self._limit:
+                    self._memo.clear()
+                if self._limit:
+                    self._memo[key] = verdict
+            if not verdict:
+                return False
+        return True
+
+    def read(self, path: str) -> dict[str, Any]:
+        """The snapshot in ``path``, as :func:`load_snapshot` reads it."""
+        try:
+            raw = read_regular(path, SNAPSHOT_LIMIT)
+        except UnreadableFile as e:
+            reason = str(e).removeprefix(f"{path}: ")
+            raise DataError(f"{path}: cannot read cudastack snapshot: {reason}") from e
+        try:
+            data = json.loads(raw.decode("utf-8"))
+        except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError; nesting -> RecursionError
+            why = "nested too deeply" if isinstance(e, RecursionError) else str(e)
+            raise DataError(f"{path}: not a cudastack snapshot: not JSON: {why}") from e
+        if not isinstance(data, dict) or data.get("schema", SNAPSHOT_SCHEMA) != SNAPSHOT_SCHEMA:
+            raise DataError(f"{path}: not a cudastack snapshot (schema {SNAPSHOT_SCHEMA!r} expected)")
+        version = data.get("version", data.get("format"))
+        if version not in SNAPSHOT_READS:
+            expected = " or ".join(map(str, SNAPSHOT_READS))
+            raise DataError(f"{path}: not a cudastack snapshot (version {expected} expected)")
+        legacy = "schema" not in data
+        if self._limit and self._valid(data, version, legacy):
+            return data
+        error = first_error(data, self._schema(version, legacy)[0])
+        if error is not None:
+            raise DataError(f"{path}: not a cudastack snapshot: {error}")
+        return data
+
+
+def snapshot_schema(legacy: bool, version: int = SNAPSHOT_FORMAT) -> dict[str, Any]:
+    """The shipped snapshot schema; for a version-1 file, without the fields version 2 added (node facts,
+    fingerprint, bytes, resolution, needs) and with version 1's driver; for a 0.1.0 file, also without the
+    fields 0.1.0 did not write (the top level's schema and version, a wheel's gpu_code; its driver object was
+    not fixed then)."""
     with open(os.path.join(os.path.dirname(__file__), "schemas", "snapshot.schema.json"), encoding="utf-8") as f:
         schema: dict[str, Any] = json.load(f)
+    if version == 1:
+        added = ("resolved", "needs", "fingerprint")
+        schema["required"] = [k for k in schema["required"] if k not in added]
+        for key in ("version", "format"):
+            schema["properties"][key] = {"const": 1}
+        defs = schema["$defs"]
+        defs["wheel"]["required"] = [k for k in defs["wheel"]["required"] if k != "files"]
+        libraries = ("libcuda_version", "nvml_version")
+        defs["driver"]["required"] = [k for k in defs["driver"]["required"] if k not in libraries]
     if legacy:
         schema["required"] = [k for k in schema["required"] if k not in ("schema", "version")]
         defs = schema["$defs"]
@@ -378,10 +508,10 @@ def snapshot_schema(legacy: bool) -> dict[str, Any]:
     return schema
 
 
-def write_snapshot(stack: Stack, path: str | None) -> None:
-    """``stack.to_json()`` to ``path`` (its directory created, the file replaced atomically), or to standard
+def write_snapshot(stack: Stack, path: str | None, host: bool = True) -> None:
+    """``stack.to_json(host)`` to ``path`` (its directory created, the file replaced atomically), or to standard
     output when None or ``-``. DataError naming the path when it cannot be written."""
-    text = json.dumps(stack.to_json(), indent=2, sort_keys=True) + "\n"
+    text = json.dumps(stack.to_json(host), indent=2, sort_keys=True) + "\n"
     if path is None or path == "-":
         sys.stdout.write(text)
         return

@@ -174,7 +174,13 @@ def test_diff_snapshots_names_every_change():
     findings = baseline_findings("base.json", SNAP, new)
     assert len(findings) == 5
     assert all(f.failing and f.check == "baseline" for f in findings)
-    assert "--cudastack-snapshot=base.json" in findings[0].fix
+    # the stack now has a missing library and an unresolved soname: never proposed as the new baseline
+    assert "--cudastack-snapshot" not in findings[0].fix
+    assert "/s/libcudnn.so.9 is missing" in findings[0].remedies[0].why
+    clean = copy.deepcopy(SNAP)
+    clean["driver"]["version"] = "580.65.06"
+    (finding,) = baseline_findings("base.json", SNAP, clean)
+    assert "--cudastack-snapshot=base.json" in finding.fix
 
 
 def test_snapshot_drift_records_what_each_line_says():

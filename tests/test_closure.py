@@ -1,14 +1,17 @@
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from pytest_cudastack.checks.closure import extension_closures
-from pytest_cudastack.findings import Severity
+from pytest_cudastack.findings import SearchPath, Severity
 from pytest_cudastack.linker.elf import read_elf
 from pytest_cudastack.linker.resolver import Resolver, SearchConfig
 from pytest_cudastack.model.modules import extension_modules, module_trees
+from pytest_cudastack.model.repair import plan_repairs
 from pytest_cudastack.wheels.inventory import installed_wheels
 from tests.helpers.sitebuild import HAVE_CC, compile_so, site_packages, write_dist
 
@@ -153,3 +156,105 @@ def test_optional_library_needing_only_installed_sonames_says_so(tmp_path):
     assert "not found here" not in opt.message
     assert opt.fix.startswith("nothing to install")
     assert any("shipped by pkg 1.0" in d for d in opt.details)
+
+
+def test_the_consumer_is_a_distribution_key_and_the_count_is_in_the_message(tmp_path):
+    """Facts.consumer means one thing (the needing object's distribution); the grouped message says how many
+    extension modules need the soname, counted from ``objects``."""
+    site = build(tmp_path)
+    (site / "nvidia/nccl/lib/libnccl.so.2").unlink()
+    _inv, _resolver, found = run(site)
+    (err,) = [f for f in found if f.failing]
+    assert err.facts.consumer == "torchish"
+    assert len(err.facts.objects) == 2
+    assert err.message == (
+        "libnccl.so.2 is not found: needed by torchish/lib/libtorch_x.so (from 2 extension module(s) of torchish 1.0)"
+    )
+    (site / "nvidia/cudnn/lib/libcudnn.so.9").unlink()
+    _inv, _resolver, found = run(site)
+    (grouped,) = [f for f in found if f.failing]
+    assert grouped.facts.consumer is None
+    assert grouped.message.endswith(
+        "; the first needed by torchish/lib/libtorch_x.so (from 2 extension module(s) of torchish 1.0)"
+    )
+
+
+# -- a soname installed outside the search ------------------------------------------------------------------------
+
+
+def _outside(tmp_path: Path, *, shadow: bool = False) -> Path:
+    """``fftish``'s module needs libfftx.so.3, which the ``fftx-lib`` wheel installs in ``vendor/cu9/lib``,
+    outside the module's RUNPATH. ``shadow``: that directory also holds a libcore.so.1 of its own, while the
+    ``other`` package's module loads libcore.so.1 from its own directory."""
+    site = site_packages(tmp_path / "venv")
+    write_dist(
+        site,
+        "fftish",
+        "3.1",
+        {"fftish/_fft.abi3.so": compile_so(None, pyinit="_fft", needed=["libfftx.so.3"], runpath="$ORIGIN")},
+    )
+    libs = {"vendor/cu9/lib/libfftx.so.3": compile_so("libfftx.so.3")}
+    if shadow:
+        libs["vendor/cu9/lib/libcore.so.1"] = compile_so("libcore.so.1", payload="vendor build")
+    write_dist(site, "fftx-lib", "9.2.0", libs)
+    write_dist(
+        site,
+        "other",
+        "1.0",
+        {
+            "other/_o.abi3.so": compile_so(None, pyinit="_o", needed=["libcore.so.1"], runpath="$ORIGIN/lib"),
+            "other/lib/libcore.so.1": compile_so("libcore.so.1"),
+        },
+    )
+    return site
+
+
+def test_a_soname_installed_outside_the_search_gets_a_checked_search_path_step(tmp_path):
+    site = _outside(tmp_path)
+    inv, _resolver, found = run(site)
+    (err,) = [f for f in found if f.failing]
+    directory = str(site / "vendor/cu9/lib")
+    step = err.remedies[0]
+    assert isinstance(step, SearchPath)
+    assert (step.directory, step.op, step.path) == (directory, "prepend", "LD_LIBRARY_PATH")
+    assert step.why.startswith("checked: ")
+    (plan,) = plan_repairs(found, inv)
+    assert plan.steps[0].action == step
+    assert plan.steps[0].resolves == (err.id,)
+    assert "decide which of the distributions" not in plan.render()
+    # the oracle: the module loads with that entry, and not without
+    code = f"import ctypes; ctypes.CDLL({str(site / 'fftish/_fft.abi3.so')!r})"
+    assert subprocess.run([sys.executable, "-c", code], env={}, capture_output=True).returncode != 0
+    ok = subprocess.run([sys.executable, "-c", code], env={"LD_LIBRARY_PATH": directory}, capture_output=True)
+    assert ok.returncode == 0, ok.stderr
+
+
+def test_a_search_path_step_that_would_move_another_library_is_not_offered(tmp_path):
+    """The directory also holds another build of a library another module loads from elsewhere: putting it
+    first on LD_LIBRARY_PATH would load that build instead, so no search-path step is offered."""
+    _inv, _resolver, found = run(_outside(tmp_path, shadow=True))
+    (err,) = [f for f in found if f.failing]
+    assert not any(isinstance(r, SearchPath) for r in err.remedies)
+
+
+def test_no_search_path_step_to_a_copy_of_another_cuda_major(tmp_path):
+    """A CUDA 12 package's module needs libcusparse.so.12, which only the CUDA 13 wheel installs (outside its
+    search): putting that directory on LD_LIBRARY_PATH would load the CUDA 13 build into it."""
+    site = site_packages(tmp_path / "venv")
+    ops = compile_so(None, pyinit="_ops", needed=["libcusparse.so.12"], runpath="$ORIGIN")
+    write_dist(site, "kernelish-cu12", "0.3.0", {"kernelish/_ops.abi3.so": ops})
+    write_dist(
+        site, "nvidia-cusparse", "12.6.3.3", {"nvidia/cu13/lib/libcusparse.so.12": compile_so("libcusparse.so.12")}
+    )
+    _inv, _resolver, found = run(site)
+    (err,) = [f for f in found if f.failing]
+    assert not any(isinstance(r, SearchPath) for r in err.remedies)
+    # the same layout with the CUDA 12 wheel's copy: the checked step
+    site2 = site_packages(tmp_path / "venv2")
+    write_dist(site2, "kernelish-cu12", "0.3.0", {"kernelish/_ops.abi3.so": ops})
+    write_dist(
+        site2, "nvidia-cusparse-cu12", "12.5.8.93", {"vendor/lib/libcusparse.so.12": compile_so("libcusparse.so.12")}
+    )
+    _inv, _resolver, found = run(site2)
+    (err,) = [f for f in found if f.failing]
+    assert isinstance(err.remedies[0], SearchPath)

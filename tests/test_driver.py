@@ -297,7 +297,7 @@ def test_probe_keeps_nvml_out_of_this_process(fake_nvml: Path):
 def test_probe_child_failures_are_reasons(monkeypatch: pytest.MonkeyPatch, code: str, timeout: float, text: str):
     monkeypatch.setattr(drv, "_CHILD_CODE", code)
     monkeypatch.setattr(drv, "PROBE_TIMEOUT_S", timeout)
-    monkeypatch.setattr(drv, "driver_files", lambda find=None: drv.DriverFiles())
+    monkeypatch.setattr(drv, "driver_files", lambda find=None, root="/": drv.DriverFiles())
     info = drv._nvml_facts_in_child(timeout)
     assert info.source == "absent"
     assert info.reason is not None
@@ -467,7 +467,7 @@ def test_broken_module_never_raises():
 
 def test_nvml_failure_falls_back_to_kernel_module(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(
-        drv, "driver_files", lambda find=None: drv.DriverFiles(kernel_module="570.124.06", notes=("k",))
+        drv, "driver_files", lambda find=None, root="/": drv.DriverFiles(kernel_module="570.124.06", notes=("k",))
     )
     info = probe_driver(FakeNvml(fail={"nvmlInit": 4}))
     assert (info.source, info.version, info.cuda_version) == ("probed", "570.124.06", "12.8")
@@ -502,9 +502,18 @@ def _finder(mapping: dict[str, tuple[str | None, str | None]]):
     return lambda soname: mapping.get(soname, (None, None))
 
 
+def _proc_root(tmp_path: Path, text: str) -> str:
+    """A fake root whose /proc/driver/nvidia/version holds ``text``."""
+    proc = tmp_path / "proc" / "driver" / "nvidia" / "version"
+    proc.parent.mkdir(parents=True, exist_ok=True)
+    proc.write_text(text)
+    return str(tmp_path)
+
+
 def test_driver_files_forward_compat(tmp_path: Path):
-    proc = tmp_path / "version"
-    proc.write_text("NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar  5 22:23:56 UTC 2024\n")
+    root = _proc_root(
+        tmp_path, "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar  5 22:23:56 UTC 2024\n"
+    )
     files = driver_files(
         _finder(
             {
@@ -518,7 +527,7 @@ def test_driver_files_forward_compat(tmp_path: Path):
                 ),
             }
         ),
-        str(proc),
+        root,
     )
     assert (files.libcuda_version, files.nvml_version, files.kernel_module) == ("580.65.06", "550.54.15", "550.54.15")
     assert files.forward_compat == "580.65.06"
@@ -529,9 +538,8 @@ def test_driver_files_forward_compat(tmp_path: Path):
 
 
 def test_driver_files_older_libcuda(tmp_path: Path):
-    proc = tmp_path / "version"
-    proc.write_text("NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.95.05  x\n")
-    files = driver_files(_finder({"libcuda.so.1": ("/c/libcuda.so.1", "/c/libcuda.so.570.124.06")}), str(proc))
+    root = _proc_root(tmp_path, "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.95.05  x\n")
+    files = driver_files(_finder({"libcuda.so.1": ("/c/libcuda.so.1", "/c/libcuda.so.570.124.06")}), root)
     assert files.forward_compat is None
     assert any("older than the kernel module" in n for n in files.notes)
 
@@ -552,9 +560,10 @@ def test_driver_files_resolver_error_is_a_note(tmp_path: Path):
 
 
 def test_driver_files_never_blocks_on_a_fifo(tmp_path: Path):
-    fifo = tmp_path / "fifo"
+    fifo = tmp_path / "proc" / "driver" / "nvidia" / "version"
+    fifo.parent.mkdir(parents=True)
     os.mkfifo(fifo)
-    assert driver_files(_finder({}), str(fifo)).kernel_module is None
+    assert driver_files(_finder({}), str(tmp_path)).kernel_module is None
 
 
 # --------------------------------------------------------------------------------------------- declared
@@ -865,7 +874,7 @@ def test_forward_compat_without_proc(monkeypatch: pytest.MonkeyPatch):
     files = drv.DriverFiles(
         libcuda="/usr/local/cuda-13.0/compat/libcuda.so.1", libcuda_version="580.65.06", notes=("libcuda",)
     )
-    monkeypatch.setattr(drv, "driver_files", lambda find=None: files)
+    monkeypatch.setattr(drv, "driver_files", lambda find=None, root="/": files)
     info = probe_driver(FakeNvml(driver="550.54.15", cuda=13000))
     assert info.forward_compat == "580.65.06"
     assert any("forward-compatibility libcuda 580.65.06" in n for n in info.notes)

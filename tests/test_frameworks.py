@@ -24,6 +24,7 @@ from pytest_cudastack.cuda.frameworks import (
 from pytest_cudastack.errors import DataError
 from pytest_cudastack.findings import Severity
 from pytest_cudastack.linker.elf import read_elf
+from pytest_cudastack.settings import Settings
 from pytest_cudastack.stack import Stack
 from pytest_cudastack.wheels.inventory import installed_wheels
 from tests.helpers.sitebuild import site_packages, write_dist
@@ -86,8 +87,15 @@ _DELETE = object()
         ),
         pytest.param(_set(("libraries", 0, "colour"), "red"), "libraries[0].colour: not allowed here", id="lib key"),
         pytest.param(
-            _set(("rules", 0, "says"), "compiled against {}"), "allowed fields: {build}, {runtime}", id="says {}"
+            _set(("rules", 0, "says"), "compiled against {}"),
+            "allowed fields: {build}, {build_dotted}, {runtime}, {runtime_dotted}",
+            id="says {}",
         ),
+        pytest.param(_set(("rules", 0, "build"), ["wheel"]), "rules[0].build[0]: expected one of", id="build place"),
+        pytest.param(_set(("rules", 0, "build"), ["pin", "pin"]), "once each", id="build twice"),
+        pytest.param(_set(("rules", 9, "build"), ["pin"]), "belongs to kinds build_match", id="build kind"),
+        pytest.param(_set(("rules", 0, "build"), ["build_file"]), "does not name", id="build_file unnamed"),
+        pytest.param(_set(("rules", 0, "silent"), "yes"), "rules[0].silent: expected boolean", id="silent"),
         pytest.param(_set(("rules", 0, "says"), "found {major"), "is not a template", id="says brace"),
         pytest.param(_set(("libraries", 0, "wheel"), "nvidia-cudnn-cu12"), "without -cuNN", id="suffixed wheel"),
         pytest.param(_set(("libraries", 0, "wheel"), "Nvidia_Cudnn"), "canonical name", id="wheel spelling"),
@@ -238,9 +246,10 @@ def test_jax_cublas_floor(runtime, ok):
 
 
 def test_undecidable_rules_say_why():
-    verdict = judge(_rule("jax-cuda12-plugin", "cudnn"), (9, 1, 0), (9, 8, 0))
+    rule = next(r for r in load_rules().rules if r.framework == "jax-cuda12-plugin" and r.kind == "undecidable")
+    verdict = judge(rule, (9, 1, 0), (9, 8, 0))
     assert verdict.ok is None
-    assert verdict.text.startswith("cannot be decided statically because JAX compares cuDNN with the version")
+    assert verdict.text.startswith("cannot be decided statically because JAX refuses cuDNN 9.10.0 unless")
 
 
 def test_the_framework_message_is_quoted():
@@ -254,8 +263,13 @@ def test_the_framework_message_is_quoted():
 # ---------------------------------------------------------------------------------------------- the check
 
 
-def stack_of(site: Path) -> Stack:
-    return Stack(site_paths=(str(site),))
+JAX_WITH_CUDA = 'nvidia-cudnn-cu12<10.0,>=9.8; extra == "with-cuda"'
+
+
+def stack_of(site: Path, imports: tuple[str, ...] = ()) -> Stack:
+    """The stack of ``site``; ``imports``: the project's imports (cudastack_imports; the rootdir is not read)."""
+    settings = Settings.from_values(cudastack=True, cudastack_imports=list(imports), cudastack_imports_scan="false")
+    return Stack(settings, rootdir=str(site), site_paths=(str(site),))
 
 
 def test_jax_floor_broken_and_clean(tmp_path, monkeypatch):
@@ -269,8 +283,7 @@ def test_jax_floor_broken_and_clean(tmp_path, monkeypatch):
     assert "Outdated cuBLAS installation found" in err.message
     assert "needs at least (12, 1, 0)" in err.cause
     assert "(12, 0, 2)" in err.cause
-    (info,) = [f for f in found if f.severity is Severity.INFO]
-    assert "cuDNN: cannot be decided statically because" in info.cause
+    assert not [f for f in found if f.severity is Severity.INFO]  # no cuDNN installed: no cuDNN rule to judge
 
     clean = site_packages(tmp_path / "clean")
     write_dist(clean, "jax-cuda12-plugin", "0.4.30")
@@ -317,33 +330,82 @@ def test_torch_pin_met_is_quiet(tmp_path):
     ids=["dict", "OrderedDict"],
 )
 def test_tensorflow_build_info_is_quoted_never_imported(tmp_path, text):
+    # TensorFlow built for cuDNN 8 (its build_info.py) where only cuDNN 9 is installed: its stream executor
+    # dlopens libcudnn.so.8, a name it builds at run time (no file holds it whole), so this rule sees it
     site = site_packages(tmp_path / "v")
     write_dist(site, "tensorflow", "2.15.0", {"tensorflow/python/platform/build_info.py": "raise SystemExit\n" + text})
+    write_dist(site, "nvidia-cudnn-cu12", "9.1.0.70")
+    (f,) = framework_findings(stack_of(site, imports=("tensorflow",)))
+    assert f.severity is Severity.ERROR
+    assert f.details[-1] == "reached by `import tensorflow` (--cudastack-imports)"
+    assert (
+        f.message
+        == "tensorflow 2.15.0 loads cuDNN 8, which is not installed: the cuDNN here is (9, 1, 0), another major"
+    )
+    assert "its build_info.py says cudnn_version 8" in f.cause
+
+
+def test_tensorflow_major_of_its_build_only_leaves_the_minor_not_judged(tmp_path):
+    site = site_packages(tmp_path / "v")
+    info = "build_info = {'cuda_version': '12.2', 'cudnn_version': '8'}\n"
+    write_dist(site, "tensorflow", "2.15.0", {"tensorflow/python/platform/build_info.py": info})
+    write_dist(site, "nvidia-cudnn-cu12", "8.9.7.29")
     (f,) = framework_findings(stack_of(site))
     assert f.severity is Severity.INFO
-    assert "its build_info.py says cuda_version 12.2, cudnn_version 8" in f.cause
+    assert f.details == (
+        "cuDNN: cannot be decided statically because the minor of the build is stated by no file (its major "
+        "matches) (its build_info.py says cudnn_version 8)",
+    )
+
+
+@pytest.mark.parametrize(("cudnn", "bad"), [("8.6.0.163", True), ("8.9.7.29", False), ("8.9.4.25", False)])
+def test_tensorflow_and_cuda_pin_is_the_build(tmp_path, cudnn, bad):
+    # tensorflow[and-cuda] pins the cuDNN it was built against; an older minor fails XLA's check at DNN init
+    site = site_packages(tmp_path / "v")
+    pin = 'nvidia-cudnn-cu12==8.9.4.25; extra == "and-cuda"'
+    write_dist(site, "tensorflow", "2.15.0", requires=[pin])
+    write_dist(site, "nvidia-cudnn-cu12", cudnn)
+    found = framework_findings(stack_of(site, imports=("tensorflow.keras",)))
+    errors = [f for f in found if f.severity is Severity.ERROR]
+    if not bad:
+        assert errors == []
+        return
+    (err,) = errors
+    assert "Loaded runtime CuDNN library: 8.6.0 but source was compiled with: 8.9.4." in err.message
+    assert "its METADATA declares nvidia-cudnn-cu12==8.9.4.25" in err.cause
 
 
 @pytest.mark.parametrize(("cudnn", "warned"), [("9.10.0.56", True), ("9.10.1.4", False), ("9.9.0.52", False)])
 def test_jax_refuses_cudnn_9_10_0_unless_built_against_it(tmp_path, monkeypatch, cudnn, warned):
     # jax_plugins/cuda/__init__.py: cudnn_version == 91000 and cudnn_build_version() != 91000 -> RuntimeError;
     # the build version is compiled in, so a WARNING (never an ERROR); other versions keep the INFO saying why
+    # any other loaded version passes that check whatever the build was: nothing to say (the plugin's declared
+    # floor, 9.8, is its build's for XLA's own check, met here)
     monkeypatch.delenv("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", raising=False)
     site = site_packages(tmp_path / "v")
-    write_dist(site, "jax-cuda12-plugin", "0.6.0")
+    write_dist(site, "jax-cuda12-plugin", "0.6.2", requires=[JAX_WITH_CUDA])
     write_dist(site, "nvidia-cudnn-cu12", cudnn)
     found = framework_findings(stack_of(site))
     warnings = [f for f in found if f.severity is Severity.WARNING]
     if not warned:
-        assert warnings == []
-        (info,) = found
-        assert "cuDNN: cannot be decided statically because JAX compares cuDNN with" in info.cause
+        assert found == ()
         return
     (w,) = warnings
     assert w.message.startswith(
-        'jax-cuda12-plugin 0.6.0 refuses cuDNN (9, 10, 0) unless it was built against it: "cuDNN 9.10.0 had a '
+        'jax-cuda12-plugin 0.6.2 refuses cuDNN (9, 10, 0) unless it was built against it: "cuDNN 9.10.0 had a '
         "binary backward-compatibility issue"
     )
     assert w.cause.startswith(f"it would load {site}/nvidia_cudnn_cu12-{cudnn}.dist-info")
     assert "whether it was built against (9, 10, 0) cannot be decided statically because" in w.cause
     assert not [f for f in found if f.failing]
+
+
+def test_tensorflow_not_imported_by_the_project_is_a_warning(tmp_path):
+    # the same broken TensorFlow, which the project does not import: it would drop the GPU only if imported
+    site = site_packages(tmp_path / "v")
+    info = "build_info = {'cuda_version': '12.2', 'cudnn_version': '8'}\n"
+    write_dist(site, "tensorflow", "2.15.0", {"tensorflow/python/platform/build_info.py": info})
+    write_dist(site, "nvidia-cudnn-cu12", "9.1.0.70")
+    (f,) = framework_findings(stack_of(site, imports=("numpy",)))
+    assert f.severity is Severity.WARNING
+    assert f.message.startswith("after `import tensorflow`: tensorflow 2.15.0 loads cuDNN 8, which is not installed")

@@ -257,7 +257,7 @@ def test_node_id_runs_only_that_test(ini_project):
                 "SKIPPED [1] cudastack::driver: no driver known: pass --cuda-driver=VER to check a deployment target",
                 "SKIPPED [1] cudastack::arch: no GPU arch known: pass --cuda-arch=sm_XX",
                 "SKIPPED [1] cudastack::toolchain: no framework that runs a CUDA compiler tool is installed "
-                "(jax, triton, torch)",
+                "(jax, triton, torch, cupy, numba-cuda; recognised by their files)",
             ],
             id="no driver",
         ),

@@ -206,7 +206,8 @@ def test_cuda12_consumer_resolving_the_cuda13_wheels_cusparse_is_an_error(tmp_pa
     assert "install kernelish-cu13 (the CUDA 13 build of kernelish-cu12) in its place" in err.fix
     assert err.fix.startswith("no safe automatic repair is known")
     assert err.facts.found == "CUDA 13"
-    assert err.facts.consumer == f"{site}/kernelish/_ops.abi3.so"
+    assert err.facts.consumer == "kernelish-cu12"  # a distribution key: the consumer file is in objects
+    assert f"{site}/kernelish/_ops.abi3.so" in err.facts.objects
 
 
 def test_clean_twin_the_cuda12_consumer_finds_its_own_cusparse(tmp_path: Path):

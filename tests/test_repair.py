@@ -301,3 +301,26 @@ def test_a_driver_too_old_for_the_cuda13_torch_is_one_error_with_a_pip_plan(tmp_
     ok = driver_findings([infer_wheel(d) for d in inv.distributions], DriverInfo("declared", "580.65.06", "13.0"))
     assert not [f for f in ok if f.failing]
     assert plan_repairs(ok, inv) == ()
+
+
+def test_the_plan_re_resolves_a_missing_soname_over_the_paths_its_search_tried(tmp_path):
+    """The wheel lists the library outside the module's search, and the file is gone: the reinstall repairs
+    the integrity finding, and the plan (built from the findings alone, as the pytest controller builds it)
+    does not claim the closure finding, whose search (``facts.tried``) would still find nothing."""
+    site = site_packages(tmp_path / "venv")
+    write_dist(
+        site,
+        "m",
+        "1",
+        {"m/__init__.py": "", "m/_m.abi3.so": compile_so(None, pyinit="_m", needed=["libfoo.so.1"], rpath="$ORIGIN")},
+    )
+    write_dist(site, "foo-lib", "2.0", {"vendor/lib/libfoo.so.1": compile_so("libfoo.so.1")})
+    (site / "vendor/lib/libfoo.so.1").unlink()
+    found, inv = findings_of(site)
+    (closure,) = [f for f in found if f.check == "closure" and f.failing]
+    assert str(site / "m/libfoo.so.1") in closure.facts.tried
+    (plan,) = plan_repairs(found, inv)
+    assert [s.kind for s in plan.automatic] == ["automatic"]
+    assert closure.id not in plan.fixes
+    assert closure.id in plan.unresolved
+    assert any(closure.id in s.resolves for s in plan.steps if s.kind == "manual")

@@ -81,3 +81,33 @@ def test_metadata_only_cudnn_repair_is_verified_and_works(tmp_path, capsys):
     rc, again = _check(site, capsys)
     assert rc == 0, json.dumps(again["items"], indent=1)[-4000:]
     assert again["repair"] == []
+
+
+def test_a_deleted_cudnn_sub_library_is_claimed_by_the_reinstall_that_restores_it(tmp_path, capsys):
+    """libcudnn.so.9 opens its sub-libraries at run time: with one deleted, the dlopen error is claimed by the
+    reinstall of the pinned cuDNN (its load, searched again over the predicted files, finds it); applied
+    offline, the re-run is clean."""
+    store, venv = _wheels(), torch_venv()
+    copy = tmp_path / "venv"
+    subprocess.run(["cp", "-al", str(venv), str(copy)], check=True)
+    site = torch_site(copy)
+    (Path(site) / "nvidia/cudnn/lib/libcudnn_ops.so.9").unlink()  # a link of its own: cp -al
+
+    rc, doc = _check(site, capsys)
+    assert rc == 1
+    failing = {f["id"]: f for found in doc["items"].values() for f in found if f["severity"] == "error"}
+    assert "dlopen: libcudnn_ops.so.9" in failing
+    (plan,) = doc["repair"]
+    (step,) = plan["steps"]
+    assert step["kind"] == "automatic"
+    assert (
+        step["command"] == f"{copy}/bin/python -m pip install --force-reinstall --no-deps nvidia-cudnn-cu13==9.24.0.43"
+    )
+    assert set(step["resolves"]) == set(failing)
+
+    argv = list(step["argv"])
+    argv[4:4] = ["--no-index", "--find-links", str(store)]
+    subprocess.run(argv, check=True, capture_output=True)
+    rc, again = _check(site, capsys)
+    assert rc == 0, json.dumps(again["items"], indent=1)[-4000:]
+    assert again["repair"] == []

@@ -20,7 +20,7 @@ from pytest_cudastack import schemacheck
 from pytest_cudastack.cli import main
 from pytest_cudastack.errors import DataError
 from pytest_cudastack.schemacheck import KEYWORDS, first_error
-from pytest_cudastack.stack import load_snapshot
+from pytest_cudastack.stack import SnapshotReader, load_snapshot
 
 pytest_plugins = ["pytester"]
 
@@ -34,7 +34,7 @@ GPU = {
     "memory_total": 150 << 30,
     "mig_mode": None,
 }
-SNAP: dict[str, Any] = {
+SNAP_V1: dict[str, Any] = {
     "schema": "pytest-cudastack/snapshot",
     "version": 1,
     "format": 1,
@@ -79,6 +79,29 @@ SNAP: dict[str, Any] = {
         }
     ],
 }
+# version 2 (the written format): version 1's facts, plus node facts, bytes, resolution, needs, fingerprint
+SNAP: dict[str, Any] = {
+    **copy.deepcopy(SNAP_V1),
+    "version": 2,
+    "format": 2,
+    "resolved": [{"soname": "libcuda.so.1", "path": None, "provider": None}],
+    "needs": [{"subject": "nvidia-cublas 13.0.0.19", "distribution": "nvidia-cublas", "cuda": "13.0"}],
+    "fingerprint": "sha256:" + "0" * 64,
+    "host": {
+        "name": "node1",
+        "driver_version": "580.65.06",
+        "cuda_version": "13.0",
+        "kernel_module": "580.65.06",
+        "libcuda_version": "580.65.06",
+        "nvml_version": "580.65.06",
+        "mismatch": [],
+        "gpus": [{"name": "NVIDIA H200", "compute_capability": "9.0", "uuid": "GPU-1"}],
+    },
+}
+SNAP["driver"].update(libcuda_version="580.65.06", nvml_version="580.65.06")
+SNAP["wheels"][0]["files"] = [
+    {"path": "nvidia/cu13/lib/libcublas.so.13", "record": "sha256=x", "record_size": 3, "sha256": "sha256=x", "size": 3}
+]
 VALIDATOR = jsonschema.Draft202012Validator(SCHEMA)
 
 
@@ -160,6 +183,22 @@ BAD = [
 
 
 @pytest.mark.parametrize(("mutate", "message"), BAD)
+def test_the_fleet_reader_answers_as_load_snapshot(tmp_path, mutate, message):
+    """cudastack fleet's reader remembers verdicts per top-level field: a good file read before a bad one
+    does not make the bad one pass, and the message is load_snapshot's."""
+    reader = SnapshotReader()
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps(SNAP))
+    assert reader.read(str(good)) == SNAP
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(mutate(copy.deepcopy(SNAP))))
+    with pytest.raises(DataError) as e:
+        reader.read(str(bad))
+    assert str(e.value).startswith(f"{bad}: not a cudastack snapshot: {message}")
+    assert reader.read(str(good)) == SNAP
+
+
+@pytest.mark.parametrize(("mutate", "message"), BAD)
 def test_bad_snapshot_names_the_first_wrong_field(tmp_path, capsys, mutate, message):
     doc = mutate(copy.deepcopy(SNAP))
     assert not VALIDATOR.is_valid(doc)  # jsonschema agrees it is wrong
@@ -201,7 +240,7 @@ def test_not_json_or_deep(tmp_path, text, message):
 
 def test_legacy_snapshot_reads_but_is_typed(tmp_path):
     old = tmp_path / "old.json"
-    legacy = {k: v for k, v in copy.deepcopy(SNAP).items() if k not in ("schema", "version")}
+    legacy = {k: v for k, v in copy.deepcopy(SNAP_V1).items() if k not in ("schema", "version")}
     for wheel in legacy["wheels"]:
         del wheel["gpu_code"]
     old.write_text(json.dumps(legacy))
@@ -209,6 +248,15 @@ def test_legacy_snapshot_reads_but_is_typed(tmp_path):
     legacy["wheels"][0]["missing"] = "gone"
     old.write_text(json.dumps(legacy))
     with pytest.raises(DataError, match=r"\$\.wheels\[0\]\.missing: expected array"):
+        load_snapshot(str(old))
+
+
+def test_version_1_snapshot_still_reads(tmp_path):
+    old = tmp_path / "v1.json"
+    old.write_text(json.dumps(SNAP_V1))
+    assert load_snapshot(str(old))["version"] == 1
+    old.write_text(json.dumps({**SNAP_V1, "version": 3}))
+    with pytest.raises(DataError, match="version 1 or 2 expected"):
         load_snapshot(str(old))
 
 

@@ -26,6 +26,7 @@ import pytest_cudastack
 from pytest_cudastack.cli import main
 from pytest_cudastack.cli.check import CHECK_SCHEMA, CHECK_VERSION
 from pytest_cudastack.cli.diff import DIFF_SCHEMA, DIFF_VERSION
+from pytest_cudastack.cli.fleet import FLEET_SCHEMA, FLEET_VERSION
 from pytest_cudastack.cli.loaded import LOADED_SCHEMA, LOADED_VERSION, cmd_loaded
 from pytest_cudastack.cli.tree import TREE_SCHEMA, TREE_VERSION
 from pytest_cudastack.cuda.driver import DriverInfo, Gpu
@@ -44,6 +45,7 @@ DOCUMENTS = {
     CHECK_SCHEMA: CHECK_VERSION,
     SNAPSHOT_SCHEMA: SNAPSHOT_FORMAT,
     DIFF_SCHEMA: DIFF_VERSION,
+    FLEET_SCHEMA: FLEET_VERSION,
 }
 
 

@@ -44,6 +44,12 @@ def fake_tool(path: Path, version: str, marker: Path) -> Path:
     return path
 
 
+# the files each framework is recognised by (toolchain.json's detect rows): the code that runs the tool names it
+JAXLIB_FILES = {"jaxlib/__init__.py": "", "jaxlib/xla_extension.so": b"\0FindCudaExecutable\0ptxas\0"}
+TORCH_FILES = {"torch/__init__.py": "", "torch/utils/cpp_extension.py": "def _join_cuda_home(): return 'bin/nvcc'\n"}
+TRITON_FILES = {"triton/__init__.py": "", "triton/backends/nvidia/compiler.py": "def get_ptxas(arch): ...\n"}
+
+
 @pytest.fixture
 def marker(tmp_path: Path):
     m = tmp_path / "RAN"
@@ -59,7 +65,7 @@ def _tools(version: str, marker: Path) -> dict[str, str]:
 def _site(tmp_path: Path, marker: Path, *, jax: bool = True, nvcc: str | None = "12.6.85") -> Path:
     site = site_packages(tmp_path / "venv")
     if jax:
-        write_dist(site, "jaxlib", "0.4.35", {"jaxlib/__init__.py": ""})
+        write_dist(site, "jaxlib", "0.4.35", JAXLIB_FILES)
         write_dist(site, "jax", "0.4.35", {"jax/__init__.py": ""})
     if nvcc is not None:
         files = {f"nvidia/cuda_nvcc/bin/{t}": text for t, text in _tools(nvcc, marker).items()}
@@ -246,7 +252,7 @@ def test_xla_skips_a_too_old_or_excluded_ptxas(tmp_path: Path, marker: Path) -> 
 
 def test_torch_nvcc_of_another_major_first_on_path(tmp_path: Path, marker: Path) -> None:
     site = site_packages(tmp_path / "venv")
-    write_dist(site, "torch", "2.14.1+cu130", {"torch/__init__.py": ""})
+    write_dist(site, "torch", "2.14.1+cu130", TORCH_FILES)
     old = fake_tool(tmp_path / "old" / "bin" / "nvcc", "12.2.140", marker)
     fake_tool(tmp_path / "root" / "usr" / "local" / "cuda" / "bin" / "nvcc", "13.0.88", marker)
     (warn,) = _errors(_findings(site, {"PATH": str(old.parent)}, tmp_path / "root"))
@@ -264,7 +270,7 @@ def test_a_fix_that_leaves_no_tool_at_all_is_not_proposed(tmp_path: Path, marker
     """The old nvcc is the only one: removing it (or the PATH entry) leaves torch no nvcc at all, which the
     model counts as failing, so no fix is printed as verified."""
     site = site_packages(tmp_path / "venv")
-    write_dist(site, "torch", "2.14.1+cu130", {"torch/__init__.py": ""})
+    write_dist(site, "torch", "2.14.1+cu130", TORCH_FILES)
     old = fake_tool(tmp_path / "old" / "bin" / "nvcc", "12.2.140", marker)
     (warn,) = _errors(_findings(site, {"PATH": str(old.parent)}, tmp_path / "root"))
     assert "nvcc 12.2.140" in warn.message
@@ -273,7 +279,7 @@ def test_a_fix_that_leaves_no_tool_at_all_is_not_proposed(tmp_path: Path, marker
 
 def test_triton_lookup_env_then_bundled(tmp_path: Path, marker: Path) -> None:
     site = site_packages(tmp_path / "venv")
-    write_dist(site, "triton", "3.8.0", {"triton/__init__.py": ""})
+    write_dist(site, "triton", "3.8.0", TRITON_FILES)
     fake_tool(site / "triton" / "backends" / "nvidia" / "bin" / "ptxas", "12.9.86", marker)
     mine = fake_tool(tmp_path / "mine" / "ptxas", "12.8.93", marker)
     c = ElfCache(enabled=False)
@@ -298,7 +304,7 @@ def test_nothing_to_check_without_a_framework(tmp_path: Path) -> None:
     assert reason is not None
     assert "jax" in reason
     assert "torch" in reason
-    write_dist(site, "triton", "3.8.0", {"triton/__init__.py": ""})
+    write_dist(site, "triton", "3.8.0", TRITON_FILES)
     assert nothing_to_check(SimpleNamespace(inventory=installed_wheels([str(site)]))) is None  # type: ignore[arg-type]
 
 
@@ -331,7 +337,7 @@ def test_toolchain_item_through_the_plugin(
 # the data file ----------------------------------------------------------------------------------------------
 def test_shipped_data_loads() -> None:
     names = [f.name for f in load_toolchain()]
-    assert names == ["jax", "triton", "torch"]
+    assert names == ["jax", "triton", "torch", "cupy", "numba-cuda"]
 
 
 def _broken(change):
@@ -383,7 +389,23 @@ def _row0(key: str, value: object) -> Any:
         pytest.param(_row0("fix_env", ""), "'fix_env' must be a non-empty string", id="empty fix_env"),
         pytest.param(_row0("tools", [1]), r"frameworks\[0\]\.tools\[0\]: expected string", id="tool type"),
         pytest.param(_row0("tools", [""]), "'tools' must be a non-empty list of names", id="empty tool"),
-        pytest.param(_row0("distributions", "x"), r"frameworks\[0\]\.distributions: expected array", id="dists"),
+        pytest.param(_row0("detect", "x"), r"frameworks\[0\]\.detect: expected array", id="detect type"),
+        pytest.param(_row0("detect", []), "'detect' must name at least one file", id="no detect"),
+        pytest.param(
+            _row0("detect", [{"path": "../x.py", "contains": "ptxas", "source": "triton-knobs"}]),
+            r"detect\[0\]: 'path' must be a pattern inside",
+            id="detect path",
+        ),
+        pytest.param(
+            _row0("detect", [{"path": "x.py", "contains": "", "source": "triton-knobs"}]),
+            "'contains' must be a non-empty string",
+            id="detect contains",
+        ),
+        pytest.param(
+            _row0("detect", [{"path": "x.py", "contains": "ptxas", "source": "nope"}]),
+            r"detect\[0\]: source 'nope' is not listed",
+            id="detect source",
+        ),
         pytest.param(_row0("lookup", []), "'lookup' must be a non-empty list of steps", id="no lookup"),
         pytest.param(_row0("lookup", [1]), r"frameworks\[0\]\.lookup\[0\]: expected object", id="step type"),
         pytest.param(_row0("minimum", []), r"frameworks\[0\]\.minimum: expected object", id="minimum type"),
@@ -400,7 +422,7 @@ def test_broken_data_file_names_the_row(change, match: str) -> None:
 # a ptxas too old for a target GPU arch ------------------------------------------------------------------
 def _triton_site(tmp_path: Path, marker: Path, bundled: str = "12.9.86", blackwell: str | None = None) -> Path:
     site = site_packages(tmp_path / "venv")
-    write_dist(site, "triton", "3.8.0", {"triton/__init__.py": ""})
+    write_dist(site, "triton", "3.8.0", TRITON_FILES)
     fake_tool(site / "triton" / "backends" / "nvidia" / "bin" / "ptxas", bundled, marker)
     if blackwell is not None:
         fake_tool(site / "triton" / "backends" / "nvidia" / "bin" / "ptxas-blackwell", blackwell, marker)

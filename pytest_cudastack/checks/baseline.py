@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pytest_cudastack.findings import Finding, Severity, manual
+from pytest_cudastack.model.fleet import snapshot_problems
 
 if TYPE_CHECKING:
     from pytest_cudastack.checks.facts import StackView, Target
@@ -23,8 +24,9 @@ class Drift:
     """One difference between two snapshots, as ``cudastack diff --json`` lists it (schemas/diff.schema.json).
 
     ``kind`` is "driver" (``subject``: "version", "cuda_version", "archs" or "gpus"), "wheel" (``subject``: its
-    name; ``item``: the file that went missing or is back) or "binary" (``subject``: its path; ``item``: the
-    soname whose path changed); ``change`` is "added", "removed" or "changed"; ``before``/``after`` are the
+    name; ``item``: the file that went missing, is back, or whose bytes changed), "binary" (``subject``: its
+    path; ``item``: the soname whose path changed) or "host" (``subject``: "kernel_module", "libcuda_version"
+    or "nvml_version"); ``change`` is "added", "removed" or "changed"; ``before``/``after`` are the
     values on each side (None where absent or not found); ``text`` is the line ``cudastack diff`` prints.
     """
 
@@ -53,9 +55,23 @@ def snapshot_drift(old: Mapping[str, Any], new: Mapping[str, Any]) -> tuple[Drif
     od, nd = old.get("driver") or {}, new.get("driver") or {}
     return (
         *_driver_drift(od, nd),
+        *_host_drift(old.get("host"), new.get("host")),
         *_wheels_drift(old.get("wheels", ()), new.get("wheels", ())),
         *_binaries_drift(old.get("binaries", ()), new.get("binaries", ())),
     )
+
+
+def _host_drift(oh: Mapping[str, Any] | None, nh: Mapping[str, Any] | None) -> list[Drift]:
+    """The node's kernel module and user-space driver library versions, when both snapshots have node facts
+    (the driver's version, CUDA and GPUs are the driver's drift)."""
+    if not oh or not nh:
+        return []
+    out: list[Drift] = []
+    for key in ("kernel_module", "libcuda_version", "nvml_version"):
+        if oh.get(key) != nh.get(key):
+            line = f"host {key}: {oh.get(key)} -> {nh.get(key)}"
+            out.append(Drift("host", key, None, "changed", oh.get(key), nh.get(key), line))
+    return out
 
 
 def _driver_drift(od: Mapping[str, Any], nd: Mapping[str, Any]) -> list[Drift]:
@@ -78,6 +94,7 @@ def _wheels_drift(old: Iterable[Mapping[str, Any]], new: Iterable[Mapping[str, A
     """Wheels added or removed, by name in order, and the changes of each wheel on both sides."""
     out: list[Drift] = []
     ow, nw = _index(old, "name"), _index(new, "name")
+    listed = _record_owners(nw.values())
     for name in sorted(ow.keys() | nw.keys()):
         a, b = ow.get(name), nw.get(name)
         if a is None and b is not None:
@@ -87,12 +104,49 @@ def _wheels_drift(old: Iterable[Mapping[str, Any]], new: Iterable[Mapping[str, A
             line = f"wheel {name} {a.get('version')}: removed"
             out.append(Drift("wheel", name, None, "removed", a.get("version"), None, line))
         elif a is not None and b is not None:
-            out.extend(_wheel_drift(name, a, b))
+            out.extend(_wheel_drift(name, a, b, listed))
     return out
 
 
-def _wheel_drift(name: str, a: Mapping[str, Any], b: Mapping[str, Any]) -> list[Drift]:
-    """One wheel's changes: its version, then its files that went missing and those that are back."""
+def _record_owners(wheels: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], str]:
+    """(RECORD path, RECORD hash) -> "name version" of the wheel whose RECORD lists those bytes there."""
+    out: dict[tuple[str, str], str] = {}
+    for w in wheels:
+        for f in w.get("files", ()):
+            if f.get("record"):
+                out.setdefault((str(f["path"]), str(f["record"])), f"{w.get('name')} {w.get('version')}")
+    return out
+
+
+def _bytes_drift(
+    name: str, a: Mapping[str, Any], b: Mapping[str, Any], listed: Mapping[tuple[str, str], str]
+) -> list[Drift]:
+    """Each library present on both sides whose bytes on disk changed, saying whose bytes are there now: its
+    own RECORD's, another wheel's (a cu12 build installed over the cu13 one at the same paths), or nobody's.
+    Snapshots without bytes (version 1) compare nothing here."""
+    out: list[Drift] = []
+    af = {str(f.get("path")): f for f in a.get("files", ())}
+    for f in b.get("files", ()):
+        path = str(f.get("path"))
+        before, after = (af.get(path) or {}).get("sha256"), f.get("sha256")
+        if before is None or after is None or before == after:
+            continue
+        if after == f.get("record"):
+            whose = "its RECORD's bytes again" if (af.get(path) or {}).get("record") != before else "new bytes"
+        elif (other := listed.get((path, str(after)))) is not None:
+            whose = f"replaced by {other}'s bytes"
+        else:
+            whose = "replaced by bytes no installed RECORD lists"
+        line = f"wheel {name}: {path}: {whose} ({before[:19]}... -> {after[:19]}...)"
+        out.append(Drift("wheel", name, path, "changed", before, after, line))
+    return out
+
+
+def _wheel_drift(
+    name: str, a: Mapping[str, Any], b: Mapping[str, Any], listed: Mapping[tuple[str, str], str]
+) -> list[Drift]:
+    """One wheel's changes: its version, then its files that went missing and those that are back, then the
+    libraries whose bytes changed."""
     out: list[Drift] = []
     if a.get("version") != b.get("version"):
         line = f"wheel {name}: {a.get('version')} -> {b.get('version')}"
@@ -100,6 +154,8 @@ def _wheel_drift(name: str, a: Mapping[str, Any], b: Mapping[str, Any]) -> list[
     am, bm = set(a.get("missing", ())), set(b.get("missing", ()))
     out.extend(Drift("wheel", name, p, "removed", p, None, f"wheel {name}: {p} went missing") for p in sorted(bm - am))
     out.extend(Drift("wheel", name, p, "added", None, p, f"wheel {name}: {p} is back") for p in sorted(am - bm))
+    if a.get("version") == b.get("version"):
+        out.extend(_bytes_drift(name, a, b, listed))
     return out
 
 
@@ -138,15 +194,20 @@ def diff_snapshots(old: Mapping[str, Any], new: Mapping[str, Any]) -> tuple[str,
 
 
 def baseline_findings(baseline: str, old: Mapping[str, Any], new: Mapping[str, Any]) -> tuple[Finding, ...]:
-    """One ERROR per difference between the recorded baseline and the stack now."""
-    return tuple(
-        Finding(
-            "baseline",
-            Severity.ERROR,
-            baseline,
-            f"drift from baseline: {line}",
-            remedies=manual(f"restore the recorded stack, or re-record it (pytest --cudastack-snapshot={baseline})"),
+    """One ERROR per difference between the recorded baseline and the stack now. Re-recording is proposed
+    only when the stack now shows no error (:func:`snapshot_problems`): a broken stack never becomes the
+    baseline."""
+    problems = snapshot_problems(new)
+    if problems:
+        shown = "; ".join(p.text for p in problems[:3]) + (f"; {len(problems) - 3} more" if len(problems) > 3 else "")
+        remedies = manual(
+            "restore the recorded stack",
+            why=f"not re-recorded: the stack now has errors ({shown}), which would become the baseline",
         )
+    else:
+        remedies = manual(f"restore the recorded stack, or re-record it (pytest --cudastack-snapshot={baseline})")
+    return tuple(
+        Finding("baseline", Severity.ERROR, baseline, f"drift from baseline: {line}", remedies=remedies)
         for line in diff_snapshots(old, new)
     )
 

@@ -14,17 +14,23 @@ finding about that distribution: torch's CUDA 13 build, not 17 wheels.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import re
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from pytest_cudastack.cuda.compat import load_compat
+from packaging.specifiers import SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+from pytest_cudastack.cuda.compat import is_driver_soname, load_compat, mvc_floor
 from pytest_cudastack.cuda.versions import parse_cuda
-from pytest_cudastack.findings import Facts, Finding, Pip, Rebuild, Remedy, Severity, UseBuild
+from pytest_cudastack.findings import DriverUpgrade, Facts, Finding, Manual, Pip, Rebuild, Remedy, Severity, UseBuild
 from pytest_cudastack.model.needs import CudaNeed, Inference
 from pytest_cudastack.model.torchindex import index_for
-from pytest_cudastack.wheels.ownership import active_requirements, pip_python
+from pytest_cudastack.wheels.ownership import Requirer, active_requirements, pip_python
 from pytest_cudastack.wheels.requirements import Requirements
 
 if TYPE_CHECKING:
@@ -43,15 +49,140 @@ logger = logging.getLogger(__name__)
 _BUILTINS_RE = re.compile(r"libnvrtc-builtins(?:\.alt)?\.so\.(\d+)\.(\d+)")
 
 
-def _bound_remedy(inf: Inference, kind: str, bound: str) -> tuple[Remedy, ...]:
-    """A wheel: use its build for the bound; a binary: rebuild it with a toolkit within the bound."""
+def _bound_remedy(
+    inf: Inference, kind: str, bound: str, need: CudaNeed, wheels: _Wheels | None = None
+) -> tuple[Remedy, ...]:
+    """A wheel: use its build for the bound (the pip spec of it where the wheel's version tracks its CUDA and
+    ``wheels`` gives the installed distribution: :func:`_within_bound`); a binary: rebuild it with a toolkit
+    within the bound."""
     word = "<=" if kind == "max" else ">="
     side = "newer" if kind == "max" else "older"
     if inf.distribution is not None:
+        dist = wheels.inventory.get(inf.distribution) if wheels is not None else None
+        if wheels is not None and dist is not None:
+            return _within_bound(dist, kind, bound, need, wheels)
         why = f"this build requires a CUDA {side} than {bound}"
         return (UseBuild(inf.distribution, f"a build for CUDA {word} {bound}", why=why),)
     why = f"it links the libraries of a CUDA {side} than {bound}"
     return (Rebuild(inf.subject, (f"a CUDA {bound} toolkit",), why=why),)
+
+
+@dataclass(frozen=True)
+class _Wheels:
+    """The installed distributions and who requires each (active Requires-Dist): what a wheel's remedy within
+    the bound must satisfy."""
+
+    inventory: Inventory
+    required: dict[str, list[Requirer]]
+
+
+def _within_bound(dist: Distribution, kind: str, bound: str, need: CudaNeed, wheels: _Wheels) -> tuple[Remedy, ...]:
+    """The remedies of a wheel whose build needs a CUDA beyond the bound: its build within the bound
+    (:func:`_build_within`), and, where true, that it needs only a driver (:func:`_driver_only`)."""
+    word = "<=" if kind == "max" else ">="
+    side = "newer" if kind == "max" else "older"
+    build = _build_within(dist, kind, bound, need, wheels) or UseBuild(
+        dist.key, f"a build for CUDA {word} {bound}", why=f"this build requires a CUDA {side} than {bound}"
+    )
+    driver = _driver_only(dist, kind, bound, need)
+    return (build,) if driver is None else (build, driver)
+
+
+def _build_within(dist: Distribution, kind: str, bound: str, need: CudaNeed, wheels: _Wheels) -> Remedy | None:
+    """The wheel's build within the bound as a pip spec, where its version tracks the CUDA it needs (its
+    ``major.minor`` is that CUDA's, which is how the need was read: ``nvidia-nvjitlink`` 13.5.37 -> 13.5) and
+    the need is of the bound's major: the releases ``>=M.0,<M.(m+1)`` (max) or ``>=M.m,<(M+1)`` (min),
+    narrowed by every installed requirer's specifier. pip picks the release, so it is a step by hand naming
+    the exact spec. Requirers whose specifiers admit none of those releases are named instead (their own
+    builds must change first). None: the version does not track CUDA, or another major is needed."""
+    limit = parse_cuda(bound)
+    if need.minor is None or limit.minor is None or need.major != limit.major:
+        return None
+    with contextlib.suppress(InvalidVersion):
+        if Version(dist.version).release[:2] != (need.major, need.minor):
+            return None
+    word = "<=" if kind == "max" else ">="
+    if kind == "max":
+        own = SpecifierSet(f">={limit.major}.0,<{limit.major}.{limit.minor + 1}")
+    else:
+        own = SpecifierSet(f">={limit.major}.{limit.minor},<{limit.major + 1}")
+    requirers = list(
+        {
+            (r.dist.key, str(r.requirement.specifier)): r
+            for r in wheels.required.get(dist.key, ())
+            if r.dist.key != dist.key
+        }.values()
+    )
+    spec = own
+    for r in requirers:
+        spec &= r.requirement.specifier
+    spec = _tightest(spec)
+    said = f"{dist.label} needs CUDA {need.version}; its releases {_tightest(own)} are CUDA {word} {bound}"
+    if _admits_some(spec):
+        pinned = [r for r in requirers if r.requirement.specifier]
+        accepted = "; ".join(f"{r.dist.label} requires {r.text}" for r in pinned) or "no installed requirer pins it"
+        get = Pip("install", (f"{dist.name}{spec}",), pip_python(dist), why=accepted)
+        return UseBuild(dist.name, f"its build for CUDA {word} {bound}", get, why=f"{said}; {accepted}")
+    refusing = [r for r in requirers if not _admits_some(own & r.requirement.specifier)]
+    return Manual(
+        (
+            f"use the builds of {', '.join(r.dist.name for r in refusing)} for CUDA {word} {bound}, then "
+            f"install {dist.name}{_tightest(own)}",
+        ),
+        why=f"{said}; "
+        + "; ".join(f"{r.dist.label} requires {r.text}" for r in refusing)
+        + ", which admits none of them",
+    )
+
+
+def _driver_only(dist: Distribution, kind: str, bound: str, need: CudaNeed) -> Remedy | None:
+    """That the wheel needs only a driver, where true (``--cuda-max`` only): it brings its own CUDA library (a
+    RECORD-listed shared library, not the driver's), it needs a newer minor of the bound's major, and CUDA
+    minor-version compatibility lets any driver of that major's branch (``compat.mvc_floor``) run it."""
+    limit = parse_cuda(bound)
+    floor = mvc_floor(need.major) if kind == "max" and need.major == limit.major else None
+    libs = [
+        os.path.basename(lib.path)
+        for lib in dist.libraries
+        if lib.exists and lib.soname and not is_driver_soname(lib.soname)
+    ]
+    if floor is None or not libs:
+        return None
+    return DriverUpgrade(
+        floor,
+        f"{need.major}.x",
+        rule=f"CUDA minor-version compatibility: a driver of the CUDA {need.major} branch runs a library built "
+        f"with any CUDA {need.major}.x, except PTX it JIT-compiles newer than the driver",
+        why=f"{dist.label} brings its own library ({', '.join(libs[:3])}): where it runs it needs only that "
+        f"driver, not CUDA {need.version}; if --cuda-max={bound} stands for the deployment driver's CUDA, it runs "
+        "there as it is",
+    )
+
+
+def _tightest(spec: SpecifierSet) -> SpecifierSet:
+    """``spec`` without the clauses another clause implies: of the lower bounds (``>=``, ``>``) the highest,
+    of the upper bounds (``<``, ``<=``) the lowest; other clauses kept."""
+    lower = [c for c in spec if c.operator in (">=", ">")]
+    upper = [c for c in spec if c.operator in ("<", "<=")]
+    kept = [c for c in spec if c.operator not in (">=", ">", "<", "<=")]
+    with contextlib.suppress(InvalidVersion):
+        if lower:
+            kept.append(max(lower, key=lambda c: (Version(c.version), c.operator == ">")))
+        if upper:
+            kept.append(min(upper, key=lambda c: (Version(c.version), c.operator == "<=")))
+        return SpecifierSet(",".join(str(c) for c in kept))
+    return spec
+
+
+def _admits_some(spec: SpecifierSet) -> bool:
+    """Whether some release satisfies ``spec``: one of the versions its own clauses name (a wildcard's
+    prefix as ``.0``) does; False also when none of them does (then which releases exist decides, unknown)."""
+    candidates = []
+    for clause in spec:
+        text = clause.version.removesuffix(".*")
+        with contextlib.suppress(InvalidVersion):
+            candidates.append(Version(text))
+    return any(spec.contains(v, prereleases=True) for v in candidates)
 
 
 def _last_minor(major: int) -> int | None:
@@ -83,12 +214,17 @@ def bound_findings(
     bound: str,
     inferences: Iterable[Inference],
     option: str | None = None,
+    inventory: Inventory | None = None,
+    reqs: Requirements | None = None,
 ) -> tuple[Finding, ...]:
     """Findings for ``--cuda-max`` (``kind="max"``) or ``--cuda-min`` against every inference.
 
     One ERROR per violating subject (naming every piece of evidence), one WARNING per undecidable
-    version (listing the subjects), INFO for ambiguous sonames no evidence decides.
+    version (listing the subjects), INFO for ambiguous sonames no evidence decides. ``inventory`` (and the
+    run's requirement facts ``reqs``): the installed distributions, for a wheel's remedies within the bound
+    (:func:`_within_bound`).
     """
+    wheels = _Wheels(inventory, active_requirements(inventory, reqs)) if inventory is not None else None
     check = f"cuda-{kind}"
     label = option or f"--cuda-{kind}={bound}"
     parsed = parse_cuda(bound)
@@ -110,10 +246,10 @@ def bound_findings(
                     f"{worst.evidence.split(' via ')[0]} but {label}",
                     cause=f"it requires CUDA {worst.version}; {label} forbids anything {word} than {bound}",
                     facts=Facts(
-                        required=label, found=worst.evidence.split(" via ")[0], bound=bound, consumer=inf.subject
+                        required=label, found=worst.evidence.split(" via ")[0], bound=bound, consumer=inf.distribution
                     ),
                     distributions=(inf.distribution,) if inf.distribution else (),
-                    remedies=_bound_remedy(inf, kind, bound),
+                    remedies=_bound_remedy(inf, kind, bound, worst, wheels),
                     details=tuple(f"evidence: {n.evidence}" for n in bad),
                 )
             )
@@ -244,7 +380,9 @@ def run_max(stack: StackView, target: Target | None = None) -> tuple[Finding, ..
     bound = stack.settings.cuda_max
     if bound is None:
         raise ValueError("cudastack check 'cuda-max' needs --cuda-max")
-    found = bound_findings("max", bound, stack.inferences, stack.settings.describe("cuda_max"))
+    found = bound_findings(
+        "max", bound, stack.inferences, stack.settings.describe("cuda_max"), stack.inventory, stack.requirements
+    )
     return group_by_requirer(found, stack.inventory, "max", bound, stack.requirements)
 
 
@@ -253,5 +391,7 @@ def run_min(stack: StackView, target: Target | None = None) -> tuple[Finding, ..
     bound = stack.settings.cuda_min
     if bound is None:
         raise ValueError("cudastack check 'cuda-min' needs --cuda-min")
-    found = bound_findings("min", bound, stack.inferences, stack.settings.describe("cuda_min"))
+    found = bound_findings(
+        "min", bound, stack.inferences, stack.settings.describe("cuda_min"), stack.inventory, stack.requirements
+    )
     return group_by_requirer(found, stack.inventory, "min", bound, stack.requirements)

@@ -16,6 +16,10 @@ Findings:
 * a missing soname installed where its needer's RUNPATH points, but in the other one of two different site
   directories (platlib ``lib64/`` vs purelib ``lib/``, a RHEL-family system Python): the entry, where it
   points, where the library is, and an LD_LIBRARY_PATH fix the resolver confirms;
+* a missing soname that installed wheels ship, every claimed file present, in directories outside the
+  needers' search (cupy-cuda13x's modules beside the CUDA 13 wheels' ``nvidia/cu13/lib``): an LD_LIBRARY_PATH
+  entry naming them, offered when the resolver, searching again with it, finds the soname there and moves no
+  library any extension module loads now (its severity is reachability's, as for any missing soname);
 * every other fix is the repair model's verified one (``repair.verified_fixes``);
 * driver-provided sonames (``compat.is_driver_soname``: libcuda.so.1, libnvidia-ml.so.1, ...) missing on a
   machine without a driver: one INFO fact, not a failure;
@@ -29,6 +33,7 @@ Chains and details name files relative to their site directory (the site directo
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from collections.abc import Callable, Sequence
@@ -127,7 +132,7 @@ def extension_closures(
             driver_missing.append(m)
             continue
         finding = _missing_finding(inv, m, reqs)
-        split = _split_site_finding(inv, resolver, m, finding)
+        split = _split_site_finding(inv, resolver, m, finding) or _elsewhere_finding(inv, resolver, m, finding, mts)
         if split is not None:
             finding = split
             verified.append(split)
@@ -213,15 +218,20 @@ def _best_chain(m: _Missing) -> tuple[str, ...]:
     return min(chains, key=len)
 
 
+def _needed_by(inv: Inventory, needer: str, modules: Sequence[str]) -> str:
+    """``needer (from N extension module(s) of DIST, ...)``: the object that needs a soname (as shown) and the
+    extension modules that load it (paths), counted, with their distributions."""
+    dists = sorted({d.label for path in modules for d in inv.owners(path)})
+    return f"{needer} (from {len(set(modules))} extension module(s) of {', '.join(dists) or 'no distribution'})"
+
+
 def _missing_finding(inv: Inventory, m: _Missing, reqs: Requirements) -> Finding:
     chain = _best_chain(m)
-    dists = sorted({mt.dist.label for mt in m.needers})
     modules = sorted({inv.relative(mt.module.path) for mt in m.needers})
-    needer = inv.relative(chain[-1]) if chain else modules[0]
+    objects = tuple(mt.module.path for mt in m.needers)
     gone, present, claimers = _claims(inv, m.soname)
-    message = (
-        f"{m.soname} is not found: needed by {needer} (from {len(modules)} extension module(s) of {', '.join(dists)})"
-    )
+    needer = inv.relative(chain[-1]) if chain else modules[0]
+    message = f"{m.soname} is not found: needed by {_needed_by(inv, needer, objects)}"
     if gone or present:
         cause = "; ".join(gone + present)
     else:
@@ -260,8 +270,9 @@ def _missing_finding(inv: Inventory, m: _Missing, reqs: Requirements) -> Finding
         facts=Facts(
             required=m.soname,
             sonames=(m.soname,),
-            objects=tuple(mt.module.path for mt in m.needers),
-            consumer=f"{needer} (from {len(modules)} extension module(s) of {', '.join(dists)})",
+            objects=objects,
+            tried=tuple(dict.fromkeys(os.path.normpath(t) for lib in m.libs for t in lib.tried)),
+            consumer=next((d.key for d in inv.owners(chain[-1])), m.needers[0].dist.key) if chain else None,
         ),
         where=tuple(tried[:16]),
         chain=tuple(inv.relative(p) for p in chain),
@@ -304,7 +315,8 @@ def _gone_finding(inv: Inventory, gone: Sequence[Finding], reqs: Requirements) -
         check="closure",
         severity=Severity.ERROR,
         subject=", ".join(names),
-        message=f"{len(names)} sonames are not found: {', '.join(names)}; the first needed by {first.facts.consumer}",
+        message=f"{len(names)} sonames are not found: {', '.join(names)}; the first needed by "
+        + _needed_by(inv, first.chain[-1] if first.chain else "?", first.facts.objects),
         cause="the files the installed distributions' RECORDs list for them are gone (deleted by hand, or by "
         "uninstalling another distribution that installs the same paths); the loader would report only the "
         "first of them",
@@ -478,6 +490,62 @@ def _split_site_finding(inv: Inventory, resolver: Resolver, m: _Missing, finding
         checked = "checked: the linker then finds it there, before starting Python"
         fix = (SearchPath(llp, op="prepend", why=checked), replace(venv, why="the lasting alternative"))
     return replace(finding, cause=cause, remedies=fix)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# installed outside the search
+
+
+def _elsewhere_finding(
+    inv: Inventory, resolver: Resolver, m: _Missing, finding: Finding, mts: Sequence[ModuleTree]
+) -> Finding | None:
+    """A missing soname that installed wheels ship, every claimed file present, in directories outside the
+    needing objects' search (cupy-cuda13x's ``cufft`` module beside the CUDA 13 wheels' ``nvidia/cu13/lib``):
+    the repair is a search-path change, kept only when the resolver, searching again with those directories
+    first on LD_LIBRARY_PATH, finds the soname there for every module that needs it and moves no library any
+    module tree loads now (:func:`_moves_nothing`), and no copy is of another CUDA major than a needing
+    module's distribution; else None (the generic advice stays). Not pip: the files
+    are installed, and a reinstall writes the same paths again."""
+    claims = inv.shipping(m.soname)
+    if not claims or not all(os.path.lexists(p) for _, p in claims):
+        return None
+    # a copy of another CUDA major than a needer's would load where it is found: the mixed-majors error
+    needed = {mt.dist.cuda_major for mt in m.needers} - {None}
+    if any(d.cuda_major is not None and needed - {d.cuda_major} for d, _ in claims):
+        return None
+    dirs = list(dict.fromkeys(os.path.dirname(os.path.normpath(p)) for _, p in claims))
+    if not _resolves_with(inv, resolver, m, dirs) or not _moves_nothing(inv, resolver, mts, dirs, m.soname):
+        return None
+    checked = (
+        f"checked: the linker then finds {m.soname} there for every module that needs it, and every other "
+        "library each extension module loads stays where it loads it now"
+    )
+    return replace(finding, remedies=(SearchPath(os.pathsep.join(dirs), op="prepend", why=checked),))
+
+
+def _moves_nothing(
+    inv: Inventory, resolver: Resolver, mts: Sequence[ModuleTree], dirs: Sequence[str], soname: str
+) -> bool:
+    """With ``dirs`` first on LD_LIBRARY_PATH, does every extension module still load each library it loads
+    now from the same file? Only the modules needing a name that some file in ``dirs`` has can change."""
+    names: set[str] = set()
+    for d in dirs:
+        with contextlib.suppress(OSError):
+            names.update(os.listdir(d))
+    config = replace(resolver.config, ld_library_path=(*dirs, *resolver.config.ld_library_path))
+    again = Resolver(config, owner=inv.owner)
+    for mt in mts:
+        if not any(lib.soname in names and lib.soname != soname for lib in mt.tree.libraries):
+            continue
+        now = {lib.soname: lib.path for lib in again.tree(mt.module.path).libraries}
+        for lib in mt.tree.libraries:
+            if lib.path is not None and lib.soname != soname and not _same_file(now.get(lib.soname), lib.path):
+                return False
+    return True
+
+
+def _same_file(a: str | None, b: str) -> bool:
+    return a is not None and (os.path.normpath(a) == os.path.normpath(b) or real_path(a, {}) == real_path(b, {}))
 
 
 def _resolves_with(inv: Inventory, resolver: Resolver, m: _Missing, dirs: Sequence[str]) -> bool:

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from pytest_cudastack.checks.facts import StackView, Target
     from pytest_cudastack.cuda.driver import DriverInfo
 
-__all__ = ["driver_findings", "nothing_to_check", "run"]
+__all__ = ["driver_findings", "mismatch_findings", "nothing_to_check", "run"]
 
 
 def driver_findings(inferences: Iterable[Inference], driver: DriverInfo) -> tuple[Finding, ...]:
@@ -153,14 +153,52 @@ def _unknown_finding(unknown: Sequence[tuple[str, Sequence[CudaNeed], str]], dri
     )
 
 
+def mismatch_findings(driver: DriverInfo) -> tuple[Finding, ...]:
+    """One ERROR when the user-space driver libraries the linker would load are not the loaded kernel
+    module's version (``DriverInfo.mismatched_libraries``): NVML fails with "Driver/library version
+    mismatch" and cuInit with a system driver mismatch, so every process loses the GPU until the versions
+    agree again."""
+    libraries = driver.mismatched_libraries()
+    if not libraries:
+        return ()
+    kernel = driver.kernel_module or "?"
+    found = ", ".join(f"{soname} {version}" for soname, version in libraries)
+    versions = sorted({v for _, v in libraries})
+    return (
+        Finding(
+            "driver",
+            Severity.ERROR,
+            "the NVIDIA driver",
+            f"the kernel module is {kernel} but the user-space driver libraries are {found}",
+            cause=(
+                "the user-space driver and the loaded kernel module are different versions (a driver installed "
+                "or upgraded without a reboot, or a libcuda/libnvidia-ml from another driver on the search path): "
+                "NVML fails with 'Driver/library version mismatch' and CUDA cannot initialise"
+            ),
+            remedies=manual(
+                f"reboot (or unload and reload the nvidia kernel modules) so that the module of the installed "
+                f"user-space driver {', '.join(versions)} is loaded",
+                f"or reinstall the user-space driver {kernel} that matches the loaded kernel module",
+                why="the kernel module and the user-space libraries must be the same driver version",
+            ),
+            facts=Facts(required=f"driver libraries {kernel}", found=found),
+            details=tuple(f"{soname}: {version}" for soname, version in libraries),
+        ),
+    )
+
+
 def run(stack: StackView, target: Target | None = None) -> tuple[Finding, ...]:
-    """The ``driver`` item: every inference of the stack against its driver."""
-    return driver_findings(stack.inferences, stack.driver)
+    """The ``driver`` item: the user-space driver against the kernel module, then every inference of the
+    stack against the driver."""
+    return mismatch_findings(stack.driver) + driver_findings(stack.inferences, stack.driver)
 
 
 def nothing_to_check(stack: StackView, target: Target | None = None) -> str | None:
     """Why the ``driver`` item is skipped: no driver version known (none probed, none declared), or no
-    component of the stack names the CUDA it requires."""
+    component of the stack names the CUDA it requires. A driver whose libraries do not match its kernel
+    module is always checked."""
+    if stack.driver.mismatched_libraries():
+        return None
     if not stack.driver.version and not stack.driver.cuda_version:
         return "no driver known: pass --cuda-driver=VER to check a deployment target"
     if not any(inf.needs for inf in stack.inferences):

@@ -215,14 +215,16 @@ def _by_hand(
     )
 
 
-def _facts(soname: str, path: str, sides: Sequence[_Side], found: str = "") -> Facts:
-    """The finding's data: the soname, the file it resolves to and its consumers, what they need."""
+def _facts(inv: Inventory, soname: str, path: str, sides: Sequence[_Side], found: str = "") -> Facts:
+    """The finding's data: the soname, the file it resolves to and its consumers (``objects``, after the file),
+    what they need; ``consumer``: the distribution of the one side's first consumer (None for two sides)."""
+    owner = _dist_of(inv, sides[-1].needers[0]) if len(sides) == 1 else None
     return Facts(
         required=" and ".join(f"CUDA {s.major}" for s in sides),
         found=found,
         sonames=(soname,),
         objects=tuple(os.path.normpath(p) for p in (path, *(n for s in sides for n in s.needers))),
-        consumer=os.path.normpath(sides[-1].needers[0]) if len(sides) == 1 else None,
+        consumer=owner.key if owner is not None else None,
     )
 
 
@@ -244,7 +246,7 @@ def _shared_finding(
         f"process loads one object of that soname, {built}, and it cannot serve the consumers of CUDA "
         f"{wrong.major}: their import fails or the library misbehaves",
         remedies=_by_hand(facts, wrong, file_major, path, library=file_major is None),
-        facts=_facts(soname, path, sides),
+        facts=_facts(facts.inv, soname, path, sides),
         where=(os.path.dirname(os.path.normpath(path)),),
         chain=(rel(wrong.needers[0]), rel(path)),
         details=tuple(f"CUDA {s.major}: {rel(n)}" for s in sides for n in s.needers),
@@ -267,7 +269,7 @@ def _other_major_finding(
         f"first is the CUDA {file_major} one, whose API and own dependencies are CUDA {file_major}'s: the "
         "import fails or the library misbehaves",
         remedies=_by_hand(facts, side, file_major, path),
-        facts=_facts(soname, path, [side], found=f"CUDA {file_major}"),
+        facts=_facts(facts.inv, soname, path, [side], found=f"CUDA {file_major}"),
         where=(os.path.dirname(os.path.normpath(path)),),
         chain=(rel(side.needers[0]), rel(path)),
         details=tuple(f"CUDA {side.major}: {rel(n)}" for n in side.needers),
@@ -366,7 +368,7 @@ def _side_by_side(facts: _Facts, trees: Sequence[Tree], named: set[str], rel: Ca
                 f"libcudart.so.{want}) are different objects in one process, and no library it needs resolves "
                 "to a file of another major",
                 remedies=manual("nothing to do here; the driver item judges whether the driver runs the newer CUDA"),
-                facts=Facts(required=f"CUDA {other}", found=f"CUDA {want}", consumer=d.label),
+                facts=Facts(required=f"CUDA {other}", found=f"CUDA {want}", consumer=d.key),
                 where=(d.location,),
                 details=tuple(details),
             )

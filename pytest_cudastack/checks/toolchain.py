@@ -14,12 +14,14 @@ arch with (triton's ``ptxas-blackwell`` for sm_100 and later) must be of a CUDA 
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from pytest_cudastack._sysio import open_regular
 from pytest_cudastack.cuda.gpucode import arch_first_cuda
 from pytest_cudastack.cuda.toolchain import (
     Candidate,
@@ -41,10 +43,19 @@ if TYPE_CHECKING:
     from pytest_cudastack.linker.toolversion import ToolVersion
     from pytest_cudastack.wheels.inventory import Distribution, Inventory
 
-__all__ = ["Emitter", "arch_tool_findings", "framework_lookups", "nothing_to_check", "run", "toolchain_findings"]
+__all__ = [
+    "Emitter",
+    "arch_tool_findings",
+    "detect",
+    "framework_lookups",
+    "nothing_to_check",
+    "run",
+    "toolchain_findings",
+]
 
 _NVCC_WHEEL = re.compile(r"nvidia-cuda-nvcc(-cu\d+)?")
 _RELEASE = re.compile(r"(\d+)\.(\d+)")
+_SCAN_LIMIT = 1 << 30  # bytes of one file searched for a tool's name at most
 
 
 @dataclass(frozen=True)
@@ -67,12 +78,57 @@ def _reader(read: Callable[[str], ToolVersion]) -> Callable[[str], ToolVersion |
     return safe
 
 
-def _installed(framework: Framework, inventory: Inventory) -> Distribution | None:
-    for name in framework.distributions:
-        dist = inventory.get(name)
-        if dist is not None:
-            return dist
+def _contains(path: str, needle: bytes) -> bool:
+    """Whether the file at ``path`` holds ``needle``: streamed in 1 MiB chunks, never more than
+    ``_SCAN_LIMIT`` bytes (an XLA plugin is a few hundred MB); False when it cannot be read."""
+    try:
+        fd, _ = open_regular(path)
+    except ElfError:
+        return False
+    keep = len(needle) - 1
+    tail = b""
+    done = 0
+    try:
+        while done < _SCAN_LIMIT:
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                return False
+            done += len(chunk)
+            window = tail + chunk
+            if needle in window:
+                return True
+            tail = window[-keep:] if keep else b""
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    return False
+
+
+def detect(framework: Framework, inventory: Inventory) -> tuple[Distribution, str] | None:
+    """The installed distribution (first in search order) that ships a file of ``framework``'s ``detect`` rows
+    holding the tool name its code runs (``triton/backends/nvidia/compiler.py`` holding ``ptxas``), and that
+    file; None when none does. Decided by the files, whatever the distribution is called (pytorch-triton, a
+    CUDA jaxlib); a CPU-only build, which lacks them, is not one."""
+    for dist in inventory.distributions:
+        if inventory.get(dist.name) is not dist:
+            continue  # shadowed by an earlier copy of the same name
+        for row in framework.detect:
+            for path in dist.plain_rows:
+                if fnmatch.fnmatchcase(path, row.path):
+                    full = os.path.join(dist.location, path)
+                    if _contains(full, row.contains.encode()):
+                        return dist, full
     return None
+
+
+def _installed(framework: Framework, inventory: Inventory) -> tuple[Framework, Distribution] | None:
+    """``framework`` as detected in ``inventory``: its ``distributions`` the detected one's (its bundled tools
+    are looked up there), with that distribution; None when no installed distribution is it."""
+    got = detect(framework, inventory)
+    if got is None:
+        return None
+    return replace(framework, distributions=(got[0].key,)), got[0]
 
 
 def _nvcc_wheel(inventory: Inventory) -> Emitter | None:
@@ -114,9 +170,10 @@ def framework_lookups(
     ctx = _context(inventory, environ, root)
     safe = _reader(read)
     out: list[tuple[Distribution, Lookup]] = []
-    for framework in load_toolchain():
-        dist = _installed(framework, inventory)
-        if dist is not None:
+    for row in load_toolchain():
+        got = _installed(row, inventory)
+        if got is not None:
+            framework, dist = got
             out.extend((dist, find_tool(framework, tool, ctx, safe)) for tool in framework.tools)
     return tuple(out)
 
@@ -199,10 +256,11 @@ def toolchain_findings(
     ctx = _context(inventory, environ, root)
     safe = _reader(read)
     findings: list[Finding] = []
-    for framework in load_toolchain():
-        dist = _installed(framework, inventory)
-        if dist is None:
+    for row in load_toolchain():
+        got = _installed(row, inventory)
+        if got is None:
             continue
+        framework, dist = got
         lookups = [find_tool(framework, tool, ctx, safe) for tool in framework.tools]
         shown = [_tool_text(lk, lk.found) for lk in lookups if lk.found is not None]
         if shown:
@@ -308,10 +366,11 @@ def arch_tool_findings(
     ctx = _context(inventory, environ, root)
     safe = _reader(read)
     findings: list[Finding] = []
-    for framework in load_toolchain():
-        dist = _installed(framework, inventory)
-        if dist is None:
+    for row in load_toolchain():
+        got = _installed(row, inventory)
+        if got is None:
             continue
+        framework, dist = got
         bad: list[tuple[Arch, Lookup, Candidate, str]] = []
         for arch in targets:
             tool = _arch_tool(framework, arch)
@@ -364,4 +423,4 @@ def nothing_to_check(stack: StackView, target: Target | None = None) -> str | No
     if any(_installed(f, stack.inventory) is not None for f in frameworks):
         return None
     names = ", ".join(f.name for f in frameworks)
-    return f"no framework that runs a CUDA compiler tool is installed ({names})"
+    return f"no framework that runs a CUDA compiler tool is installed ({names}; recognised by their files)"

@@ -168,6 +168,24 @@ def build_parser(check_options: bool = True) -> argparse.ArgumentParser:
     diff = sub.add_parser("diff", formatter_class=_Formatter, parents=[common, as_json], help="compare two snapshots")
     diff.add_argument("a", metavar="A")
     diff.add_argument("b", metavar="B")
+
+    fleet = sub.add_parser(
+        "fleet",
+        formatter_class=_Formatter,
+        parents=[common],
+        help="group nodes' snapshots by stack fingerprint and name the odd ones out; exit 1 when groups differ",
+    )
+    fleet.add_argument("snapshots", nargs="+", metavar="SNAPSHOT", help="snapshot files, or directories of them")
+    fleet.add_argument(
+        "--against", metavar="SNAPSHOT", help="an environment's snapshot: would it run on each group's nodes?"
+    )
+    fleet.add_argument(
+        "--format",
+        choices=("text", "json", "prometheus", "nfd", "junit"),
+        default="text",
+        help="text (default), json (schemas/fleet.schema.json), prometheus (node-exporter textfile), "
+        "nfd (node-feature-discovery feature file), junit (a testcase per node)",
+    )
     return parser
 
 

@@ -18,7 +18,7 @@ __all__ = ["DIFF_SCHEMA", "DIFF_VERSION", "cmd_diff"]
 
 # --json's document: pytest_cudastack/schemas/diff.schema.json
 DIFF_SCHEMA = "pytest-cudastack/diff"
-DIFF_VERSION = 1
+DIFF_VERSION = 2  # 2: host drift and changed library bytes (pytest_cudastack/schemas/diff.schema.json)
 
 
 def cmd_diff(args: argparse.Namespace) -> int:

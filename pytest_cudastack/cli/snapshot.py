@@ -1,4 +1,4 @@
-"""``cudastack snapshot [-o FILE] [pytest's cudastack options]``: the stack as JSON
+"""``cudastack snapshot [-o FILE] [--no-host] [pytest's cudastack options]``: the stack as JSON
 (:meth:`pytest_cudastack.stack.Stack.to_json`), the file ``--cudastack-baseline`` and ``cudastack diff``
 compare against. The options are resolved as the plugin resolves them in this directory
 (:mod:`pytest_cudastack.cli.project`), so the ``cudastack_scan`` binaries are in it as they are in
@@ -23,6 +23,12 @@ __all__ = ["add_options", "cmd_snapshot"]
 def add_options(parser: argparse.ArgumentParser) -> None:
     """``check``'s options on ``snapshot``'s parser (``-o`` is the output file here: ``--override-ini``)."""
     add_project_options(parser, short_override=False)
+    parser.add_argument(
+        "--no-host",
+        action="store_true",
+        help="leave out this node's facts (host name, kernel module, driver libraries, GPUs): an environment's "
+        "snapshot, whose fingerprint is the same on every node",
+    )
 
 
 def cmd_snapshot(args: argparse.Namespace) -> int:
@@ -38,7 +44,7 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
         output = settings.cudastack_snapshot
     stack = Stack(settings, rootdir=config.rootdir, site_paths=site_dirs_from(args))
     try:
-        write_snapshot(stack, output)
+        write_snapshot(stack, output, host=not getattr(args, "no_host", False))
     except (CudaStackError, OSError) as e:
         print(f"cudastack snapshot: error: {e}", file=sys.stderr)
         return 2

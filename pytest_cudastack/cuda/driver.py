@@ -38,11 +38,13 @@ __all__ = [
     "NVML_REASONS",
     "PROBE_TIMEOUT_S",
     "PROC_VERSION_PATH",
+    "SYS_MODULE_VERSION_PATH",
     "DriverFiles",
     "DriverInfo",
     "Gpu",
     "declared_driver",
     "driver_files",
+    "kernel_module_version",
     "linker_finder",
     "nvml_facts",
     "nvml_reason",
@@ -58,6 +60,7 @@ Finder = Callable[[str], tuple[str | None, str | None]]  # soname -> (path, real
 
 NVML_LIBRARY_ENV = "CUDASTACK_NVML_LIBRARY"
 PROC_VERSION_PATH = "/proc/driver/nvidia/version"
+SYS_MODULE_VERSION_PATH = "/sys/module/nvidia/version"  # the loaded module's MODULE_VERSION, one line
 
 # NVML return codes (nvml.h) -> what they mean for someone reading a skip/fail reason.
 NVML_REASONS: Mapping[int, str] = {
@@ -167,6 +170,8 @@ class DriverInfo:
     libcuda: str | None = None  # where libcuda.so.1 would load from (static resolution)
     kernel_module: str | None = None  # version in /proc/driver/nvidia/version
     forward_compat: str | None = None  # version of a cuda-compat libcuda newer than the kernel module
+    libcuda_version: str | None = None  # from the name of the file libcuda.so.1 would load (libcuda.so.550.54.15)
+    nvml_version: str | None = None  # likewise for libnvidia-ml.so.1
 
     @property
     def present(self) -> bool:
@@ -192,7 +197,33 @@ class DriverInfo:
             "libcuda": self.libcuda,
             "kernel_module": self.kernel_module,
             "forward_compat": self.forward_compat,
+            "libcuda_version": self.libcuda_version,
+            "nvml_version": self.nvml_version,
         }
+
+    def mismatched_libraries(self) -> tuple[tuple[str, str], ...]:
+        """The user-space driver libraries whose version differs from the loaded kernel module's, as
+        (soname, version): every such libnvidia-ml (NVML refuses: "Driver/library version mismatch",
+        NVML_ERROR_LIB_RM_VERSION_MISMATCH), and a libcuda older than the module (cuInit fails with
+        cudaErrorSystemDriverMismatch) or newer while NVML is of that same newer version (the whole
+        user-space driver was replaced: an upgrade not followed by a reboot). A libcuda newer than the module
+        beside an NVML of the module's version is a forward-compatibility libcuda (cuda-compat ships libcuda,
+        not NVML): not a mismatch here. Empty when a version is unknown or the driver is declared."""
+        kernel = self.kernel_module
+        if self.source != "probed" or not kernel:
+            return ()
+        out: list[tuple[str, str]] = []
+        cuda, nvml = self.libcuda_version, self.nvml_version
+        if cuda and cuda != kernel:
+            try:
+                older = parse_driver(cuda) < parse_driver(kernel)
+            except OptionError:
+                older = False
+            if older or (nvml is not None and nvml == cuda):
+                out.append(("libcuda.so.1", cuda))
+        if nvml and nvml != kernel:
+            out.append(("libnvidia-ml.so.1", nvml))
+        return tuple(out)
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> DriverInfo:
@@ -212,6 +243,8 @@ class DriverInfo:
             libcuda=opt("libcuda"),
             kernel_module=opt("kernel_module"),
             forward_compat=opt("forward_compat"),
+            libcuda_version=opt("libcuda_version"),
+            nvml_version=opt("nvml_version"),
         )
 
 
@@ -249,6 +282,25 @@ def parse_proc_version(text: str) -> str | None:
     return m["version"] if m else None
 
 
+def kernel_module_version(root: str = "/") -> tuple[str | None, str | None]:
+    """The loaded NVIDIA kernel module's version and the file it was read from, under ``root`` (``/``; tests
+    pass a fake root): ``proc/driver/nvidia/version`` (the NVRM line), else ``sys/module/nvidia/version`` (the
+    module's MODULE_VERSION, which also exists where /proc/driver/nvidia is hidden, as in some containers).
+    (None, None) when the module is not loaded or neither file reads; never raises."""
+    proc = os.path.join(root, PROC_VERSION_PATH.lstrip("/"))
+    text = read_text(proc, limit=65536)
+    version = parse_proc_version(text) if text else None
+    if version:
+        return version, proc
+    sys_path = os.path.join(root, SYS_MODULE_VERSION_PATH.lstrip("/"))
+    text = read_text(sys_path, limit=4096)
+    if text:
+        m = re.fullmatch(r"\s*([0-9]{3,4}(?:\.[0-9]+){1,3})\s*", text)
+        if m:
+            return m[1], sys_path
+    return None, None
+
+
 def linker_finder(resolver: Resolver) -> Finder:
     """*resolver*'s :meth:`~pytest_cudastack.linker.resolver.Resolver.find` as a :func:`driver_files`
     finder: soname -> (path, realpath), searched as a DT_NEEDED of the Python executable."""
@@ -273,11 +325,11 @@ def _default_finder() -> Finder | None:
 
 def driver_files(
     find: Finder | None = None,
-    proc_version_path: str = PROC_VERSION_PATH,
+    root: str = "/",
 ) -> DriverFiles:
     """Static driver facts: where libcuda.so.1 / libnvidia-ml.so.1 would load from (``find`` maps a soname to
-    (path, realpath); default: a fresh resolver, reading uncached), their versions, the kernel module's version, and a
-    forward-compatibility libcuda.  Never raises."""
+    (path, realpath); default: a fresh resolver, reading uncached), their versions, the kernel module's version
+    (:func:`kernel_module_version` under ``root``), and a forward-compatibility libcuda.  Never raises."""
     notes: list[str] = []
     finder = find if find is not None else _default_finder()
     found: dict[str, tuple[str | None, str | None]] = {}
@@ -307,10 +359,9 @@ def driver_files(
             else:
                 shown = path if real in (None, path) else f"{path} -> {real}"
                 notes.append(f"{soname}: {shown}" + (f" (driver {version})" if version else ""))
-    proc_text = read_text(proc_version_path, limit=65536)
-    kernel = parse_proc_version(proc_text) if proc_text else None
+    kernel, source = kernel_module_version(root)
     if kernel:
-        notes.append(f"kernel module {kernel} ({proc_version_path})")
+        notes.append(f"kernel module {kernel} ({source})")
     forward = None
     if libcuda_version and kernel and libcuda_version != kernel:
         try:
@@ -318,7 +369,12 @@ def driver_files(
         except OptionError:
             newer = False
         rule = compat.load_compat().forward_compat_rule if _data_ok() else ""
-        if newer:
+        if newer and nvml_version == libcuda_version:
+            notes.append(
+                f"libcuda {libcuda_version} and libnvidia-ml {nvml_version} are newer than the kernel module "
+                f"{kernel}: the user-space driver was replaced and the module not reloaded (reboot)"
+            )
+        elif newer:
             forward = libcuda_version
             notes.append(
                 f"forward-compatibility libcuda {libcuda_version} ({libcuda_real or libcuda}) is newer than the "
@@ -410,13 +466,13 @@ def probe_nvml(nvml: Any | None = None) -> DriverInfo:
         return DriverInfo("absent", None, None, reason=f"driver probe failed: {type(e).__name__}: {e}")
 
 
-def probe_driver(nvml: Any | None = None, find: Finder | None = None) -> DriverInfo:
+def probe_driver(nvml: Any | None = None, find: Finder | None = None, root: str = "/") -> DriverInfo:
     """Probe the driver: NVML's facts (:func:`probe_nvml`, cached per process) plus static file facts
     (:func:`driver_files` with ``find``, looked up on every call: ``find`` is the caller's, typically a
     Stack's linker search over its own ELF cache, and is neither a cache key nor kept).  Never raises.
     """
     try:
-        files = driver_files(find)
+        files = driver_files(find, root)
     except Exception as e:  # pragma: no cover - driver_files never raises, belt and braces
         files = DriverFiles(notes=(f"static driver facts unavailable: {e}",))
     try:
@@ -432,6 +488,8 @@ def probe_driver(nvml: Any | None = None, find: Finder | None = None) -> DriverI
             libcuda=files.libcuda,
             kernel_module=files.kernel_module,
             forward_compat=files.forward_compat,
+            libcuda_version=files.libcuda_version,
+            nvml_version=files.nvml_version,
         )
 
 
@@ -490,6 +548,8 @@ def _fallback(files: DriverFiles, reason: str, notes: list[str]) -> DriverInfo:
             libcuda=files.libcuda,
             kernel_module=files.kernel_module,
             forward_compat=files.forward_compat,
+            libcuda_version=files.libcuda_version,
+            nvml_version=files.nvml_version,
         )
     return DriverInfo(
         "absent",
@@ -500,6 +560,8 @@ def _fallback(files: DriverFiles, reason: str, notes: list[str]) -> DriverInfo:
         libcuda=files.libcuda,
         kernel_module=files.kernel_module,
         forward_compat=files.forward_compat,
+        libcuda_version=files.libcuda_version,
+        nvml_version=files.nvml_version,
     )
 
 
@@ -537,6 +599,8 @@ def _combine(raw: DriverInfo, files: DriverFiles) -> DriverInfo:
         libcuda=files.libcuda,
         kernel_module=files.kernel_module,
         forward_compat=forward,
+        libcuda_version=files.libcuda_version,
+        nvml_version=files.nvml_version,
     )
 
 

@@ -18,13 +18,24 @@ Two tables, every row citing a source listed in the file's ``sources`` (validate
     ``says`` when the loaded copy is that version;
   - ``loads_by_name`` (cupy >= 14 and cuBLAS, NVRTC): the framework, built for CUDA ``major``, loads
     ``soname`` by name at run time (cuda-pathfinder), so some installed copy of that soname must exist;
+  - ``wheel_floor`` (cupy 13.5 to 13.x and NCCL, cuTENSOR): the framework preloads the library from its wheel
+    ``<wheel>-cu<major>`` only when that wheel has the major and is not older than the ``min_pypi_version``
+    its ``build_file`` (a JSON file: cupy/.data/_wheel.json, with the CUDA major under ``cuda``) states for
+    the rule's library; else it falls back to the linker's search;
   - ``provider`` (onnxruntime-gpu's CUDA execution provider): the framework dlopens ``provider`` (a path in
     its site directory) at run time and falls back to another provider when that fails; every library of
     the table (``library`` ``"*"``) its closure needs must be found.
 
-  The *build* version is what the framework's own metadata pins (torch pins the nvidia wheels it was built
-  against); the checks find it and the copy the framework would load. ``skip_env`` names the environment
-  variable that turns the framework's check off.
+  The *build* version is read from the framework's files, in the order its ``build`` lists (default
+  ``pin``): ``pin``, the wheel its active Requires-Dist pins (torch pins the nvidia wheels it was built
+  against); ``declared``, the lowest version its METADATA accepts for that library's wheel, any extra (JAX's
+  CUDA plugin declares the cuDNN it was built against as its with-cuda floor, TensorFlow's and-cuda extra pins
+  it); ``files``, the soname major its shipped libraries name in DT_NEEDED or read-only strings
+  (``libcudnn.so.9``: it was built against cuDNN 9, whatever else is declared); ``build_file``, the
+  ``<library>_version`` its ``build_file`` states (TensorFlow's build_info.py). The checks find it and the copy
+  the framework would load. ``skip_env`` names the environment variable that turns the framework's check off;
+  ``silent`` says a failed check drops the GPU without an error (JAX registers no CUDA backend and runs on the
+  CPU), so its severity follows whether the project imports the framework.
 """
 
 from __future__ import annotations
@@ -44,6 +55,7 @@ from pytest_cudastack.errors import DataError
 
 __all__ = [
     "ANY_LIBRARY",
+    "BUILD_FROM",
     "DATA_FILE",
     "KINDS",
     "VERSION_KINDS",
@@ -55,12 +67,13 @@ __all__ = [
     "judge",
     "load_rules",
     "reported_version",
+    "says_text",
     "validate_rules",
     "version_text",
 ]
 
 DATA_FILE = "data/framework_rules.json"
-KINDS = ("build_match", "pin_floor", "floor", "undecidable", "loads_by_name", "provider")
+KINDS = ("build_match", "pin_floor", "floor", "undecidable", "loads_by_name", "provider", "wheel_floor")
 VERSION_KINDS = ("build_match", "pin_floor", "floor")  # judged on reported versions by judge()
 ANY_LIBRARY = "*"  # a provider rule's library: every library of the table
 
@@ -84,12 +97,22 @@ _RULE_KEYS = frozenset(
         "major",
         "provider",
         "bad",
+        "build",
+        "silent",
         "source",
     }
 )
+BUILD_FROM = ("pin", "declared", "files", "build_file")  # where a rule's build version is read, in order
 _CU_SUFFIX = re.compile(r"-cu\d+$")
 
 VersionTuple = tuple[int, ...]
+_BUILD_PLACES = {
+    "pin": "its Requires-Dist pin",
+    "declared": "the floor its METADATA declares for the library's wheel, any extra",
+    "files": "the soname its libraries name",
+    "build_file": "its build file",
+}
+SAYS_FIELDS = ("build", "runtime", "build_dotted", "runtime_dotted")  # the fields a rule's 'says' may name
 
 
 def version_text(v: VersionTuple) -> str:
@@ -139,6 +162,8 @@ class Rule:
     major: int | None = None  # loads_by_name: the CUDA major the framework is built for
     provider: str | None = None  # provider: the library (inside the site directory) it dlopens at run time
     bad: VersionTuple | None = None  # undecidable: a version refused unless it is the build's (JAX's cuDNN 9.10.0)
+    build_from: tuple[str, ...] = ("pin",)  # where the build version is read (BUILD_FROM), first that says it
+    silent: bool = False  # a failed check drops the GPU without an error (JAX falls back to the CPU)
 
     def applies(self, name: str, version: str) -> bool:
         if canonicalize_name(name) != self.framework:
@@ -201,18 +226,43 @@ def judge(rule: Rule, build: VersionTuple | None, runtime: VersionTuple | None) 
         floor = rule.minimum or ()
         return Verdict(runtime[: len(floor)] >= floor, f"needs at least {version_text(floor)}")
     if build is None:
+        if rule.build_from == ("pin",):
+            return Verdict(
+                None,
+                "cannot be decided statically because its metadata pins no wheel of it (the build version is "
+                "compiled into its binaries)",
+            )
         return Verdict(
             None,
-            "cannot be decided statically because its metadata pins no wheel of it (the build version is "
-            "compiled into its binaries)",
+            "cannot be decided statically because no file states the version it was built against (the "
+            f"places read: {', '.join(_BUILD_PLACES[b] for b in rule.build_from)})",
         )
     if rule.kind == "pin_floor":
         return Verdict(runtime >= build[: len(runtime)], f"built against {version_text(build)}")
-    # build_match: torch/backends/cudnn/__init__.py _init(), for cuDNN >= 7 on CUDA
+    # build_match: torch/backends/cudnn/__init__.py _init(), for cuDNN >= 7 on CUDA; XLA's cuda_dnn.cc
+    # IsSourceCompatibleWithCudnnLibrary (jax's CUDA plugin, TensorFlow) is the same test
+    if build and runtime and build[0] != runtime[0]:
+        return Verdict(False, f"compiled against {version_text(build)}: needs the same major and a minor not lower")
     if len(runtime) < 2 or len(build) < 2:
-        return Verdict(None, "cannot be decided statically because a version lacks its minor")
+        return Verdict(
+            None,
+            f"cannot be decided statically because the minor of the {'build' if len(build) < 2 else 'loaded copy'} "
+            "is stated by no file (its major matches)",
+        )
     ok = runtime[0] == build[0] and runtime[1] >= build[1]
     return Verdict(ok, f"compiled against {version_text(build)}: needs the same major and a minor not lower")
+
+
+def says_text(rule: Rule, build: VersionTuple | None, runtime: VersionTuple | None) -> str:
+    """The rule's ``says`` for these versions: ``{build}``/``{runtime}`` as torch prints them ("(9, 24, 0)"),
+    ``{build_dotted}``/``{runtime_dotted}`` as XLA does ("9.24.0"); "unknown" for a version not known."""
+    shown = {
+        "build": version_text(build) if build is not None else "unknown",
+        "runtime": version_text(runtime) if runtime is not None else "unknown",
+        "build_dotted": ".".join(map(str, build)) if build is not None else "unknown",
+        "runtime_dotted": ".".join(map(str, runtime)) if runtime is not None else "unknown",
+    }
+    return rule.says.format(**shown)
 
 
 def framework_says(
@@ -228,8 +278,7 @@ def framework_says(
     (9, 19, 0)"), else ""."""
     for rule in data.rules_for(name, version):
         if rule.library == library and judge(rule, build, runtime).ok is False:
-            shown = [version_text(v) if v is not None else "unknown" for v in (build, runtime)]
-            return rule.says.format(build=shown[0], runtime=shown[1])
+            return says_text(rule, build, runtime)
     return ""
 
 
@@ -299,6 +348,8 @@ def _check_loads(raw: dict[str, Any], where: str, kind: str, libraries: Mapping[
             raise DataError(f"{where}: soname {soname!r} is not one of {raw['library']!r}'s")
         if isinstance(major, bool) or not isinstance(major, int) or not 1 <= major <= 99:
             raise DataError(f"{where}: 'major' must be a CUDA major version (an integer), got {major!r}")
+    if kind == "wheel_floor" and not str(raw.get("build_file", "")).endswith(".json"):
+        raise DataError(f"{where}: a wheel_floor rule reads its 'build_file', a JSON file such as _wheel.json")
     if kind == "provider" and (
         not isinstance(provider, str) or provider.startswith("/") or ".." in provider.split("/")
     ):
@@ -326,7 +377,7 @@ def _check_says(raw: dict[str, Any], where: str, kind: str) -> None:
     elif not isinstance(raw.get("says"), str) or not raw["says"]:
         raise DataError(f"{where}: a decidable rule needs 'says' (the framework's own message)")
     if isinstance(raw.get("says"), str):
-        check_template(raw["says"], {"build", "runtime"}, f"{where}: 'says'")
+        check_template(raw["says"], set(SAYS_FIELDS), f"{where}: 'says'")
 
 
 def _build_source(raw: dict[str, Any], where: str) -> tuple[str | None, tuple[str, ...]]:
@@ -339,6 +390,27 @@ def _build_source(raw: dict[str, Any], where: str) -> tuple[str | None, tuple[st
     if not isinstance(build_file, str) or build_file.startswith("/") or ".." in build_file.split("/"):
         raise DataError(f"{where}: 'build_file' must be a path inside the site directory, got {build_file!r}")
     return build_file, _str_list(raw.get("build_keys"), where, "build_keys")
+
+
+def _check_build(raw: dict[str, Any], where: str, kind: str) -> tuple[tuple[str, ...], bool]:
+    """A version rule's ``build`` (where its build version is read: BUILD_FROM, in order) and ``silent``."""
+    build = raw.get("build", ["pin"])
+    if (
+        not isinstance(build, list)
+        or not build
+        or any(b not in BUILD_FROM for b in build)
+        or len(set(build)) < len(build)
+    ):
+        raise DataError(f"{where}: 'build' must list some of {', '.join(BUILD_FROM)}, once each, got {build!r}")
+    if "build" in raw and kind not in VERSION_KINDS:
+        # a floor ignores the build's version, but its major says which copy a load by name gets
+        raise DataError(f"{where}: 'build' belongs to kinds {', '.join(VERSION_KINDS)} only")
+    if "build_file" in build and "build_file" not in raw:
+        raise DataError(f"{where}: 'build' reads 'build_file', which the rule does not name")
+    silent = raw.get("silent", False)
+    if not isinstance(silent, bool):
+        raise DataError(f"{where}: 'silent' must be true or false, got {silent!r}")
+    return tuple(build), silent
 
 
 def _rule(raw: Any, i: int, source: str, sources: Mapping[str, Any], libraries: Mapping[str, LibraryRow]) -> Rule:
@@ -360,6 +432,7 @@ def _rule(raw: Any, i: int, source: str, sources: Mapping[str, Any], libraries: 
     if canonicalize_name(name) != name:
         raise DataError(f"{where}: 'framework' must be a canonical distribution name, got {name!r}")
     build_file, build_keys = _build_source(raw, where)
+    build_from, silent = _check_build(raw, where, kind)
     return Rule(
         name,
         versions,
@@ -376,6 +449,8 @@ def _rule(raw: Any, i: int, source: str, sources: Mapping[str, Any], libraries: 
         raw.get("major"),
         raw.get("provider"),
         bad,
+        build_from,
+        silent,
     )
 
 

@@ -1,12 +1,15 @@
 """Where installed frameworks find the CUDA compiler tools they run, modelled from ``data/toolchain.json``.
 
 jax (XLA) runs ``ptxas``, ``nvlink`` and ``fatbinary``; triton its bundled ``ptxas``; torch's C++ extension
-builder ``nvcc``. Each looks in its own order (the data file cites the code it was read from) and takes the
-first candidate whose ``--version`` it can read (and, for XLA's ptxas, that is not too old or known bad). This
-module replays that order over a given environment, site directories and root without running anything: a
-candidate's version comes from the line the tool embeds (``linker.toolversion``, through the ELF cache).
-The PTX ISA a tool accepts is the highest ISA whose first CUDA is not newer than the tool's release
-(``gpu_code.json``'s ``ptx_isa`` table).
+builder and inductor ``nvcc``; cupy ``nvcc`` (its nvcc backend); numba-cuda loads ``libnvvm.so``. A framework
+is recognised by its files, not its distribution's name: each row's ``detect`` names a file and the tool name
+that the code running the tool holds (``triton/backends/nvidia/compiler.py`` holding ``ptxas``), so a fork or
+a renamed build (pytorch-triton, a jaxlib with CUDA) is found and a CPU-only build is not. Each looks in its
+own order (the data file cites the code it was read from) and takes the first candidate whose ``--version``
+it can read (and, for XLA's ptxas, that is not too old or known bad). This module replays that order over a
+given environment, site directories and root without running anything: a candidate's version comes from the
+line the tool embeds (``linker.toolversion``, through the ELF cache). The PTX ISA a tool accepts is the
+highest ISA whose first CUDA is not newer than the tool's release (``gpu_code.json``'s ``ptx_isa`` table).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ __all__ = [
     "TOOLCHAIN_FILE",
     "Candidate",
     "Context",
+    "Detect",
     "Framework",
     "Lookup",
     "Step",
@@ -61,9 +65,20 @@ class Step:
 
 
 @dataclass(frozen=True)
+class Detect:
+    """A file that shows a distribution runs the framework's compiler tools: a RECORD path matching ``path``
+    (``fnmatch``: ``*`` crosses ``/``) whose bytes contain ``contains`` (the tool's name, as the code that
+    runs it spells it), with the ``source`` it was read from."""
+
+    path: str
+    contains: str
+    source: str
+
+
+@dataclass(frozen=True)
 class Framework:
     name: str
-    distributions: tuple[str, ...]
+    distributions: tuple[str, ...]  # the distribution(s) detected as this framework (empty in the data file)
     tools: tuple[str, ...]
     lookup: tuple[Step, ...]
     accept: str  # "version": the first candidate with an acceptable version; "first": the one candidate
@@ -73,6 +88,7 @@ class Framework:
     emits: str  # the distribution whose compiler the stack's code comes from ("" for the tool itself)
     fix_env: str
     source: str
+    detect: tuple[Detect, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -151,14 +167,33 @@ def validate_toolchain(raw: Any, source: str = TOOLCHAIN_FILE) -> tuple[Framewor
     rows = raw["frameworks"]  # a list of objects: its schema's
     if not rows:
         raise DataError(f"{source}: top-level 'frameworks' must be a non-empty list")
-    return tuple(_framework(row, f"{source}: frameworks[{i}]") for i, row in enumerate(rows))
+    return tuple(_framework(row, f"{source}: frameworks[{i}]", raw["sources"]) for i, row in enumerate(rows))
+
+
+def _detect(raw: list[dict[str, str]], where: str, sources: Mapping[str, Any]) -> tuple[Detect, ...]:
+    """A row's ``detect`` list (its schema's objects of strings): each path relative, below the site directory,
+    each ``contains`` non-empty, each source listed."""
+    if not raw:
+        raise DataError(f"{where}: 'detect' must name at least one file")
+    out = []
+    for j, d in enumerate(raw):
+        path, contains, src = d["path"], d["contains"], d["source"]
+        if not path or path.startswith("/") or ".." in path.split("/"):
+            raise DataError(f"{where}.detect[{j}]: 'path' must be a pattern inside the site directory, got {path!r}")
+        if not contains:
+            raise DataError(f"{where}.detect[{j}]: 'contains' must be a non-empty string")
+        if src not in sources:
+            raise DataError(f"{where}.detect[{j}]: source {src!r} is not listed in 'sources'")
+        out.append(Detect(path, contains, src))
+    return tuple(out)
 
 
 # Each row's keys and types (only the keys its schema lists, all but 'note' required; framework, emits, fix_env
-# strings; tools and distributions lists of strings; lookup a list of objects; accept and rule one of theirs;
+# strings; tools a list of strings; detect a list of {path, contains, source} strings; lookup a list of
+# objects; accept and rule one of theirs;
 # minimum and excluded objects of version strings, lists of them) are its schema's, checked by check_data with
 # each row's source before any row is read: the row checks are what a schema cannot say.
-def _framework(row: dict[str, Any], where: str) -> Framework:
+def _framework(row: dict[str, Any], where: str, sources: Mapping[str, Any]) -> Framework:
     """One row of the frameworks table; DataError naming it where a rule its schema cannot say fails."""
     if not row["framework"]:
         raise DataError(f"{where}: 'framework' must be a non-empty string")
@@ -173,7 +208,7 @@ def _framework(row: dict[str, Any], where: str) -> Framework:
         raise DataError(f"{where}: 'minimum' and 'excluded' map tools of 'tools' to versions")
     return Framework(
         name=row["framework"],
-        distributions=_names(row, "distributions", where),
+        distributions=(),
         tools=tools,
         lookup=tuple(_step(s, f"{where}.lookup[{j}]") for j, s in enumerate(lookup)),
         accept=row["accept"],
@@ -183,6 +218,7 @@ def _framework(row: dict[str, Any], where: str) -> Framework:
         emits=row["emits"],
         fix_env=row["fix_env"],
         source=row["source"],
+        detect=_detect(row["detect"], where, sources),
     )
 
 
@@ -299,7 +335,7 @@ def _verdict(
     """(the version read, why the framework would pass this candidate over, None: it takes it)."""
     if path in ctx.hidden or not os.path.isfile(path):
         return None, "missing"
-    if not os.access(path, os.X_OK):
+    if not tool.endswith(".so") and not os.access(path, os.X_OK):  # a library (libnvvm.so) is loaded, not run
         return None, "not executable"
     got = read(path)
     if got is None:

@@ -29,7 +29,8 @@ its placeholder for a missing object, so ``ldd`` may list a soname as "not found
 open error other than ENOENT/EACCES (e.g. a symlink loop) abandons the rest of that search list; the program
 interpreter is already loaded, so ``ld-linux-x86-64.so.2`` in DT_NEEDED is satisfied by it (and listed, as
 ``ldd`` lists it); ``preloaded`` objects behave like LD_PRELOAD; :meth:`Resolver.dlopen` is one run-time
-load by name from a calling object (dlopen). ``Library.tried`` lists every candidate opened, in order,
+load by name from a calling object (dlopen), :meth:`Resolver.opened_tree` what it maps with it (the new
+object has no loader: ``__RTLD_CALLMAP``). ``Library.tried`` lists every candidate opened, in order,
 except glibc-hwcaps/legacy hwcap subdirectories that do not exist (ld.so tries those once and then
 remembers them as missing). Not modelled: secure-execution (setuid) rules, ``--inhibit-cache``,
 audit modules.
@@ -906,22 +907,34 @@ class Resolver:
             for r in ordered
         )
 
-    def dlopen(self, name: str, caller: str, loaded: Sequence[str] = (), loaders: Sequence[str] = ()) -> Library:
+    def dlopen(
+        self,
+        name: str,
+        caller: str,
+        loaded: Sequence[str] = (),
+        loaders: Sequence[str] = (),
+        *,
+        program: str | None = None,
+        names: Mapping[str, str] | None = None,
+    ) -> Library:
         """Where ``dlopen(name)`` called from the object at ``caller`` would load from (glibc 2.36
         ``dlfcn/dlopen.c`` -> ``elf/dl-open.c`` ``dl_open_worker``, which calls ``_dl_map_object`` with the
         caller's link map as the loader, found from the return address):
 
-        * an object already loaded (``caller``, the program interpreter, each of ``loaded``) whose path or
-          DT_SONAME equals ``name`` is the answer without a search (``_dl_map_object``'s first loop,
-          ``_dl_name_match_p`` and ``l_soname``);
+        * an object already loaded (each of ``loaded`` in load order, ``caller``, the program interpreter)
+          whose path, a name it was opened as (``names``: name -> path, e.g. a closure's DT_NEEDED strings,
+          ``l_libname``) or DT_SONAME equals ``name`` is the answer without a search (``_dl_map_object``'s
+          first loop, ``_dl_name_match_p`` and ``l_soname``);
         * a name containing ``/`` is opened as is after DST expansion, ``$ORIGIN`` being the caller's
-          directory (``expand_dynamic_string_token`` with the caller as loader);
-        * otherwise the search of a DT_NEEDED of the caller: the caller's DT_RPATH (unless it has a
-          DT_RUNPATH) and the main program's, LD_LIBRARY_PATH, the caller's DT_RUNPATH, ld.so.cache, the
-          default directories (``_dl_map_object``'s ``cache_rpath``/``open_path`` sequence). The RPATH
-          chain goes up ``loaders``: the objects that loaded the caller, nearest first (``l_loader``, as a
-          closure's ``Tree.chain`` gives them; empty: a caller loaded by the program itself). The main
-          program is ``sys.executable`` (its resolved path);
+          directory (``expand_dynamic_string_token`` with the caller as loader), a relative one from
+          ``config.cwd``;
+        * otherwise the search of a DT_NEEDED of the caller: the caller's DT_RPATH and its loaders' (unless
+          the caller has a DT_RUNPATH) and the main program's, LD_LIBRARY_PATH, the caller's DT_RUNPATH,
+          ld.so.cache by the exact name, the default directories (``_dl_map_object``'s
+          ``cache_rpath``/``open_path`` sequence; the last two not from a system directory under
+          DF_1_NODEFLIB). The RPATH chain goes up ``loaders``: the objects that loaded the caller, nearest
+          first (``l_loader``, as a closure's ``Tree.chain`` gives them; empty: a caller loaded by the
+          program itself). The main program is ``program`` (default ``sys.executable``'s resolved path);
         * a file found that is the same inode as a loaded object is that object (``_dl_map_object_from_fd``
           compares ``l_file_id``).
 
@@ -931,36 +944,20 @@ class Resolver:
         got = self._info(caller)
         if isinstance(got, ElfError):
             return Library(name, None, None, Route.NOT_FOUND, "", (), (caller,), None, str(got))
-        up: _Obj | None = None
-        for lp in reversed(loaders):
-            li = self._info(lp)
-            if isinstance(li, ElfInfo):
-                up = self._new_obj(lp, li, up)
-        req = self._new_obj(caller, got, up)
-        interp = got.interpreter or self.config.interpreter
-        objs: list[tuple[str, ElfInfo]] = [(caller, got)]
-        for p in (*loaded, interp):
-            info = self._info(p)
-            if isinstance(info, ElfInfo):
-                objs.append((p, info))
-        for p, info in objs:
-            if name in (p, info.soname):
-                return Library(
-                    name, p, self._realpath(p), Route.ALREADY_LOADED, f"as {p}", (), (caller,), self._owner_of(p)
-                )
-        lpath = os.path.realpath(sys.executable)
-        exe = self._info(lpath)
-        main = self._new_obj(lpath, exe, None) if isinstance(exe, ElfInfo) else req
+        req, main = self._caller_chain(caller, got, loaders, program)
+        hit = self._loaded_match(name, caller, got, loaded, names or {})
+        if hit is not None:
+            return hit
         if "/" in name:
             exp = self._expand(name, req.origin)
             if exp is None:
                 return Library(name, None, None, Route.NOT_FOUND, "cannot expand dynamic string token", (), (caller,))
-            r = self._search(exp, req, main, got)
+            r = self._search(exp, req, main or req, got)
         else:
-            r = self._search(name, req, main, got)
+            r = self._search(name, req, main or req, got)
         if r.path is not None:
             fid = self._file_id(r.path)
-            for p, _info in objs:
+            for p in (*loaded, *(names or {}).values(), caller):
                 if fid is not None and self._file_id(p) == fid:
                     return Library(
                         name,
@@ -983,6 +980,85 @@ class Resolver:
             provider=self._owner_of(r.path),
             problem=r.problem,
         )
+
+    def _caller_chain(
+        self, caller: str, got: ElfInfo, loaders: Sequence[str], program: str | None
+    ) -> tuple[_Obj, _Obj | None]:
+        """The caller's link map with its ``l_loader`` chain (``loaders``, nearest first; the program's own
+        map where one of them is the program) and the program's map (None when it cannot be read)."""
+        lpath = self._abs(program) if program is not None else os.path.realpath(sys.executable)
+        exe = self._info(lpath)
+        main = self._new_obj(lpath, exe, None) if isinstance(exe, ElfInfo) else None
+        up: _Obj | None = None
+        for lp in reversed(loaders):
+            li = self._info(lp)
+            if main is not None and self._abs(lp) == lpath:
+                up = main  # the program itself: its RPATH is searched once, in the chain (did_main_map)
+            elif isinstance(li, ElfInfo):
+                up = self._new_obj(lp, li, up)
+        return self._new_obj(caller, got, up), main
+
+    def opened_tree(
+        self,
+        path: str,
+        loaded: Sequence[str] = (),
+        *,
+        program: str | None = None,
+        names: Mapping[str, str] | None = None,
+    ) -> Tree:
+        """What ``dlopen`` of the file ``path`` maps besides it: its DT_NEEDED closure in the process
+        (``dl_open_worker`` -> ``_dl_map_object_deps`` from the new object). The caller's link map only
+        chose where the file itself was searched: ``_dl_map_object`` drops it as the new object's loader
+        (``if (mode & __RTLD_CALLMAP) loader = NULL``), so each dependency is searched with the RPATHs of
+        its needer, up to the new object, then the program's; ``loaded`` and ``names`` as for
+        :meth:`dlopen` satisfy requests without a search. The tree's ``path`` is ``path``."""
+        path = os.fspath(path)
+        got = self._info(path)
+        if isinstance(got, ElfError):
+            return Tree(path, None, (), (str(got),))
+        lpath = self._abs(program) if program is not None else os.path.realpath(sys.executable)
+        exe = self._info(lpath)
+        new = self._new_obj(path, got, None)
+        w = _Walk(self._new_obj(lpath, exe, None) if isinstance(exe, ElfInfo) else new, got)
+        w.queue = [new]
+        w.register(new)
+        self._seed(w, [], loaded)
+        for n, p in (names or {}).items():
+            o = w.by_name.get(p)
+            if o is not None:
+                w.by_name.setdefault(n, o)
+        i = 0
+        while i < len(w.queue):
+            obj = w.queue[i]
+            i += 1
+            for raw in obj.info.needed:
+                self._need(w, obj, raw)
+        return Tree(path, got, self._libraries(w.ordered), tuple(w.problems), w.parents)
+
+    def _loaded_match(
+        self, name: str, caller: str, got: ElfInfo, loaded: Sequence[str], names: Mapping[str, str]
+    ) -> Library | None:
+        """The loaded object ``dlopen(name)`` returns without a search, if any: the first, in load order,
+        whose path, a name it was opened as, or DT_SONAME is ``name`` (``_dl_map_object``'s first loop)."""
+        aliases: dict[str, set[str]] = {}
+        for n, p in names.items():
+            aliases.setdefault(p, set()).add(n)
+        objs: list[tuple[str, ElfInfo]] = []
+        for p in (*loaded, *(p for p in aliases if p not in loaded)):
+            info = self._info(p)
+            if isinstance(info, ElfInfo):
+                objs.append((p, info))
+        objs.append((caller, got))
+        interp = got.interpreter or self.config.interpreter
+        rtld = self._info(interp)
+        if isinstance(rtld, ElfInfo):
+            objs.append((interp, rtld))
+        for p, info in objs:
+            if name in (p, info.soname) or name in aliases.get(p, ()):
+                return Library(
+                    name, p, self._realpath(p), Route.ALREADY_LOADED, f"as {p}", (), (caller,), self._owner_of(p)
+                )
+        return None
 
     def find(self, soname: str, loader: str | None = None) -> Library:
         """Where *soname* would load from as a DT_NEEDED of *loader* (default: ``sys.executable``, whose

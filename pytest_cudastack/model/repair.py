@@ -29,7 +29,9 @@ distribution, its CUDA variant, a library whose bytes they change), are not prop
 a finding is claimed as fixed only when no error about it is left. What the plan cannot model (binaries, the
 driver, GPU code, a shadowed copy on the search path) stays in ``unresolved``; a requirements finding (an
 unmet or absent pin, a framework rule on a pinned library) is claimed when the steps act on a distribution it
-names and the model leaves no error about those.
+names and the model leaves no error about those. A dlopen finding is claimed when, over the predicted files,
+its caller's own search (the paths it tried, in order: ``Facts.tried``) first meets the library, of the
+caller's CUDA major where both are known (``_Model.loads_again``); otherwise its manual step stays.
 
 :func:`verified_fixes` gives the integrity and closure findings their fix from the same model: the plan's
 command where it repairs them, else "no safe automatic repair is known" with the model's reason.
@@ -39,8 +41,9 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from types import MappingProxyType
 from typing import Any
 
 from packaging.requirements import InvalidRequirement, Requirement
@@ -80,10 +83,12 @@ __all__ = [
     "verified_fixes",
 ]
 
-_MODELLED = ("integrity", "closure", "requirements", "cuda-max", "cuda-min", "driver", "symbols")
+_MODELLED = ("integrity", "closure", "requirements", "cuda-max", "cuda-min", "driver", "symbols", "dlopen")
 # the checks whose findings bound the CUDA a torch build may need (facts.bound), and which way: the driver's
 # CUDA bounds it from above as --cuda-max does
 _BOUNDED = {"cuda-max": "max", "cuda-min": "min", "driver": "max"}
+# the checks whose findings are a soname some load misses: the distributions whose RECORDs list it are theirs
+_LOADS = ("closure", "dlopen")
 
 
 @dataclass(frozen=True)
@@ -353,15 +358,53 @@ class _Model:
                 text = f"{soname} would be gone from {path}, where an extension module loads it"
                 out.add(_Err("unloadable", soname, frozenset((f"so:{soname}",)), text))
         for soname, tried in facts.missing:
-            if not any(self._present(t) for t in tried) and not any(ships(soname) for ships in self.added.values()):
+            if not any(self.present(t) for t in tried) and not any(ships(soname) for ships in self.added.values()):
                 text = f"{soname} would still not be found (tried {len(tried)} path(s))"
                 out.add(_Err("not-found", soname, frozenset((f"so:{soname}",)), text))
         return out
 
-    def _present(self, path: str) -> bool:
+    def present(self, path: str) -> bool:
+        """Whether a file is at ``path`` in this state (a path no modelled distribution lists: as on disk)."""
+        path = os.path.normpath(path)
         if path in self.on_disk:
             return self.on_disk[path] is not None
         return os.path.lexists(path)
+
+    def major(self, path: str) -> int | None:
+        """The CUDA major of the distribution whose bytes are at ``path`` in this state (its flavour), None
+        when no modelled distribution's are or its flavour is unknown."""
+        key = self.on_disk.get(os.path.normpath(path))
+        if key is None:
+            return None
+        return wheel_cuda_flavour(self.names.get(key, key), self.versions.get(key, ""), (), ())[0]
+
+    def loads_again(self, f: Finding) -> bool:
+        """Whether the run-time load a dlopen finding reports succeeds in this state: its caller
+        (``objects[0]``) is present and, for each soname it reports, the caller's search (``facts.tried``, in
+        order: the same search, over this state's files; the paths ending in that name) first meets a file, of
+        the caller's CUDA major where both majors are known, or a wheel installed from the index ships the name
+        (what the install adds to the search, as for closure). A load on a copy of another major (``found``)
+        needs the copy it now meets held by a known distribution of the caller's major; a load on another copy
+        than its own (``required``: its own copy's path) is repaired when its own copy comes first."""
+        if not f.facts.objects or not self.present(f.facts.objects[0]):
+            return False
+        caller, tried = f.facts.objects[0], f.facts.tried
+        if f.facts.found and os.path.isabs(f.facts.required or ""):
+            first = next((t for t in tried if self.present(t)), None)
+            return first is not None and os.path.normpath(first) == os.path.normpath(f.facts.required or "")
+        for soname in f.facts.sonames or (f.facts.required or "",):
+            paths = [t for t in tried if os.path.basename(t) == soname] or list(tried)
+            first = next((t for t in paths if self.present(t)), None)
+            if first is None:
+                if not any(ships(soname) for ships in self.added.values()):
+                    return False
+                continue
+            want, got = self.major(caller), self.major(first)
+            if f.facts.found and (want is None or got is None):
+                return False
+            if want is not None and got is not None and want != got:
+                return False
+        return True
 
 
 def _model(dists: Sequence[Distribution], required: dict[str, list[Requirer]], inv: Inventory) -> _Model:
@@ -456,7 +499,7 @@ def _named(f: Finding, inv: Inventory) -> set[str]:
         with contextlib.suppress(InvalidRequirement):
             keys.add(canonicalize_name(Requirement(f.facts.required).name))
         keys.discard(f.facts.consumer)
-    if f.check == "closure":
+    if f.check in _LOADS:
         keys.update(d.key for soname in _sonames(f) for d, _ in inv.shipping(soname))
     return {k for k in keys if inv.get(k) is not None}
 
@@ -587,7 +630,7 @@ class _Cover:
                 self.automatic.setdefault(r, []).append(f.id)
             self.prior = [*prior, *wanted]
             self.fixed.append(f.id)
-        elif f.check == "symbols" and not own and prior and _rebinds(f, prior, inv, facts, reqs):
+        elif not own and prior and f.check in _AFTER and _AFTER[f.check](f, prior, inv, facts, reqs):
             self._resolve(f, lambda step: step.verb == "install")
         else:
             return False
@@ -608,6 +651,19 @@ def _rebinds(f: Finding, prior: Sequence[_Action], inv: Inventory, facts: LoadFa
     return bool(provider & rewritten(prior, inv, reqs)) and not predict(
         prior, inv, facts=facts, findings=[f], reqs=reqs
     )
+
+
+def _reloads(f: Finding, prior: Sequence[_Action], inv: Inventory, facts: LoadFacts | None, reqs: Requirements) -> bool:
+    """Whether the plan's pip steps repair a dlopen finding: after them its caller's search finds the library
+    (:meth:`_Model.loads_again`) and the model leaves no error about it."""
+    _before, after = _apply(prior, inv, active_requirements(inv, reqs))
+    return after.loads_again(f) and not predict(prior, inv, facts=facts, findings=[f], reqs=reqs)
+
+
+# the findings the steps already taken repair, not their own commands: what each check's claim asks of them
+_AFTER: Mapping[str, Callable[[Finding, Sequence[_Action], Inventory, LoadFacts | None, Requirements], bool]] = (
+    MappingProxyType({"symbols": _rebinds, "dlopen": _reloads})
+)
 
 
 def _alternatives(findings: Sequence[Finding], fixed: set[str]) -> list[str]:
@@ -647,7 +703,7 @@ def _plan(
     acted = drop | {canonicalize_name(n) for n, _ in reinstall}
     bad, remaining = _verdict(before, model, acted, facts or _fallback_facts(findings, inv, before))
     changed = _rewritten(before, model)
-    fixed, unresolved = _claims(findings, named, rebuild.fixes, acted, changed, bad, remaining)
+    fixed, unresolved = _claims(findings, named, rebuild.fixes, acted, changed, bad, remaining, model)
     refused = tuple(e.text for e in sorted(bad, key=lambda e: (e.kind, e.subject)))
     steps = _steps(by_key, dists, drop, reinstall, rebuild.step, fixed) if fixed else []
     resolved = tuple(_key(f) for f in fixed) if steps else ()
@@ -786,10 +842,13 @@ def _claims(
     changed: set[str],
     bad: set[_Err],
     remaining: set[_Err],
+    after: _Model,
 ) -> tuple[list[Finding], list[Finding]]:
     """(findings the steps repair, those they do not): no error about a finding left in the model. A symbols
     finding is repaired when the steps put a distribution's own bytes back at the library that was to
-    define its symbols (another build of that soname was there: a cu11 NCCL over torch's cu13 one)."""
+    define its symbols (another build of that soname was there: a cu11 NCCL over torch's cu13 one); a dlopen
+    finding when its caller's search, over the files ``after`` the steps, finds the library
+    (:meth:`_Model.loads_again`)."""
     fixed: list[Finding] = []
     unresolved: list[Finding] = []
     for f in findings:
@@ -805,6 +864,8 @@ def _claims(
             ok = not f.facts.sonames and not bad and bool(acted & set(f.distributions))
         elif f.check == "symbols":
             ok = not bad and bool({os.path.normpath(o) for o in f.facts.objects[1:]} & changed)
+        elif f.check == "dlopen":  # its run-time load re-resolved over the predicted files
+            ok = not bad and bool(acted) and after.loads_again(f)
         else:
             ok = f.check in ("integrity", "closure") and not bad and bool(acted)
         ok = ok and not any(e.about & about for e in remaining)
@@ -840,22 +901,26 @@ def _steps(
 def _about(f: Finding, keys: set[str]) -> frozenset[str]:
     """The keys and ``so:<soname>`` tokens whose errors in the model mean that ``f`` is not repaired."""
     about = set(keys)
-    if f.check == "closure":
+    if f.check in _LOADS:
         about.update(f"so:{s}" for s in _sonames(f))
     return frozenset(about)
 
 
 def _fallback_facts(findings: Sequence[Finding], inv: Inventory, model: _Model) -> LoadFacts:
-    """Without resolved trees: a closure finding's soname is found where a RECORD lists it only if that file
-    was gone (a present one is not on the search path), and every present library may be loaded by
-    someone (an uninstall that deletes one without writing it again is not claimed as safe)."""
+    """Without resolved trees: a closure finding's soname is found at a path its search tried (the finding's
+    ``facts.tried``, a single-soname finding's), else where a RECORD lists it only if that file was gone (a
+    present one is not on the search path); every present library may be loaded by someone (an uninstall
+    that deletes one without writing it again is not claimed as safe)."""
     missing: dict[str, tuple[str, ...]] = {}
     for f in findings:
         if f.check != "closure" or not f.failing:
             continue
         for soname in _sonames(f):
             claims = [p for _, p in inv.shipping(soname)]
-            missing[soname] = () if any(os.path.lexists(p) for p in claims) else tuple(claims)
+            if f.facts.tried and len(_sonames(f)) == 1:
+                missing[soname] = tuple(os.path.normpath(t) for t in f.facts.tried)
+            else:
+                missing[soname] = () if any(os.path.lexists(p) for p in claims) else tuple(claims)
     loaded = tuple((model.sonames.get(p, os.path.basename(p)), p) for p, k in model.on_disk.items() if k is not None)
     return LoadFacts(loaded, tuple(missing.items()))
 
