@@ -1,7 +1,8 @@
 """Cost of ``cudastack loaded torch --static`` (the import model) against the real ``import torch``, same run.
 
 Usage: python benchmarks/bench_process.py [VENV] [--module torch] [--runs N] [--baseline CHECKOUT] [--json]
-(default: $CUDASTACK_TORCH_VENV). Target (issue #10): the static prediction <= 0.25x the real import.
+(default: $CUDASTACK_TORCH_VENV). Target (issues #10, #20): the static prediction, which includes the binding
+check over the predicted process (issue #20), <= 0.25x the real import, warm.
 ``--baseline``: another checkout of pytest_cudastack (e.g. /work/main) measured the same way in the same run
 (its package first on PYTHONPATH), for before/after figures.
 

@@ -76,18 +76,14 @@ def test_static_text_escapes_control_characters_in_file_names(tmp_path: Path, mo
     assert "libx\\x1b]0;x.so.1" in out
 
 
-# What a static reading of the files cannot see, for ``import torch`` (each listed with why):
+# What a static reading of the files cannot see, for ``import torch`` (each listed with why). The Cython
+# modules cuda.bindings cimports at init (C strings) and hashlib's _blake2 (imported inside a function its
+# top level calls) are predicted.
 UNPREDICTABLE = {
-    # Cython extension modules import their cimported modules from C at module init; no Python source
-    # names those imports (cuda.bindings.driver -> cydriver -> _internal.driver, ...)
-    "cuda/bindings/cydriver": "Cython cimport at extension init",
-    "cuda/bindings/cyruntime": "Cython cimport at extension init",
-    "cuda/bindings/_internal/driver": "Cython cimport at extension init",
-    "cuda/bindings/_internal/runtime": "Cython cimport at extension init",
-    "cuda/bindings/_internal/runtime_ptds": "Cython cimport at extension init",
-    "cuda/bindings/_internal/utils": "Cython cimport at extension init",
-    # hashlib imports _blake2 inside __get_builtin_constructor, a function its top level calls in a loop
-    "lib-dynload/_blake2": "imported inside a function that hashlib's top level calls",
+    # a module-level Python import of a Cython >= 3.1 module (cuda.bindings._internal.driver's
+    # `from .utils import ...`): its name is only in the module's packed, sorted constant table, where the
+    # names of imports inside functions look the same (cupy.fft._callback's cupy.cuda.cufft, never imported)
+    "cuda/bindings/_internal/utils": "a Cython 3.1+ module-level Python import (packed constant table)",
 }
 
 
@@ -128,7 +124,6 @@ TRITON_UNPREDICTABLE = {
     # imports ctypes, which maps _ctypes and its libffi
     "lib-dynload/_ctypes": "importlib.import_module of a computed name (triton.backends._discover_backends)",
     "libffi.so": "DT_NEEDED of _ctypes, imported as above",
-    "lib-dynload/_blake2": "imported inside a function that hashlib's top level calls",
 }
 
 

@@ -85,3 +85,28 @@ def test_the_plan_for_a_cu11_nccl_over_cu13_claims_the_symbol_errors_and_repairs
     again = Stack(Settings(cudastack=True), site_paths=(torch_site(copy),))
     left = [f for name in ("integrity", "closure", "symbols") for f in again.findings(name) if f.failing]
     assert left == [], "\n\n".join(f.render() for f in left)
+
+
+def test_static_prediction_of_the_cu11_nccl_import_names_the_symbol_the_loader_reports(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """T4's case: ``import torch`` fails with ``undefined symbol: ncclCommResume``; ``loaded torch --static``
+    fails too, naming that symbol first (the first unbound reference in libtorch_cuda.so's relocation order,
+    not the first by name), and the symbols item's finding leads with it."""
+    from pytest_cudastack.checks.symbols import loader_message
+    from pytest_cudastack.cli.loaded import loaded_libraries, static_document
+
+    copy = _cu11_nccl_copy(tmp_path)
+    site = torch_site(copy)
+    monkeypatch.setenv("CUDASTACK_CACHE_DIR", str(tmp_path / "cache"))
+    _libs, error = loaded_libraries("torch", python=str(copy / "bin/python"), site_paths=[site])
+    assert error is not None
+    real = error.split("undefined symbol: ", 1)[1].split()[0]
+    doc, clean = static_document("torch", [site])
+    assert not clean
+    assert doc["error"].split("undefined symbol: ", 1)[1].split()[0] == real
+    assert os.path.basename(doc["error"].split(":", 1)[0]) == os.path.basename(error.split(":")[1].strip())
+    cuda = [f for f in _findings(copy, tmp_path / "cache2") if f.subject.endswith("libtorch_cuda.so")]
+    assert cuda
+    assert cuda[0].details[0] == f"undefined symbol: {real}"
+    assert (loader_message(cuda[0]) or "").endswith(f"undefined symbol: {real}")

@@ -49,23 +49,31 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from pytest_cudastack._sysio import real_path
-from pytest_cudastack.cuda.driver import DriverInfo
 from pytest_cudastack.cuda.driversyms import driver_entry_points
 from pytest_cudastack.errors import ElfError
 from pytest_cudastack.findings import Facts, Finding, Severity, manual
 from pytest_cudastack.linker.elf import ElfInfo, read_elf
+from pytest_cudastack.linker.lookups import cached_lookups
 from pytest_cudastack.linker.resolver import Library, Resolver, Route, Tree
-from pytest_cudastack.linker.symbols import ScopeIndex, SymbolFacts
-from pytest_cudastack.model.modules import ModuleTree, module_trees
-from pytest_cudastack.model.process import ImportScope, Interpreter, import_scopes
-from pytest_cudastack.model.reach import judge_reach
+from pytest_cudastack.linker.symbols import ScopeIndex, SymbolFacts, relocation_order
+from pytest_cudastack.model.process import ImportScope, Interpreter, Process, import_scopes
 from pytest_cudastack.wheels.inventory import Inventory
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # annotations only: `loaded --static` imports this module for its binding check alone
     from pytest_cudastack.checks.facts import StackView, Target
+    from pytest_cudastack.cuda.driver import DriverInfo
     from pytest_cudastack.linker.elfcache import ElfCache
+    from pytest_cudastack.model.modules import ModuleTree
 
-__all__ = ["GLOBAL_PRELOADS", "Scope", "binary_symbol_findings", "extension_symbol_findings", "run"]
+__all__ = [
+    "GLOBAL_PRELOADS",
+    "Scope",
+    "binary_symbol_findings",
+    "extension_symbol_findings",
+    "loader_message",
+    "process_symbol_findings",
+    "run",
+]
 
 SymbolReader = Callable[[str], SymbolFacts]
 
@@ -347,6 +355,92 @@ def _driver_findings(
     return out
 
 
+_PER_ENTRY = ("cuGetProcAddress", "cudaGetDriverEntryPoint")
+
+
+def _driver_cuda(driver: DriverInfo | None) -> tuple[tuple[int, ...], str] | None:
+    """The driver's CUDA version as numbers and its label, when a driver is known."""
+    if driver is None or not driver.present or driver.cuda_version is None:
+        return None
+    try:
+        have = tuple(int(x) for x in driver.cuda_version.split(".")[:2])
+    except ValueError:
+        return None
+    return have, f"{driver.source} {driver.version}" if driver.version else driver.source
+
+
+def _runtime_driver_findings(
+    run: _Run,
+    objects: Iterable[str],
+    driver: DriverInfo | None,
+    display: Callable[[str], str],
+    store: VerdictStore | None,
+) -> list[Finding]:
+    """Driver entry points an object obtains at run time (``dlsym`` on libcuda.so.1 or ``cuGetProcAddress``:
+    the ``cu*`` names in its read-only data, :mod:`pytest_cudastack.linker.lookups`) newer than the declared or
+    probed driver's CUDA (the link-time table, ``cuda/data/driver_symbols.json``), one finding per object.
+    Never an error: a name in its data is a possible lookup, not a certain one, and the load itself never
+    fails. A WARNING when the object looks names up with ``dlsym`` only (a missing name is a NULL pointer the
+    caller may not check); an INFO when it uses a per-entry lookup: ``cuGetProcAddress`` named in its data,
+    or ``cuGetProcAddress*``/``cudaGetDriverEntryPoint*`` imported (they report a missing entry point per
+    call, with the version it needs: the CUDA runtime, statically linked into most CUDA libraries, the
+    language bindings and torch's c10 turn that into an error of the one API that needs it). Names the object also
+    references at link time are the link-time check's, and names it defines itself (libcuda.so.1) are no
+    lookups."""
+    known = _driver_cuda(driver)
+    if known is None or driver is None:
+        return []
+    have, label = known
+    table = driver_entry_points()
+    out: list[Finding] = []
+    for obj in dict.fromkeys(objects):
+        try:
+            found = cached_lookups(obj, store, modules=False)
+        except ElfError:
+            continue  # unreadable files are reported by the symbol reader
+        facts = run.get(obj)
+        own = set(facts.def_names) | set(facts.ref_names) if facts is not None else set()
+        newer = [(table[n].cuda, n) for n in found.driver if n in table and table[n].cuda > have and n not in own]
+        if not newer:
+            continue
+        newer.sort(key=lambda e: (e[0], e[1]))
+        lines = [
+            f"{n} was introduced in CUDA {table[n].cuda_text} ({table[n].source} in cudaTypedefs.h)" for _v, n in newer
+        ]
+        # the per-entry lookups, by name in the data (a dlsym of cuGetProcAddress) or imported (the runtime's
+        # cudaGetDriverEntryPoint*, itself a cuGetProcAddress); else the names go to dlsym on libcuda.so.1
+        refs = sorted(facts.ref_names) if facts is not None else []
+        imported = next((n for n in refs if n.startswith(_PER_ENTRY)), None)
+        how = imported or ("cuGetProcAddress" if found.proc_address else "dlsym")
+        per_entry = how != "dlsym"
+        last = newer[-1][1]
+        out.append(
+            Finding(
+                check="symbols",
+                severity=Severity.INFO if per_entry else Severity.WARNING,
+                subject=display(obj),
+                message=f"{len(newer)} driver entry point(s) {display(obj)} may obtain at run time ({how}) are "
+                f"newer than the driver ({label}, CUDA {driver.cuda_version}): {newer[0][1]} (CUDA "
+                f"{table[newer[0][1]].cuda_text}) ... {last} (CUDA {table[last].cuda_text})",
+                cause=f"{display(obj)} names them in its read-only data; {_LIBCUDA} for CUDA "
+                f"{driver.cuda_version} does not define them, so the lookup returns NULL and whatever needs "
+                "them fails when used (the load itself succeeds)",
+                remedies=manual(
+                    f"run on a driver for CUDA >= {table[last].cuda_text} where these features are used, or "
+                    f"install a build for CUDA {driver.cuda_version}"
+                ),
+                facts=Facts(
+                    required=" ".join(n for _v, n in newer)[:2000],
+                    found=str(driver.cuda_version),
+                    objects=(os.path.normpath(obj),),
+                ),
+                details=tuple(lines[:_MAX_DETAILS])
+                + ((f"... and {len(lines) - _MAX_DETAILS} more",) if len(lines) > _MAX_DETAILS else ()),
+            )
+        )
+    return out
+
+
 def _route(lib: Library, display: Callable[[str], str] = str) -> str:
     """``runpath, runpath of torch/lib/libtorch_cuda.so``: the route, with the requester's path displayed."""
     detail = lib.route_detail
@@ -410,6 +504,32 @@ def _findings(
     return out
 
 
+def _loader_order(obj: str, p: _Problem) -> list[tuple[str, str | None]]:
+    """``p``'s symbols in the order ld.so's relocation of ``obj`` looks them up (the first is the one an
+    RTLD_NOW load reports); by name when the relocation records cannot be read."""
+    named = sorted(p.symbols, key=lambda s: (s[0], s[1] or ""))
+    try:
+        order = relocation_order(obj, [n for n, _ in named])
+    except ElfError:
+        return named
+    rank = {n: i for i, n in enumerate(order)}
+    return sorted(named, key=lambda s: rank.get(s[0], len(rank)))
+
+
+def loader_message(finding: Finding) -> str | None:
+    """The error ld.so prints for the first unbound reference a symbols finding describes (its first detail),
+    as ``FILE: undefined symbol: NAME`` or ``version `V' not found (required by FILE)``; None for another
+    finding."""
+    if finding.check != "symbols" or not finding.details or not finding.facts.objects:
+        return None
+    head = finding.details[0]
+    if head.startswith("undefined symbol: "):
+        return f"{finding.facts.objects[0]}: {head.split(' (defined by ', 1)[0]}"
+    if head.startswith("version `"):
+        return head
+    return None
+
+
 def _problem_finding(
     check: str,
     run: _Run,
@@ -421,7 +541,8 @@ def _problem_finding(
     display: Callable[[str], str],
     context: str,
 ) -> Finding:
-    """The ERROR for ``obj``'s references that ``file`` (or nothing in its scope) does not define."""
+    """The ERROR for ``obj``'s references that ``file`` (or nothing in its scope) does not define; its
+    symbols in relocation order, the one the loader reports first."""
     lib = p.provider
     needer = display(obj)
     what = [f"{len(p.versions)} version node(s)"] if p.versions else []
@@ -434,11 +555,13 @@ def _problem_finding(
             if file
             else "load the library that defines them, or rebuild the needing object against what is installed"
         )
-    when = (
-        "each fails at its first call (lazy binding, no BIND_NOW)"
-        if p.lazy_only
-        else f"{context} fails to load with the first of them"
-    )
+    ordered = _loader_order(obj, p)
+    if p.lazy_only:
+        when = "each fails at its first call (lazy binding, no BIND_NOW)"
+    elif p.versions:
+        when = f"{context} fails to load with the first of them (version `{sorted(p.versions)[0]}' not found)"
+    else:
+        when = f"{context} fails to load with the first of them in relocation order (undefined symbol: {ordered[0][0]})"
     found = (lib.path,) if lib is not None and lib.path else ()
     return Finding(
         check=check,
@@ -448,11 +571,11 @@ def _problem_finding(
         cause=f"the dynamic linker binds every reference at load time; {when}",
         remedies=manual(fix),
         facts=Facts(
-            required=" ".join(sorted({name for name, _ in p.symbols} | set(p.versions)))[:2000],
+            required=" ".join([*sorted(p.versions), *dict.fromkeys(name for name, _ in ordered)])[:2000],
             sonames=(file,) if file else (),
             objects=tuple(os.path.normpath(o) for o in (obj, *found)),
         ),
-        details=(*_problem_details(needer, p, index, display), *notes),
+        details=(*_problem_details(needer, p, ordered, index, display), *notes),
         where=tuple(display(f) for f in found),
     )
 
@@ -471,10 +594,17 @@ def _target(file: str | None, p: _Problem, display: Callable[[str], str]) -> str
     return f"{file} resolved to {display(lib.path)} ({_route(lib, display)}{owner})"
 
 
-def _problem_details(needer: str, p: _Problem, index: ScopeIndex, display: Callable[[str], str]) -> list[str]:
-    """Each missing version node and symbol (with who defines it outside the scope), capped."""
+def _problem_details(
+    needer: str,
+    p: _Problem,
+    ordered: Sequence[tuple[str, str | None]],
+    index: ScopeIndex,
+    display: Callable[[str], str],
+) -> list[str]:
+    """Each missing version node (dl-version.c checks them before any relocation), then each symbol in
+    relocation order (with who defines it outside the scope), capped."""
     details = [f"version `{v}' not found (required by {needer})" for v in sorted(p.versions)]
-    for name, version in sorted(p.symbols, key=lambda s: (s[0], s[1] or "")):
+    for name, version in ordered:
         details.append(f"undefined symbol: {name}" + (f", version {version}" if version else ""))
         others = [display(x) for x in index.definers(name, version)]
         if others and p.provider is None:
@@ -549,7 +679,11 @@ def extension_symbol_findings(
         if obj not in started:
             scopes_of.setdefault(obj, []).append(glob)
     loaders: dict[str, list[ModuleTree]] = {}  # object -> the modules whose import loads it
-    for mt in trees if trees is not None else module_trees(inv, resolver):
+    if trees is None:
+        from pytest_cudastack.model.modules import module_trees  # lazy: see TYPE_CHECKING above
+
+        trees = module_trees(inv, resolver)
+    for mt in trees:
         local = _scope([mt.tree], dirs)
         both = Scope(
             glob.objects + local.objects,
@@ -588,7 +722,11 @@ def extension_symbol_findings(
                 *_findings("symbols", run, kept, index, inv, display, "the import"),
                 *_findings("symbols", run, problems2, index2, inv, display, "the import"),
             ]
-    found = (*found_here, *_driver_findings(run, index, plans, driver, display))
+    found = (
+        *found_here,
+        *_driver_findings(run, index, plans, driver, display),
+        *_runtime_driver_findings(run, (obj for obj, _s, _n in plans), driver, display, verdicts),
+    )
     _remember(verdicts, key, run, found)
     return found
 
@@ -625,6 +763,13 @@ def _in_context(
 
 def _context_scope(path: str, ctx: ImportScope, resolver: Resolver, interp_scope: Scope, dirs: dict[str, str]) -> Scope:
     """[global scope when the module is opened] + its own search list (dl_open_worker's lookup scopes)."""
+    return _context_scopes(path, ctx, resolver, interp_scope, dirs)[0]
+
+
+def _context_scopes(
+    path: str, ctx: ImportScope, resolver: Resolver, interp_scope: Scope, dirs: dict[str, str]
+) -> tuple[Scope, Scope]:
+    """:func:`_context_scope`, and the opened object's own search list alone (``l_searchlist``)."""
     tree = resolver.tree(path, loaded=ctx.loaded)
     trees = [tree]
     for lib in tree.libraries:  # an already-loaded dependency brings its own dependencies into the list
@@ -632,12 +777,103 @@ def _context_scope(path: str, ctx: ImportScope, resolver: Resolver, interp_scope
             trees.append(resolver.tree(lib.path, loaded=ctx.loaded))
     local = _scope(trees, dirs)
     head = tuple(dict.fromkeys(real_path(g, dirs) for g in ctx.global_scope))
-    return Scope(
+    both = Scope(
         head + local.objects,
         {**local.sonames, **interp_scope.sonames},
         interp_scope.missing | local.missing,
         {**interp_scope.needs, **local.needs},
     )
+    return both, local
+
+
+def _relocation_sequence(local: Scope, new: set[str], dirs: dict[str, str]) -> list[str]:
+    """The objects of ``new`` in the order one ``dlopen`` relocates them. ``_dl_map_object_deps`` sorts the
+    search list into ``l_initfini`` (``elf/dl-sort-maps.c``, the default DFS algorithm of glibc >= 2.35:
+    each object of the list, last first, is walked depth first through its DT_NEEDED in order, and placed
+    after its dependencies, in reverse postorder), and ``dl_open_worker`` relocates ``l_initfini`` from its
+    end: the DFS postorder, dependencies before what needs them, the opened object last."""
+    order: list[str] = []
+    visited: set[str] = set()
+
+    def deps(obj: str) -> list[str]:
+        return [lib.realpath or real_path(lib.path, dirs) for lib in local.needs.get(obj, ()) if lib.path is not None]
+
+    for start in reversed(local.objects):
+        if start in visited:
+            continue
+        visited.add(start)
+        stack = [(start, iter(deps(start)))]
+        while stack:  # iterative: a long DT_NEEDED chain must not hit Python's recursion limit
+            obj, it = stack[-1]
+            for dep in it:
+                if dep not in visited:
+                    visited.add(dep)
+                    stack.append((dep, iter(deps(dep))))
+                    break
+            else:
+                stack.pop()
+                order.append(obj)
+    rest = [o for o in local.objects if o in new and o not in order]
+    return [o for o in order if o in new] + rest
+
+
+def process_symbol_findings(
+    process: Process,
+    resolver: Resolver,
+    read: SymbolReader,
+    inventory: Inventory | None = None,
+    verdicts: VerdictStore | None = None,
+) -> tuple[Finding, ...]:
+    """The binding check over a predicted import (``Process.loads``, each ``dlopen`` with RTLD_NOW in the
+    scopes it finds: the global scope then, and its own search list), in the order the loader meets the
+    failures: load by load (the first failing ``dlopen`` ends the import); within a load the missing version
+    nodes first (``_dl_check_map_versions`` runs over the search list before any relocation), then the
+    objects in relocation order (:func:`_relocation_sequence`), each object's symbols in its relocation
+    records' order. So the first finding's first detail is what the import's error names
+    (:func:`loader_message`)."""
+    labels = [d.label for d in inventory.distributions] if inventory else []
+    cfg = resolver.config
+    # the scopes follow from the loads (each with what it found loaded) and the search configuration: a key
+    # of those recalls a verdict without resolving any scope (the files it was computed from are checked)
+    body = [
+        ["process", process.executable, process.module, labels, cfg.root, list(cfg.ld_library_path)],
+        [[ld.path, ld.first, list(ld.scope.loaded), list(ld.scope.global_scope)] for ld in process.loads],
+        [o.realpath for o in process.objects],
+    ]
+    key = _VERDICT_PREFIX + hashlib.sha256(json.dumps(body).encode()).hexdigest()
+    hit = _recall(verdicts, key)
+    if hit is not None:
+        return hit
+    dirs: dict[str, str] = {}
+    interp_scope = _scope([resolver.tree(process.executable)], dirs) if process.executable else _scope([], dirs)
+    plans: list[tuple[str, Sequence[Scope], bool]] = []
+    rank: dict[str, tuple[int, int, int]] = {}
+    loads = process.loads
+    for i, load in enumerate(loads):
+        end = loads[i + 1].first if i + 1 < len(loads) else len(process.objects)
+        new = {o.realpath for o in process.objects[load.first : end]}
+        both, local = _context_scopes(load.path, load.scope, resolver, interp_scope, dirs)
+        searched = {o: k for k, o in enumerate(local.objects)}
+        for j, obj in enumerate(_relocation_sequence(local, new, dirs)):
+            rank[obj] = (i, searched.get(obj, 0), j)
+            plans.append((obj, [both], True))
+    run = _Run(read)
+    problems, index = _check(run, plans)
+    display = _display(inventory)
+
+    def order(item: tuple[tuple[str, str | None], _Problem]) -> tuple[int, int, int, str]:
+        (obj, file), p = item
+        load, searched, reloc = rank.get(obj, (len(loads), 0, 0))
+        return (load, 0 if p.versions else 1, searched if p.versions else reloc, file or "")
+
+    found: list[Finding] = [
+        _problem_finding("symbols", run, obj, file, p, index, inventory, display, "the import")
+        for (obj, file), p in sorted(problems.items(), key=order)
+    ]
+    found.extend(Finding("symbols", Severity.WARNING, e.split(":", 1)[0], f"symbols not read: {e}") for e in run.errors)
+    out = tuple(found)
+    _remember(verdicts, key, run, out)
+    return out
 
 
 def binary_symbol_findings(
@@ -666,6 +902,7 @@ def binary_symbol_findings(
     found = (
         *_findings("symbols", run, problems, index, inventory, display, subject),
         *_driver_findings(run, index, plans, driver, display),
+        *_runtime_driver_findings(run, (obj for obj, _s, _n in plans), driver, display, verdicts),
     )
     _remember(verdicts, key, run, found)
     return found
@@ -731,6 +968,8 @@ def run(stack: StackView, target: Target | None = None) -> tuple[Finding, ...]:
         pycache=cache,
         trees=stack.module_trees,
     )
+    from pytest_cudastack.model.reach import judge_reach  # lazy: see TYPE_CHECKING above
+
     # an unbound reference is an ERROR when an import that will happen loads its needer (facts.objects[0])
     out = list(judge_reach(found, stack.reachability, stack.module_trees, lambda f: f.facts.objects[:1]))
     for name, path in stack.scan_targets:

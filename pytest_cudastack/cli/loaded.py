@@ -250,10 +250,16 @@ def loaded_libraries(
 
 def static_document(module: str, site_paths: Sequence[str] | None = None) -> tuple[dict[str, Any], bool]:
     """``loaded MODULE --static --json``'s document (the ``loaded`` schema with ``route`` and ``reason`` per
-    library, ``run_time`` and ``missing``), and whether the prediction is clean (module found, nothing
-    missing). Predicted by :func:`~pytest_cudastack.model.process.predict_import` for this interpreter
-    with the site directories of ``site_paths`` (default: ``sys.path``); nothing is imported."""
-    # lazy: the import model (ast, the resolver) only for --static
+    library, ``run_time``, ``missing`` and ``unbound``), and whether the prediction is clean (module found,
+    nothing missing, every reference binds). Predicted by
+    :func:`~pytest_cudastack.model.process.predict_import` for this interpreter with the site directories of
+    ``site_paths`` (default: ``sys.path``), then bound by
+    :func:`~pytest_cudastack.checks.symbols.process_symbol_findings` (each load's lookup scopes, RTLD_LOCAL
+    and RTLD_GLOBAL, versions); nothing is imported. When a reference does not bind, ``error`` is the
+    loader's message for the first one in relocation order (what the real import's ``ImportError`` names)."""
+    # lazy: the import model (ast, the resolver) and the binding check only for --static
+    from pytest_cudastack.checks.symbols import loader_message, process_symbol_findings
+    from pytest_cudastack.findings import Severity
     from pytest_cudastack.linker.resolver import Resolver, SearchConfig
     from pytest_cudastack.model.process import Interpreter, predict_import
     from pytest_cudastack.wheels.sitepaths import owner_index
@@ -263,7 +269,9 @@ def static_document(module: str, site_paths: Sequence[str] | None = None) -> tup
     resolver = Resolver(SearchConfig.from_environment(), reader=cache.read, owner=owners.owner)
     interp = Interpreter.for_sites(owners.site_dirs)
     process = predict_import(module, interp, resolver, cache.read, owners.owner, cache.read_strings, cache=cache)
+    bound = process_symbol_findings(process, resolver, cache.read_symbols, verdicts=cache)
     cache.flush()
+    unbound = [f for f in bound if f.severity is Severity.ERROR]
 
     def row(o: Any) -> dict[str, Any]:
         return {"path": o.path, "soname": o.soname, "provider": o.provider, "route": o.route, "reason": o.reason}
@@ -276,10 +284,17 @@ def static_document(module: str, site_paths: Sequence[str] | None = None) -> tup
         "libraries": [row(o) for o in process.objects],
         "run_time": [row(o) for o in process.run_time],
         "missing": list(process.missing),
+        "unbound": [
+            {"object": f.facts.objects[0], "message": f.message, "details": list(f.details)}
+            for f in unbound
+            if f.facts.objects
+        ],
     }
-    if process.problems:
-        data["error"] = "; ".join(process.problems[:4])
-    return data, not process.problems and not process.missing
+    first = next((m for m in map(loader_message, unbound) if m), None)
+    problems = [*([first] if first else []), *process.problems]
+    if problems:
+        data["error"] = "; ".join(problems[:4])
+    return data, not problems and not process.missing
 
 
 def _print_static(data: dict[str, Any]) -> None:
@@ -299,7 +314,15 @@ def _print_static(data: dict[str, Any]) -> None:
             print(f"  {show(lib['soname'])} => {show(lib['path'])}  [{show(lib['reason'])}]")
     for soname in data["missing"]:
         print(f"  {show(soname)} => not found", file=sys.stderr)
-    if "error" in data:
+    for item in data["unbound"]:
+        print(f"  {show(item['message'])}", file=sys.stderr)
+        for line in item["details"][:3]:
+            print(f"    {show(line)}", file=sys.stderr)
+        if len(item["details"]) > 3:
+            print(f"    ... and {len(item['details']) - 3} more (--json lists them)", file=sys.stderr)
+    if data["unbound"]:
+        print(f"the import would fail: {show(data['error'])}", file=sys.stderr)
+    elif "error" in data:
         print(f"prediction incomplete: {show(data['error'])}", file=sys.stderr)
 
 
@@ -314,7 +337,7 @@ def _cmd_static(args: argparse.Namespace) -> int:
 
 def cmd_loaded(args: argparse.Namespace) -> int:
     """``cudastack loaded MODULE [--static] [--json]``: exit 0, or 1 when the import failed (with
-    ``--static``: when the module is not found or a soname would be missing)."""
+    ``--static``: when the module is not found, a soname would be missing or a reference would not bind)."""
     if getattr(args, "static", False):
         return _cmd_static(args)
     libs, error = loaded_libraries(args.module)

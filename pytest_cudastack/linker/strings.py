@@ -24,7 +24,7 @@ from typing import Any
 from pytest_cudastack._sysio import open_regular
 from pytest_cudastack.errors import ElfError
 
-__all__ = ["MAX_NAMES", "MAX_SCAN", "StringFacts", "read_strings"]
+__all__ = ["MAX_NAMES", "MAX_SCAN", "StringFacts", "read_only_ranges", "read_strings"]
 
 MAX_SCAN = 256 << 20  # torch's libtorch_cuda.so has 9.5 MB of .rodata; 256 MB bounds a hostile file
 MAX_NAMES = 4096
@@ -172,3 +172,16 @@ def _scan(fd: int, offset: int, length: int, found: dict[str, None]) -> bool:
         tail = buf[last:]
         carry = tail if len(tail) <= _MAX_STRING else b""
     return False
+
+
+def read_only_ranges(path: str | os.PathLike[str]) -> list[tuple[int, int]]:
+    """(offset, length) of the read-only data :func:`read_strings` scans (the ``.rodata`` sections, else the
+    PF_R PT_LOADs), for other readers of that data; ElfError when the file cannot be read or is no ELF."""
+    p = os.fspath(path)
+    fd, st = open_regular(p)
+    try:
+        return _ranges(fd, p, st.st_size)
+    except OSError as e:
+        raise ElfError(f"{p}: cannot read: {e.strerror or e}") from e
+    finally:
+        os.close(fd)

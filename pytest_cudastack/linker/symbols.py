@@ -35,6 +35,12 @@ only earns "no version information available" (not fatal).
 
 BIND_NOW: DT_BIND_NOW, DF_BIND_NOW in DT_FLAGS or DF_1_NOW in DT_FLAGS_1 (``elf/dl-reloc.c`` binds every
 PLT entry at load time); else functions bind lazily, at their first call.
+
+Which unbound reference the loader names (:func:`relocation_order`): ``_dl_relocate_object`` processes an
+object's relocations in table order (``elf/dynamic-link.h`` ``_ELF_DYNAMIC_DO_RELOC``, ``elf/do-rel.h``): the
+DT_RELA (or DT_REL) range first, its DT_RELACOUNT relative records skipped, then DT_JMPREL (the PLT) when
+binding now; the first record whose symbol no scope defines raises "undefined symbol" and ends the load, so
+the loader reports one symbol, the first in that order, not the first by name.
 """
 
 from __future__ import annotations
@@ -60,12 +66,16 @@ __all__ = [
     "VersionDef",
     "VersionNeed",
     "read_symbols",
+    "relocation_order",
 ]
 
 # gABI / GNU numbers
 _PT_LOAD, _PT_DYNAMIC = 1, 2
 _DT_NULL, _DT_HASH, _DT_STRTAB, _DT_SYMTAB, _DT_STRSZ, _DT_SYMENT = 0, 4, 5, 6, 10, 11
 _DT_BIND_NOW, _DT_FLAGS = 24, 30
+_DT_PLTRELSZ, _DT_RELA, _DT_RELASZ, _DT_REL, _DT_RELSZ, _DT_PLTREL, _DT_JMPREL = 2, 7, 8, 17, 18, 20, 23
+_DT_RELACOUNT, _DT_RELCOUNT = 0x6FFFFFF9, 0x6FFFFFFA
+_RELOC_CHUNK = 1 << 22  # bytes of relocation records read at once
 _DT_GNU_HASH = 0x6FFFFEF5
 _DT_VERSYM, _DT_FLAGS_1 = 0x6FFFFFF0, 0x6FFFFFFB
 _DT_VERDEF, _DT_VERDEFNUM, _DT_VERNEED, _DT_VERNEEDNUM = 0x6FFFFFFC, 0x6FFFFFFD, 0x6FFFFFFE, 0x6FFFFFFF
@@ -498,6 +508,58 @@ class _Reader:
                 return self.read(start, n, what), count
         raise ElfError(f"{self.p}: {what} lies outside every PT_LOAD")
 
+    def relocated(self, wanted: set[str]) -> list[str]:
+        """The undefined symbols of ``wanted`` in the order of their first relocation record (see
+        :func:`relocation_order`)."""
+        dyn_seg, dyn = self.segments()
+        if dyn_seg is None or not wanted:
+            return []
+        tags, _now = self.dynamic(dyn_seg, dyn)
+        syms, _versym, _first = self.symbol_table(tags)
+        entsize = 24 if self.is64 else 16
+        sym = struct.Struct(self.e + ("IBBHQQ" if self.is64 else "IIIBBH"))
+        index: dict[int, str] = {}  # .dynsym index -> wanted undefined name
+        for idx, fields_ in enumerate(sym.iter_unpack(syms[: len(syms) - len(syms) % entsize])):
+            shndx = fields_[3] if self.is64 else fields_[5]
+            if idx and shndx == _SHN_UNDEF:
+                name = self.name(fields_[0])
+                if name in wanted:
+                    index[idx] = name
+        ranges: list[tuple[int, int, int, bool]] = []  # (vaddr, size, relative records to skip, rela?)
+        if _DT_RELA in tags:
+            ranges.append((tags[_DT_RELA], tags.get(_DT_RELASZ, 0), tags.get(_DT_RELACOUNT, 0), True))
+        elif _DT_REL in tags:
+            ranges.append((tags[_DT_REL], tags.get(_DT_RELSZ, 0), tags.get(_DT_RELCOUNT, 0), False))
+        if _DT_JMPREL in tags:
+            ranges.append((tags[_DT_JMPREL], tags.get(_DT_PLTRELSZ, 0), 0, tags.get(_DT_PLTREL) == _DT_RELA))
+        seen: dict[str, None] = {}
+        for va, size, skip, rela in ranges:
+            self.scan_relocs(va, size, skip, rela, index, seen)
+            if len(seen) == len(index):
+                break
+        return list(seen)
+
+    def scan_relocs(
+        self, va: int, size: int, skip: int, rela: bool, index: Mapping[int, str], seen: dict[str, None]
+    ) -> None:
+        """Add the wanted names of one relocation range's records to ``seen``, in record order."""
+        word = 8 if self.is64 else 4
+        rec = word * (3 if rela else 2)
+        count = size // rec
+        pos = min(skip, count)
+        code = self.e + ("Q" if self.is64 else "I")
+        shift = 32 if self.is64 else 8
+        per = max(1, _RELOC_CHUNK // rec)
+        while pos < count and len(seen) < len(index):
+            n = min(per, count - pos)
+            raw = self._at(va + pos * rec, n * rec, "relocation records")
+            infos = struct.unpack(f"{code[0]}{n * rec // word}{code[1]}", raw)[1 :: rec // word]
+            for info in infos:
+                name = index.get(info >> shift)
+                if name is not None and name not in seen:
+                    seen[name] = None
+            pos += n
+
     def verdefs(self, tags: Mapping[int, int]) -> list[VersionDef]:
         data, count = self._table(tags, _DT_VERDEF, _DT_VERDEFNUM, ".gnu.version_d")
         e = self.e
@@ -535,6 +597,26 @@ class _Reader:
                 break
             off += nxt
         return out
+
+
+def relocation_order(path: str | os.PathLike[str], names: Iterable[str]) -> tuple[str, ...]:
+    """``names`` (undefined symbols of the file at ``path``) in the order ld.so's relocation processing
+    looks them up when binding now (module docstring): by their first relocation record, DT_RELA/DT_REL
+    before DT_JMPREL; names no record references follow in their given order. Reads only the dynamic
+    table, .dynsym/.dynstr and the relocation records, and stops once every name is placed; ElfError when
+    the file cannot be read."""
+    p = os.fspath(path)
+    wanted = list(dict.fromkeys(names))
+    fd, st = open_regular(p)
+    try:
+        try:
+            first = _Reader(p, fd, st.st_size).relocated(set(wanted))
+        except (struct.error, OverflowError, IndexError, UnicodeDecodeError) as e:
+            raise ElfError(f"{p}: corrupt relocation tables: {type(e).__name__}: {e}") from e
+    finally:
+        os.close(fd)
+    rank = {n: i for i, n in enumerate(first)}
+    return tuple(sorted(wanted, key=lambda n: rank.get(n, len(rank))))
 
 
 # ------------------------------------------------------------------------------------------- binding rules

@@ -18,7 +18,11 @@ The model:
 * **CPython extension loading.** An extension module is ``dlopen``-ed by path with RTLD_NOW | RTLD_LOCAL
   (``sys.getdlopenflags()``'s default); its DT_NEEDED closure is resolved by :meth:`Resolver.tree` with every
   object mapped so far already loaded (glibc's ``_dl_map_object`` first matches a request against the
-  names and DT_SONAME of loaded objects, whatever their RTLD_LOCAL/RTLD_GLOBAL scope).
+  names and DT_SONAME of loaded objects, whatever their RTLD_LOCAL/RTLD_GLOBAL scope). Each ``dlopen`` is
+  recorded (``Process.loads``) with what it finds loaded and the global scope then, for the binding check.
+* **Imports from C.** An extension module's init then imports what its C code names
+  (:mod:`pytest_cudastack.linker.lookups`): each dotted C string of its read-only data that names an
+  installed module (Cython's ``cimport``s), unless a Cython older than 3.1 built it.
 * **Known preloads** (``cuda/data/dlopen_targets.json``, ``preloads``): torch's ``_load_global_deps``
   maps ``libtorch_global_deps.so`` by path with RTLD_GLOBAL and then its nvidia libraries by path from
   ``sys.path``, at the point of its top-level code that calls it; rows with ``before_import`` run right
@@ -29,10 +33,16 @@ The model:
 * **dlopen targets.** The run-time loads of the dlopen table (:mod:`pytest_cudastack.checks.dlopen`) of
   every mapped object are listed apart (``Process.run_time``): they happen when a feature is first used,
   not at import.
+* **Calls at import time.** Imports inside the module's own functions that its top-level code calls (with
+  constant arguments, through aliases, in ``for`` loops over constant sequences) run when the call does
+  (:mod:`pytest_cudastack.model.pysource`: hashlib's ``__get_builtin_constructor`` imports ``_blake2``).
 
 Not modelled: imports performed by code the model does not run (``importlib.import_module`` with a computed
-name, ``__getattr__`` lazy imports, imports inside functions called at import time), ``.pth`` files,
-the current directory at the head of ``sys.path``, and ctypes loads other than the table's.
+name, ``__getattr__`` lazy imports, methods and other modules' functions called at import time; the imports
+a Cython >= 3.1 module's Python code makes at init, whose names are in its packed constant table with those
+of imports inside functions; a C string that names a module the extension imports only later, when a
+function runs, is taken as an import at init),
+``.pth`` files, the current directory at the head of ``sys.path``, and ctypes loads other than the table's.
 """
 
 from __future__ import annotations
@@ -50,6 +60,7 @@ from pytest_cudastack.cuda.dlopen import Preload, load_preloads
 from pytest_cudastack.errors import ElfError
 from pytest_cudastack.linker.elf import ElfInfo
 from pytest_cudastack.linker.elfcache import ElfCache
+from pytest_cudastack.linker.lookups import Lookups, cached_lookups
 from pytest_cudastack.linker.resolver import Resolver, Route
 from pytest_cudastack.linker.strings import StringFacts
 from pytest_cudastack.model.abi import inspected_suffixes
@@ -59,6 +70,7 @@ from pytest_cudastack.model.runtime import loads_of
 __all__ = [
     "ImportScope",
     "Interpreter",
+    "Load",
     "Mapped",
     "Process",
     "import_contexts",
@@ -139,6 +151,17 @@ class Mapped:
 
 
 @dataclass(frozen=True)
+class Load:
+    """One ``dlopen`` of the import (an extension module or a preload by path): the object opened, the index
+    in ``Process.objects`` of the first object it mapped (it maps those up to the next load's), and what it
+    finds loaded and in the global scope when it starts (the binding check's lookup scopes)."""
+
+    path: str
+    first: int
+    scope: ImportScope
+
+
+@dataclass(frozen=True)
 class Process:
     """The predicted process: mapped objects in load order, loads that happen later (``run_time``: dlopen
     by a mapped object when a feature is used), missing sonames and problems."""
@@ -149,6 +172,8 @@ class Process:
     missing: tuple[str, ...] = ()
     problems: tuple[str, ...] = ()
     modules: tuple[str, ...] = field(default=(), repr=False)  # Python modules the model imported, in order
+    loads: tuple[Load, ...] = field(default=(), repr=False)  # the dlopen calls that mapped ``objects``, in order
+    executable: str = field(default="", repr=False)  # the interpreter whose closure is the first global scope
 
 
 @dataclass
@@ -173,6 +198,7 @@ class _State:
     ran: set[int] = field(default_factory=set)  # before_import preload rows already run (by index)
     triggers: dict[str, tuple[int, ...]] = field(default_factory=dict)  # module -> its before_import rows
     global_real: set[str] = field(default_factory=set)  # realpaths of ``globals``
+    loads: list[Load] = field(default_factory=list)
 
 
 # --------------------------------------------------------------------------------------------- finding modules
@@ -261,6 +287,7 @@ def _map(st: _State, path: str, route: str, reason: str, is_global: bool = False
     st.real.add(key)
     st.before[key] = tuple(st.loaded)
     st.scope_before[key] = tuple(st.globals)
+    st.loads.append(Load(path, len(st.objects), ImportScope(st.before[key], st.scope_before[key])))
     st.loaded.append(path)
     st.objects.append(Mapped(path, key, info.soname, st.owner(path), route, reason))
     if is_global:
@@ -369,12 +396,35 @@ def _import(st: _State, finder: _Finder, name: str, depth: int = 0) -> bool:
     if file is None:
         return True
     if not file.endswith(".py"):
+        fresh = real_path(file, st.dirs) not in st.real
         _map(st, file, "extension module", f"extension module {name} (dlopen RTLD_NOW|RTLD_LOCAL)")
+        if fresh and real_path(file, st.dirs) in st.real:  # its init ran: the imports it makes from C
+            for sub in _c_imports(st, finder, name, file):
+                _import(st, finder, sub, depth + 1)
         return True
     is_package = os.path.basename(file) == "__init__.py"
     rows = [r for r in st.preloads if r.module == name and not r.before_import]
     _run_body(st, finder, module_imports(file, name, is_package, st.cache), name, os.path.dirname(file), rows, depth)
     return True
+
+
+def _lookups(st: _State, path: str) -> Lookups | None:
+    """The run-time lookups of an extension module (kept in the ELF cache); None when it cannot be read."""
+    try:
+        return cached_lookups(path, st.cache)
+    except ElfError as e:
+        st.problems.append(str(e))
+        return None
+
+
+def _c_imports(st: _State, finder: _Finder, module: str, path: str) -> list[str]:
+    """The installed modules extension ``module`` imports from C at init (:mod:`pytest_cudastack.linker.lookups`):
+    its dotted C strings that name a module, unless a Cython older than 3.1 built it (its Python constants,
+    the names of imports inside functions among them, are such strings too)."""
+    found = _lookups(st, path)
+    if found is None or (found.cython is not None and found.cython < (3, 1)):
+        return []
+    return [n for n in found.modules if n != module and n not in st.imported and finder.find(n)]
 
 
 def _run_body(
@@ -449,6 +499,7 @@ def _copy(st: _State) -> _State:
         scope_before=dict(st.scope_before),
         ran=set(st.ran),
         global_real=set(st.global_real),
+        loads=list(st.loads),
     )
 
 
@@ -594,4 +645,13 @@ def predict_import(
                 later.append(
                     Mapped(lib.path, k, ld.name, lib.provider, "dlopen", f"dlopen by {os.path.basename(obj.path)}")
                 )
-    return Process(module, tuple(st.objects), tuple(later), tuple(st.missing), tuple(st.problems), tuple(st.order))
+    return Process(
+        module,
+        tuple(st.objects),
+        tuple(later),
+        tuple(st.missing),
+        tuple(st.problems),
+        tuple(st.order),
+        tuple(st.loads),
+        interp.executable,
+    )

@@ -3,17 +3,24 @@
 Never runs or imports anything: a string-aware line scan keeps only the top-level statements the import model
 reads (imports, ``if``/``try``/``with``/``class`` blocks and top-level calls), :mod:`ast` parses them, and
 ``if`` tests on ``TYPE_CHECKING``, ``sys.platform``, ``sys.version_info`` and ``os.name`` are decided for this
-interpreter. The result (:data:`Items`) is JSON-able and cached in the ELF cache's extras under the file's
+interpreter. A module one of whose functions imports something and is named outside its own body (a cheap
+textual gate) is parsed whole, and the calls its top level makes of its own functions are followed
+(:func:`_top_calls`: arguments and module-level names bound to literals are known, ``x in {...}`` and
+``x == c`` tests on them are decided, ``__name__`` is the module's, a ``for`` over a constant sequence calls
+once per value). The result (:data:`Items`) is JSON-able and cached in the ELF cache's extras under the file's
 identity. :mod:`pytest_cudastack.model.process` follows these lists to predict an import.
 """
 
 from __future__ import annotations
 
 import ast
+import bisect
+import itertools
 import os
 import re
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_cudastack._sysio import read_text
@@ -21,7 +28,7 @@ from pytest_cudastack.linker.elfcache import ElfCache
 
 __all__ = ["Items", "module_imports", "read_module_source", "resolve_from", "string_constant"]
 
-_MODEL = 3  # the version of the import-list rules, part of each cached list's key
+_MODEL = 4  # the version of the import-list rules, part of each cached list's key
 _MAX_SOURCE = 16 << 20
 
 
@@ -129,7 +136,176 @@ a preload trigger), ``["t", body, [handler, ...]]`` (a ``try``: the handlers' it
 of the body is not found)."""
 
 
-def _imports(body: Sequence[ast.stmt], module: str, is_package: bool) -> Items:
+@dataclass
+class _Calls:
+    """What the model knows while it reads a module whose top level calls its own functions: the functions
+    defined so far (``def`` runs when its statement does), the names bound to literals or to those functions,
+    and the calls being followed (a recursion guard)."""
+
+    module: str
+    is_package: bool
+    defs: dict[str, ast.FunctionDef] = field(default_factory=dict)
+    env: dict[str, Any] = field(default_factory=dict)
+    active: set[str] = field(default_factory=set)
+    done: set[str] = field(default_factory=set)  # calls already followed (function and arguments)
+
+
+@dataclass(frozen=True)
+class _Func:
+    """A name bound to a module-level function (``__get_hash = __get_openssl_constructor``)."""
+
+    name: str
+
+
+_MAX_CALL_DEPTH = 8
+_MAX_CALLS = 2_000  # distinct calls followed per module: a hostile file's call graph stays bounded
+
+
+def _value(node: ast.expr | None, env: dict[str, Any]) -> Any:
+    """The constant value of ``node`` under ``env`` (literals, names bound to them, tuples and sets of
+    them), else _UNKNOWN."""
+    if node is None:
+        return _UNKNOWN
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, ast.Name):
+        return env.get(node.id, _UNKNOWN)
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        items = [_value(e, env) for e in node.elts]
+        if any(v is _UNKNOWN or isinstance(v, _Func) for v in items):
+            return _UNKNOWN
+        try:
+            return frozenset(items) if isinstance(node, ast.Set) else tuple(items)
+        except TypeError:  # an unhashable member of a set literal
+            return _UNKNOWN
+    return _UNKNOWN
+
+
+def _decide(test: ast.expr, env: dict[str, Any]) -> bool | None:
+    """:func:`_truth`, and ``x in C`` / ``x == c`` (and their negations) between values known in ``env``."""
+    truth = _truth(test)
+    if truth is not None or not isinstance(test, ast.Compare) or len(test.ops) != 1:
+        return truth
+    left, right, op = _value(test.left, env), _value(test.comparators[0], env), test.ops[0]
+    if left is _UNKNOWN or right is _UNKNOWN:
+        return None
+    try:
+        if isinstance(op, (ast.In, ast.NotIn)):
+            return (left in right) == isinstance(op, ast.In)
+        if isinstance(op, (ast.Eq, ast.NotEq)):
+            return bool(left == right) == isinstance(op, ast.Eq)
+    except TypeError:
+        return None
+    return None
+
+
+def _called(node: ast.stmt, ctx: _Calls, env: dict[str, Any]) -> list[tuple[ast.FunctionDef, dict[str, Any]]]:
+    """The module-level functions ``node``'s expressions call (not in nested functions, lambdas or class
+    bodies), each with its parameters bound to the constant arguments of the call."""
+    out: list[tuple[ast.FunctionDef, dict[str, Any]]] = []
+    todo: list[ast.AST] = [c for c in ast.iter_child_nodes(node) if isinstance(c, ast.expr)]
+    while todo:
+        expr = todo.pop(0)
+        if isinstance(expr, (ast.Lambda, ast.FunctionDef, ast.ClassDef)):
+            continue
+        if isinstance(expr, ast.Call) and isinstance(expr.func, ast.Name):
+            target = env.get(expr.func.id, _UNKNOWN)
+            name = target.name if isinstance(target, _Func) else expr.func.id
+            fn = ctx.defs.get(name)
+            if fn is not None and (expr.func.id not in env or isinstance(target, _Func)):
+                params = [a.arg for a in (*fn.args.posonlyargs, *fn.args.args)]
+                bound = {p: _value(a, env) for p, a in zip(params, expr.args, strict=False)}
+                bound.update((k.arg, _value(k.value, env)) for k in expr.keywords if k.arg in params)
+                out.append((fn, bound))
+        todo.extend(ast.iter_child_nodes(expr))
+    return out
+
+
+def _call_items(fn: ast.FunctionDef, bound: dict[str, Any], ctx: _Calls, depth: int) -> Items:
+    """The imports a call of module-level function ``fn`` performs, its parameters bound (others unknown)."""
+    if fn.name in ctx.active or depth > _MAX_CALL_DEPTH or len(ctx.done) >= _MAX_CALLS:
+        return []
+    # a call already followed imported what it imports (a second import of a module is a no-op): each
+    # distinct call is expanded once, so a call graph with fan-out costs its size, not its paths
+    key = repr((fn.name, sorted(bound.items(), key=lambda kv: kv[0])))
+    if key in ctx.done:
+        return []
+    ctx.done.add(key)
+    ctx.active.add(fn.name)
+    try:
+        env = {**ctx.env, **{a.arg: _UNKNOWN for a in (*fn.args.posonlyargs, *fn.args.args, *fn.args.kwonlyargs)}}
+        env.update(bound)
+        return _body_items(fn.body, ctx, env, depth + 1)
+    finally:
+        ctx.active.discard(fn.name)
+
+
+def _body_items(body: Sequence[ast.stmt], ctx: _Calls, env: dict[str, Any], depth: int) -> Items:
+    """A function body's imports in execution order: decided ``if``s take one branch, undecided ones both, a
+    ``try``'s handlers run only when an import of its body is not found (as at module level), loops run
+    their body once, and an unconditional ``return`` ends the block; calls of module-level functions are
+    followed."""
+    out: Items = []
+    for node in body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            continue
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            out.extend(_imports([node], ctx.module, ctx.is_package))
+            continue
+        if isinstance(node, ast.If):
+            truth = _decide(node.test, env)
+            for fn, bound in _called(ast.Expr(node.test), ctx, env):
+                out.extend(_call_items(fn, bound, ctx, depth))
+            if truth is not False:
+                out.extend(_body_items(node.body, ctx, env, depth))
+            if truth is not True:
+                out.extend(_body_items(node.orelse, ctx, env, depth))
+            if truth is True and any(isinstance(n, (ast.Return, ast.Raise)) for n in node.body):
+                break
+            if truth is False and any(isinstance(n, (ast.Return, ast.Raise)) for n in node.orelse):
+                break
+            continue
+        if isinstance(node, ast.Try) or type(node).__name__ == "TryStar":
+            t: ast.Try = node  # type: ignore[assignment]
+            handlers = [_body_items(h.body, ctx, env, depth) for h in t.handlers]
+            out.append(["t", _body_items(t.body, ctx, env, depth), handlers])
+            out.extend(_body_items(t.orelse, ctx, env, depth))
+            out.extend(_body_items(t.finalbody, ctx, env, depth))
+            continue
+        for fn, bound in _called(node, ctx, env):
+            out.extend(_call_items(fn, bound, ctx, depth))
+        if isinstance(node, (ast.For, ast.AsyncFor, ast.While, ast.With, ast.AsyncWith)):
+            out.extend(_body_items(node.body, ctx, env, depth))
+        if isinstance(node, (ast.Return, ast.Raise)):
+            break
+    return out
+
+
+def _bind(node: ast.stmt, ctx: _Calls) -> None:
+    """Record a module-level ``def`` or a binding of a name to a literal or to a function."""
+    if isinstance(node, ast.FunctionDef):
+        ctx.defs[node.name] = node
+        ctx.env.pop(node.name, None)
+        return
+    if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)):
+        return
+    name, value = node.targets[0].id, node.value
+    if isinstance(value, ast.Name) and (value.id in ctx.defs or isinstance(ctx.env.get(value.id), _Func)):
+        target = ctx.env.get(value.id)
+        ctx.env[name] = target if isinstance(target, _Func) else _Func(value.id)
+    else:
+        ctx.env[name] = _value(value, ctx.env)
+
+
+def _unique(items: Items) -> Items:
+    out: Items = []
+    for it in items:
+        if it not in out:
+            out.append(it)
+    return out
+
+
+def _imports(body: Sequence[ast.stmt], module: str, is_package: bool, ctx: _Calls | None = None) -> Items:
     out: Items = []
     for node in body:
         if isinstance(node, ast.Import):
@@ -139,22 +315,86 @@ def _imports(body: Sequence[ast.stmt], module: str, is_package: bool) -> Items:
             if base is not None:
                 out.append(["i", [base] + [f"{base}.{a.name}" for a in node.names if a.name != "*"]])
         elif isinstance(node, ast.If):
-            truth = _truth(node.test)
+            truth = _truth(node.test) if ctx is None else _decide(node.test, ctx.env)
             if truth is not False:
-                out.extend(_imports(node.body, module, is_package))
+                out.extend(_imports(node.body, module, is_package, ctx))
             if truth is not True:
-                out.extend(_imports(node.orelse, module, is_package))
+                out.extend(_imports(node.orelse, module, is_package, ctx))
         elif isinstance(node, ast.Try) or type(node).__name__ == "TryStar":
             t: ast.Try = node  # type: ignore[assignment]
-            handlers = [_imports(h.body, module, is_package) for h in t.handlers]
-            out.append(["t", _imports(t.body, module, is_package), handlers])
-            out.extend(_imports(t.orelse, module, is_package))
-            out.extend(_imports(t.finalbody, module, is_package))
+            saved = dict(ctx.env) if ctx is not None else {}
+            body_items = _imports(t.body, module, is_package, ctx)
+            after = dict(ctx.env) if ctx is not None else {}
+            handlers = []
+            for h in t.handlers:  # a handler's bindings hold only when it runs: the body's are kept
+                if ctx is not None:
+                    ctx.env.clear()
+                    ctx.env.update(saved)
+                handlers.append(_imports(h.body, module, is_package, ctx))
+            if ctx is not None:
+                ctx.env.clear()
+                ctx.env.update(after)
+            out.append(["t", body_items, handlers])
+            out.extend(_imports(t.orelse, module, is_package, ctx))
+            out.extend(_imports(t.finalbody, module, is_package, ctx))
         elif isinstance(node, (ast.With, ast.ClassDef)):  # a class body runs when the class statement does
-            out.extend(_imports(node.body, module, is_package))
+            out.extend(_imports(node.body, module, is_package, ctx))
         elif isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) and isinstance(node.value.func, ast.Name):
             out.append(["c", node.value.func.id])
+        if ctx is not None:
+            out.extend(_top_calls(node, ctx))
     return out
+
+
+def _top_calls(node: ast.stmt, ctx: _Calls) -> Items:
+    """The imports module-level statement ``node`` performs by calling the module's own functions (a ``for``
+    over a constant sequence calls them once per value), after recording what it binds."""
+    if isinstance(node, (ast.If, ast.Try, ast.With, ast.ClassDef, ast.Import, ast.ImportFrom)):
+        return []
+    if isinstance(node, ast.For) and isinstance(node.target, ast.Name):
+        values = _value(node.iter, ctx.env)
+        runs = list(values) if isinstance(values, (tuple, frozenset)) else [_UNKNOWN]
+        out: Items = []
+        for v in runs[:64]:
+            env = {**ctx.env, node.target.id: v}
+            out.extend(_body_items(node.body, ctx, env, 0))
+        return _unique(out)
+    out = []
+    for fn, bound in _called(node, ctx, ctx.env):
+        out.extend(_call_items(fn, bound, ctx, 0))
+    _bind(node, ctx)
+    return out
+
+
+_MAX_GATED = 256  # candidate functions scanned for by name; past this the module is parsed whole
+_TOP_LINE = re.compile(r"^[^\s#]", re.M)
+_TOP_DEF = re.compile(r"(?:async[ \t]+)?def[ \t]+(\w+)")
+_INNER_IMPORT = re.compile(r"^[ \t]+(?:import|from)[ \t]+[\w.]+", re.M)
+
+
+def _calls_importing_function(text: str) -> bool:
+    """Whether a module-level function of ``text`` has an import in its body and its name occurs outside
+    that body (a call from the top level, or through another function or an alias): only then is the
+    whole module parsed to follow the calls (a cheap textual gate; the parse decides). Linear: one scan for
+    the top-level lines, one per body, one for all the candidate names together."""
+    starts = [m.start() for m in _TOP_LINE.finditer(text)] + [len(text)]
+    spans: dict[str, list[tuple[int, int]]] = {}
+    for a, b in itertools.pairwise(starts):
+        m = _TOP_DEF.match(text, a)
+        if m is not None and _INNER_IMPORT.search(text, a, b):
+            spans.setdefault(m.group(1), []).append((a, b))
+    if not spans:
+        return False
+    if len(spans) > _MAX_GATED:  # too many to scan for: let the parse decide
+        return True
+    names = re.compile(r"\b(?:" + "|".join(re.escape(n) for n in sorted(spans, key=len, reverse=True)) + r")\b")
+    return any(not _inside(spans[hit.group()], hit.start()) for hit in names.finditer(text))
+
+
+def _inside(spans: list[tuple[int, int]], at: int) -> bool:
+    """Whether ``at`` lies in one of ``spans`` (sorted, disjoint)."""
+    i = bisect.bisect_right(spans, (at, sys.maxsize)) - 1
+    return i >= 0 and spans[i][0] <= at < spans[i][1]
 
 
 def _valid_items(items: Any, depth: int = 0) -> bool:
@@ -205,6 +445,12 @@ def module_imports(path: str, module: str, is_package: bool, cache: ElfCache | N
             return items
     tree = read_module_source(path, strip=True)
     items = [] if tree is None else _imports(tree.body, module, is_package)
+    text = read_text(path, _MAX_SOURCE) if tree is not None else None
+    if text is not None and _calls_importing_function(text):
+        full = read_module_source(path)  # the function bodies the stripped parse dropped
+        if full is not None:
+            # imported, never run as a script: ``if __name__ == "__main__":`` blocks stay out
+            items = _imports(full.body, module, is_package, _Calls(module, is_package, env={"__name__": module}))
     if cache is not None and key is not None:
         cache.put_extra(f"pyimports:{path}", {"key": key, "items": items})
     return items
