@@ -1,0 +1,196 @@
+"""An image as a root directory: ``open_image`` materialises the merged file system of its layers once, in
+``$CUDASTACK_CACHE_DIR/images/<key>/`` keyed by the chain of its layer digests (a changed layer is a new
+key), and returns the ``ImageRoot`` the stack is built on: the directory, the config's environment and
+command, and which layer (digest and ``history`` step) wrote each file.
+
+A directory that holds no ``oci-layout``/``index.json``/``manifest.json`` is a root file system itself,
+read in place (it has no layers, so its findings name no layer; its absolute symbolic links are not
+rewritten). A half-built root is never used: layers are applied in a private directory renamed into place
+once every digest has been checked; a failure removes it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pytest_cudastack.image.layers import RootWriter
+from pytest_cudastack.image.manifest import DEFAULT_PLATFORM, ImageSource, Layer, read_source
+from pytest_cudastack.image.store import ImageError, open_store
+from pytest_cudastack.linker.elfcache import default_cache_dir
+
+__all__ = ["DEFAULT_PATH", "ImageRoot", "Origin", "open_image"]
+
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # Docker's, when Env has none
+_FORMAT = 1  # of image.json in a cached root; another value is rebuilt
+_DIGEST_KEYS = ("digest", "diff_id", "created_by")
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where a file of the image comes from: the layer (``digest``) and its ``history`` step."""
+
+    path: str
+    layer: str
+    created_by: str
+
+    def render(self) -> str:
+        step = f" ({self.created_by})" if self.created_by else ""
+        return f"{self.path}: from layer {self.layer}{step}"
+
+    def to_json(self) -> dict[str, str]:
+        return {"path": self.path, "layer": self.layer, "created_by": self.created_by}
+
+
+@dataclass(frozen=True)
+class ImageRoot:
+    """An image's merged file system at ``root`` (a host directory), its ``reference``, ``kind`` (``rootfs``,
+    ``oci-layout``, ``oci-archive``, ``docker-archive``), the config's ``env`` (``PATH`` defaulted as Docker
+    does), ``entrypoint``/``cmd``/``workdir``, its layers (``digest``, ``created_by``) and each file's layer
+    index (``owner``: ``usr/lib/x`` -> index)."""
+
+    root: str
+    reference: str
+    kind: str
+    env: Mapping[str, str]
+    layers: tuple[Layer, ...] = ()
+    owner: Mapping[str, int] = field(default_factory=dict)
+    entrypoint: tuple[str, ...] = ()
+    cmd: tuple[str, ...] = ()
+    workdir: str = "/"
+    skipped: int = 0
+
+    def host(self, path: str) -> str:
+        """The host path of the image path ``path`` (``/usr/lib/x``)."""
+        return os.path.join(self.root, path.lstrip("/"))
+
+    def image_path(self, host: str) -> str | None:
+        """The image path of a host path under the root, else None."""
+        root = self.root.rstrip("/")
+        if host == root:
+            return "/"
+        if host.startswith(root + "/"):
+            return host[len(root) :]
+        return None
+
+    def origin(self, path: str) -> Origin | None:
+        """The layer that wrote the image path ``path`` (or a host path under the root), None when unknown."""
+        logical = self.image_path(path) if path.startswith(self.root.rstrip("/") + "/") else path
+        if logical is None:
+            return None
+        index = self.owner.get(logical.lstrip("/"))
+        if index is None or not 0 <= index < len(self.layers):
+            return None
+        layer = self.layers[index]
+        return Origin(logical, layer.name, layer.created_by)
+
+
+def _env(config: Mapping[str, Any]) -> dict[str, str]:
+    env: dict[str, str] = {}
+    entries = config.get("Env")
+    for entry in entries if isinstance(entries, list) else ():
+        if isinstance(entry, str) and "=" in entry:
+            key, _, value = entry.partition("=")
+            env[key] = value
+    env.setdefault("PATH", DEFAULT_PATH)
+    return env
+
+
+def _words(value: Any) -> tuple[str, ...]:
+    return tuple(str(w) for w in value) if isinstance(value, list) else ()
+
+
+def _cache_key(source: ImageSource) -> str:
+    chain = "\n".join(f"{layer.digest}|{layer.diff_id}|{layer.member}" for layer in source.layers)
+    return hashlib.sha256(f"{_FORMAT}\n{chain}".encode()).hexdigest()[:32]
+
+
+def _materialise(source: ImageSource, store: Any, images: str, key: str) -> None:
+    """Apply every layer in a private directory beside the final one, then rename it into place."""
+    os.makedirs(images, mode=0o700, exist_ok=True)
+    work = tempfile.mkdtemp(prefix=".build-", dir=images)
+    try:
+        writer = RootWriter(os.path.join(work, "rootfs"))
+        os.mkdir(writer.root, 0o755)
+        for index, layer in enumerate(source.layers):
+            writer.apply(store, layer, index)
+        facts = {"format": _FORMAT, "owner": writer.owner, "skipped": writer.skipped}
+        with open(os.path.join(work, "image.json"), "w", encoding="utf-8") as f:
+            json.dump(facts, f)
+        final = os.path.join(images, key)
+        if os.path.isdir(final):  # --no-cache, or a concurrent run: the newest wins
+            stale = final + f".stale-{os.getpid()}"
+            os.rename(final, stale)
+            shutil.rmtree(stale, ignore_errors=True)
+        os.rename(work, final)
+    except OSError as e:
+        shutil.rmtree(work, ignore_errors=True)
+        raise ImageError(f"{source.path}: cannot materialise the image under {images}: {e.strerror or e}") from e
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+
+
+def _cached(directory: str) -> dict[str, Any] | None:
+    try:
+        with open(os.path.join(directory, "image.json"), encoding="utf-8") as f:
+            facts = json.load(f)
+    except (OSError, ValueError):
+        return None
+    ok = isinstance(facts, dict) and facts.get("format") == _FORMAT and isinstance(facts.get("owner"), dict)
+    return facts if ok and os.path.isdir(os.path.join(directory, "rootfs")) else None
+
+
+def _is_image(path: str) -> bool:
+    return not os.path.isdir(path) or any(
+        os.path.isfile(os.path.join(path, n)) for n in ("oci-layout", "index.json", "manifest.json")
+    )
+
+
+def open_image(
+    path: str,
+    platform: str = DEFAULT_PLATFORM,
+    *,
+    cache_dir: str | None = None,
+    no_cache: bool = False,
+) -> ImageRoot:
+    """The image at ``path`` as a root directory (see the module's docstring); ImageError naming the image
+    and what is wrong when it cannot be read. ``no_cache`` rebuilds the cached root (every digest checked
+    again) instead of reusing it."""
+    if not os.path.exists(path):
+        raise ImageError(f"{path}: no such file or directory")
+    if not _is_image(path):
+        return ImageRoot(os.path.abspath(path), os.path.abspath(path), "rootfs", _env({}))
+    store = open_store(path)
+    try:
+        source = read_source(store, platform)
+        images = os.path.join(cache_dir or default_cache_dir(), "images")
+        key = _cache_key(source)
+        facts = None if no_cache else _cached(os.path.join(images, key))
+        if facts is None:
+            _materialise(source, store, images, key)
+            facts = _cached(os.path.join(images, key))
+        if facts is None:
+            raise ImageError(f"{path}: the materialised image under {images} cannot be read back")
+    finally:
+        store.close()
+    config = source.runtime_config
+    owner = {str(k): int(v) for k, v in facts["owner"].items() if isinstance(v, int)}
+    return ImageRoot(
+        os.path.join(images, key, "rootfs"),
+        source.reference,
+        source.kind,
+        _env(config),
+        source.layers,
+        owner,
+        _words(config.get("Entrypoint")),
+        _words(config.get("Cmd")),
+        str(config.get("WorkingDir") or "/"),
+        int(facts.get("skipped", 0)),
+    )
