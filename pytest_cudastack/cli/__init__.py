@@ -23,7 +23,7 @@ EPILOG = """exit status:
   1  findings: an ERROR finding, a library not found, a failed import, drift
   2  usage or environment error: a bad option or value, an unreadable file or configuration"""
 
-_OPTIONS_OF = ("check", "snapshot")  # subcommands that take pytest's cudastack options
+_OPTIONS_OF = ("check", "snapshot", "image")  # subcommands that take pytest's cudastack options
 
 
 def _subcommand(name: str) -> ModuleType:
@@ -161,9 +161,16 @@ def build_parser(check_options: bool = True) -> argparse.ArgumentParser:
         help="write the stack as JSON, as the plugin's --cudastack-snapshot would here",
     )
     snapshot.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of standard output")
+    image = sub.add_parser(
+        "image",
+        formatter_class=_Formatter,
+        parents=[project_site, as_json],
+        help="run the invariant checks on a deployment image (rootfs, OCI layout, oci-archive, docker save)",
+    )
     if check_options:
         _subcommand("check").add_options(check)
         _subcommand("snapshot").add_options(snapshot)
+        _subcommand("image").add_options(image)
 
     diff = sub.add_parser("diff", formatter_class=_Formatter, parents=[common, as_json], help="compare two snapshots")
     diff.add_argument("a", metavar="A")

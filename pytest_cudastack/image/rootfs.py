@@ -20,32 +20,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from pytest_cudastack.findings import Provenance
 from pytest_cudastack.image.layers import RootWriter
 from pytest_cudastack.image.manifest import DEFAULT_PLATFORM, ImageSource, Layer, read_source
 from pytest_cudastack.image.store import ImageError, open_store
 from pytest_cudastack.linker.elfcache import default_cache_dir
 
-__all__ = ["DEFAULT_PATH", "ImageRoot", "Origin", "open_image"]
+__all__ = ["DEFAULT_PATH", "ImageRoot", "open_image"]
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # Docker's, when Env has none
 _FORMAT = 1  # of image.json in a cached root; another value is rebuilt
-_DIGEST_KEYS = ("digest", "diff_id", "created_by")
-
-
-@dataclass(frozen=True)
-class Origin:
-    """Where a file of the image comes from: the layer (``digest``) and its ``history`` step."""
-
-    path: str
-    layer: str
-    created_by: str
-
-    def render(self) -> str:
-        step = f" ({self.created_by})" if self.created_by else ""
-        return f"{self.path}: from layer {self.layer}{step}"
-
-    def to_json(self) -> dict[str, str]:
-        return {"path": self.path, "layer": self.layer, "created_by": self.created_by}
 
 
 @dataclass(frozen=True)
@@ -65,10 +49,22 @@ class ImageRoot:
     cmd: tuple[str, ...] = ()
     workdir: str = "/"
     skipped: int = 0
+    path: str = ""  # what was opened: the directory or archive
+    platform: str = DEFAULT_PLATFORM
 
     def host(self, path: str) -> str:
         """The host path of the image path ``path`` (``/usr/lib/x``)."""
         return os.path.join(self.root, path.lstrip("/"))
+
+    def to_json(self) -> dict[str, Any]:
+        """What ``cudastack image --json`` says of the image (check.schema.json's ``image``)."""
+        return {
+            "path": self.path,
+            "reference": self.reference,
+            "kind": self.kind,
+            "platform": self.platform,
+            "layers": [{"digest": x.name, "diff_id": x.diff_id, "created_by": x.created_by} for x in self.layers],
+        }
 
     def image_path(self, host: str) -> str | None:
         """The image path of a host path under the root, else None."""
@@ -79,7 +75,7 @@ class ImageRoot:
             return host[len(root) :]
         return None
 
-    def origin(self, path: str) -> Origin | None:
+    def origin(self, path: str) -> Provenance | None:
         """The layer that wrote the image path ``path`` (or a host path under the root), None when unknown."""
         logical = self.image_path(path) if path.startswith(self.root.rstrip("/") + "/") else path
         if logical is None:
@@ -88,7 +84,7 @@ class ImageRoot:
         if index is None or not 0 <= index < len(self.layers):
             return None
         layer = self.layers[index]
-        return Origin(logical, layer.name, layer.created_by)
+        return Provenance(logical, layer.name, layer.created_by)
 
 
 def _env(config: Mapping[str, Any]) -> dict[str, str]:
@@ -166,7 +162,8 @@ def open_image(
     if not os.path.exists(path):
         raise ImageError(f"{path}: no such file or directory")
     if not _is_image(path):
-        return ImageRoot(os.path.abspath(path), os.path.abspath(path), "rootfs", _env({}))
+        root = os.path.abspath(path)
+        return ImageRoot(root, root, "rootfs", _env({}), path=root, platform=platform)
     store = open_store(path)
     try:
         source = read_source(store, platform)
@@ -193,4 +190,6 @@ def open_image(
         _words(config.get("Cmd")),
         str(config.get("WorkingDir") or "/"),
         int(facts.get("skipped", 0)),
+        os.path.abspath(path),
+        source.platform,
     )
