@@ -321,15 +321,30 @@ class Stack:
         return self._findings[key]
 
     def _with_provenance(self, finding: Finding) -> Finding:
-        """``finding`` with the layer and history step of each image file it names (subject, objects,
-        chain): the file as named and, for a link, the file it leads to."""
+        """``finding`` as an image's finding: the paths of its path fields (subject, objects, chain, places
+        looked in) that name a file under the image's root (the wheel inventory lists those) named by their
+        image paths, and the layer and history step of each image file it names (for a link, also of the file
+        it leads to)."""
         image = self.image
-        if image is None or not image.layers:
+        if image is None:
             return finding
-        named = (finding.subject, *finding.facts.objects, *finding.chain)
+
+        def logical(path: str) -> str:
+            return image.image_path(path) or path
+
+        facts = replace(finding.facts, objects=tuple(logical(p) for p in finding.facts.objects))
+        finding = replace(
+            finding,
+            subject=logical(finding.subject),
+            chain=tuple(logical(p) for p in finding.chain),
+            where=tuple(logical(p) for p in finding.where),
+            facts=facts,
+        )
         found: dict[str, Provenance] = {}
-        for path in named:
-            host = image.host(path) if path.startswith("/") and image.image_path(path) is None else path
+        for path in (finding.subject, *facts.objects, *finding.chain) if image.layers else ():
+            if not path.startswith("/"):
+                continue
+            host = image.host(path)
             for candidate in (host, os.path.realpath(host)):
                 origin = image.origin(candidate) if image.image_path(candidate) is not None else None
                 if origin is not None:

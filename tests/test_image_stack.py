@@ -307,3 +307,52 @@ def test_requirements_read_from_the_environment() -> None:
     )
     assert requirements({"CUDA_VERSION": "11.8.0"}) == (("CUDA_VERSION", "cuda>=11.8"),)
     assert requirements({"CUDA_VERSION": "11.8.0", "NVIDIA_DISABLE_REQUIRE": "1"}) == ()
+
+
+def _tree_entries(root: Path, under: str) -> list[Entry]:
+    """Every file below ``root`` as an entry at ``under``/its relative path."""
+    return [
+        Entry(f"{under}/{p.relative_to(root).as_posix()}", data=p.read_bytes())
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    ]
+
+
+@needs_glibc
+@pytest.mark.parametrize("cuda", ["13", "12"], ids=["module-needs-cuda13", "clean-twin"])
+def test_the_images_python_wheels_are_judged_inside_the_image(
+    parts: Parts, tmp_path: Path, capsys: pytest.CaptureFixture[str], cuda: str
+) -> None:
+    from tests.helpers.sitebuild import compile_so, site_packages, write_dist
+
+    site = site_packages(tmp_path / "prefix")
+    module = compile_so(None, needed=[f"libcublas.so.{cuda}"], pyinit="_core")
+    write_dist(
+        site, "fastops", "1.0", {"fastops/__init__.py": "from fastops import _core\n", "fastops/_core.so": module}
+    )
+    python = [
+        Entry("usr/local/bin/python3.11", data=parts.train12),
+        Entry("usr/local/bin/python3", "symlink", target="python3.11"),
+        *_tree_entries(site, "usr/local/lib/python3.11/site-packages"),
+    ]
+    env = ["PATH=/usr/local/bin:/usr/bin", "NVIDIA_REQUIRE_CUDA=cuda>=12.4"]
+    (tmp_path / "use.py").write_text("import fastops\n")  # the project imports it: a failure is an error
+    rc, payload = _check(
+        tmp_path,
+        capsys,
+        [_base(parts), python],
+        "--cuda-driver=550.54.15",
+        "--cuda-arch=sm_90",
+        env=env,
+        history=("COPY cuda", "RUN pip install fastops"),
+    )
+    closure = _findings(payload, "closure")
+    if cuda == "12":
+        assert [f for f in closure if f["severity"] == "error"] == []
+        return
+    assert rc == 1
+    missing = [f for f in closure if "libcublas.so.13" in json.dumps(f)]
+    assert missing
+    assert missing[0]["severity"] == "error"
+    assert missing[0]["facts"]["objects"] == ["/usr/local/lib/python3.11/site-packages/fastops/_core.so"]
+    assert any(p["created_by"] == "RUN pip install fastops" for f in missing for p in f["provenance"])
