@@ -256,7 +256,13 @@ class Stack:
         return CudaWheels(self.inventory)
 
     def find(self, soname: str) -> Library:
-        return self.resolver.find(soname)  # as a DT_NEEDED of the running Python executable
+        """``soname`` as a DT_NEEDED of the running Python executable; in an image, of the program it runs
+        first: its Python, else its first binary (a search without a loader of its own: no RPATH)."""
+        image = self.image
+        if image is None:
+            return self.resolver.find(soname)
+        loader = self.interpreter or next((path for _, path in self.scan_targets), None)
+        return self.resolver.find(soname, loader=self.resolver.logical(loader) if loader else "/")
 
     def tree(self, path: str) -> Tree:
         path = path if self.image is not None else os.path.abspath(path)

@@ -356,3 +356,41 @@ def test_the_images_python_wheels_are_judged_inside_the_image(
     assert missing[0]["severity"] == "error"
     assert missing[0]["facts"]["objects"] == ["/usr/local/lib/python3.11/site-packages/fastops/_core.so"]
     assert any(p["created_by"] == "RUN pip install fastops" for f in missing for p in f["provenance"])
+
+
+@needs_glibc
+def test_pytest_judges_the_image_with_items_and_markers(
+    parts: Parts, pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from pytest_cudastack.settings import ENV as OPTION_ENV
+
+    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+    for var in OPTION_ENV.values():
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
+    layers = [_base(parts), [Entry("opt/app/bin/train", data=parts.train13)]]
+    build_image(pytester.path / "app.tar", layers, "docker-legacy", env=ENV)
+    pytester.makeini("[pytest]\ncudastack_image = app.tar\n")
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.requires_soname("libcublas.so.12")
+        def test_has_cuda12(): pass
+
+        @pytest.mark.requires_soname("libcublas.so.13")
+        def test_has_cuda13(): pass
+        """
+    )
+    result = pytester.runpytest(
+        "-p", "pytest_cudastack.plugin", "--cudastack", "--cuda-driver=550.54.15", "--cuda-arch=sm_90", "-rA"
+    )
+    result.assert_outcomes(passed=6, failed=3, skipped=3)
+    result.stdout.fnmatch_lines(
+        [
+            "PASSED*test_has_cuda12",
+            "FAILED*test_has_cuda13*",
+            "FAILED*cudastack::scan[[]/opt/app/bin/train[]]*",
+            "FAILED*cudastack::driver*",
+        ]
+    )
