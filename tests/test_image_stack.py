@@ -389,8 +389,8 @@ def test_pytest_judges_the_image_with_items_and_markers(
     result.stdout.fnmatch_lines(
         [
             "PASSED*test_has_cuda12",
+            "FAILED cudastack::driver*",
+            "FAILED cudastack::scan[[]/opt/app/bin/train[]]*",
             "FAILED*test_has_cuda13*",
-            "FAILED*cudastack::scan[[]/opt/app/bin/train[]]*",
-            "FAILED*cudastack::driver*",
         ]
     )
