@@ -394,3 +394,26 @@ def test_pytest_judges_the_image_with_items_and_markers(
             "FAILED*test_has_cuda13*",
         ]
     )
+
+
+@needs_glibc
+def test_tree_why_snapshot_and_check_take_image(
+    parts: Parts, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = build_image(tmp_path / "img", [_base(parts), [Entry("opt/app/bin/train", data=parts.train13)]], env=ENV)
+    assert main(["tree", "--image", str(out), "/opt/app/bin/train", "--json"]) == 1
+    trees = json.loads(capsys.readouterr().out)["trees"]
+    libs = {x["soname"]: x["path"] for x in trees[0]["libraries"]}
+    assert libs["libcublas.so.13"] is None
+    assert libs["libc.so.6"] == "/lib/x86_64-linux-gnu/libc.so.6"
+    assert main(["why", "--image", str(out), "libcublas.so.12", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["found"]
+    assert main(["why", "--image", str(out), "libcublas.so.13"]) == 1
+    capsys.readouterr()
+    assert main(["snapshot", "--image", str(out), "--cuda-driver=550.54.15"]) == 0
+    snapshot = json.loads(capsys.readouterr().out)
+    assert [b["path"] for b in snapshot["binaries"]] == ["/opt/app/bin/train"]
+    assert main(["check", "--image", str(out), "--cuda-driver=550.54.15"]) == 1
+    assert "FAIL cudastack::scan[/opt/app/bin/train]" in capsys.readouterr().out
+    assert main(["tree", "--image", str(tmp_path / "nothing"), "/bin/sh"]) == 2
+    assert "cudastack tree: error: " in capsys.readouterr().err

@@ -8,11 +8,33 @@ the image (``"image"``) and, for each finding about an image file, its layer and
 from __future__ import annotations
 
 import argparse
+import os
+from typing import TYPE_CHECKING
 
 from pytest_cudastack.cli.check import add_options as add_check_options
 from pytest_cudastack.cli.check import cmd_check
 
-__all__ = ["add_options", "cmd_image"]
+if TYPE_CHECKING:
+    from pytest_cudastack.stack import Stack
+
+__all__ = ["add_options", "cmd_image", "image_stack"]
+
+PLATFORM_HELP = "the image to pick from a multi-platform index (default linux/amd64)"
+
+
+def image_stack(args: argparse.Namespace) -> Stack:
+    """The stack of ``args.image`` (``tree --image``, ``why --image``): its search, its wheels; opened on first
+    use (ImageError, a CudaStackError, when it cannot be read)."""
+    # lazy: tree's warm path imports no stack
+    from pytest_cudastack.settings import Settings
+    from pytest_cudastack.stack import Stack
+
+    settings = Settings.from_values(
+        cudastack_image=os.path.abspath(args.image),
+        cudastack_image_platform=getattr(args, "platform", None),
+        cudastack_no_cache=bool(getattr(args, "no_cache", False)) or None,
+    )
+    return Stack(settings)
 
 
 def add_options(parser: argparse.ArgumentParser) -> None:
@@ -22,7 +44,7 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--platform",
         metavar="OS/ARCH[/VARIANT]",
-        help="the image to pick from a multi-platform index (default linux/amd64; as --cudastack-image-platform)",
+        help=PLATFORM_HELP + " (as --cudastack-image-platform)",
     )
 
 
