@@ -85,13 +85,29 @@ def test_second_open_reuses_the_cached_root(tmp_path: Path) -> None:
     assert sorted(os.listdir(tmp_path / "cache" / "images")) == [os.path.basename(os.path.dirname(first.root))]
 
 
-def test_rootfs_directory_is_read_in_place(tmp_path: Path) -> None:
-    (tmp_path / "rootfs" / "usr" / "lib").mkdir(parents=True)
-    image = _open(tmp_path / "rootfs", tmp_path / "cache")
+def test_rootfs_directory_is_mirrored_with_links_kept_inside(tmp_path: Path) -> None:
+    rootfs = tmp_path / "rootfs"
+    (rootfs / "usr" / "lib").mkdir(parents=True)
+    (rootfs / "usr" / "lib" / "libx.so.1.2").write_bytes(b"x")
+    (rootfs / "usr" / "lib" / "libx.so.1").symlink_to("/usr/lib/libx.so.1.2")  # absolute: the host's path
+    (rootfs / "lib").symlink_to("usr/lib")
+    (rootfs / "up").symlink_to("../../../../etc")
+    image = _open(rootfs, tmp_path / "cache")
     assert image.kind == "rootfs"
-    assert image.root == str(tmp_path / "rootfs")
+    assert image.reference == str(rootfs)
     assert image.layers == ()
-    assert not (tmp_path / "cache").exists()
+    tree = walk(image.root)
+    assert tree["usr/lib/libx.so.1"] == "-> libx.so.1.2"
+    assert tree["lib"] == "-> usr/lib"
+    assert tree["up"] == "-> etc"
+    assert os.path.realpath(os.path.join(image.root, "lib/libx.so.1")) == os.path.join(
+        image.root, "usr/lib/libx.so.1.2"
+    )
+    assert _open(rootfs, tmp_path / "cache").root == image.root  # unchanged: reused
+    (rootfs / "usr" / "lib" / "liby.so.1").write_bytes(b"y")
+    changed = _open(rootfs, tmp_path / "cache")
+    assert changed.root != image.root
+    assert walk(changed.root)["usr/lib/liby.so.1"] == "y"
 
 
 def test_multi_platform_index_picks_amd64_or_the_platform_asked(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ container runtime's start on the declared host), in the four formats, each broke
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -118,6 +119,24 @@ def test_incident_1_cuda13_binary_in_a_cuda12_image_fails_in_all_four_formats(
         ("scan[/opt/app/bin/train]", "/opt/app/bin/train"),
     ]
     assert all(v == verdicts["oci-layout"] for v in verdicts.values()), verdicts
+    # the same files as a root file system directory (no config: the binary is named by --cudastack-scan)
+    from pytest_cudastack.image.rootfs import open_image
+
+    shutil.copytree(open_image(str(tmp_path / "oci-layout")).root, tmp_path / "rootfs", symlinks=True)
+    rc = main(
+        [
+            "image",
+            str(tmp_path / "rootfs"),
+            "--json",
+            "--cuda-driver=550.54.15",
+            "--cudastack",
+            "--cudastack-scan=/opt/app/bin",
+        ]
+    )
+    payload = json.loads(capsys.readouterr().out)
+    assert rc == 1
+    assert payload["image"]["kind"] == "rootfs"
+    assert _errors(payload) == verdicts["oci-layout"]
 
 
 @needs_glibc

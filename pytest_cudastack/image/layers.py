@@ -27,7 +27,7 @@ from typing import Any
 from pytest_cudastack.image.manifest import Layer
 from pytest_cudastack.image.store import BlobStore, ImageError
 
-__all__ = ["RootWriter"]
+__all__ = ["RootWriter", "link_text"]
 
 _MAX_LINKS = 40  # symbolic links followed in one path, Linux's MAXSYMLINKS
 _GZIP = b"\x1f\x8b"
@@ -89,6 +89,20 @@ def _decompressor(raw: _Hashing, layer: Layer) -> Any:
             ) from None
         return zstd.ZstdFile(peeked, mode="rb")
     return peeked
+
+
+def link_text(parent: list[str], target: str) -> str:
+    """A symbolic link's text rewritten to stay inside the root, relative to its directory ``parent`` (the
+    link's real directory, as components from the root): an absolute target is taken from the root, ``..``
+    stops at the root, the rest is read lexically."""
+    base = [] if target.startswith("/") else list(parent)
+    for part in target.split("/"):
+        if part == "..":
+            if base:
+                base.pop()
+        elif part not in ("", "."):
+            base.append(part)
+    return os.path.relpath("/" + "/".join(base), "/" + "/".join(parent))
 
 
 class RootWriter:
@@ -173,15 +187,7 @@ class RootWriter:
                 self._opaque(child)
 
     def _link_text(self, parent: list[str], target: str) -> str:
-        """The symbolic link's text rewritten to stay inside the root, relative to its directory."""
-        base = [] if target.startswith("/") else list(parent)
-        for part in target.split("/"):
-            if part == "..":
-                if base:
-                    base.pop()
-            elif part not in ("", "."):
-                base.append(part)
-        return os.path.relpath("/" + "/".join(base), "/" + "/".join(parent))
+        return link_text(parent, target)
 
     def _entry(self, tf: tarfile.TarFile, member: tarfile.TarInfo, index: int, layer: str) -> None:
         parts = _parts(member.name, layer)

@@ -3,10 +3,11 @@
 key), and returns the ``ImageRoot`` the stack is built on: the directory, the config's environment and
 command, and which layer (digest and ``history`` step) wrote each file.
 
-A directory that holds no ``oci-layout``/``index.json``/``manifest.json`` is a root file system itself,
-read in place (it has no layers, so its findings name no layer; its absolute symbolic links are not
-rewritten). A half-built root is never used: layers are applied in a private directory renamed into place
-once every digest has been checked; a failure removes it.
+A directory that holds no ``oci-layout``/``index.json``/``manifest.json`` is a root file system itself: it
+is mirrored the same way, keyed by its path and every entry's status (each regular file hard-linked where
+the file system allows, else copied; its symbolic links rewritten to stay inside the root, as a layer's are;
+it has no layers, so its findings name none). A half-built root is never used: layers are applied in a
+private directory renamed into place once every digest has been checked; a failure removes it.
 """
 
 from __future__ import annotations
@@ -15,13 +16,14 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_cudastack.findings import Provenance
-from pytest_cudastack.image.layers import RootWriter
+from pytest_cudastack.image.layers import RootWriter, link_text
 from pytest_cudastack.image.manifest import DEFAULT_PLATFORM, ImageSource, Layer, read_source
 from pytest_cudastack.image.store import ImageError, open_store
 from pytest_cudastack.linker.elfcache import default_cache_dir
@@ -143,6 +145,62 @@ def _cached(directory: str) -> dict[str, Any] | None:
     return facts if ok and os.path.isdir(os.path.join(directory, "rootfs")) else None
 
 
+def _walk(source: str) -> list[tuple[str, os.stat_result]]:
+    """Every entry under ``source`` (relative path, lstat), parents before children; links not followed."""
+    out: list[tuple[str, os.stat_result]] = []
+    for dirpath, dirnames, filenames in os.walk(source):
+        dirnames.sort()
+        for name in [*dirnames, *sorted(filenames)]:
+            full = os.path.join(dirpath, name)
+            try:
+                out.append((os.path.relpath(full, source), os.lstat(full)))
+            except OSError:
+                continue
+    return out
+
+
+def _mirror(source: str, images: str, no_cache: bool) -> str:
+    """``source`` mirrored under ``images`` (see the module's docstring): the mirror's root."""
+    entries = _walk(source)
+    digest = hashlib.sha256(f"{_FORMAT}\nrootfs\n{source}".encode())
+    for rel, st in entries:
+        digest.update(f"{rel}\0{st.st_mode}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ino}\n".encode())
+    key = "rootfs-" + digest.hexdigest()[:32]
+    final = os.path.join(images, key)
+    if not no_cache and _cached(final) is not None:
+        return os.path.join(final, "rootfs")
+    os.makedirs(images, mode=0o700, exist_ok=True)
+    work = tempfile.mkdtemp(prefix=".build-", dir=images)
+    try:
+        root = os.path.join(work, "rootfs")
+        os.mkdir(root, 0o755)
+        for rel, st in entries:
+            src, dst = os.path.join(source, rel), os.path.join(root, rel)
+            if not os.path.isdir(os.path.dirname(dst)) or os.path.islink(os.path.dirname(dst)):
+                continue  # below a directory that could not be mirrored
+            if stat.S_ISDIR(st.st_mode):
+                os.mkdir(dst, 0o755)
+            elif stat.S_ISLNK(st.st_mode):
+                os.symlink(link_text(rel.split(os.sep)[:-1], os.readlink(src)), dst)
+            elif stat.S_ISREG(st.st_mode):
+                try:
+                    os.link(src, dst, follow_symlinks=False)
+                except OSError:  # another file system, or not allowed: a copy
+                    shutil.copyfile(src, dst, follow_symlinks=False)
+                    os.chmod(dst, (st.st_mode & 0o755) | 0o600)
+        with open(os.path.join(work, "image.json"), "w", encoding="utf-8") as f:
+            json.dump({"format": _FORMAT, "owner": {}, "skipped": 0}, f)
+        if os.path.isdir(final):
+            stale = final + f".stale-{os.getpid()}"
+            os.rename(final, stale)
+            shutil.rmtree(stale, ignore_errors=True)
+        os.rename(work, final)
+    except OSError as e:
+        shutil.rmtree(work, ignore_errors=True)
+        raise ImageError(f"{source}: cannot mirror the root file system under {images}: {e.strerror or e}") from e
+    return os.path.join(final, "rootfs")
+
+
 def _is_image(path: str) -> bool:
     return not os.path.isdir(path) or any(
         os.path.isfile(os.path.join(path, n)) for n in ("oci-layout", "index.json", "manifest.json")
@@ -162,8 +220,9 @@ def open_image(
     if not os.path.exists(path):
         raise ImageError(f"{path}: no such file or directory")
     if not _is_image(path):
-        root = os.path.abspath(path)
-        return ImageRoot(root, root, "rootfs", _env({}), path=root, platform=platform)
+        top = os.path.abspath(path)
+        mirrored = _mirror(top, os.path.join(cache_dir or default_cache_dir(), "images"), no_cache)
+        return ImageRoot(mirrored, top, "rootfs", _env({}), path=top, platform=platform)
     store = open_store(path)
     try:
         source = read_source(store, platform)
