@@ -407,6 +407,7 @@ def test_pytest_judges_the_image_with_items_and_markers(
     result.assert_outcomes(passed=6, failed=3, skipped=3)
     result.stdout.fnmatch_lines(
         [
+            "cudastack: image example.com/app:1 | driver 550.54.15 (declared) | *",
             "PASSED*test_has_cuda12",
             "FAILED cudastack::driver*",
             "FAILED cudastack::scan[[]/opt/app/bin/train[]]*",
@@ -436,3 +437,14 @@ def test_tree_why_snapshot_and_check_take_image(
     assert "FAIL cudastack::scan[/opt/app/bin/train]" in capsys.readouterr().out
     assert main(["tree", "--image", str(tmp_path / "nothing"), "/bin/sh"]) == 2
     assert "cudastack tree: error: " in capsys.readouterr().err
+
+
+def test_pytest_with_an_unreadable_image_is_a_usage_error(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+    (pytester.path / "broken.tar").write_bytes(b"not an image")
+    pytester.makepyfile("def test_x(): pass\n")
+    result = pytester.runpytest("-p", "pytest_cudastack.plugin", "--cudastack", "--cudastack-image=broken.tar")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--cudastack-image: *broken.tar: not a tar archive or image directory*"])
