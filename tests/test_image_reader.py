@@ -82,7 +82,26 @@ def test_second_open_reuses_the_cached_root(tmp_path: Path) -> None:
     rebuilt = _open(out, tmp_path / "cache", no_cache=True)
     assert rebuilt.root == first.root
     assert not marker.exists()
-    assert sorted(os.listdir(tmp_path / "cache" / "images")) == [os.path.basename(os.path.dirname(first.root))]
+    # the image's root and its lower layers' root (kept for an image whose top layer changes)
+    assert len(os.listdir(tmp_path / "cache" / "images")) == 2
+    assert os.path.basename(os.path.dirname(first.root)) in os.listdir(tmp_path / "cache" / "images")
+
+
+def test_a_changed_top_layer_is_the_only_layer_read_again(tmp_path: Path) -> None:
+    first = build_image(tmp_path / "v1", [BASE, TOP])
+    _open(first, tmp_path / "cache")
+    second = build_image(tmp_path / "v2", [BASE, [*TOP, Entry("opt/app/v2", data=b"2")]])
+    base_blob = json.loads((second / "index.json").read_text())  # corrupt the unchanged lower layer's blob:
+    manifest = json.loads((second / "blobs" / "sha256" / base_blob["manifests"][0]["digest"][7:]).read_bytes())
+    (second / "blobs" / "sha256" / manifest["layers"][0]["digest"][7:]).write_bytes(b"not read again")
+    image = _open(second, tmp_path / "cache")
+    tree = walk(image.root)
+    assert tree["opt/app/v2"] == "2"
+    assert tree["usr/lib/libkeep.so.1"] == "keep2"
+    assert "usr/lib/libgone.so.1" not in tree
+    assert image.origin("/etc/hostname").created_by == "RUN step 0"  # type: ignore[union-attr]
+    with pytest.raises(ImageError, match=r"digest mismatch|truncated or corrupt"):  # read when not cached
+        _open(second, tmp_path / "other-cache")
 
 
 def test_rootfs_directory_is_mirrored_with_links_kept_inside(tmp_path: Path) -> None:

@@ -104,29 +104,84 @@ def _words(value: Any) -> tuple[str, ...]:
     return tuple(str(w) for w in value) if isinstance(value, list) else ()
 
 
-def _cache_key(source: ImageSource) -> str:
-    chain = "\n".join(f"{layer.digest}|{layer.diff_id}|{layer.member}" for layer in source.layers)
+def _chain_key(layers: tuple[Layer, ...]) -> str:
+    """The cache key of the root these layers make, bottom first."""
+    chain = "\n".join(f"{layer.digest}|{layer.diff_id}|{layer.member}" for layer in layers)
     return hashlib.sha256(f"{_FORMAT}\n{chain}".encode()).hexdigest()[:32]
 
 
-def _materialise(source: ImageSource, store: Any, images: str, key: str) -> None:
-    """Apply every layer in a private directory beside the final one, then rename it into place."""
+def _cache_key(source: ImageSource) -> str:
+    return _chain_key(source.layers)
+
+
+def _link_copy(src: str, dst: str) -> None:
+    """A copy of the tree ``src`` at ``dst`` whose files are hard links (both in the cache directory): applying
+    a layer replaces a file, never writes into it, so the copy shares the unchanged files' bytes."""
+    os.mkdir(dst, 0o755)
+    for dirpath, dirnames, filenames in os.walk(src):
+        rel = os.path.relpath(dirpath, src)
+        here = dst if rel == "." else os.path.join(dst, rel)
+        for name in dirnames + filenames:
+            s, d = os.path.join(dirpath, name), os.path.join(here, name)
+            if os.path.islink(s):
+                os.symlink(os.readlink(s), d)
+            elif os.path.isdir(s):
+                os.mkdir(d, 0o755)
+            else:
+                os.link(s, d, follow_symlinks=False)
+
+
+def _install(work: str, final: str) -> None:
+    """Rename the built directory ``work`` to ``final`` (a previous one is replaced: --no-cache, or a
+    concurrent run; the newest wins)."""
+    if os.path.isdir(final):
+        stale = final + f".stale-{os.getpid()}"
+        os.rename(final, stale)
+        shutil.rmtree(stale, ignore_errors=True)
+    os.rename(work, final)
+
+
+def _write_facts(directory: str, writer: RootWriter) -> None:
+    with open(os.path.join(directory, "image.json"), "w", encoding="utf-8") as f:
+        json.dump({"format": _FORMAT, "owner": writer.owner, "skipped": writer.skipped}, f)
+
+
+def _base(source: ImageSource, images: str, no_cache: bool) -> tuple[int, str | None, dict[str, Any] | None]:
+    """The longest cached root of the image's lower layers (an image whose top layers changed, the lower
+    ones not): how many layers it holds, its directory and facts; (0, None, None) when there is none."""
+    for count in range(len(source.layers) - 1, 0, -1) if not no_cache else ():
+        directory = os.path.join(images, _chain_key(source.layers[:count]))
+        facts = _cached(directory)
+        if facts is not None:
+            return count, directory, facts
+    return 0, None, None
+
+
+def _materialise(source: ImageSource, store: Any, images: str, key: str, no_cache: bool = False) -> None:
+    """Apply the layers in a private directory beside the final one, then rename it into place. The root of
+    all layers but the top one is kept too (hard links): re-checking an image whose top layer changed
+    applies only that layer to a copy of it."""
     os.makedirs(images, mode=0o700, exist_ok=True)
     work = tempfile.mkdtemp(prefix=".build-", dir=images)
     try:
         writer = RootWriter(os.path.join(work, "rootfs"))
-        os.mkdir(writer.root, 0o755)
-        for index, layer in enumerate(source.layers):
-            writer.apply(store, layer, index)
-        facts = {"format": _FORMAT, "owner": writer.owner, "skipped": writer.skipped}
-        with open(os.path.join(work, "image.json"), "w", encoding="utf-8") as f:
-            json.dump(facts, f)
-        final = os.path.join(images, key)
-        if os.path.isdir(final):  # --no-cache, or a concurrent run: the newest wins
-            stale = final + f".stale-{os.getpid()}"
-            os.rename(final, stale)
-            shutil.rmtree(stale, ignore_errors=True)
-        os.rename(work, final)
+        start, base, facts = _base(source, images, no_cache)
+        if base is not None and facts is not None:
+            _link_copy(os.path.join(base, "rootfs"), writer.root)
+            writer.owner = {str(k): int(v) for k, v in facts["owner"].items() if isinstance(v, int)}
+            writer.skipped = int(facts.get("skipped", 0))
+        else:
+            os.mkdir(writer.root, 0o755)
+        top = len(source.layers) - 1
+        for index in range(start, len(source.layers)):
+            if index == top and index > 0 and index > start:  # keep the lower layers' root for next time
+                lower = tempfile.mkdtemp(prefix=".build-", dir=images)
+                _link_copy(writer.root, os.path.join(lower, "rootfs"))
+                _write_facts(lower, writer)
+                _install(lower, os.path.join(images, _chain_key(source.layers[:index])))
+            writer.apply(store, source.layers[index], index)
+        _write_facts(work, writer)
+        _install(work, os.path.join(images, key))
     except OSError as e:
         shutil.rmtree(work, ignore_errors=True)
         raise ImageError(f"{source.path}: cannot materialise the image under {images}: {e.strerror or e}") from e
@@ -230,7 +285,7 @@ def open_image(
         key = _cache_key(source)
         facts = None if no_cache else _cached(os.path.join(images, key))
         if facts is None:
-            _materialise(source, store, images, key)
+            _materialise(source, store, images, key, no_cache)
             facts = _cached(os.path.join(images, key))
         if facts is None:
             raise ImageError(f"{path}: the materialised image under {images} cannot be read back")
