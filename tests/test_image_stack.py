@@ -448,3 +448,14 @@ def test_pytest_with_an_unreadable_image_is_a_usage_error(
     result = pytester.runpytest("-p", "pytest_cudastack.plugin", "--cudastack", "--cudastack-image=broken.tar")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--cudastack-image: *broken.tar: not a tar archive or image directory*"])
+
+
+@needs_glibc
+@pytest.mark.parametrize("rpm", [True, False], ids=["rpm-database", "none"])
+def test_an_rpm_database_is_said_to_be_unread(
+    parts: Parts, tmp_path: Path, capsys: pytest.CaptureFixture[str], rpm: bool
+) -> None:
+    layers = [_base(parts), [Entry("var/lib/rpm/rpmdb.sqlite", data=b"SQLite format 3\x00")] if rpm else []]
+    _rc, payload = _check(tmp_path, capsys, layers, "--cuda-driver=550.54.15")
+    infos = [f["subject"] for f in _findings(payload, "container") if "rpm" in f["message"]]
+    assert infos == (["/var/lib/rpm"] if rpm else [])

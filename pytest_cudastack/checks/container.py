@@ -14,6 +14,7 @@
   driver's, and forward compatibility then works only on the GPUs NVIDIA supports it on (WARNING naming the
   rule); a compat libcuda not newer than the host's that the image's own search reaches anyway
   (``LD_LIBRARY_PATH``) replaces the host's driver: CUDA error 803 (ERROR);
+- rpm's database is not read (an INFO where the image has one);
 - a stub driver library (``.../stubs/libcuda.so``, soname ``libcuda.so.1``) reachable at run time: through
   ``LD_LIBRARY_PATH`` under its soname, or through an ``ld.so.conf`` directory (``ldconfig``, which the
   runtime runs at start, indexes files by soname): the process gets the stub, not the driver (ERROR).
@@ -310,4 +311,20 @@ def run(stack: StackView, target: Target | None = None) -> tuple[Finding, ...]:
     out += _baked(image, stack.driver, data)
     out += _compat(stack, image, data)
     out += _stubs(stack, image)
+    out += _unread_databases(image)
     return tuple(out)
+
+
+def _unread_databases(image: ImageRoot) -> list[Finding]:
+    """An INFO per OS package database this check does not read (rpm's): what it installed is judged as the
+    image's own files (its binaries scanned, its libraries owned by no package)."""
+    return [
+        Finding(
+            CHECK,
+            Severity.INFO,
+            path,
+            "rpm's package database is not read: files an rpm installed are judged as the image's own",
+        )
+        for path in ("/var/lib/rpm", "/usr/lib/sysimage/rpm")
+        if os.path.isdir(image.host(path))
+    ][:1]
