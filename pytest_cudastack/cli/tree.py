@@ -309,8 +309,9 @@ def cmd_tree(args: argparse.Namespace) -> int:
 def _image_trees(args: argparse.Namespace, paths: list[str], gpu: bool) -> int:
     """``tree --image IMAGE PATH...``: each PATH (a path in the image) resolved by the image's search, owners
     from its wheels; no closure cache (the image's root is its own cache entry)."""
-    # lazy: only an image's tree opens an image
+    # lazy: only an image's tree opens an image (and its GPU code, with --gpu-code)
     from pytest_cudastack.cli.image import image_stack
+    from pytest_cudastack.cuda.gpucode import with_gpu_code
     from pytest_cudastack.errors import CudaStackError
 
     stack = image_stack(args)
@@ -323,8 +324,6 @@ def _image_trees(args: argparse.Namespace, paths: list[str], gpu: bool) -> int:
             for t in trees:
                 d = t.to_json()
                 if gpu:
-                    from pytest_cudastack.cuda.gpucode import with_gpu_code  # lazy, as above
-
                     with_gpu_code(d, fatbins)
                 rows.append(json.dumps(d))
             _write_trees(rows)
