@@ -459,3 +459,26 @@ def test_an_rpm_database_is_said_to_be_unread(
     _rc, payload = _check(tmp_path, capsys, layers, "--cuda-driver=550.54.15")
     infos = [f["subject"] for f in _findings(payload, "container") if "rpm" in f["message"]]
     assert infos == (["/var/lib/rpm"] if rpm else [])
+
+
+@needs_glibc
+@pytest.mark.parametrize(
+    ("caps", "errors"),
+    [("utility", 1), ("compute,utility", 0), ("all", 0), (None, 0), ("", 0)],
+    ids=["utility-only", "compute", "all", "unset-default", "empty-default"],
+)
+def test_driver_capabilities_without_compute(
+    parts: Parts, tmp_path: Path, capsys: pytest.CaptureFixture[str], caps: str | None, errors: int
+) -> None:
+    env = [*ENV, f"NVIDIA_DRIVER_CAPABILITIES={caps}"] if caps is not None else ENV
+    layers = [_base(parts), [Entry("opt/app/bin/train", data=parts.train12)]]
+    _rc, payload = _check(tmp_path, capsys, layers, "--cuda-driver=550.54.15", env=env)
+    found = [f for f in _findings(payload, "container") if f["subject"] == "NVIDIA_DRIVER_CAPABILITIES"]
+    assert [f["severity"] for f in found] == ["error"] * errors
+    if errors:
+        assert found[0]["remedies"][0] == {
+            "kind": "env",
+            "variable": "NVIDIA_DRIVER_CAPABILITIES",
+            "value": "compute,utility",
+            "why": "mount libcuda",
+        }

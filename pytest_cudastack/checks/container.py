@@ -14,6 +14,7 @@
   driver's, and forward compatibility then works only on the GPUs NVIDIA supports it on (WARNING naming the
   rule); a compat libcuda not newer than the host's that the image's own search reaches anyway
   (``LD_LIBRARY_PATH``) replaces the host's driver: CUDA error 803 (ERROR);
+- ``NVIDIA_DRIVER_CAPABILITIES`` without ``compute`` where the image needs CUDA: no libcuda is mounted (ERROR);
 - rpm's database is not read (an INFO where the image has one);
 - a stub driver library (``.../stubs/libcuda.so``, soname ``libcuda.so.1``) reachable at run time: through
   ``LD_LIBRARY_PATH`` under its soname, or through an ``ld.so.conf`` directory (``ldconfig``, which the
@@ -30,6 +31,7 @@ from pytest_cudastack.cuda.compat import load_compat, min_driver_for_cuda
 from pytest_cudastack.cuda.container import (
     HostFacts,
     RuntimeData,
+    driver_capabilities,
     evaluate,
     first_term,
     load_runtime,
@@ -311,8 +313,34 @@ def run(stack: StackView, target: Target | None = None) -> tuple[Finding, ...]:
     out += _baked(image, stack.driver, data)
     out += _compat(stack, image, data)
     out += _stubs(stack, image)
+    out += _capabilities(stack, image, data)
     out += _unread_databases(image)
     return tuple(out)
+
+
+def _capabilities(stack: StackView, image: ImageRoot, data: RuntimeData) -> list[Finding]:
+    """``NVIDIA_DRIVER_CAPABILITIES`` without ``compute`` (nor ``all``) in an image whose binaries or wheels
+    need CUDA: the runtime mounts no libcuda, and the CUDA they load finds no driver."""
+    caps = driver_capabilities(image.env, data)
+    if caps is None or "compute" in caps:
+        return []
+    needs = [n for inference in stack.inferences for n in inference.needs]
+    if not needs:
+        return []
+    compute = [lib for lib, cap in data.library_capability if cap == "compute"]
+    value = image.env.get(data.capabilities_variable, "")
+    return [
+        Finding(
+            CHECK,
+            Severity.ERROR,
+            data.capabilities_variable,
+            f"{data.capabilities_variable}={value} leaves out compute: the runtime mounts none of "
+            f"{', '.join(compute[:3])}, ..., and {needs[0].subject} needs CUDA ({needs[0].evidence})",
+            cause="the NVIDIA runtime mounts a driver library only for a capability the image asks for",
+            remedies=(Env(data.capabilities_variable, ",".join(sorted({*caps, "compute"})), why="mount libcuda"),),
+            facts=Facts(required="compute", found=value, objects=(needs[0].subject,)),
+        )
+    ]
 
 
 def _unread_databases(image: ImageRoot) -> list[Finding]:

@@ -23,6 +23,7 @@ __all__ = [
     "HostFacts",
     "RuntimeData",
     "compare_version",
+    "driver_capabilities",
     "evaluate",
     "first_term",
     "load_runtime",
@@ -33,7 +34,10 @@ __all__ = [
 
 DATA_FILE = "container_runtime.json"
 SHAPE = DataShape(
-    "container_runtime.schema.json", {"driver_libraries": ("library",)}, ("requirements", "compat"), says=True
+    "container_runtime.schema.json",
+    {"driver_libraries": ("library",)},
+    ("requirements", "compat", "capabilities"),
+    says=True,
 )
 _OPERATORS = ("<=", ">=", "!=", "=", "<", ">")
 _PREDICATE = re.compile(r"([A-Za-z_]+)(<=|>=|!=|=|<|>)(.+)")
@@ -50,6 +54,10 @@ class RuntimeData:
     compat_dir: str
     compat_library: str
     driver_libraries: tuple[str, ...]
+    capabilities_variable: str = "NVIDIA_DRIVER_CAPABILITIES"
+    default_capabilities: tuple[str, ...] = ("utility", "compute")
+    all_capabilities: str = "all"
+    library_capability: tuple[tuple[str, str], ...] = ()  # (library, capability that mounts it)
 
 
 def validate_runtime(raw: Any, source: str = DATA_FILE) -> RuntimeData:
@@ -64,6 +72,10 @@ def validate_runtime(raw: Any, source: str = DATA_FILE) -> RuntimeData:
         str(compat["directory"]).rstrip("/"),
         str(compat["library"]),
         tuple(str(row["library"]) for row in data["driver_libraries"]),
+        str(data["capabilities"]["variable"]),
+        tuple(str(c) for c in data["capabilities"]["default"]),
+        str(data["capabilities"]["all"]),
+        tuple((str(row["library"]), str(row["capability"])) for row in data["driver_libraries"]),
     )
 
 
@@ -96,6 +108,21 @@ def requirements(env: Mapping[str, str], data: RuntimeData | None = None) -> tup
         if found:
             out.append((rules.legacy, f"cuda>={found[1]}.{found[2]}"))
     return tuple(out)
+
+
+def driver_capabilities(env: Mapping[str, str], data: RuntimeData | None = None) -> frozenset[str] | None:
+    """The driver capabilities the runtime mounts for an image with environment ``env`` (None: all of them):
+    the variable's comma-separated value when set and non-empty, all for a legacy image that does not set it,
+    the default (``utility,compute``) otherwise (``getDriverCapabilities``)."""
+    rules = data or load_runtime()
+    value = env.get(rules.capabilities_variable)
+    legacy = bool(env.get(rules.legacy)) and not env.get(rules.require_prefix + "CUDA")
+    if value is None and legacy:
+        return None
+    if not value:
+        return frozenset(rules.default_capabilities)
+    caps = frozenset(c.strip() for c in value.split(",") if c.strip())
+    return None if rules.all_capabilities in caps else caps
 
 
 @dataclass(frozen=True)
