@@ -273,3 +273,15 @@ def test_truncated_archive(tmp_path: Path) -> None:
     out.write_bytes(data[: len(data) // 2])
     with pytest.raises(ImageError):
         _open(out, tmp_path / "cache")
+
+
+def test_concurrent_opens_share_one_root(tmp_path: Path) -> None:
+    """xdist workers opening one image at once: each gets a usable root, the first one installed is kept."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    out = build_image(tmp_path / "img", [BASE, TOP])
+    with ThreadPoolExecutor(4) as pool:
+        roots = list(pool.map(lambda _: _open(out, tmp_path / "cache").root, range(4)))
+    assert len(set(roots)) == 1
+    assert walk(roots[0])["usr/lib/libkeep.so.1"] == "keep2"
+    assert not [n for n in os.listdir(tmp_path / "cache" / "images") if n.startswith(".build-")]

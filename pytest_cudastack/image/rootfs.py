@@ -131,14 +131,20 @@ def _link_copy(src: str, dst: str) -> None:
                 os.link(s, d, follow_symlinks=False)
 
 
-def _install(work: str, final: str) -> None:
-    """Rename the built directory ``work`` to ``final`` (a previous one is replaced: --no-cache, or a
-    concurrent run; the newest wins)."""
-    if os.path.isdir(final):
+def _install(work: str, final: str, replace: bool = False) -> None:
+    """Rename the built directory ``work`` to ``final``. One already there (a concurrent run, an xdist worker
+    beside this one) is kept and ``work`` dropped, since its reader may be using it; ``replace`` (--no-cache)
+    replaces it."""
+    if os.path.isdir(final) and replace:
         stale = final + f".stale-{os.getpid()}"
         os.rename(final, stale)
         shutil.rmtree(stale, ignore_errors=True)
-    os.rename(work, final)
+    try:
+        os.rename(work, final)
+    except OSError:
+        if not os.path.isdir(final):
+            raise
+        shutil.rmtree(work, ignore_errors=True)  # another run installed the same root first
 
 
 def _write_facts(directory: str, writer: RootWriter) -> None:
@@ -181,7 +187,7 @@ def _materialise(source: ImageSource, store: Any, images: str, key: str, no_cach
                 _install(lower, os.path.join(images, _chain_key(source.layers[:index])))
             writer.apply(store, source.layers[index], index)
         _write_facts(work, writer)
-        _install(work, os.path.join(images, key))
+        _install(work, os.path.join(images, key), replace=no_cache)
     except OSError as e:
         shutil.rmtree(work, ignore_errors=True)
         raise ImageError(f"{source.path}: cannot materialise the image under {images}: {e.strerror or e}") from e
@@ -245,11 +251,7 @@ def _mirror(source: str, images: str, no_cache: bool) -> str:
                     os.chmod(dst, (st.st_mode & 0o755) | 0o600)
         with open(os.path.join(work, "image.json"), "w", encoding="utf-8") as f:
             json.dump({"format": _FORMAT, "owner": {}, "skipped": 0}, f)
-        if os.path.isdir(final):
-            stale = final + f".stale-{os.getpid()}"
-            os.rename(final, stale)
-            shutil.rmtree(stale, ignore_errors=True)
-        os.rename(work, final)
+        _install(work, final, replace=no_cache)
     except OSError as e:
         shutil.rmtree(work, ignore_errors=True)
         raise ImageError(f"{source}: cannot mirror the root file system under {images}: {e.strerror or e}") from e
