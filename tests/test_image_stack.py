@@ -482,3 +482,26 @@ def test_driver_capabilities_without_compute(
             "value": "compute,utility",
             "why": "mount libcuda",
         }
+
+
+@needs_glibc
+def test_unchanged_files_keep_their_elf_facts_across_a_top_layer_change(parts: Parts, tmp_path: Path) -> None:
+    from pytest_cudastack.settings import Settings
+    from pytest_cudastack.stack import Stack
+
+    app = [Entry("opt/app/bin/train", data=parts.train12)]
+    v1 = build_image(tmp_path / "v1", [_base(parts), app], env=ENV)
+    v2 = build_image(tmp_path / "v2", [_base(parts), [*app, Entry("opt/app/VERSION", data=b"2")]], env=ENV)
+    first = Stack(Settings(cudastack_image=str(v1)))
+    assert first.tree("/opt/app/bin/train").missing == ()
+    first.flush_cache()
+    second = Stack(Settings(cudastack_image=str(v2)))
+    tree = second.tree("/opt/app/bin/train")
+    assert second.image is not None
+    assert first.image is not None
+    assert second.image.root != first.image.root
+    assert tree.missing == ()
+    # the lower layer's libraries are hard links to the same inodes: read from the cache; the top layer's
+    # binary is a new file
+    assert second.cache.misses == 1
+    assert second.cache.hits >= 2

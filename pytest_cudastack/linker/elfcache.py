@@ -157,6 +157,13 @@ class ElfCache:
         _log().info("ignoring foreign or outdated %s %s", what, file)
         return {}, True
 
+    def _slot(self, path: str, host: str) -> str:
+        """The entry's name: an image file's is its image path (``image:/usr/lib/x``), so that the root of
+        an image whose top layer changed (its unchanged files hard links to the same inodes) finds them."""
+        if self.root is None or not host.startswith(self.root + "/"):
+            return host
+        return "image:" + host[len(self.root) :]
+
     def in_root(self, path: str) -> str:
         """``path`` as this cache reads it: under ``root`` for an image (see ``__init__``), else as given."""
         if self.root is None or not path.startswith("/") or path.startswith(self.root + "/"):
@@ -189,7 +196,9 @@ class ElfCache:
         from pytest_cudastack.linker.elf import ElfInfo, read_elf
 
         host = self.in_root(path)
-        return self._as_asked(path, self._cached(host, host, "info", read_elf, ElfInfo.from_json, symbols=False))
+        return self._as_asked(
+            path, self._cached(host, self._slot(path, host), "info", read_elf, ElfInfo.from_json, symbols=False)
+        )
 
     def fatbin(self, path: str) -> Fatbin:
         """Cached :func:`~pytest_cudastack.linker.fatbin.read_fatbin`, under the same key and rules as
@@ -201,7 +210,10 @@ class ElfCache:
         # fatbin section): a fact cached by an earlier rule is not this reader's answer
         host = self.in_root(path)
         return self._as_asked(
-            path, self._cached(host, f"fatbin-v2:{host}", "fatbin", read_fatbin, Fatbin.from_json, symbols=False)
+            path,
+            self._cached(
+                host, f"fatbin-v2:{self._slot(path, host)}", "fatbin", read_fatbin, Fatbin.from_json, symbols=False
+            ),
         )
 
     def tool_version(self, path: str) -> ToolVersion:
@@ -212,7 +224,10 @@ class ElfCache:
 
         host = self.in_root(path)
         return self._as_asked(
-            path, self._cached(host, f"tool:{host}", "tool", read_tool_version, ToolVersion.from_json, symbols=False)
+            path,
+            self._cached(
+                host, f"tool:{self._slot(path, host)}", "tool", read_tool_version, ToolVersion.from_json, symbols=False
+            ),
         )
 
     def read_strings(self, path: str) -> StringFacts:
@@ -224,7 +239,10 @@ class ElfCache:
 
         host = self.in_root(path)
         return self._as_asked(
-            path, self._cached(host, f"strings:{host}", "strings", read_strings, StringFacts.from_json, symbols=False)
+            path,
+            self._cached(
+                host, f"strings:{self._slot(path, host)}", "strings", read_strings, StringFacts.from_json, symbols=False
+            ),
         )
 
     def read_symbols(self, path: str) -> SymbolFacts:
@@ -236,7 +254,8 @@ class ElfCache:
 
         host = self.in_root(path)
         return self._as_asked(
-            path, self._cached(host, host, "symbols", read_symbols, SymbolFacts.from_json, symbols=True)
+            path,
+            self._cached(host, self._slot(path, host), "symbols", read_symbols, SymbolFacts.from_json, symbols=True),
         )
 
     def _cached(
@@ -273,6 +292,9 @@ class ElfCache:
                     got = from_json(value)
                 except ElfError:
                     got = None
+                if got is not None and got.path != path and "image:/" in slot:
+                    # the same inode, size and mtime under another root of the image: the same file
+                    got = self._as_asked(path, got)
                 if got is not None and got.path == path:
                     self.hits += 1
                     return got
