@@ -16,6 +16,7 @@ __all__ = [
     "Finding",
     "Manual",
     "Pip",
+    "Provenance",
     "Rebuild",
     "Remedy",
     "SearchPath",
@@ -282,6 +283,23 @@ class Facts:
 
 
 @dataclass(frozen=True)
+class Provenance:
+    """Where a file of a deployment image comes from: the layer (its digest) that wrote ``path`` and that
+    layer's ``history`` step (``created_by``: the Dockerfile line), so a fix can name the step to change."""
+
+    path: str
+    layer: str
+    created_by: str = ""
+
+    def render(self) -> str:
+        step = f" ({self.created_by})" if self.created_by else ""
+        return f"{self.path}: from layer {self.layer}{step}"
+
+    def to_json(self) -> dict[str, str]:
+        return {"path": self.path, "layer": self.layer, "created_by": self.created_by}
+
+
+@dataclass(frozen=True)
 class Finding:
     """One problem (or notable fact) about the stack.
 
@@ -305,6 +323,7 @@ class Finding:
     details: tuple[str, ...] = field(default=())
     distributions: tuple[str, ...] = ()
     facts: Facts = field(default_factory=Facts)
+    provenance: tuple[Provenance, ...] = ()  # an image's files it names: their layers (stack.py fills it)
 
     @property
     def failing(self) -> bool:
@@ -351,6 +370,7 @@ class Finding:
             "chain": list(self.chain),
             "details": list(self.details),
             "distributions": list(self.distributions),
+            "provenance": [p.to_json() for p in self.provenance],
         }
 
     @classmethod
@@ -367,6 +387,10 @@ class Finding:
             details=tuple(data.get("details", ())),
             distributions=tuple(data.get("distributions", ())),
             facts=Facts.from_json(data.get("facts", {})),
+            provenance=tuple(
+                Provenance(str(p["path"]), str(p["layer"]), str(p.get("created_by", "")))
+                for p in data.get("provenance", ())
+            ),
         )
 
     def render(self, *, compact: bool = False, plan_step: str | None = None) -> str:
@@ -401,6 +425,7 @@ class Finding:
         lines.extend(f"  {_clip(d)}" for d in details)
         if len(self.details) > len(details):
             lines.append(f"  ... {len(self.details) - len(details)} more ({'-v or --json' if compact else '--json'})")
+        lines.extend(f"  from: {_clip(p.render())}" for p in self.provenance[:limit])
         if plan_step is not None:  # the run's plan prints each command once; the finding points at it
             lines.append(f"  fix: {plan_step}")
             return "\n".join(lines)

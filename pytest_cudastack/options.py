@@ -160,6 +160,15 @@ def _modules(raw: Any) -> tuple[str, ...]:
     return tuple(out)
 
 
+def _platform(raw: Any) -> str:
+    """``linux/amd64``, ``linux/arm64/v8``: an OCI platform, os/architecture[/variant]."""
+    text = str(_text(raw)).strip()
+    parts = text.split("/")
+    if not 2 <= len(parts) <= 3 or not all(p and p.replace("_", "").isalnum() for p in parts):
+        raise ValueError(f"{text!r} is not a platform (os/architecture[/variant], e.g. linux/amd64)")
+    return text
+
+
 # the table -------------------------------------------------------------------------------------------
 
 OPTIONS: tuple[Option, ...] = (
@@ -267,6 +276,25 @@ OPTIONS: tuple[Option, ...] = (
         env="CUDASTACK_BASELINE",
         metavar="FILE",
         path=True,
+    ),
+    Option(
+        "cudastack_image",
+        ("--cudastack-image",),
+        "judge this deployment image instead of this machine: a root file system directory, an OCI image "
+        "layout, an oci-archive or a docker save tarball (read offline; nothing in it is run)",
+        _file,
+        env="CUDASTACK_IMAGE",
+        metavar="PATH",
+        path=True,
+    ),
+    Option(
+        "cudastack_image_platform",
+        ("--cudastack-image-platform",),
+        "the platform to pick from a multi-platform image index (default linux/amd64)",
+        _platform,
+        default="linux/amd64",
+        env="CUDASTACK_IMAGE_PLATFORM",
+        metavar="OS/ARCH[/VARIANT]",
     ),
     # design.md spells it --no-cache; the prefixed spelling matches every other option of the plugin. Its ini
     # key is a "string" read by parse_bool, as the environment is ("invalid boolean ...").

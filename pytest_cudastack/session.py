@@ -159,6 +159,15 @@ def _check_files(settings: Settings) -> None:
         why = output_problem(settings.cudastack_snapshot)
         if why is not None:
             raise pytest.UsageError(f"{settings.named('cudastack_snapshot')}: {settings.cudastack_snapshot}: {why}")
+    if settings.cudastack_image:
+        # lazy: only a run judging an image reads one; opened here (materialised in the cache, which the
+        # stack then reuses) so that an image that cannot be read is a usage error before collection
+        from pytest_cudastack.image.rootfs import open_image
+
+        try:
+            open_image(settings.cudastack_image, settings.cudastack_image_platform)
+        except CudaStackError as e:
+            raise pytest.UsageError(f"{settings.named('cudastack_image')}: {e}") from e
     summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if summary:
         why = output_problem(summary, append=True)
@@ -462,6 +471,8 @@ def header_lines(stack: Stack, verbose: int = 0) -> list[str]:
     d = stack.driver
     driver = f"driver {d.version} ({d.source})" if d.version else f"driver none ({short_reason(d.reason)})"
     parts = [driver, f"CUDA <= {d.cuda_version}" if d.cuda_version else "CUDA: unknown"]
+    if stack.image is not None:
+        parts.insert(0, f"image {stack.image.reference}")
     if d.gpus:
         names = sorted({g.name for g in d.gpus})
         parts.append(f"GPUs: {len(d.gpus)} x {', '.join(names)}")

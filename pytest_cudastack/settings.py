@@ -73,6 +73,8 @@ class Settings:
     cudastack_unmet: str = _default("cudastack_unmet")
     cudastack_snapshot: str | None = _default("cudastack_snapshot")
     cudastack_baseline: str | None = _default("cudastack_baseline")
+    cudastack_image: str | None = _default("cudastack_image")
+    cudastack_image_platform: str = _default("cudastack_image_platform")
     cudastack_no_cache: bool = _default("cudastack_no_cache")
     sources: tuple[tuple[str, str], ...] = field(default=(), compare=False)
 

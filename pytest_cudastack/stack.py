@@ -17,6 +17,7 @@ import os
 import socket
 import sys
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
@@ -27,7 +28,10 @@ from pytest_cudastack.checks.integrity import integrity_findings
 from pytest_cudastack.checks.scan import scan_walk
 from pytest_cudastack.cuda.driver import declared_driver, linker_finder, probe_driver
 from pytest_cudastack.errors import DataError, UnreadableFile
-from pytest_cudastack.findings import Finding
+from pytest_cudastack.findings import Finding, Provenance
+from pytest_cudastack.image.pythons import image_interpreter, image_site_dirs
+from pytest_cudastack.image.rootfs import ImageRoot, open_image
+from pytest_cudastack.image.targets import image_binaries
 from pytest_cudastack.linker.elfcache import ElfCache
 from pytest_cudastack.linker.resolver import Resolver, SearchConfig
 from pytest_cudastack.model.fingerprint import library_files, stack_fingerprint
@@ -36,6 +40,7 @@ from pytest_cudastack.model.needs import infer_binary, infer_shipped, infer_whee
 from pytest_cudastack.model.reach import ProjectImports, Reachability, project_imports
 from pytest_cudastack.schemacheck import first_error
 from pytest_cudastack.settings import Settings
+from pytest_cudastack.wheels.dpkg import file_packages
 from pytest_cudastack.wheels.inventory import installed_wheels
 from pytest_cudastack.wheels.requirements import Requirements, requirement_facts
 
@@ -114,7 +119,9 @@ class Stack:
 
     ``rootdir`` is where relative scan paths start and what display names are relative to; ``site_paths``
     restricts the wheel inventory (default: ``sys.path``); ``host_root`` is where the probe reads ``/proc``
-    and ``/sys`` (tests pass a fake root).
+    and ``/sys`` (tests pass a fake root). ``image`` (else ``--cudastack-image``, opened on first use) is a
+    deployment image judged instead of this machine: its root, environment, Pythons and binaries replace this
+    machine's (see :attr:`image`).
     """
 
     def __init__(
@@ -127,9 +134,11 @@ class Stack:
         rootdir: str = ".",
         site_paths: tuple[str, ...] | None = None,
         host_root: str = "/",
+        image: ImageRoot | None = None,
     ) -> None:
         self.settings = settings or Settings()
         self.host_root = host_root
+        self._image = image
         self.rootdir = rootdir
         self._driver_info = driver_info
         self._probe = probe
@@ -153,8 +162,9 @@ class Stack:
             return declared_driver(s.cuda_driver, s.cuda_arch)
         probed = self._probe() if self._probe is not None else None
         if probed is None:
-            # no owner: naming libcuda's distribution would build the inventory just to probe the driver
-            linker = Resolver(SearchConfig.from_environment(), reader=self.cache.read)
+            # no owner: naming libcuda's distribution would build the inventory just to probe the driver; an
+            # image's run reads the image through its cache, and the probe this machine's files
+            linker = Resolver(SearchConfig.from_environment(), reader=None if self.image else self.cache.read)
             probed = probe_driver(find=linker_finder(linker), root=self.host_root)
         if s.cuda_driver is None and not s.cuda_arch:
             return probed
@@ -164,7 +174,10 @@ class Stack:
     def cache(self) -> ElfCache:
         """The one ELF cache of this stack's run: every layer that parses ELF files reads through it, and
         :meth:`flush_cache` writes it once."""
-        return self._cache or ElfCache(enabled=False if self.settings.cudastack_no_cache else None)
+        if self._cache is not None:
+            return self._cache
+        image = self.image
+        return ElfCache(enabled=False if self.settings.cudastack_no_cache else None, root=image.root if image else None)
 
     def flush_cache(self) -> None:
         """Write the ELF cache if this session read anything through it."""
@@ -172,7 +185,29 @@ class Stack:
             self.cache.flush()
 
     @cached_property
+    def image(self) -> ImageRoot | None:
+        """The deployment image judged instead of this machine (``--cudastack-image``), read once
+        (``image.rootfs.open_image``: its layers materialised in the cache directory, by digest); None for
+        this machine. In an image, the linker's search is the image's (its root, ``ld.so.conf``/``ld.so.cache``
+        and the config's ``LD_LIBRARY_PATH`` and ``WorkingDir``), the wheels are those of its Pythons
+        (``image.pythons``) with its dpkg database, and the scanned binaries its own (``image.targets``);
+        its findings name the layer of each image file they name. ImageError when it cannot be read."""
+        if self._image is not None:
+            return self._image
+        path = self.settings.cudastack_image
+        if path is None:
+            return None
+        return open_image(
+            os.path.join(self.rootdir, path),
+            self.settings.cudastack_image_platform,
+            no_cache=self.settings.cudastack_no_cache,
+        )
+
+    @cached_property
     def inventory(self) -> Inventory:
+        image = self.image
+        if image is not None:
+            return installed_wheels(image_site_dirs(image), reader=self.cache.read, dpkg_root=image.root)
         return installed_wheels(self._site_paths, reader=self.cache.read)
 
     @cached_property
@@ -182,10 +217,22 @@ class Stack:
 
     @cached_property
     def resolver(self) -> Resolver:
-        return Resolver(SearchConfig.from_environment(), reader=self.cache.read, owner=self._owner)
+        image = self.image
+        if image is None:
+            return Resolver(SearchConfig.from_environment(), reader=self.cache.read, owner=self._owner)
+        config = replace(SearchConfig.from_environment(image.env, root=image.root), cwd=image.workdir)
+        return Resolver(config, reader=self.cache.read, owner=self._owner)
+
+    @cached_property
+    def interpreter(self) -> str | None:
+        """The Python that imports the inventory's modules: None for this one (``sys.executable``), an image's
+        first ``python3`` on its ``PATH`` (host path under its root) for an image."""
+        image = self.image
+        return image_interpreter(image) if image is not None else None
 
     def _owner(self, path: str) -> str | None:
-        return self.inventory.owner(path)
+        image = self.image
+        return self.inventory.owner(image.host(path) if image is not None and path.startswith("/") else path)
 
     @cached_property
     def requirements(self) -> Requirements:
@@ -223,10 +270,16 @@ class Stack:
         return CudaWheels(self.inventory)
 
     def find(self, soname: str) -> Library:
-        return self.resolver.find(soname)  # as a DT_NEEDED of the running Python executable
+        """``soname`` as a DT_NEEDED of the running Python executable; in an image, of the program it runs
+        first: its Python, else its first binary (a search without a loader of its own: no RPATH)."""
+        image = self.image
+        if image is None:
+            return self.resolver.find(soname)
+        loader = self.interpreter or next((path for _, path in self.scan_targets), None)
+        return self.resolver.find(soname, loader=self.resolver.logical(loader) if loader else "/")
 
     def tree(self, path: str) -> Tree:
-        path = os.path.abspath(path)
+        path = path if self.image is not None else os.path.abspath(path)
         if path not in self._trees:
             self._trees[path] = self.resolver.tree(path)
         return self._trees[path]
@@ -236,7 +289,13 @@ class Stack:
 
     @cached_property
     def _scan_walk(self) -> tuple[tuple[Target, ...], tuple[Target, ...]]:
-        return scan_walk(self.settings.cudastack_scan, self.rootdir)
+        image = self.image
+        if image is None:
+            return scan_walk(self.settings.cudastack_scan, self.rootdir)
+        # an image's own binaries, then --cudastack-scan paths taken inside the image root
+        given = scan_walk([p.lstrip("/") for p in self.settings.cudastack_scan], image.root)
+        named = tuple(("/" + name, path) for name, path in given[0])
+        return image_binaries(image, file_packages(image.root)) + named, given[1]
 
     @property
     def scan_targets(self) -> tuple[Target, ...]:
@@ -277,8 +336,40 @@ class Stack:
         once per stack: the item, the repair plan and ``run_checks`` read the same findings."""
         key = (check, target)
         if key not in self._findings:
-            self._findings[key] = lookup(check).run(self, target)
+            found = lookup(check).run(self, target)
+            self._findings[key] = found if self.image is None else tuple(self._with_provenance(f) for f in found)
         return self._findings[key]
+
+    def _with_provenance(self, finding: Finding) -> Finding:
+        """``finding`` as an image's finding: the paths of its path fields (subject, objects, chain, places
+        looked in) that name a file under the image's root (the wheel inventory lists those) named by their
+        image paths, and the layer and history step of each image file it names (for a link, also of the file
+        it leads to)."""
+        image = self.image
+        if image is None:
+            return finding
+
+        def logical(path: str) -> str:
+            return image.image_path(path) or path
+
+        facts = replace(finding.facts, objects=tuple(logical(p) for p in finding.facts.objects))
+        finding = replace(
+            finding,
+            subject=logical(finding.subject),
+            chain=tuple(logical(p) for p in finding.chain),
+            where=tuple(logical(p) for p in finding.where),
+            facts=facts,
+        )
+        found: dict[str, Provenance] = {}
+        for path in (finding.subject, *facts.objects, *finding.chain) if image.layers else ():
+            if not path.startswith("/"):
+                continue
+            host = image.host(path)
+            for candidate in (host, os.path.realpath(host)):
+                origin = image.origin(candidate) if image.image_path(candidate) is not None else None
+                if origin is not None:
+                    found.setdefault(origin.path, origin)
+        return replace(finding, provenance=tuple(found.values())) if found else finding
 
     def run_checks(self) -> dict[str, tuple[Finding, ...]]:
         """Every invariant item the settings turn on and that has something to check, as the plugin names them

@@ -17,7 +17,7 @@ import jsonschema
 import pytest
 
 import pytest_cudastack
-from pytest_cudastack.cuda import compat, dlopen, driversyms, frameworks, gpucode, toolchain
+from pytest_cudastack.cuda import compat, container, dlopen, driversyms, frameworks, gpucode, toolchain
 from pytest_cudastack.errors import DataError
 from pytest_cudastack.model import torchindex
 
@@ -34,6 +34,7 @@ FILES: list[tuple[str, Callable[[Any, str], object], str, str]] = [
     ("cuda/data/dlopen_targets.json", dlopen.validate_preloads, "preloads", "sources"),
     ("cuda/data/driver_symbols.json", driversyms.validate_entry_points, "rows", "source"),
     ("model/data/torch_indexes.json", torchindex.validate_indexes, "indexes", "sources"),
+    ("cuda/data/container_runtime.json", container.validate_runtime, "driver_libraries", "sources"),
 ]
 IDS = [f"{Path(f).stem}:{table}" for f, _, table, _ in FILES]
 
@@ -100,4 +101,4 @@ def test_schemas_load_once_on_first_use() -> None:
     datafile._schema.cache_clear()
     for name, validate, _, _ in FILES:
         validate(_raw(name), name)
-    assert datafile._schema.cache_info().misses == 7
+    assert datafile._schema.cache_info().misses == 8

@@ -54,6 +54,7 @@ def test_registry_order_and_descriptions_are_the_items():
         "cuda-max": "nothing requires a CUDA newer than 12.9",
         "cuda-min": "nothing is built for a CUDA older than 12.0",
         "driver": "the driver supports the CUDA the stack requires",
+        "container": "the NVIDIA container runtime starts the image on the declared host, with the host's driver",
         "arch": "GPU code runs on the target architectures",
         "requirements": "Requires-Dist present and pins met, framework version rules hold, no shadowed copy",
         "toolchain": "the compiler tools each framework runs accept what the stack emits",

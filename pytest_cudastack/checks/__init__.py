@@ -160,6 +160,12 @@ CHECKS: Mapping[str, Check] = registry(
         skip=_LazySkip("driver"),
     ),
     Check(
+        "container",
+        "the NVIDIA container runtime starts the image on the declared host, with the host's driver",
+        _Lazy("container"),
+        lambda o: o.cudastack and o.cudastack_image is not None,
+    ),
+    Check(
         "arch",
         "GPU code runs on the target architectures",
         _Lazy("arch"),
@@ -190,7 +196,7 @@ CHECKS: Mapping[str, Check] = registry(
         "scan",
         "every DT_NEEDED resolves here",
         _Lazy("scan"),
-        lambda o: bool(o.cudastack_scan),
+        lambda o: bool(o.cudastack_scan) or o.cudastack_image is not None,  # an image's own binaries
         targets=lambda stack: (*stack.scan_targets, *stack.scan_dirs),
     ),
 )

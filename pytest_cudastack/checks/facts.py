@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from pytest_cudastack.cuda.driver import DriverInfo
     from pytest_cudastack.findings import Finding
+    from pytest_cudastack.image.rootfs import ImageRoot
     from pytest_cudastack.linker.elfcache import ElfCache
     from pytest_cudastack.linker.fatbin import Fatbin
     from pytest_cudastack.linker.resolver import Resolver, Tree
@@ -52,6 +53,9 @@ class Options(Protocol):
     def cudastack_baseline(self) -> str | None: ...
 
     @property
+    def cudastack_image(self) -> str | None: ...
+
+    @property
     def cudastack_imports(self) -> tuple[str, ...]: ...
 
     @property
@@ -70,6 +74,16 @@ class StackView(Protocol):
 
     @property
     def driver(self) -> DriverInfo: ...
+
+    @property
+    def image(self) -> ImageRoot | None:
+        """The deployment image judged instead of this machine (``--cudastack-image``), else None."""
+        ...
+
+    @property
+    def interpreter(self) -> str | None:
+        """The Python that imports the inventory's modules; None: this one (``sys.executable``)."""
+        ...
 
     @property
     def inventory(self) -> Inventory: ...

@@ -958,16 +958,22 @@ def run(stack: StackView, target: Target | None = None) -> tuple[Finding, ...]:
     (:func:`~pytest_cudastack.model.reach.judge_reach`)."""
     cache = stack.cache
     driver = stack.driver
-    found = extension_symbol_findings(
-        stack.inventory,
-        stack.resolver,
-        cache.read_symbols,
-        verdicts=cache,
-        driver=driver,
-        elf_read=cache.read,
-        pycache=cache,
-        trees=stack.module_trees,
-    )
+    # an image's files are named by their image paths, which the remembered verdicts' file status (os.stat)
+    # cannot see: an image's run recomputes them (its ELF facts stay cached)
+    verdicts = cache if stack.image is None else None
+    found: tuple[Finding, ...] = ()
+    if stack.image is None or stack.interpreter is not None:  # an image without a Python imports nothing
+        found = extension_symbol_findings(
+            stack.inventory,
+            stack.resolver,
+            cache.read_symbols,
+            interpreter=stack.interpreter,
+            verdicts=verdicts,
+            driver=driver,
+            elf_read=cache.read,
+            pycache=cache,
+            trees=stack.module_trees,
+        )
     from pytest_cudastack.model.reach import judge_reach  # lazy: see TYPE_CHECKING above
 
     # an unbound reference is an ERROR when an import that will happen loads its needer (facts.objects[0])
@@ -975,5 +981,5 @@ def run(stack: StackView, target: Target | None = None) -> tuple[Finding, ...]:
     for name, path in stack.scan_targets:
         if os.path.lexists(path):
             tree = stack.tree(path)
-            out.extend(binary_symbol_findings(tree, name, cache.read_symbols, stack.inventory, cache, driver))
+            out.extend(binary_symbol_findings(tree, name, cache.read_symbols, stack.inventory, verdicts, driver))
     return tuple(out)

@@ -24,7 +24,7 @@ EPILOG = """exit status:
   1  findings: an ERROR finding, a library not found, a failed import, drift
   2  usage or environment error: a bad option or value, an unreadable file or configuration"""
 
-_OPTIONS_OF = ("check", "snapshot")  # subcommands that take pytest's cudastack options
+_OPTIONS_OF = ("check", "snapshot", "image")  # subcommands that take pytest's cudastack options
 
 
 def _subcommand(name: str) -> ModuleType:
@@ -84,6 +84,17 @@ def _site_options(common: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return site
 
 
+def _image_option(parser: argparse.ArgumentParser) -> None:
+    """``--image PATH`` and ``--platform`` of ``tree`` and ``why`` (here, not in ``image.py``: building the
+    parser must not import the checks)."""
+    parser.add_argument(
+        "--image",
+        metavar="PATH",
+        help="answer inside this deployment image (rootfs directory, OCI layout, oci-archive, docker save)",
+    )
+    parser.add_argument("--platform", metavar="OS/ARCH[/VARIANT]", help="the image to pick from a multi-platform index")
+
+
 def build_parser(check_options: bool = True) -> argparse.ArgumentParser:
     """The whole parser; ``check_options=False`` leaves out ``check``'s and ``snapshot``'s pytest options,
     whose import the other subcommands need not pay for."""
@@ -119,6 +130,7 @@ def build_parser(check_options: bool = True) -> argparse.ArgumentParser:
         help="where the dynamic linker would load every needed library from",
     )
     tree.add_argument("paths", nargs="+", metavar="PATH")
+    _image_option(tree)
     tree.add_argument(
         "--gpu-code",
         action=argparse.BooleanOptionalAction,
@@ -133,6 +145,7 @@ def build_parser(check_options: bool = True) -> argparse.ArgumentParser:
         help="where SONAME would load from, and which distributions ship it",
     )
     why.add_argument("soname")
+    _image_option(why)
 
     loaded = sub.add_parser(
         "loaded",
@@ -162,9 +175,18 @@ def build_parser(check_options: bool = True) -> argparse.ArgumentParser:
         help="write the stack as JSON, as the plugin's --cudastack-snapshot would here",
     )
     snapshot.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of standard output")
+    image = sub.add_parser(
+        "image",
+        formatter_class=_Formatter,
+        parents=[project_site, as_json],
+        help="run the invariant checks on a deployment image (rootfs, OCI layout, oci-archive, docker save)",
+    )
     if check_options:
         _subcommand("check").add_options(check)
         _subcommand("snapshot").add_options(snapshot)
+        _subcommand("image").add_options(image)
+        for takes_image in (check, snapshot):  # --image: the CLI's spelling of --cudastack-image
+            takes_image.add_argument("--image", dest="cudastack_image", metavar="PATH", help=argparse.SUPPRESS)
 
     diff = sub.add_parser("diff", formatter_class=_Formatter, parents=[common, as_json], help="compare two snapshots")
     diff.add_argument("a", metavar="A")

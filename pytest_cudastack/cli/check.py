@@ -36,13 +36,13 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-v", "--verbose", action="count", default=0, help="show infos and every finding in full")
 
 
-def cmd_check(args: argparse.Namespace) -> int:
+def cmd_check(args: argparse.Namespace, prog: str = "check") -> int:
     """``cudastack check``: with none of --cudastack/--cuda-max/--cuda-min/--cudastack-scan/--cudastack-baseline,
-    all the built-in items (as --cudastack)."""
+    all the built-in items (as --cudastack). ``prog``: the subcommand its messages name (``image`` runs it)."""
     try:
         settings, config = project_settings(args)
     except CudaStackError as e:
-        print(f"cudastack check: error: {e}", file=sys.stderr)
+        print(f"cudastack {prog}: error: {e}", file=sys.stderr)
         return 2
     # the declared target (--cuda-driver, --cuda-arch) turns on its own item in pytest; here it is what the
     # whole check is evaluated against
@@ -63,7 +63,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         if settings.cudastack_snapshot:
             write_snapshot(stack, settings.cudastack_snapshot)
     except CudaStackError as e:
-        print(f"cudastack check: error: {e}", file=sys.stderr)
+        print(f"cudastack {prog}: error: {e}", file=sys.stderr)
         return 2
     finally:
         stack.flush_cache()
@@ -79,10 +79,15 @@ def cmd_check(args: argparse.Namespace) -> int:
             "skipped": skipped,
             "repair": [plan.to_json() for plan in plans],
         }
+        if stack.image is not None:
+            payload["image"] = stack.image.to_json()
         print(json.dumps(payload, indent=2))
         return 1 if failing else 0
     paint = painter_for(getattr(args, "color", None), sys.stdout)
     verbose = int(getattr(args, "verbose", 0) or 0)
+    if stack.image is not None:  # which image was judged, one line
+        image = stack.image
+        print(f"image {image.reference} ({image.kind}, {image.platform}, {len(image.layers)} layers)")
     print("\n".join(render_check(order, results, skipped, plans, verbose=verbose, paint=paint)))
     return 1 if failing else 0
 

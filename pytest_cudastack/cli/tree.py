@@ -282,6 +282,8 @@ def cmd_tree(args: argparse.Namespace) -> int:
     # containers, cuBLASLt's) double a cold run, past its target of 0.25x ldd; the facts are cached like the
     # ELF facts. `--no-gpu-code` is accepted too, for scripts that say what they want
     gpu: bool = getattr(args, "gpu_code", False)
+    if getattr(args, "image", None):
+        return _image_trees(args, paths, gpu)
     # a PATH that cannot be opened is the README's "unreadable input" (exit 2), not a finding about a file:
     # its tree is still printed, with why, among the others
     unreadable = [why for why in map(_unreadable, dict.fromkeys(paths)) if why is not None]
@@ -321,6 +323,38 @@ def _tree_text(paths: list[str], site: Sequence[str] | None, gpu: bool) -> int:
     cache.flush()  # after the fatbin reads: they are cached too
     for text in texts:
         sys.stdout.write(text)
+    return 1 if any(t.missing or t.problems for t in trees) else 0
+
+
+def _image_trees(args: argparse.Namespace, paths: list[str], gpu: bool) -> int:
+    """``tree --image IMAGE PATH...``: each PATH (a path in the image) resolved by the image's search, owners
+    from its wheels; no closure cache (the image's root is its own cache entry)."""
+    # lazy: only an image's tree opens an image (and its GPU code, with --gpu-code)
+    from pytest_cudastack.cli.image import image_stack
+    from pytest_cudastack.cuda.gpucode import with_gpu_code
+    from pytest_cudastack.errors import CudaStackError
+
+    stack = image_stack(args)
+    try:
+        trees = [stack.tree(p if p.startswith("/") else "/" + p) for p in paths]
+        code = _gpu_text(stack.cache) if gpu else None
+        if getattr(args, "json", False):
+            fatbins = _memo_fatbin(stack.cache)
+            rows = []
+            for t in trees:
+                d = t.to_json()
+                if gpu:
+                    with_gpu_code(d, fatbins)
+                rows.append(json.dumps(d))
+            _write_trees(rows)
+        else:
+            for t in trees:
+                render_tree(t, sys.stdout, code)
+    except CudaStackError as e:
+        print(f"cudastack tree: error: {e}", file=sys.stderr)
+        return 2
+    finally:
+        stack.flush_cache()
     return 1 if any(t.missing or t.problems for t in trees) else 0
 
 

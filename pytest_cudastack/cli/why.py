@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
 from pytest_cudastack.cli.colour import Painter, painter_for
+from pytest_cudastack.errors import CudaStackError
 from pytest_cudastack.linker.elf import ElfInfo
 from pytest_cudastack.linker.elfcache import ElfCache
 from pytest_cudastack.linker.resolver import Library, Resolver, SearchConfig
@@ -188,9 +189,27 @@ def render_why(data: dict[str, Any], out: TextIO, paint: Painter | None = None) 
         out.write("shipped by: no installed distribution\n")
 
 
+def _in_image(args: argparse.Namespace) -> tuple[Library, list[Library], Inventory | None]:
+    """``why --image``: the soname searched as the image's program and each consumer in the image's wheels
+    needs it, by the image's search."""
+    # lazy: only an image's why opens an image
+    from pytest_cudastack.cli.image import image_stack
+
+    stack = image_stack(args)
+    try:
+        inv = stack.inventory
+        executable = stack.find(args.soname)
+        loaders = consumers_of(args.soname, inv, stack.cache.read)
+        consumers = [stack.resolver.find(args.soname, loader=stack.resolver.logical(p)) for p in loaders]
+    finally:
+        stack.flush_cache()
+    return executable, consumers, inv
+
+
 def cmd_why(args: argparse.Namespace) -> int:
-    """``cudastack why SONAME [--json] [--site DIR]``: exit 1 when no load on this machine would find it, 2
-    for a path: a file's own closure is ``cudastack tree PATH``'s answer (a soname never holds a ``/``)."""
+    """``cudastack why SONAME [--json] [--site DIR | --image IMAGE]``: exit 1 when no load on this machine (or
+    in the image) would find it, 2 for a path: a file's own closure is ``cudastack tree PATH``'s answer (a soname
+    never holds a ``/``)."""
     if "/" in args.soname:
         print(
             f"cudastack why: error: {args.soname}: a path; why takes a soname (libcudnn.so.9) and says where it "
@@ -198,14 +217,22 @@ def cmd_why(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    cache = ElfCache()
-    inv = _inventory(getattr(args, "site", None), cache.read)
-    resolver = Resolver(
-        SearchConfig.from_environment(), reader=cache.read, owner=inv.owner if inv is not None else None
-    )
-    executable = resolver.find(args.soname)
-    consumers = [resolver.find(args.soname, loader=p) for p in consumers_of(args.soname, inv, cache.read)]
-    cache.flush()
+    if getattr(args, "image", None):
+        inv: Inventory | None
+        try:
+            executable, consumers, inv = _in_image(args)
+        except CudaStackError as e:
+            print(f"cudastack why: error: {e}", file=sys.stderr)
+            return 2
+    else:
+        cache = ElfCache()
+        inv = _inventory(getattr(args, "site", None), cache.read)
+        resolver = Resolver(
+            SearchConfig.from_environment(), reader=cache.read, owner=inv.owner if inv is not None else None
+        )
+        executable = resolver.find(args.soname)
+        consumers = [resolver.find(args.soname, loader=p) for p in consumers_of(args.soname, inv, cache.read)]
+        cache.flush()
     data = _why_data(args.soname, executable, consumers, inv)
     if getattr(args, "json", False):
         json.dump(data, sys.stdout, indent=1)

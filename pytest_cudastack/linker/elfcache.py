@@ -100,8 +100,11 @@ class ElfCache:
     to :func:`default_cache_dir`, ``enabled`` to ``CUDASTACK_NO_CACHE != "1"``, both as the environment is
     when the cache is created."""
 
-    def __init__(self, directory: str | None = None, enabled: bool | None = None) -> None:
+    def __init__(self, directory: str | None = None, enabled: bool | None = None, root: str | None = None) -> None:
         self.directory = directory if directory is not None else default_cache_dir()
+        # an image's root: every absolute path read through this cache names a file of the image (a model's
+        # path such as /usr/lib/x is read under the root; a path already under it is read as it is)
+        self.root = root.rstrip("/") if root is not None and root.rstrip("/") else None
         self.enabled = enabled if enabled is not None else os.environ.get("CUDASTACK_NO_CACHE", "") != "1"
         self.file = os.path.join(self.directory, CACHE_FILE)
         self._entries: dict[str, dict[str, Any]] | None = None
@@ -154,6 +157,31 @@ class ElfCache:
         _log().info("ignoring foreign or outdated %s %s", what, file)
         return {}, True
 
+    def _slot(self, path: str, host: str) -> str:
+        """The entry's name: an image file's is its image path (``image:/usr/lib/x``), so that the root of
+        an image whose top layer changed (its unchanged files hard links to the same inodes) finds them."""
+        if self.root is None or not host.startswith(self.root + "/"):
+            return host
+        return "image:" + host[len(self.root) :]
+
+    def in_root(self, path: str) -> str:
+        """``path`` as this cache reads it: under ``root`` for an image (see ``__init__``), else as given."""
+        if self.root is None or not path.startswith("/") or path.startswith(self.root + "/"):
+            return path
+        return self.root + path
+
+    @staticmethod
+    def _as_asked(path: str, facts: _Fact) -> _Fact:
+        """``facts`` read from an image's file, naming it as the model asked (its image path), as a read of
+        ``path`` itself would: the checks key what they read by the paths their trees name."""
+        if getattr(facts, "path", path) != path:
+            # lazy: tree's warm path imports this module and never reads an image (no dataclasses import)
+            import dataclasses
+
+            if dataclasses.is_dataclass(facts):
+                return dataclasses.replace(facts, path=path)
+        return facts
+
     def refuse(self, why: str) -> None:
         """The cache file or its directory is not this user's alone (or is no regular file): a forged entry
         could decide a check, so the cache is off for this run, with one warning (the first call's; the
@@ -167,7 +195,10 @@ class ElfCache:
         # lazy: tree's warm path imports this module and never parses or logs
         from pytest_cudastack.linker.elf import ElfInfo, read_elf
 
-        return self._cached(path, path, "info", read_elf, ElfInfo.from_json, symbols=False)
+        host = self.in_root(path)
+        return self._as_asked(
+            path, self._cached(host, self._slot(path, host), "info", read_elf, ElfInfo.from_json, symbols=False)
+        )
 
     def fatbin(self, path: str) -> Fatbin:
         """Cached :func:`~pytest_cudastack.linker.fatbin.read_fatbin`, under the same key and rules as
@@ -177,7 +208,13 @@ class ElfCache:
 
         # the key names the reader's rule (v2: header to header, other data sections only of files with a
         # fatbin section): a fact cached by an earlier rule is not this reader's answer
-        return self._cached(path, f"fatbin-v2:{path}", "fatbin", read_fatbin, Fatbin.from_json, symbols=False)
+        host = self.in_root(path)
+        return self._as_asked(
+            path,
+            self._cached(
+                host, f"fatbin-v2:{self._slot(path, host)}", "fatbin", read_fatbin, Fatbin.from_json, symbols=False
+            ),
+        )
 
     def tool_version(self, path: str) -> ToolVersion:
         """Cached :func:`~pytest_cudastack.linker.toolversion.read_tool_version` (the version line a CUDA tool
@@ -185,7 +222,13 @@ class ElfCache:
         # lazy: tree's warm path imports this module and never reads compiler tools
         from pytest_cudastack.linker.toolversion import ToolVersion, read_tool_version
 
-        return self._cached(path, f"tool:{path}", "tool", read_tool_version, ToolVersion.from_json, symbols=False)
+        host = self.in_root(path)
+        return self._as_asked(
+            path,
+            self._cached(
+                host, f"tool:{self._slot(path, host)}", "tool", read_tool_version, ToolVersion.from_json, symbols=False
+            ),
+        )
 
     def read_strings(self, path: str) -> StringFacts:
         """Cached :func:`~pytest_cudastack.linker.strings.read_strings` (library names in read-only data),
@@ -194,7 +237,13 @@ class ElfCache:
         # lazy: tree's warm path imports this module and never scans strings
         from pytest_cudastack.linker.strings import StringFacts, read_strings
 
-        return self._cached(path, f"strings:{path}", "strings", read_strings, StringFacts.from_json, symbols=False)
+        host = self.in_root(path)
+        return self._as_asked(
+            path,
+            self._cached(
+                host, f"strings:{self._slot(path, host)}", "strings", read_strings, StringFacts.from_json, symbols=False
+            ),
+        )
 
     def read_symbols(self, path: str) -> SymbolFacts:
         """Cached :func:`~pytest_cudastack.linker.symbols.read_symbols`, keyed and validated as :meth:`read`
@@ -203,7 +252,11 @@ class ElfCache:
         # lazy: tree's warm path imports this module and never reads symbols
         from pytest_cudastack.linker.symbols import SymbolFacts, read_symbols
 
-        return self._cached(path, path, "symbols", read_symbols, SymbolFacts.from_json, symbols=True)
+        host = self.in_root(path)
+        return self._as_asked(
+            path,
+            self._cached(host, self._slot(path, host), "symbols", read_symbols, SymbolFacts.from_json, symbols=True),
+        )
 
     def _cached(
         self,
@@ -239,6 +292,9 @@ class ElfCache:
                     got = from_json(value)
                 except ElfError:
                     got = None
+                if got is not None and got.path != path and "image:/" in slot:
+                    # the same inode, size and mtime under another root of the image: the same file
+                    got = self._as_asked(path, got)
                 if got is not None and got.path == path:
                     self.hits += 1
                     return got

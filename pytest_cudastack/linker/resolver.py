@@ -352,6 +352,13 @@ class Resolver:
         self._deps: set[str] | None = None
         self._search_deps: dict[tuple[Any, ...], frozenset[str]] = {}
 
+    def logical(self, path: str) -> str:
+        """``path`` as this resolver names files: a host path under ``config.root`` (an image's file, as the
+        wheel inventory lists it) without the root's prefix; any other path as given."""
+        if self._prefix and path.startswith(self._prefix + "/"):
+            return path[len(self._prefix) :]
+        return path
+
     # ------------------------------------------------------------------ file system, memoised
     def _host(self, logical: str) -> str:
         if not self._prefix or not logical.startswith("/"):
@@ -786,7 +793,9 @@ class Resolver:
         ``loaded``: objects already in the process (mapped by earlier imports): they satisfy a request by
         their path or DT_SONAME, or a found file by its inode, as ``_dl_map_object`` matches the namespace's
         loaded objects, without being searched or resolved again themselves (unlike ``preloaded``)."""
-        path = os.fspath(path)
+        path = self.logical(os.fspath(path))
+        preloaded = [self.logical(p) for p in preloaded]
+        loaded = [self.logical(p) for p in loaded]
         got = self._info(path)
         if isinstance(got, ElfError):
             return Tree(path, None, (), (str(got),))

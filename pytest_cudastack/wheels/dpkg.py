@@ -23,7 +23,7 @@ from types import MappingProxyType
 
 from pytest_cudastack._sysio import read_text
 
-__all__ = ["INFO_DIR", "dist_info_package", "md5sums", "md5sums_path", "reinstall_command"]
+__all__ = ["INFO_DIR", "dist_info_package", "file_packages", "md5sums", "md5sums_path", "reinstall_command"]
 
 INFO_DIR = "var/lib/dpkg/info"
 _MAX_LISTS = 100_000  # .list files read (a full desktop has ~3,000)
@@ -55,6 +55,25 @@ def _dist_info_owners(root: str) -> Mapping[str, str]:
             continue
         for line in text.splitlines():
             if line.startswith("/") and line.endswith((".dist-info", ".egg-info")) and "\x00" not in line:
+                out.setdefault(os.path.normpath(line), package)
+    return MappingProxyType(out)
+
+
+def file_packages(root: str) -> Mapping[str, str]:
+    """Every path the ``.list`` files under ``root`` name (as written: absolute in the system ``root`` is the
+    root of, normalised) -> its package (the first ``.list`` by name wins); empty without a dpkg database.
+    What an image's check asks of the files it finds: which ones a ``.deb`` installed."""
+    info = _info_dir(root)
+    try:
+        names = sorted(n for n in os.listdir(info) if n.endswith(".list"))[:_MAX_LISTS]
+    except OSError:
+        return MappingProxyType({})
+    out: dict[str, str] = {}
+    for n in names:
+        package = n[: -len(".list")]
+        text = read_text(os.path.join(info, n), limit=_MAX_LIST_BYTES) if _PACKAGE.fullmatch(package) else None
+        for line in text.splitlines() if text is not None else ():
+            if line.startswith("/") and "\x00" not in line:
                 out.setdefault(os.path.normpath(line), package)
     return MappingProxyType(out)
 

@@ -1,0 +1,166 @@
+"""Cost of ``cudastack image`` on a large image, cold and after a one-layer change, against ``tar -x`` of the
+same layers.
+
+Usage: python benchmarks/bench_image.py [DIR] [--json] [--keep WORKDIR]
+(default DIR: $CUDASTACK_TORCH_VENV). Targets (issue #21): cold <= 0.7x the time ``tar -x`` takes to unpack
+the image's layers (same run), warm after a one-layer change <= 0.1x cold.
+
+The image is an OCI layout built here with ``tarfile`` (uncompressed layers, so that building it stays
+cheap): layer 1 is DIR under /opt/venv (its Python on the image's PATH: the wheels are the image's), layer 2
+a small file. The second image differs from the first in layer 2 only. Each measurement runs
+``cudastack image IMAGE --cuda-driver=580.65.06 --cuda-arch=sm_90 --json`` in a fresh child process:
+
+* ``cold``: an empty CUDASTACK_CACHE_DIR (every layer read, digests checked, the root materialised, every
+  item run with no cached ELF fact);
+* ``warm``: the second image with the same cache directory (its lower layer's root reused, one layer read,
+  ELF facts cached).
+
+``tar -x`` unpacks both layer tars of the first image into an empty directory, in the same run. The page
+cache is not dropped: all figures are with warm pages.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from typing import Any
+
+
+def _layer(path: str, entries: list[tuple[str, str | bytes]]) -> str:
+    """Write a layer tar at ``path``: ``(arcname, source dir or file bytes)``; its sha256 digest."""
+    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tf:
+        for arcname, src in entries:
+            if isinstance(src, bytes):
+                info = tarfile.TarInfo(arcname)
+                info.size = len(src)
+                tf.addfile(info, io.BytesIO(src))
+            else:
+                tf.add(src, arcname=arcname)
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return "sha256:" + digest.hexdigest()
+
+
+def _blob(root: str, data: bytes) -> dict[str, Any]:
+    digest = hashlib.sha256(data).hexdigest()
+    with open(os.path.join(root, "blobs", "sha256", digest), "wb") as f:
+        f.write(data)
+    return {"digest": "sha256:" + digest, "size": len(data)}
+
+
+def build(out: str, layers: list[str]) -> None:
+    """An OCI layout at ``out`` of the layer tars ``layers`` (moved into its blobs)."""
+    os.makedirs(os.path.join(out, "blobs", "sha256"))
+    descs, diff_ids = [], []
+    for tar in layers:
+        digest = hashlib.sha256()
+        with open(tar, "rb") as f:
+            while chunk := f.read(1 << 20):
+                digest.update(chunk)
+        target = os.path.join(out, "blobs", "sha256", digest.hexdigest())
+        shutil.copyfile(tar, target)
+        diff_ids.append("sha256:" + digest.hexdigest())
+        descs.append(
+            {
+                "mediaType": "application/vnd.oci.image.layer.v1.tar",
+                "digest": diff_ids[-1],
+                "size": os.path.getsize(target),
+            }
+        )
+    config = {
+        "architecture": "amd64",
+        "os": "linux",
+        "config": {"Env": ["PATH=/opt/venv/bin:/usr/bin:/bin"]},
+        "rootfs": {"type": "layers", "diff_ids": diff_ids},
+        "history": [{"created_by": f"step {i}"} for i in range(len(layers))],
+    }
+    manifest = {
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", **_blob(out, json.dumps(config).encode())},
+        "layers": descs,
+    }
+    index = {
+        "schemaVersion": 2,
+        "manifests": [
+            {"mediaType": "application/vnd.oci.image.manifest.v1+json", **_blob(out, json.dumps(manifest).encode())}
+        ],
+    }
+    with open(os.path.join(out, "index.json"), "w") as f:
+        json.dump(index, f)
+    with open(os.path.join(out, "oci-layout"), "w") as f:
+        f.write('{"imageLayoutVersion": "1.0.0"}')
+
+
+def _timed(argv: list[str], env: dict[str, str]) -> float:
+    start = time.perf_counter()
+    subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+    return time.perf_counter() - start
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("dir", nargs="?", default=os.environ.get("CUDASTACK_TORCH_VENV"))
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--keep", metavar="WORKDIR", help="build in WORKDIR and keep it")
+    args = parser.parse_args()
+    if not args.dir or not os.path.isdir(args.dir):
+        print("bench_image: no directory (pass DIR or set CUDASTACK_TORCH_VENV)", file=sys.stderr)
+        return 2
+    work = args.keep or tempfile.mkdtemp(prefix="bench-image-")
+    os.makedirs(work, exist_ok=True)
+    try:
+        big = os.path.join(work, "layer1.tar")
+        _layer(big, [("opt/venv", args.dir)])
+        small1, small2 = os.path.join(work, "layer2a.tar"), os.path.join(work, "layer2b.tar")
+        _layer(small1, [("opt/app/VERSION", b"1\n")])
+        _layer(small2, [("opt/app/VERSION", b"2\n")])
+        build(os.path.join(work, "img1"), [big, small1])
+        build(os.path.join(work, "img2"), [big, small2])
+        unpack = os.path.join(work, "unpacked")
+        os.makedirs(unpack)
+        tar = _timed(["sh", "-c", f"tar -xf {big} -C {unpack} && tar -xf {small1} -C {unpack}"], dict(os.environ))
+        env = {**os.environ, "CUDASTACK_CACHE_DIR": os.path.join(work, "cache")}
+        cmd = [
+            sys.executable,
+            "-m",
+            "pytest_cudastack.cli",
+            "image",
+            "--cuda-driver=580.65.06",
+            "--cuda-arch=sm_90",
+            "--json",
+        ]
+        cold = _timed([*cmd, os.path.join(work, "img1")], env)
+        warm = _timed([*cmd, os.path.join(work, "img2")], env)
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    result = {
+        "tar_x_s": tar,
+        "cold_s": cold,
+        "warm_one_layer_s": warm,
+        "cold_vs_tar": cold / tar,
+        "warm_vs_cold": warm / cold,
+    }
+    if args.json:
+        print(json.dumps(result, indent=1))
+    else:
+        print(f"tar -x of the layers: {tar:.2f} s")
+        print(f"cudastack image, cold: {cold:.2f} s = {cold / tar:.2f}x tar -x (target <= 0.7x)")
+        print(f"cudastack image, one layer changed: {warm:.2f} s = {warm / cold:.3f}x cold (target <= 0.1x)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

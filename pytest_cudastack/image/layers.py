@@ -1,0 +1,272 @@
+"""One layer's tar stream applied to a root directory, as a container runtime's snapshotter applies it.
+
+Read in stream order (the blob is read once, compressed or not, and its digests computed as it goes):
+- ``.wh.NAME`` deletes NAME from the layers below, ``.wh..wh..opq`` hides everything the layers below put in
+  its directory (what this layer puts there stays), as the OCI image spec's "Whiteouts" section says;
+- every path is taken from the image root: a leading ``/`` is dropped, a ``..`` component refuses the layer
+  (Docker's ``breakoutError``); a parent directory reached through a symbolic link is followed *inside* the
+  root (as ``filepath-securejoin`` does for runc), so nothing is ever written outside it;
+- a symbolic link is kept as a link whose text is rewritten relative to its own directory, computed inside
+  the root (an absolute target is taken from the image root, ``..`` stops at the root): whoever follows it
+  later, ld.so's model or a plain ``open``, stays inside the image. ``a/../b`` is read lexically there;
+- a hard link links to the file of the layers so far that it names (never through a final symbolic link);
+- device nodes, FIFOs and sockets are not created (nothing here reads them); set-id bits are dropped.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import importlib
+import os
+import shutil
+import tarfile
+import zlib
+from typing import Any
+
+from pytest_cudastack.image.manifest import Layer
+from pytest_cudastack.image.store import BlobStore, ImageError
+
+__all__ = ["RootWriter", "link_text"]
+
+_MAX_LINKS = 40  # symbolic links followed in one path, Linux's MAXSYMLINKS
+_GZIP = b"\x1f\x8b"
+_ZSTD = b"\x28\xb5\x2f\xfd"
+_CHUNK = 1 << 20
+
+
+class _Hashing:
+    """A read-only stream that hashes what is read through it; ``prefix`` is returned first (bytes already
+    peeked at)."""
+
+    def __init__(self, inner: Any, prefix: bytes = b"") -> None:
+        self._inner = inner
+        self._prefix = prefix
+        self.hash = hashlib.sha256()
+        self.size = 0
+
+    def read(self, size: int = -1) -> bytes:
+        if self._prefix:
+            data = self._prefix if size < 0 else self._prefix[:size]
+            self._prefix = self._prefix[len(data) :]
+            if size < 0:
+                data += self._inner.read()
+        else:
+            data = self._inner.read(size)
+        self.hash.update(data)
+        self.size += len(data)
+        return bytes(data)
+
+    def drain(self) -> None:
+        while self.read(_CHUNK):
+            pass
+
+    @property
+    def digest(self) -> str:
+        return "sha256:" + self.hash.hexdigest()
+
+
+def _parts(name: str, layer: str) -> list[str]:
+    """The components of an entry's path from the image root; ImageError for one that climbs out."""
+    parts = [p for p in name.split("/") if p not in ("", ".")]
+    if ".." in parts:
+        raise ImageError(f"layer {layer}: entry {name!r} escapes the image root (a '..' component)")
+    return parts
+
+
+def _decompressor(raw: _Hashing, layer: Layer) -> Any:
+    head = raw.read(4)
+    peeked = _Hashing(raw, head)  # hashes nothing new: raw already counted these bytes
+    if head.startswith(_GZIP):
+        return gzip.GzipFile(fileobj=peeked, mode="rb")  # type: ignore[call-overload]
+    if head.startswith(_ZSTD):
+        try:
+            zstd = importlib.import_module("compression.zstd")  # lazy: only where the Python has it (>= 3.14)
+        except ImportError:
+            raise ImageError(
+                f"layer {layer.name} is zstd-compressed and this Python has no zstd decompressor (Python >= 3.14's "
+                "compression.zstd); re-export the image with gzip layers"
+            ) from None
+        return zstd.ZstdFile(peeked, mode="rb")
+    return peeked
+
+
+def link_text(parent: list[str], target: str) -> str:
+    """A symbolic link's text rewritten to stay inside the root, relative to its directory ``parent`` (the
+    link's real directory, as components from the root): an absolute target is taken from the root, ``..``
+    stops at the root, the rest is read lexically."""
+    base = [] if target.startswith("/") else list(parent)
+    for part in target.split("/"):
+        if part == "..":
+            if base:
+                base.pop()
+        elif part not in ("", "."):
+            base.append(part)
+    return os.path.relpath("/" + "/".join(base), "/" + "/".join(parent))
+
+
+class RootWriter:
+    """Applies layers, bottom first, to the directory ``root`` (empty at first); ``owner`` maps each file
+    and link of the merged tree (``usr/lib/x``) to the index of the layer that wrote it."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+        self.owner: dict[str, int] = {}
+        self.skipped = 0  # device nodes, FIFOs, sockets: not created
+        self._written: set[str] = set()
+        self._touched: set[str] = set()
+
+    def _host(self, parts: list[str]) -> str:
+        return os.path.join(self.root, *parts)
+
+    def _resolve(self, parts: list[str], layer: str, create: bool = False, entry: str = "") -> list[str]:
+        """``parts`` with every symbolic link followed inside the root (``..`` stops at the root): the real
+        directory a path's parent names. ``create`` makes missing directories (a tar may omit them)."""
+        done: list[str] = []
+        todo = list(parts)
+        hops = 0
+        while todo:
+            part = todo.pop(0)
+            if part in ("", "."):
+                continue
+            if part == "..":
+                if done:
+                    done.pop()
+                continue
+            host = self._host([*done, part])
+            if os.path.islink(host):
+                hops += 1
+                if hops > _MAX_LINKS:
+                    raise ImageError(f"layer {layer}: too many levels of symbolic links in {'/'.join(parts)}")
+                target = os.readlink(host)
+                if target.startswith("/"):
+                    done = []
+                todo = target.split("/") + todo
+                continue
+            if not os.path.lexists(host):
+                if not create:
+                    return [*done, part, *todo]
+                os.mkdir(host, 0o755)
+                self._touch([*done, part])
+            elif not os.path.isdir(host):
+                where = entry or "/".join(parts)
+                raise ImageError(f"layer {layer}: {where}: {'/'.join([*done, part])} is not a directory")
+            done.append(part)
+        return done
+
+    def _touch(self, parts: list[str]) -> None:
+        key = "/".join(parts)
+        self._written.add(key)
+        for i in range(1, len(parts) + 1):
+            self._touched.add("/".join(parts[:i]))
+
+    def _remove(self, parts: list[str]) -> None:
+        """Delete what ``parts`` names (never following a final link), with its provenance."""
+        host = self._host(parts)
+        key = "/".join(parts)
+        if os.path.isdir(host) and not os.path.islink(host):
+            shutil.rmtree(host)
+            prefix = key + "/"
+            for k in [k for k in self.owner if k.startswith(prefix)]:
+                del self.owner[k]
+        elif os.path.lexists(host):
+            os.unlink(host)
+        self.owner.pop(key, None)
+
+    def _opaque(self, parts: list[str]) -> None:
+        """Hide what lower layers put under ``parts``: all but what this layer wrote there."""
+        host = self._host(parts)
+        if not os.path.isdir(host) or os.path.islink(host):
+            return
+        for name in os.listdir(host):
+            child = [*parts, name]
+            child_host = self._host(child)
+            if "/".join(child) not in self._touched:
+                self._remove(child)
+            elif os.path.isdir(child_host) and not os.path.islink(child_host):
+                self._opaque(child)
+
+    def _link_text(self, parent: list[str], target: str) -> str:
+        return link_text(parent, target)
+
+    def _entry(self, tf: tarfile.TarFile, member: tarfile.TarInfo, index: int, layer: str) -> None:
+        parts = _parts(member.name, layer)
+        if not parts:
+            return
+        base = parts[-1]
+        if base.startswith(".wh."):
+            parent = self._resolve(parts[:-1], layer)
+            if base == ".wh..wh..opq":
+                self._opaque(parent)
+            elif os.path.isdir(self._host(parent)):
+                self._remove([*parent, base[4:]])
+            return
+        if not (member.isdir() or member.isreg() or member.issym() or member.islnk()):
+            self.skipped += 1
+            return
+        parent = self._resolve(parts[:-1], layer, create=True, entry=member.name)
+        here = [*parent, base]
+        host = self._host(here)
+        if member.isdir():
+            if not os.path.isdir(host) or os.path.islink(host):
+                self._remove(here)
+                os.mkdir(host, 0o755)
+            self._touch(here)
+            return
+        if member.islnk():
+            source = _parts(member.linkname, layer)
+            if not source:
+                raise ImageError(f"layer {layer}: hard link {member.name!r} to the image root")
+            src = [*self._resolve(source[:-1], layer), source[-1]]
+            src_host = self._host(src)
+            if not os.path.lexists(src_host) or (os.path.isdir(src_host) and not os.path.islink(src_host)):
+                raise ImageError(f"layer {layer}: hard link {member.name!r} to {member.linkname!r}, which is no file")
+            if src == here:
+                return
+            self._remove(here)
+            os.link(src_host, host, follow_symlinks=False)
+        else:
+            self._remove(here)
+            if member.issym():
+                os.symlink(self._link_text(parent, member.linkname), host)
+            else:
+                self._write(tf, member, host)
+        self.owner["/".join(here)] = index
+        self._touch(here)
+
+    def _write(self, tf: tarfile.TarFile, member: tarfile.TarInfo, host: str) -> None:
+        data = tf.extractfile(member)
+        fd = os.open(host, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "wb") as out:
+            if data is not None:
+                shutil.copyfileobj(data, out, _CHUNK)
+        os.chmod(host, (member.mode & 0o755) | 0o600)
+
+    def apply(self, store: BlobStore, layer: Layer, index: int) -> None:
+        """Apply ``layer`` (read from ``store``), checking its blob digest and size (its descriptor's) and its
+        uncompressed digest (the config's diff_id); ImageError naming the layer for any failure."""
+        self._written.clear()
+        self._touched.clear()
+        with store.open(layer.member) as blob:
+            raw = _Hashing(blob)
+            try:
+                plain = _Hashing(_decompressor(raw, layer))
+                with tarfile.open(fileobj=plain, mode="r|") as tf:  # type: ignore[call-overload]
+                    for member in tf:
+                        self._entry(tf, member, index, layer.name)
+                plain.drain()
+                raw.drain()
+            except ImageError:
+                raise
+            except (tarfile.TarError, EOFError, zlib.error, OSError, ValueError) as e:
+                why = e.strerror if isinstance(e, OSError) and e.strerror else str(e) or type(e).__name__
+                raise ImageError(f"layer {layer.name}: truncated or corrupt layer: {why}") from e
+        if layer.digest is not None and raw.digest != layer.digest:
+            raise ImageError(f"layer {layer.name}: digest mismatch (the blob's bytes hash to {raw.digest})")
+        if layer.size is not None and raw.size != layer.size:
+            raise ImageError(f"layer {layer.name}: size {raw.size}, its descriptor says {layer.size}")
+        if layer.diff_id is not None and plain.digest != layer.diff_id:
+            raise ImageError(
+                f"layer {layer.name}: its uncompressed tar hashes to {plain.digest}, the config's diff_id is "
+                f"{layer.diff_id}"
+            )

@@ -1,0 +1,67 @@
+"""What of an image is its own software to check: the program its ``Entrypoint``/``Cmd`` runs (looked up on
+the image's ``PATH`` as ``execvp`` looks a bare name up) and every ELF executable in its ``PATH``
+directories that no OS package installed (the distribution's own binaries are consistent by construction,
+and there are hundreds of them).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Mapping
+
+from pytest_cudastack.image.rootfs import ImageRoot
+
+__all__ = ["image_binaries"]
+
+
+def _elf_executable(host: str) -> bool:
+    try:
+        st = os.stat(host)
+        if not stat.S_ISREG(st.st_mode) or not st.st_mode & 0o111:
+            return False
+        with open(host, "rb") as f:
+            return f.read(4) == b"\x7fELF"
+    except OSError:
+        return False
+
+
+def _program(image: ImageRoot) -> str | None:
+    """The image path of the program the container runs first, None when there is none or it is not found."""
+    words = image.entrypoint or image.cmd
+    if not words:
+        return None
+    first = words[0]
+    if first.startswith("/"):
+        return first
+    if "/" in first:
+        return os.path.normpath(os.path.join(image.workdir, first))
+    for d in image.env.get("PATH", "").split(":"):
+        candidate = os.path.join(d or ".", first)
+        if d.startswith("/") and os.path.isfile(image.host(candidate)):
+            return candidate
+    return None
+
+
+def image_binaries(image: ImageRoot, packaged: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    """``(image path, host path)`` of each binary to check, the container's program first; ``packaged`` is
+    what the OS package database lists (``wheels.dpkg.file_packages``), by image path."""
+    out: dict[str, str] = {}  # host realpath -> image path
+    program = _program(image)
+    candidates: list[tuple[str, bool]] = [(program, True)] if program else []
+    for d in image.env.get("PATH", "").split(":"):
+        try:
+            names = sorted(os.listdir(image.host(d))) if d.startswith("/") else []
+        except OSError:
+            continue
+        candidates.extend((os.path.join(d, n), False) for n in names)
+    for path, always in candidates:
+        host = image.host(path)
+        real = os.path.realpath(host)
+        real_image = image.image_path(real)
+        if real_image is None or real in out or not _elf_executable(real):
+            continue
+        if not always and (path in packaged or real_image in packaged):
+            continue
+        out[real] = path
+    return tuple((path, host) for host, path in out.items())

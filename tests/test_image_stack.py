@@ -1,0 +1,507 @@
+"""`cudastack image`: a deployment image judged as a stack (its search path, binaries, dpkg database, the NVIDIA
+container runtime's start on the declared host), in the four formats, each broken image with a clean twin."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+
+import pytest_cudastack
+from pytest_cudastack.cli import main
+from pytest_cudastack.cuda.container import HostFacts, compare_version, evaluate, requirements
+from tests.helpers.elfbuild import build_exe, build_lib, needs_cc
+from tests.helpers.imagebuild import FORMATS, Entry, build_image
+
+pytestmark = needs_cc
+
+LIBC = Path("/lib/x86_64-linux-gnu/libc.so.6")
+LDSO = Path("/lib64/ld-linux-x86-64.so.2")
+needs_glibc = pytest.mark.skipif(not LIBC.exists() or not LDSO.exists(), reason="needs the x86-64 glibc")
+
+
+@dataclass(frozen=True)
+class Parts:
+    cublas12: Path
+    train13: Path  # links libcublas.so.13: incident 1
+    train12: Path  # links libcublas.so.12
+    stub: Path  # a stub libcuda: soname libcuda.so.1
+
+
+@pytest.fixture(scope="module")
+def parts(tmp_path_factory: pytest.TempPathFactory) -> Parts:
+    d = tmp_path_factory.mktemp("elf")
+    cublas12 = build_lib(d / "12" / "libcublas.so.12", soname="libcublas.so.12")
+    cublas13 = build_lib(d / "13" / "libcublas.so.13", soname="libcublas.so.13")
+    stub = build_lib(d / "stubs" / "libcuda.so", soname="libcuda.so.1")
+    return Parts(
+        cublas12, build_exe(d / "train13", needed=[cublas13]), build_exe(d / "train12", needed=[cublas12]), stub
+    )
+
+
+def _base(parts: Parts) -> list[Entry]:
+    """A Debian-like root: glibc, ld.so.conf with CUDA's directory, libcublas.so.12 (CUDA 12.9's)."""
+    return [
+        Entry("etc/ld.so.conf", data=b"include /etc/ld.so.conf.d/*.conf\n"),
+        Entry("etc/ld.so.conf.d/cuda.conf", data=b"/usr/local/cuda/lib64\n"),
+        Entry("usr/lib/x86_64-linux-gnu/libc.so.6", data=LIBC.resolve()),
+        Entry("usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2", data=LDSO.resolve()),
+        Entry("lib", "symlink", target="usr/lib"),
+        Entry("lib64/ld-linux-x86-64.so.2", "symlink", target="/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2"),
+        Entry("usr/local/cuda/lib64/libcublas.so.12", data=parts.cublas12),
+    ]
+
+
+ENV = ["PATH=/opt/app/bin:/usr/bin:/bin", "NVIDIA_REQUIRE_CUDA=cuda>=12.4"]
+
+
+def _check(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    layers: list[list[Entry]],
+    *args: str,
+    fmt: str = "oci-archive",
+    env: list[str] = ENV,
+    history: tuple[str, ...] = (),
+    name: str = "img",
+) -> tuple[int, dict[str, Any]]:
+    out = tmp_path / (name if fmt == "oci-layout" else f"{name}.tar")
+    build_image(out, layers, fmt, env=env, history=history or tuple(f"RUN step {i}" for i in range(len(layers))))
+    rc = main(["image", str(out), "--json", *args])
+    payload = json.loads(capsys.readouterr().out)
+    return rc, payload
+
+
+def _errors(payload: dict[str, Any]) -> list[tuple[str, str]]:
+    return sorted((item, f["subject"]) for item, fs in payload["items"].items() for f in fs if f["severity"] == "error")
+
+
+def _findings(payload: dict[str, Any], item: str) -> list[dict[str, Any]]:
+    return payload["items"].get(item, [])
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CUDASTACK_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+
+
+@needs_glibc
+def test_incident_1_cuda13_binary_in_a_cuda12_image_fails_in_all_four_formats(
+    parts: Parts, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    layers = [_base(parts), [Entry("opt/app/bin/train", data=parts.train13)]]
+    history = ("COPY cuda-12.9 /usr/local/cuda", "COPY build/train /opt/app/bin/train")
+    schema = json.loads((Path(pytest_cudastack.__file__).parent / "schemas" / "check.schema.json").read_text())
+    verdicts = {}
+    for fmt in FORMATS:
+        rc, payload = _check(tmp_path, capsys, layers, "--cuda-driver=550.54.15", fmt=fmt, history=history, name=fmt)
+        assert rc == 1
+        jsonschema.validate(payload, schema)
+        assert payload["image"]["reference"] == "example.com/app:1"
+        scan = _findings(payload, "scan[/opt/app/bin/train]")
+        assert [f["message"] for f in scan] == ["needs libcublas.so.13, which the dynamic linker does not find"]
+        assert scan[0]["provenance"] == [
+            {
+                "path": "/opt/app/bin/train",
+                "layer": payload["image"]["layers"][1]["digest"],
+                "created_by": "COPY build/train /opt/app/bin/train",
+            }
+        ]
+        verdicts[fmt] = _errors(payload)
+    assert verdicts["oci-layout"] == [
+        ("driver", "/opt/app/bin/train"),
+        ("scan[/opt/app/bin/train]", "/opt/app/bin/train"),
+    ]
+    assert all(v == verdicts["oci-layout"] for v in verdicts.values()), verdicts
+    # the same files as a root file system directory (no config: the binary is named by --cudastack-scan)
+    from pytest_cudastack.image.rootfs import open_image
+
+    shutil.copytree(open_image(str(tmp_path / "oci-layout")).root, tmp_path / "rootfs", symlinks=True)
+    rc = main(
+        [
+            "image",
+            str(tmp_path / "rootfs"),
+            "--json",
+            "--cuda-driver=550.54.15",
+            "--cudastack",
+            "--cudastack-scan=/opt/app/bin",
+        ]
+    )
+    payload = json.loads(capsys.readouterr().out)
+    assert rc == 1
+    assert payload["image"]["kind"] == "rootfs"
+    assert _errors(payload) == verdicts["oci-layout"]
+
+
+@needs_glibc
+def test_clean_twin_cuda12_binary_passes(parts: Parts, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    layers = [_base(parts), [Entry("opt/app/bin/train", data=parts.train12)]]
+    rc, payload = _check(tmp_path, capsys, layers, "--cuda-driver=550.54.15", "--cuda-arch=sm_90")
+    assert _errors(payload) == []
+    assert rc == 0
+    assert "scan[/opt/app/bin/train]" in payload["items"]
+
+
+@needs_glibc
+def test_text_output_names_the_layer_step(parts: Parts, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = build_image(
+        tmp_path / "img",
+        [_base(parts), [Entry("opt/app/bin/train", data=parts.train13)]],
+        env=ENV,
+        history=("COPY cuda", "COPY build/train /opt/app/bin/train"),
+    )
+    assert main(["image", str(out), "--cuda-driver=550.54.15"]) == 1
+    text = capsys.readouterr().out
+    assert text.startswith("image example.com/app:1 (oci-layout, linux/amd64, 2 layers)\n")
+    assert "from: /opt/app/bin/train: from layer sha256:" in text
+    assert "(COPY build/train /opt/app/bin/train)" in text
+
+
+@needs_glibc
+@pytest.mark.parametrize("deleted", [True, False], ids=["whiteout", "clean-twin"])
+def test_whiteout_deleting_a_needed_library(
+    parts: Parts, tmp_path: Path, capsys: pytest.CaptureFixture[str], deleted: bool
+) -> None:
+    top = [Entry("opt/app/bin/train", data=parts.train12)]
+    if deleted:
+        top.append(Entry("usr/local/cuda/lib64/libcublas.so.12", "whiteout"))
+    rc, payload = _check(tmp_path, capsys, [_base(parts), top], "--cuda-driver=550.54.15", "--cuda-arch=sm_90")
+    scan = _findings(payload, "scan[/opt/app/bin/train]")
+    if deleted:
+        assert rc == 1
+        assert [f["message"] for f in scan] == ["needs libcublas.so.12, which the dynamic linker does not find"]
+    else:
+        assert rc == 0
+        assert scan == []
+
+
+@needs_glibc
+@pytest.mark.parametrize(
+    ("host", "severity"),
+    [("550.54.15", "error"), ("535.104.05", None), (None, "warning")],
+    ids=["other-version", "clean-twin-same-version", "no-host-driver"],
+)
+def test_baked_driver_library(
+    parts: Parts, tmp_path: Path, capsys: pytest.CaptureFixture[str], host: str | None, severity: str | None
+) -> None:
+    baked = [
+        Entry("usr/lib/x86_64-linux-gnu/libnvidia-ml.so.535.104.05", data=b"\x7fELF-not-really"),
+        Entry("usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1", "symlink", target="libnvidia-ml.so.535.104.05"),
+    ]
+    args = [f"--cuda-driver={host}"] if host else []
+    _rc, payload = _check(
+        tmp_path,
+        capsys,
+        [_base(parts), baked],
+        *args,
+        "--cuda-arch=sm_90",
+        history=("FROM debian", "RUN apt-get install nvidia-utils"),
+    )
+    found = [f for f in _findings(payload, "container") if "baked" in f["message"]]
+    if severity is None:
+        assert found == []
+        return
+    assert [f["severity"] for f in found] == [severity]
+    assert found[0]["subject"] == "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.535.104.05"
+    assert found[0]["provenance"][0]["created_by"] == "RUN apt-get install nvidia-utils"
+
+
+@needs_glibc
+@pytest.mark.parametrize("in_conf", [True, False], ids=["stubs-in-ld.so.conf", "clean-twin"])
+def test_stub_libcuda_reachable_at_run_time(
+    parts: Parts, tmp_path: Path, capsys: pytest.CaptureFixture[str], in_conf: bool
+) -> None:
+    layer = [Entry("usr/local/cuda/lib64/stubs/libcuda.so", data=parts.stub)]
+    if in_conf:
+        layer.append(Entry("etc/ld.so.conf.d/zz-stubs.conf", data=b"/usr/local/cuda/lib64/stubs\n"))
+    rc, payload = _check(tmp_path, capsys, [_base(parts), layer], "--cuda-driver=550.54.15", "--cuda-arch=sm_90")
+    stubs = [f for f in _findings(payload, "container") if "stub" in f["message"]]
+    if in_conf:
+        assert rc == 1
+        assert [f["subject"] for f in stubs] == ["/usr/local/cuda/lib64/stubs/libcuda.so"]
+        assert stubs[0]["severity"] == "error"
+    else:
+        assert rc == 0
+        assert stubs == []
+
+
+@needs_glibc
+@pytest.mark.parametrize(
+    ("host", "on_path", "expect"),
+    [
+        ("580.65.06", True, "error"),  # compat older than the host's driver, on LD_LIBRARY_PATH: 803
+        ("580.65.06", False, None),  # clean twin: the runtime leaves it out
+        ("550.54.15", False, "warning"),  # forward compatibility: data-centre GPUs only
+    ],
+    ids=["compat-older-on-path", "compat-older-unused", "forward-compat"],
+)
+def test_cuda_compat_directory(
+    parts: Parts, tmp_path: Path, capsys: pytest.CaptureFixture[str], host: str, on_path: bool, expect: str | None
+) -> None:
+    libcuda = build_lib(tmp_path / "compat" / "libcuda.so.575.57.08", soname="libcuda.so.1")
+    compat = [
+        Entry("usr/local/cuda/compat/libcuda.so.575.57.08", data=libcuda),
+        Entry("usr/local/cuda/compat/libcuda.so.1", "symlink", target="libcuda.so.575.57.08"),
+    ]
+    env = [*ENV, "LD_LIBRARY_PATH=/usr/local/cuda/compat"] if on_path else ENV
+    _rc, payload = _check(
+        tmp_path, capsys, [_base(parts), compat], f"--cuda-driver={host}", "--cuda-arch=sm_90", env=env
+    )
+    found = [f for f in _findings(payload, "container") if "compat" in f["message"]]
+    assert [f["severity"] for f in found] == ([expect] if expect else [])
+
+
+@needs_glibc
+@pytest.mark.parametrize(
+    ("env", "errors"),
+    [
+        (["NVIDIA_REQUIRE_CUDA=cuda>=12.9 brand=tesla,driver>=535,driver<536"], 1),
+        (["NVIDIA_REQUIRE_CUDA=cuda>=12.4"], 0),
+        (["CUDA_VERSION=12.9.1"], 1),  # a legacy image: cuda>=12.9
+        (["CUDA_VERSION=12.9.1", "NVIDIA_DISABLE_REQUIRE=true"], 0),
+        (["NVIDIA_REQUIRE_CUDA=cuda>=12.9", "NVIDIA_REQUIRE_JETPACK=csv-mounts=all"], 1),
+    ],
+    ids=["unsatisfied", "satisfied", "legacy", "disabled", "jetpack-ignored"],
+)
+def test_nvidia_require_cuda_against_the_host_driver(
+    parts: Parts, tmp_path: Path, capsys: pytest.CaptureFixture[str], env: list[str], errors: int
+) -> None:
+    _rc, payload = _check(tmp_path, capsys, [_base(parts)], "--cuda-driver=550.54.15", env=["PATH=/usr/bin", *env])
+    found = [f for f in _findings(payload, "container") if f["severity"] == "error"]
+    assert len(found) == errors
+    if errors:
+        assert "unsatisfied condition: cuda>=12.9" in found[0]["message"]
+        assert found[0]["remedies"][0]["kind"] == "driver"
+
+
+def test_a_hostile_image_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = build_image(tmp_path / "evil", [[Entry("../../etc/evil", data=b"x")]])
+    assert main(["image", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "cudastack image: error: layer sha256:" in err
+    assert "escapes the image root" in err
+    assert "Traceback" not in err
+    assert not (tmp_path.parent / "etc" / "evil").exists()
+
+
+def test_a_missing_image_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["image", str(tmp_path / "nothing")]) == 2
+    assert "no such file or directory" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("expression", "host", "verdict"),
+    [
+        ("cuda>=12.9", HostFacts("12.4", "550.54.15"), False),
+        ("cuda>=12.4", HostFacts("12.4", "550.54.15"), True),
+        ("cuda>=12.4.0", HostFacts("12.4", "550.54.15"), True),  # trailing zeros ignored
+        ("cuda>=12.9 brand=tesla,driver>=550,driver<551", HostFacts("12.4", "550.54.15"), None),  # brand unknown
+        ("cuda>=12.9 brand=tesla,driver>=550,driver<551", HostFacts("12.4", "550.54.15", "9.0", "Tesla"), True),
+        ("cuda>=12.9 brand=tesla,driver>=535,driver<536", HostFacts("12.4", "550.54.15", "9.0", "Tesla"), False),
+        ("arch>=8.0", HostFacts("12.4", "550.54.15", "7.5"), False),
+        ("driver>=550.60", HostFacts("12.4", "550", driver_is_branch=True), None),  # the minor decides
+        ("driver>=535", HostFacts("12.4", "550", driver_is_branch=True), True),
+    ],
+)
+def test_requirement_language(expression: str, host: HostFacts, verdict: bool | None) -> None:
+    assert evaluate(expression, host) is verdict
+
+
+def test_version_comparison_as_libnvidia_container() -> None:
+    assert compare_version("12.4", "=", "12.4.0")
+    assert compare_version("12.10", ">", "12.9")
+    assert compare_version("x", "=", "1") is None
+
+
+def test_requirements_read_from_the_environment() -> None:
+    assert requirements({"NVIDIA_REQUIRE_CUDA": "cuda>=12.9", "NVIDIA_REQUIRE_ARCH": "arch>=8.0"}) == (
+        ("NVIDIA_REQUIRE_ARCH", "arch>=8.0"),
+        ("NVIDIA_REQUIRE_CUDA", "cuda>=12.9"),
+    )
+    assert requirements({"CUDA_VERSION": "11.8.0"}) == (("CUDA_VERSION", "cuda>=11.8"),)
+    assert requirements({"CUDA_VERSION": "11.8.0", "NVIDIA_DISABLE_REQUIRE": "1"}) == ()
+
+
+def _tree_entries(root: Path, under: str) -> list[Entry]:
+    """Every file below ``root`` as an entry at ``under``/its relative path."""
+    return [
+        Entry(f"{under}/{p.relative_to(root).as_posix()}", data=p.read_bytes())
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    ]
+
+
+@needs_glibc
+@pytest.mark.parametrize("cuda", ["13", "12"], ids=["module-needs-cuda13", "clean-twin"])
+def test_the_images_python_wheels_are_judged_inside_the_image(
+    parts: Parts, tmp_path: Path, capsys: pytest.CaptureFixture[str], cuda: str
+) -> None:
+    from tests.helpers.sitebuild import compile_so, site_packages, write_dist
+
+    site = site_packages(tmp_path / "prefix")
+    module = compile_so(None, needed=[f"libcublas.so.{cuda}"], pyinit="_core")
+    write_dist(
+        site, "fastops", "1.0", {"fastops/__init__.py": "from fastops import _core\n", "fastops/_core.so": module}
+    )
+    python = [
+        Entry("usr/local/bin/python3.11", data=parts.train12),
+        Entry("usr/local/bin/python3", "symlink", target="python3.11"),
+        *_tree_entries(site, "usr/local/lib/python3.11/site-packages"),
+    ]
+    env = ["PATH=/usr/local/bin:/usr/bin", "NVIDIA_REQUIRE_CUDA=cuda>=12.4"]
+    (tmp_path / "use.py").write_text("import fastops\n")  # the project imports it: a failure is an error
+    rc, payload = _check(
+        tmp_path,
+        capsys,
+        [_base(parts), python],
+        "--cuda-driver=550.54.15",
+        "--cuda-arch=sm_90",
+        env=env,
+        history=("COPY cuda", "RUN pip install fastops"),
+    )
+    closure = _findings(payload, "closure")
+    if cuda == "12":
+        assert [f for f in closure if f["severity"] == "error"] == []
+        return
+    assert rc == 1
+    missing = [f for f in closure if "libcublas.so.13" in json.dumps(f)]
+    assert missing
+    assert missing[0]["severity"] == "error"
+    assert missing[0]["facts"]["objects"] == ["/usr/local/lib/python3.11/site-packages/fastops/_core.so"]
+    assert any(p["created_by"] == "RUN pip install fastops" for f in missing for p in f["provenance"])
+
+
+@needs_glibc
+def test_pytest_judges_the_image_with_items_and_markers(
+    parts: Parts, pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from pytest_cudastack.settings import ENV as OPTION_ENV
+
+    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+    for var in OPTION_ENV.values():
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
+    layers = [_base(parts), [Entry("opt/app/bin/train", data=parts.train13)]]
+    build_image(pytester.path / "app.tar", layers, "docker-legacy", env=ENV)
+    pytester.makeini("[pytest]\ncudastack_image = app.tar\n")
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.requires_soname("libcublas.so.12")
+        def test_has_cuda12(): pass
+
+        @pytest.mark.requires_soname("libcublas.so.13")
+        def test_has_cuda13(): pass
+        """
+    )
+    result = pytester.runpytest(
+        "-p", "pytest_cudastack.plugin", "--cudastack", "--cuda-driver=550.54.15", "--cuda-arch=sm_90", "-rA"
+    )
+    result.assert_outcomes(passed=6, failed=3, skipped=3)
+    result.stdout.fnmatch_lines(
+        [
+            "cudastack: image example.com/app:1 | driver 550.54.15 (declared) | *",
+            "PASSED*test_has_cuda12",
+            "FAILED cudastack::driver*",
+            "FAILED cudastack::scan[[]/opt/app/bin/train[]]*",
+            "FAILED*test_has_cuda13*",
+        ]
+    )
+
+
+@needs_glibc
+def test_tree_why_snapshot_and_check_take_image(
+    parts: Parts, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = build_image(tmp_path / "img", [_base(parts), [Entry("opt/app/bin/train", data=parts.train13)]], env=ENV)
+    assert main(["tree", "--image", str(out), "/opt/app/bin/train", "--json"]) == 1
+    trees = json.loads(capsys.readouterr().out)["trees"]
+    libs = {x["soname"]: x["path"] for x in trees[0]["libraries"]}
+    assert libs["libcublas.so.13"] is None
+    assert libs["libc.so.6"] == "/lib/x86_64-linux-gnu/libc.so.6"
+    assert main(["why", "--image", str(out), "libcublas.so.12", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["found"]
+    assert main(["why", "--image", str(out), "libcublas.so.13"]) == 1
+    capsys.readouterr()
+    assert main(["snapshot", "--image", str(out), "--cuda-driver=550.54.15"]) == 0
+    snapshot = json.loads(capsys.readouterr().out)
+    assert [b["path"] for b in snapshot["binaries"]] == ["/opt/app/bin/train"]
+    assert main(["check", "--image", str(out), "--cuda-driver=550.54.15"]) == 1
+    assert "FAIL cudastack::scan[/opt/app/bin/train]" in capsys.readouterr().out
+    assert main(["tree", "--image", str(tmp_path / "nothing"), "/bin/sh"]) == 2
+    assert "cudastack tree: error: " in capsys.readouterr().err
+
+
+def test_pytest_with_an_unreadable_image_is_a_usage_error(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+    (pytester.path / "broken.tar").write_bytes(b"not an image")
+    pytester.makepyfile("def test_x(): pass\n")
+    result = pytester.runpytest("-p", "pytest_cudastack.plugin", "--cudastack", "--cudastack-image=broken.tar")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--cudastack-image: *broken.tar: not a tar archive or image directory*"])
+
+
+@needs_glibc
+@pytest.mark.parametrize("rpm", [True, False], ids=["rpm-database", "none"])
+def test_an_rpm_database_is_said_to_be_unread(
+    parts: Parts, tmp_path: Path, capsys: pytest.CaptureFixture[str], rpm: bool
+) -> None:
+    layers = [_base(parts), [Entry("var/lib/rpm/rpmdb.sqlite", data=b"SQLite format 3\x00")] if rpm else []]
+    _rc, payload = _check(tmp_path, capsys, layers, "--cuda-driver=550.54.15")
+    infos = [f["subject"] for f in _findings(payload, "container") if "rpm" in f["message"]]
+    assert infos == (["/var/lib/rpm"] if rpm else [])
+
+
+@needs_glibc
+@pytest.mark.parametrize(
+    ("caps", "errors"),
+    [("utility", 1), ("compute,utility", 0), ("all", 0), (None, 0), ("", 0)],
+    ids=["utility-only", "compute", "all", "unset-default", "empty-default"],
+)
+def test_driver_capabilities_without_compute(
+    parts: Parts, tmp_path: Path, capsys: pytest.CaptureFixture[str], caps: str | None, errors: int
+) -> None:
+    env = [*ENV, f"NVIDIA_DRIVER_CAPABILITIES={caps}"] if caps is not None else ENV
+    layers = [_base(parts), [Entry("opt/app/bin/train", data=parts.train12)]]
+    _rc, payload = _check(tmp_path, capsys, layers, "--cuda-driver=550.54.15", env=env)
+    found = [f for f in _findings(payload, "container") if f["subject"] == "NVIDIA_DRIVER_CAPABILITIES"]
+    assert [f["severity"] for f in found] == ["error"] * errors
+    if errors:
+        assert found[0]["remedies"][0] == {
+            "kind": "env",
+            "variable": "NVIDIA_DRIVER_CAPABILITIES",
+            "value": "compute,utility",
+            "why": "mount libcuda",
+        }
+
+
+@needs_glibc
+def test_unchanged_files_keep_their_elf_facts_across_a_top_layer_change(parts: Parts, tmp_path: Path) -> None:
+    from pytest_cudastack.settings import Settings
+    from pytest_cudastack.stack import Stack
+
+    app = [Entry("opt/app/bin/train", data=parts.train12)]
+    v1 = build_image(tmp_path / "v1", [_base(parts), app], env=ENV)
+    v2 = build_image(tmp_path / "v2", [_base(parts), [*app, Entry("opt/app/VERSION", data=b"2")]], env=ENV)
+    first = Stack(Settings(cudastack_image=str(v1)))
+    assert first.tree("/opt/app/bin/train").missing == ()
+    first.flush_cache()
+    second = Stack(Settings(cudastack_image=str(v2)))
+    tree = second.tree("/opt/app/bin/train")
+    assert second.image is not None
+    assert first.image is not None
+    assert second.image.root != first.image.root
+    assert tree.missing == ()
+    # the lower layer's libraries are hard links to the same inodes: read from the cache; the top layer's
+    # binary is a new file
+    assert second.cache.misses == 1
+    assert second.cache.hits >= 2
