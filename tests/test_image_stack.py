@@ -505,3 +505,18 @@ def test_unchanged_files_keep_their_elf_facts_across_a_top_layer_change(parts: P
     # binary is a new file
     assert second.cache.misses == 1
     assert second.cache.hits >= 2
+
+
+@pytest.mark.parametrize("listed", [True, False], ids=["dpkg-lists-it-as-/bin", "clean-twin-unlisted"])
+def test_merged_usr_image_skips_the_binaries_dpkg_lists_under_bin(
+    parts: Parts, tmp_path: Path, capsys: pytest.CaptureFixture[str], listed: bool
+) -> None:
+    """Debian bookworm is merged-/usr: /bin is a link to usr/bin, and dpkg's lists keep the .deb's path
+    (/bin/tool) for the file at /usr/bin/tool. A listed binary is the distribution's and not scanned; one no
+    .deb lists is scanned (found by the real tier: every coreutils program was scanned)."""
+    tool = Entry("usr/bin/tool", data=parts.train12, mode=0o755)
+    merged = [Entry("bin", "symlink", target="usr/bin"), tool]
+    dpkg = [Entry("var/lib/dpkg/info/tooling.list", data=b"/.\n/bin\n/bin/tool\n" if listed else b"/.\n")]
+    env = ["PATH=/usr/bin:/bin"]
+    _rc, payload = _check(tmp_path, capsys, [_base(parts), merged + dpkg], env=env)
+    assert ("scan[/usr/bin/tool]" in payload["items"]) is not listed
