@@ -152,3 +152,27 @@ def test_baked_driver_library_from_debian_s_libnvidia_ml1(
         if found and fmt != "rootfs":  # a root directory has no layers to name
             assert "baked libnvidia-ml" in found[0]["provenance"][0]["created_by"]
         assert [e[0] for e in _errors(payload)] == (["container"] if severity == "error" else [])
+
+
+@needs_images
+@needs_chroot
+def test_deleted_debian_library_is_reinstalled_from_the_package_dpkg_names(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """whiteout deleted libcudart.so.11* in a layer, but dpkg's database still has libcudart11.0 installed:
+    the fix reinstalls the package ``dpkg -S`` names inside the image; cuda12's libcudart.so.12 is in no
+    installed package, and the one shipping libcudart.so.11.0 is named as what the image has instead."""
+
+    def dpkg_s(variant: str, pattern: str) -> str:
+        root = IMAGES / f"{variant}.bundle" / "rootfs"
+        out = subprocess.run(["chroot", str(root), "dpkg", "-S", pattern], capture_output=True, text=True)
+        return out.stdout.split(":", 1)[0] if out.returncode == 0 else ""
+
+    package = dpkg_s("whiteout", "/usr/lib/x86_64-linux-gnu/libcudart.so.11.0")
+    assert package == "libcudart11.0"
+    (finding,) = _check(tmp_path, capsys, _path("whiteout", "docker-archive"))["items"]["scan[/opt/app/bin/app]"]
+    assert finding["fix"].startswith(f"apt-get install --reinstall {package}")
+    assert dpkg_s("cuda12", "libcudart.so.12") == ""
+    (finding,) = _check(tmp_path, capsys, _path("cuda12", "oci-layout"))["items"]["scan[/opt/app/bin/app]"]
+    assert finding["fix"].startswith("install the package that provides libcudart.so.12")
+    assert any(d.startswith(f"dpkg's {dpkg_s('cuda12', 'libcudart.so.11.0')}") for d in finding["details"])

@@ -520,3 +520,33 @@ def test_merged_usr_image_skips_the_binaries_dpkg_lists_under_bin(
     env = ["PATH=/usr/bin:/bin"]
     _rc, payload = _check(tmp_path, capsys, [_base(parts), merged + dpkg], env=env)
     assert ("scan[/usr/bin/tool]" in payload["items"]) is not listed
+
+
+@needs_glibc
+@pytest.mark.parametrize(
+    ("listed", "fix", "detail"),
+    [
+        (b"/usr/local/cuda/lib64/libcublas.so.13\n", "apt-get install --reinstall libcublas13-x", None),
+        (b"/usr/local/cuda/lib64/libcublas.so.12\n", "install the package that provides libcublas.so.13", "ships"),
+        (b"/usr/lib/libother.so.1\n", "install the package that provides libcublas.so.13", None),
+    ],
+    ids=["deb-installed-it-file-gone", "deb-ships-another-major", "no-deb-of-the-family"],
+)
+def test_missing_soname_names_the_deb_from_the_image_s_dpkg_lists(
+    parts: Parts,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    listed: bytes,
+    fix: str,
+    detail: str | None,
+) -> None:
+    """dpkg's lists say which .deb put a soname in the image: one whose file is gone (a later layer deleted
+    it) is reinstalled; for a soname no .deb lists, the package shipping another version of its family is
+    named as what the image has instead."""
+    dpkg = [Entry("var/lib/dpkg/info/libcublas13-x.list", data=b"/.\n" + listed)]
+    layers = [_base(parts), [Entry("opt/app/bin/train", data=parts.train13), *dpkg]]
+    _rc, payload = _check(tmp_path, capsys, layers)
+    (finding,) = _findings(payload, "scan[/opt/app/bin/train]")
+    assert finding["fix"].startswith(fix)
+    notes = [d for d in finding["details"] if "ships" in d]
+    assert notes == (["dpkg's libcublas13-x ships libcublas.so.12 (another version)"] if detail else [])

@@ -10,13 +10,14 @@ from __future__ import annotations
 import fnmatch
 import os
 import stat
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from pytest_cudastack._sysio import open_regular
 from pytest_cudastack.cuda.compat import is_driver_soname
 from pytest_cudastack.errors import ElfError
 from pytest_cudastack.findings import Finding, Severity, manual
+from pytest_cudastack.wheels.dpkg import library_packages, reinstall_command
 
 if TYPE_CHECKING:
     from pytest_cudastack.checks.facts import StackView, Target
@@ -146,10 +147,30 @@ def skipped_findings(directory: str, name: str) -> tuple[Finding, ...]:
     )
 
 
+def _other_majors(soname: str, debs: Mapping[str, tuple[tuple[str, str], ...]]) -> list[tuple[str, str]]:
+    """The names of ``soname``'s family (the name before ``.so``) that dpkg's packages list with another
+    version, joined per package, and the package: what the image has instead (``libcudart.so.11.0`` for
+    ``libcudart.so.12``)."""
+    stem, dot, _ = soname.partition(".so.")
+    if not dot:
+        return []
+    by_package: dict[str, list[str]] = {}
+    for name, owners in sorted(debs.items()):
+        if name.startswith(stem + ".so.") and name != soname:
+            by_package.setdefault(owners[0][1], []).append(name)
+    return sorted((", ".join(names), package) for package, names in by_package.items())
+
+
 def binary_findings(
-    tree: Tree, subject: str, inventory: Inventory | None = None, driver: DriverInfo | None = None
+    tree: Tree,
+    subject: str,
+    inventory: Inventory | None = None,
+    driver: DriverInfo | None = None,
+    debs: Mapping[str, tuple[tuple[str, str], ...]] | None = None,
 ) -> tuple[Finding, ...]:
     """Every DT_NEEDED in ``tree``'s closure must resolve: one ERROR per missing soname, all at once.
+    ``debs`` (an image's dpkg lists: ``wheels.dpkg.library_packages``) names the package that installed a
+    missing soname (its file gone: reinstall it) or ships another version of its family.
 
     A missing driver soname (``libcuda.so.1``) is INFO unless a driver was probed on this machine: the
     driver comes with the deployment host, not with the image.
@@ -174,6 +195,8 @@ def binary_findings(
                 )
             )
             continue
+        notes: tuple[str, ...] = ()
+        gone = ""
         shipped = [
             (dist, path, os.path.isfile(path)) for dist, path in (inventory.shipping(lib.soname) if inventory else ())
         ]
@@ -184,7 +207,13 @@ def binary_findings(
         elif shipped:
             name = shipped[0][0].name
             fix = f"reinstall {name} (pip install --force-reinstall --no-deps {name})"
+        elif debs and lib.soname in debs:
+            path, package = debs[lib.soname][0]
+            gone = f"dpkg's {package} installed {path}, which is gone"
+            fix = f"{reinstall_command(package)}, or drop the step that deletes {path}"
         else:
+            kin = _other_majors(lib.soname, debs or {})
+            notes = tuple(f"dpkg's {package} ships {names} (another version)" for names, package in kin)
             fix = f"install the package that provides {lib.soname}, or rebuild against the CUDA this image has"
         out.append(
             Finding(
@@ -192,11 +221,11 @@ def binary_findings(
                 Severity.ERROR,
                 subject,
                 f"needs {lib.soname}, which the dynamic linker does not find",
-                cause=lib.problem or ("; ".join(claims) if claims else "no directory searched holds it"),
+                cause=lib.problem or ("; ".join(claims) if claims else gone or "no directory searched holds it"),
                 remedies=manual(fix),
                 where=lib.searched_in(searched),
                 chain=chain,
-                details=claims,
+                details=claims + notes,
             )
         )
     return tuple(out)
@@ -213,4 +242,6 @@ def run(stack: StackView, target: Target | None) -> tuple[Finding, ...]:
         )
     if os.path.isdir(path):  # a walked directory's own item: the files it did not check
         return skipped_findings(path, name)
-    return binary_findings(stack.tree(path), name, stack.inventory, stack.driver)
+    image = stack.image
+    debs = library_packages(image.root) if image is not None else None
+    return binary_findings(stack.tree(path), name, stack.inventory, stack.driver, debs)

@@ -23,7 +23,15 @@ from types import MappingProxyType
 
 from pytest_cudastack._sysio import read_text
 
-__all__ = ["INFO_DIR", "dist_info_package", "file_packages", "md5sums", "md5sums_path", "reinstall_command"]
+__all__ = [
+    "INFO_DIR",
+    "dist_info_package",
+    "file_packages",
+    "library_packages",
+    "md5sums",
+    "md5sums_path",
+    "reinstall_command",
+]
 
 INFO_DIR = "var/lib/dpkg/info"
 _MAX_LISTS = 100_000  # .list files read (a full desktop has ~3,000)
@@ -76,6 +84,19 @@ def file_packages(root: str) -> Mapping[str, str]:
             if line.startswith("/") and "\x00" not in line:
                 out.setdefault(os.path.normpath(line), package)
     return MappingProxyType(out)
+
+
+@functools.lru_cache(maxsize=8)
+def library_packages(root: str) -> Mapping[str, tuple[tuple[str, str], ...]]:
+    """Every shared-library name the ``.list`` files under ``root`` name (a basename holding ``.so``:
+    ``libcudart.so.11.0``) -> ``(listed path, package)`` of each, in ``.list`` order: which ``.deb`` put a
+    soname in the system, whether or not its file is still there. Read once per root."""
+    out: dict[str, list[tuple[str, str]]] = {}
+    for path, package in file_packages(root).items():
+        name = os.path.basename(path)
+        if ".so" in name:
+            out.setdefault(name, []).append((path, package))
+    return MappingProxyType({k: tuple(v) for k, v in out.items()})
 
 
 def _as_listed(path: str, root: str) -> list[str]:
