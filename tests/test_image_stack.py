@@ -550,3 +550,34 @@ def test_missing_soname_names_the_deb_from_the_image_s_dpkg_lists(
     assert finding["fix"].startswith(fix)
     notes = [d for d in finding["details"] if "ships" in d]
     assert notes == (["dpkg's libcublas13-x ships libcublas.so.12 (another version)"] if detail else [])
+
+
+@needs_glibc
+@pytest.mark.parametrize("replaced", [True, False], ids=["later-layer-replaced-it", "clean-twin"])
+def test_library_whose_bytes_are_not_the_deb_s(
+    parts: Parts, tmp_path: Path, capsys: pytest.CaptureFixture[str], replaced: bool
+) -> None:
+    """A library the program loads that dpkg installed, overwritten by a later layer: its md5 is not the one
+    dpkg's md5sums record (a WARNING naming the package to reinstall); untouched, nothing."""
+    import hashlib
+
+    original = parts.cublas12.read_bytes()
+    md5 = hashlib.md5(original, usedforsecurity=False).hexdigest()
+    dpkg = [
+        Entry("var/lib/dpkg/info/libcublas12-x.list", data=b"/.\n/usr/local/cuda/lib64/libcublas.so.12\n"),
+        Entry(
+            "var/lib/dpkg/info/libcublas12-x.md5sums", data=f"{md5}  usr/local/cuda/lib64/libcublas.so.12\n".encode()
+        ),
+    ]
+    top = [Entry("opt/app/bin/train", data=parts.train12)]
+    if replaced:
+        top.append(Entry("usr/local/cuda/lib64/libcublas.so.12", data=original + b"\0patched"))
+    _rc, payload = _check(tmp_path, capsys, [_base(parts), dpkg, top])
+    found = _findings(payload, "scan[/opt/app/bin/train]")
+    if not replaced:
+        assert found == []
+        return
+    (finding,) = found
+    assert finding["severity"] == "warning"
+    assert finding["facts"]["required"] == md5
+    assert finding["fix"].startswith("apt-get install --reinstall libcublas12-x")

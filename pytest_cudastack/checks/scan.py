@@ -8,6 +8,7 @@ skipped without a word.
 from __future__ import annotations
 
 import fnmatch
+import hashlib
 import os
 import stat
 from collections.abc import Iterator, Mapping, Sequence
@@ -16,8 +17,8 @@ from typing import TYPE_CHECKING
 from pytest_cudastack._sysio import open_regular
 from pytest_cudastack.cuda.compat import is_driver_soname
 from pytest_cudastack.errors import ElfError
-from pytest_cudastack.findings import Finding, Severity, manual
-from pytest_cudastack.wheels.dpkg import library_packages, reinstall_command
+from pytest_cudastack.findings import Facts, Finding, Severity, manual
+from pytest_cudastack.wheels.dpkg import library_packages, recorded_md5, reinstall_command
 
 if TYPE_CHECKING:
     from pytest_cudastack.checks.facts import StackView, Target
@@ -166,16 +167,18 @@ def binary_findings(
     subject: str,
     inventory: Inventory | None = None,
     driver: DriverInfo | None = None,
-    debs: Mapping[str, tuple[tuple[str, str], ...]] | None = None,
+    dpkg_root: str | None = None,
 ) -> tuple[Finding, ...]:
     """Every DT_NEEDED in ``tree``'s closure must resolve: one ERROR per missing soname, all at once.
-    ``debs`` (an image's dpkg lists: ``wheels.dpkg.library_packages``) names the package that installed a
-    missing soname (its file gone: reinstall it) or ships another version of its family.
+    ``dpkg_root`` (an image's root) has its dpkg database read: the package that installed a missing soname
+    (its file gone: reinstall it) or ships another version of its family is named, and a library the tree
+    loads whose bytes are not those its package's md5sums record is a WARNING.
 
     A missing driver soname (``libcuda.so.1``) is INFO unless a driver was probed on this machine: the
     driver comes with the deployment host, not with the image.
     """
     out: list[Finding] = []
+    debs = library_packages(dpkg_root) if dpkg_root is not None else None
     out.extend(
         Finding("scan", Severity.ERROR, subject, problem, remedies=manual("scan only ELF binaries"))
         for problem in tree.problems
@@ -228,7 +231,59 @@ def binary_findings(
                 details=claims + notes,
             )
         )
+    if debs and dpkg_root is not None:
+        out.extend(_altered(tree, subject, debs, dpkg_root))
     return tuple(out)
+
+
+def _file_md5(path: str) -> str | None:
+    h = hashlib.md5(usedforsecurity=False)
+    try:
+        with open(path, "rb") as f:
+            while block := f.read(1 << 20):
+                h.update(block)
+    except OSError:
+        return None
+    return h.hexdigest()
+
+
+def _altered(tree: Tree, subject: str, debs: Mapping[str, tuple[tuple[str, str], ...]], root: str) -> list[Finding]:
+    """The libraries ``tree`` loads that a .deb installed and whose bytes differ from its md5sums (a later
+    layer, or a hand, replaced them): the program runs another build than the package's. A WARNING: it may
+    well load and work; what breaks is dpkg's record (an upgrade overwrites it) and the tested build."""
+    out: list[Finding] = []
+    seen: set[str] = set()
+    base = os.path.normpath(root)
+    for lib in tree.libraries:
+        if lib.path is None:
+            continue
+        # an image's tree names image paths: the file is under its root, links followed inside it
+        host = lib.path if lib.path.startswith(base + os.sep) else os.path.join(base, lib.path.lstrip("/"))
+        real = os.path.realpath(host)
+        if real in seen or not real.startswith(base + os.sep):
+            continue
+        seen.add(real)
+        for _listed, package in debs.get(os.path.basename(real), ()):
+            recorded = recorded_md5(package, real, root)
+            if recorded is None:
+                continue
+            got = _file_md5(real)
+            if got != recorded:
+                shown = "/" + os.path.relpath(real, base)
+                out.append(
+                    Finding(
+                        "scan",
+                        Severity.WARNING,
+                        subject,
+                        f"loads {shown} ({lib.soname}), whose bytes are not those dpkg's {package} installed",
+                        cause=f"md5 {got or 'unreadable'}, dpkg's md5sums for {package}: {recorded}",
+                        remedies=manual(f"{reinstall_command(package)}, or drop the step that replaces {shown}"),
+                        facts=Facts(found=got or "", required=recorded, objects=(shown,)),
+                        chain=tree.chain(lib.soname),
+                    )
+                )
+            break
+    return out
 
 
 def run(stack: StackView, target: Target | None) -> tuple[Finding, ...]:
@@ -243,5 +298,5 @@ def run(stack: StackView, target: Target | None) -> tuple[Finding, ...]:
     if os.path.isdir(path):  # a walked directory's own item: the files it did not check
         return skipped_findings(path, name)
     image = stack.image
-    debs = library_packages(image.root) if image is not None else None
-    return binary_findings(stack.tree(path), name, stack.inventory, stack.driver, debs)
+    root = image.root if image is not None else None
+    return binary_findings(stack.tree(path), name, stack.inventory, stack.driver, root)

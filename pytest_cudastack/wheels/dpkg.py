@@ -30,6 +30,7 @@ __all__ = [
     "library_packages",
     "md5sums",
     "md5sums_path",
+    "recorded_md5",
     "reinstall_command",
 ]
 
@@ -151,6 +152,20 @@ def md5sums(package: str, root: str = "/") -> Mapping[str, str] | None:
             continue
         out.setdefault(os.path.normpath(os.path.join(base, rel)), digest.lower())
     return MappingProxyType(out)
+
+
+def recorded_md5(package: str, path: str, root: str = "/") -> str | None:
+    """The md5 dpkg recorded for ``path`` (absolute, under ``root``; a real path) in ``package``'s md5sums,
+    None when it records none. An entry is matched by its real path too: a merged-/usr system's md5sums may
+    name ``lib/x`` for the file at ``usr/lib/x``."""
+    sums = md5sums(package, root)
+    if sums is None:
+        return None
+    digest = sums.get(os.path.normpath(path))
+    if digest is not None:
+        return digest
+    name = os.path.basename(path)
+    return next((d for p, d in sums.items() if os.path.basename(p) == name and os.path.realpath(p) == path), None)
 
 
 def reinstall_command(package: str) -> str:
