@@ -176,3 +176,27 @@ def test_deleted_debian_library_is_reinstalled_from_the_package_dpkg_names(
     (finding,) = _check(tmp_path, capsys, _path("cuda12", "oci-layout"))["items"]["scan[/opt/app/bin/app]"]
     assert finding["fix"].startswith("install the package that provides libcudart.so.12")
     assert any(d.startswith(f"dpkg's {dpkg_s('cuda12', 'libcudart.so.11.0')}") for d in finding["details"])
+
+
+@needs_images
+@needs_chroot
+@pytest.mark.parametrize("variant", ["altered", "clean"], ids=["layer-replaced-debian-s-libcudart", "clean-twin"])
+def test_replaced_debian_library_against_dpkg_verify(
+    variant: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """altered's top layer overwrites Debian's libcudart.so.11.8.89 with another library of its soname: the
+    program still loads (ldd finds it) and ``dpkg --verify`` inside the image reports the file's md5. One
+    warning naming that file and package for each file dpkg reports, in every format; none in the twin."""
+    root = IMAGES / f"{variant}.bundle" / "rootfs"
+    if not root.is_dir():
+        pytest.skip(f"{variant}: built by a newer .ci/build-images")
+    verify = subprocess.run(["chroot", str(root), "dpkg", "--verify", "libcudart11.0"], capture_output=True, text=True)
+    reported = sorted(line.split()[-1] for line in verify.stdout.splitlines() if line[2:3] == "5")
+    assert _not_found(variant, "/opt/app/bin/app") == set()
+    for fmt in FORMATS:
+        payload = _check(tmp_path, capsys, _path(variant, fmt))
+        found = [f for f in payload["items"]["scan[/opt/app/bin/app]"] if "dpkg's" in f["message"]]
+        assert sorted(f["facts"]["objects"][0] for f in found) == reported, fmt
+        assert all(f["severity"] == "warning" for f in found)
+        assert all("apt-get install --reinstall libcudart11.0" in f["fix"] for f in found)
+    assert bool(reported) is (variant == "altered")
