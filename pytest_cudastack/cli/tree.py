@@ -446,7 +446,7 @@ class _JsonRows:
     ) -> None:
         """The row of *p* made anew, from its cached closure (found under other site directories) or its
         fresh tree, with GPU code (fresh trees only) and providers; stored under *ctx* where allowed."""
-        d, bad, deps = _row_source(p, entry, fresh)
+        d, bad, deps = _row_source(p, entry, fresh, self.store)
         if self.prov is None:
             self.prov = _Providers(self.index, self.cache if self.index is not None else None)
         if self.fatbins is not None and entry is None:  # a cached row already holds its files' GPU code
@@ -467,13 +467,13 @@ class _JsonRows:
 
 
 def _row_source(
-    p: str, entry: dict[str, Any] | None, fresh: dict[str, tuple[Tree, frozenset[str]]]
+    p: str, entry: dict[str, Any] | None, fresh: dict[str, tuple[Tree, frozenset[str]]], store: Any | None
 ) -> tuple[dict[str, Any], bool, set[str]]:
-    """The JSON mapping of *p*'s row, whether it fails, and what it depends on: from its cached entry, else
-    from its fresh tree."""
+    """The JSON mapping of *p*'s row, whether it fails, and what it depends on (keys, empty where nothing
+    is stored): from its cached entry, else from its fresh tree."""
     if entry is not None:
         bad: bool = entry["fail"]
-        return json.loads(entry["row"]), bad, set(entry["deps"])
+        return json.loads(entry["row"]), bad, store.deps_of(entry) if store is not None else set()
     tree, got = fresh[p]
     return tree.to_json(), bool(tree.missing or tree.problems), set(got)
 
