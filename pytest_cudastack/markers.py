@@ -40,6 +40,7 @@ from pytest_cudastack.wheels.requirements import (
     RequirementFact,
     Requirements,
     Status,
+    evaluate_marker,
     evaluate_requirement,
     marker_environment,
 )
@@ -225,8 +226,12 @@ def _wheel_unmet(text: str, facts: Facts) -> str | None:
     req = Requirement(text)
     inv = facts.inventory
     # the one evaluator's environment: the inspected interpreter (its site directory), as for Requires-Dist
-    if req.marker is not None and not req.marker.evaluate(marker_environment(next(iter(inv.site_dirs), None))):
-        return None
+    if req.marker is not None:
+        holds = evaluate_marker(req.marker, marker_environment(next(iter(inv.site_dirs), None)))
+        if isinstance(holds, str):
+            return f"requires_wheel({text!r}): its marker cannot be evaluated ({holds})"
+        if not holds:
+            return None
     own, *added = evaluate_requirement(req, inv)
     dist = own.installed
     if dist is None:

@@ -43,7 +43,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from packaging.requirements import InvalidRequirement, Requirement
+from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from pytest_cudastack.cuda.compat import soname_cuda_majors
@@ -453,7 +453,7 @@ def _named(f: Finding, inv: Inventory) -> set[str]:
     broken pin (its facts: ``required`` by ``consumer``), the claimers of a missing soname."""
     keys = set(f.distributions)
     if f.check == "integrity" and f.facts.required and f.facts.consumer:
-        with contextlib.suppress(InvalidRequirement):
+        with contextlib.suppress(ValueError):
             keys.add(canonicalize_name(Requirement(f.facts.required).name))
         keys.discard(f.facts.consumer)
     if f.check == "closure":
@@ -989,7 +989,7 @@ def _actions(pips: Iterable[Pip]) -> list[_Action]:
         for spec in pip.specs:
             try:
                 req = Requirement(spec)
-            except InvalidRequirement:
+            except ValueError:  # InvalidRequirement, or a version over the digit limit
                 continue
             pins = [s.version for s in req.specifier if s.operator in ("==", "===") and "*" not in s.version]
             out.append((pip.verb, canonicalize_name(req.name), pins[0] if pins else None))
