@@ -35,6 +35,7 @@ from pytest_cudastack.cuda.versions import (
     parse_driver_spec,
 )
 from pytest_cudastack.errors import OptionError, RuleError
+from pytest_cudastack.escape import printable
 from pytest_cudastack.findings import Finding
 from pytest_cudastack.wheels.requirements import (
     RequirementFact,
@@ -144,7 +145,7 @@ class Unmet:
                 )
             if len(shown) < len(parts):
                 lines.append(f"  ... {len(parts) - len(shown)} more (-v)")
-        return "\n".join(lines)
+        return printable("\n".join(lines), newlines=True)  # names and paths from files
 
 
 def check_marker(name: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> MarkerCall:

@@ -18,6 +18,7 @@ from pytest_cudastack.cli.colour import Painter, painter_for
 from pytest_cudastack.cli.project import add_project_options, project_settings
 from pytest_cudastack.cli.sites import site_dirs_from
 from pytest_cudastack.errors import CudaStackError
+from pytest_cudastack.escape import printable
 from pytest_cudastack.findings import Finding, Severity
 from pytest_cudastack.model.repair import RepairPlan, plan_repairs, plan_step, render_plans
 from pytest_cudastack.stack import Stack, write_snapshot
@@ -42,7 +43,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     try:
         settings, config = project_settings(args)
     except CudaStackError as e:
-        print(f"cudastack check: error: {e}", file=sys.stderr)
+        print(printable(f"cudastack check: error: {e}"), file=sys.stderr)
         return 2
     if not settings.items and not settings.cudastack_scan:
         settings = settings.with_values(cudastack=True)
@@ -54,7 +55,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         if settings.cudastack_snapshot:
             write_snapshot(stack, settings.cudastack_snapshot)
     except CudaStackError as e:
-        print(f"cudastack check: error: {e}", file=sys.stderr)
+        print(printable(f"cudastack check: error: {e}"), file=sys.stderr)
         return 2
     finally:
         stack.flush_cache()
@@ -96,7 +97,7 @@ def render_check(
     shown = {Severity.ERROR, Severity.WARNING} | ({Severity.INFO} if verbose > 0 else set())
     for name in order:
         if name in skipped:  # nothing to check: as the plugin's SKIPPED item, with the reason
-            lines.append(f"skip cudastack::{name}: {skipped[name]}")
+            lines.append(printable(f"skip cudastack::{name}: {skipped[name]}"))
             continue
         items = results.get(name, ())
         verdict = "FAIL" if any(f.failing for f in items) else "ok"

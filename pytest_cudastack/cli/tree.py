@@ -24,6 +24,7 @@ import sys
 # Everything else is imported in the function that needs it: a warm `tree --json` (answered from the closure
 # cache) must import no resolver, ELF reader, dataclasses, typing or logging (tests/test_treeview.py).
 from pytest_cudastack.errors import ElfError  # loaded with elfcache anyway
+from pytest_cudastack.escape import printable
 from pytest_cudastack.linker.elfcache import ElfCache
 
 TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing (~5 ms) on tree's warm path
@@ -300,7 +301,7 @@ def cmd_tree(args: argparse.Namespace) -> int:
         texts.append(buf.getvalue())
     cache.flush()  # after the fatbin reads: they are cached too
     for text in texts:
-        sys.stdout.write(text)
+        sys.stdout.write(printable(text, newlines=True))
     return 1 if any(t.missing or t.problems for t in trees) else 0
 
 

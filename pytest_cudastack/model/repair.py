@@ -50,6 +50,7 @@ from pytest_cudastack.cuda.compat import soname_cuda_majors
 from pytest_cudastack.cuda.flavour import wheel_cuda_flavour
 from pytest_cudastack.cuda.frameworks import load_rules
 from pytest_cudastack.errors import CudaStackError
+from pytest_cudastack.escape import printable
 from pytest_cudastack.findings import Finding, Manual, Pip, Remedy, UseBuild
 from pytest_cudastack.linker.resolver import Tree
 from pytest_cudastack.model.system import by_hand_instead, externally_managed_env
@@ -191,7 +192,7 @@ def render_plans(plans: Sequence[RepairPlan], findings: Iterable[Finding] = ()) 
         first = next((by_id[i] for s in p.steps for i in s.resolves if i in by_id), None)
         cause = first.message.splitlines()[0] if first is not None else ""
         blocks.append(p.render(_one_line(cause)))
-    return "\n".join(blocks)
+    return printable("\n".join(blocks), newlines=True)  # names, versions and paths from files
 
 
 def plan_step(plans: Sequence[RepairPlan], finding: Finding) -> str | None:
