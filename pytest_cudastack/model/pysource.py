@@ -210,13 +210,20 @@ def module_imports(path: str, module: str, is_package: bool, cache: ElfCache | N
     return items
 
 
+# Each string alternative also ends where the tokenizer gives up on an unclosed string (a one-line string at
+# its line's end, a triple-quoted one at the end of the text), as a group of its own: an alternative that could
+# fail would be retried from the next character, rescanning the rest of the line or text for each quote
+# ('"\\' * 20,000 on one line: quadratic). The scan never fails, so it stays linear; a text with an unclosed
+# string does not parse (the tokenizer stops there), and the scan says so (_UNCLOSED).
 _LEX = re.compile(
     r"""\#[^\n]*"""
-    r'''|"""[^"\\]*(?:(?:\\[\s\S]|"(?!""))[^"\\]*)*"""'''
-    r"""|'''[^'\\]*(?:(?:\\[\s\S]|'(?!''))[^'\\]*)*'''"""
-    r"""|"[^"\\\n]*(?:\\[\s\S][^"\\\n]*)*"|'[^'\\\n]*(?:\\[\s\S][^'\\\n]*)*'"""
+    r'''|"""[^"\\]*(?:(?:\\[\s\S]|"(?!""))[^"\\]*)*(?:"""|(?P<u1>\\?\Z))'''
+    r"""|'''[^'\\]*(?:(?:\\[\s\S]|'(?!''))[^'\\]*)*(?:'''|(?P<u2>\\?\Z))"""
+    r"""|"[^"\\\n]*(?:\\[\s\S][^"\\\n]*)*(?:"|(?P<u3>\\?(?=\n)|\\?\Z))"""
+    r"""|'[^'\\\n]*(?:\\[\s\S][^'\\\n]*)*(?:'|(?P<u4>\\?(?=\n)|\\?\Z))"""
     r"""|\\\r?\n"""
 )
+_UNCLOSED = "\0"  # what an unclosed string becomes: no source holds it (ast.parse refuses NUL)
 _QUIET = str.maketrans("()[]{};", "_______")  # inside a one-line string: no bracket or ; the scan would count
 _KEPT = frozenset({"import", "from", "if", "elif", "else", "try", "except", "finally", "with", "class"})
 _WORD = re.compile(r"[A-Za-z_]\w*")
@@ -225,6 +232,8 @@ _TAB_INDENT = re.compile(r"^ *[\t\f]", re.M)
 
 
 def _quiet(m: re.Match[str]) -> str:
+    if m.lastgroup is not None:  # an unclosed string: the module does not parse
+        return _UNCLOSED
     token = m.group()
     first = token[0]
     if first == "#":
@@ -251,12 +260,14 @@ def _top_level_source(text: str) -> str | None:
     compound statement the model does not follow (``def``, ``for``, ``while``, ``match``, decorators'
     targets) drops every line indented deeper than its header, and ``for``/``while`` their ``else``
     clause too. None where the scan cannot decide (tab or form-feed indentation, brackets closing more than
-    they opened): the caller parses the whole module."""
+    they opened, an unclosed string): the caller parses the whole module."""
     if "\r" in text:
         text = text.replace("\r\n", "\n").replace("\r", "\n")
     if _TAB_INDENT.search(text):
         return None
     src = _LEX.sub(_quiet, text)
+    if _UNCLOSED in src:  # an unclosed string (or a NUL): Python's own parse decides (and refuses it)
+        return None
     out: list[str] = []
     pending = -1  # indentation of the last header kept, until a body line follows it
     pos, n = 0, len(src)
