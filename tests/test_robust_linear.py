@@ -45,3 +45,30 @@ def test_unclosed_strings_read_as_python_does(tmp_path, source: str) -> None:
     f = tmp_path / "m.py"
     f.write_text(source)
     assert pysource.read_module_source(str(f), strip=True) is None
+
+
+def test_module_source_is_parsed_once_per_run(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # every model process of a run (closure contexts, symbol scopes, reach, ...) asks for a module's imports;
+    # the run's cache object answers after the first parse, used or not
+    from pytest_cudastack.linker.elfcache import ElfCache
+
+    parsed: list[str] = []
+    real = ast.parse
+
+    def counting(source, filename="<unknown>", *args, **kwargs):
+        parsed.append(filename)
+        return real(source, filename, *args, **kwargs)
+
+    monkeypatch.setattr(ast, "parse", counting)
+    good = tmp_path / "good.py"
+    good.write_text("import os\nfrom . import sub\n")
+    bad = tmp_path / "bad.py"
+    bad.write_text("import os\nx = (1 +\n")  # the scan gives up, the stripped and the whole text fail
+    for enabled in (False, True):
+        cache = ElfCache(str(tmp_path / f"c{enabled}"), enabled=enabled)
+        parsed.clear()
+        for _ in range(4):
+            assert pysource.module_imports(str(good), "pkg", True, cache)
+            pysource.module_imports(str(bad), "bad", False, cache)
+        assert parsed.count(str(good)) == 1
+        assert parsed.count(str(bad)) <= 2  # one read: the stripped text, then the whole

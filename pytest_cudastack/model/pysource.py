@@ -181,8 +181,19 @@ def _valid_items(items: Any, depth: int = 0) -> bool:
 
 
 def module_imports(path: str, module: str, is_package: bool, cache: ElfCache | None) -> Items:
-    """The imports of a module's top-level code (parsed once; cached in the ELF cache's extras under the
-    file's (dev, inode, size, mtime) and this interpreter's version and platform, which decide ``if``s)."""
+    """The imports of a module's top-level code: parsed once per run (the run's cache memo: each model
+    process of the run asks again), and cached in the ELF cache's extras under the file's (dev, inode, size,
+    mtime) and this interpreter's version and platform, which decide ``if``s."""
+    if cache is None:
+        return _module_imports(path, module, is_package, None)
+    memo = f"pyimports:{path}\0{module}\0{is_package}"
+    if memo not in cache.memo:
+        cache.memo[memo] = _module_imports(path, module, is_package, cache)
+    items: Items = cache.memo[memo]
+    return items
+
+
+def _module_imports(path: str, module: str, is_package: bool, cache: ElfCache | None) -> Items:
     key: list[Any] | None = None
     if cache is not None:
         try:
