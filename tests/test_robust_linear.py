@@ -128,3 +128,50 @@ def test_gnu_hash_chain_is_read_in_blocks_capped_by_its_segment(tmp_path, monkey
     with pytest.raises(ElfError, match=r"DT_SYMTAB \(1680048 bytes"):
         symbols.read_symbols(lib)  # 70,001 symbols are not in the file: the count was found, then refused
     assert len(reads) < 40
+
+
+def test_snapshot_limit_is_documented_and_read_files_over_it_are_refused(tmp_path) -> None:
+    from pathlib import Path
+
+    from pytest_cudastack.errors import DataError
+    from pytest_cudastack.stack import SNAPSHOT_LIMIT, load_snapshot
+
+    assert SNAPSHOT_LIMIT == 8 << 20
+    assert "over 8 MiB is refused" in " ".join((Path(__file__).parents[1] / "README.md").read_text().split())
+    big = tmp_path / "big.json"
+    with open(big, "wb") as f:
+        f.truncate(SNAPSHOT_LIMIT + 1)
+    with pytest.raises(DataError, match="cannot read cudastack snapshot"):
+        load_snapshot(str(big))
+
+
+@pytest.mark.parametrize("shape", ["strings", "objects", "patterns"])
+def test_schema_check_fast_pass_agrees_with_the_walk(shape: str) -> None:
+    # the compiled pass accepts exactly what the walk accepts on valid documents, and every rejection is
+    # confirmed by the walk, which names the field
+    import copy
+
+    from pytest_cudastack.schemacheck import first_error
+    from pytest_cudastack.stack import snapshot_schema
+    from tests.test_robust_snapshot import SNAP
+
+    doc = copy.deepcopy(SNAP)
+    if shape == "strings":
+        doc["wheels"][0]["libraries"] = ["x"] * 10_000
+    elif shape == "objects":
+        doc["wheels"] = [copy.deepcopy(doc["wheels"][0]) for _ in range(500)]
+    else:
+        doc["wheels"][0]["gpu_code"]["sass"] = ["sm_90"] * 10_000
+    schema = snapshot_schema(legacy=False)
+    assert first_error(doc, schema) is None
+    if shape == "strings":
+        doc["wheels"][0]["libraries"][9_999] = 5
+        assert first_error(doc, schema) == "$.wheels[0].libraries[9999]: expected string, found integer 5"
+    elif shape == "objects":
+        doc["wheels"][499]["cuda_major"] = 13.0  # integral float: an integer, as JSON Schema says
+        assert first_error(doc, schema) is None
+        doc["wheels"][499]["cuda_major"] = True
+        assert first_error(doc, schema) == "$.wheels[499].cuda_major: expected integer, found boolean True"
+    else:
+        doc["wheels"][0]["gpu_code"]["sass"][5_000] = "sm_9x"
+        assert first_error(doc, schema) == "$.wheels[0].gpu_code.sass[5000]: 'sm_9x' does not match '^sm_[0-9]+[af]?$'"
