@@ -9,6 +9,7 @@ import ast
 import pytest
 
 from pytest_cudastack.model import pysource
+from tests.helpers.elfbuild import sparse_gnu_hash_elf
 
 HOSTILE_SOURCES = [
     pytest.param('"\\' * 2000, id="escaped-quotes-one-line"),
@@ -74,34 +75,6 @@ def test_module_source_is_parsed_once_per_run(tmp_path, monkeypatch: pytest.Monk
         assert parsed.count(str(bad)) <= 2  # one read: the stripped text, then the whole
 
 
-def _gnu_hash_elf(path, tail: int, *, end_at: int | None = None, little: bool = True) -> None:
-    """An ELF64 shared object whose DT_GNU_HASH has one bucket (symbol 1) and a chain of *tail* bytes of
-    zero words (a sparse file: the chain never ends), or ending at chain word *end_at*."""
-    import struct
-
-    e = "<" if little else ">"
-    ph_off, dyn_off, str_off, sym_off, hash_off = 64, 0x100, 0x200, 0x300, 0x400
-    chain_off = hash_off + 16 + 8 + 4  # header, one bloom word, one bucket
-    size = chain_off + tail
-    head = b"\x7fELF" + bytes([2, 1 if little else 2, 1]) + bytes(9)
-    head += struct.pack(e + "HHIQQQIHHHHHH", 3, 62, 1, 0, ph_off, 0, 0, 64, 56, 2, 64, 0, 0)
-    phdrs = struct.pack(e + "IIQQQQQQ", 1, 5, 0, 0, 0, size, size, 0x1000)  # PT_LOAD over the file
-    phdrs += struct.pack(e + "IIQQQQQQ", 2, 6, dyn_off, dyn_off, dyn_off, 0x60, 0x60, 8)  # PT_DYNAMIC
-    dyn = b"".join(
-        struct.pack(e + "qQ", t, v)
-        for t, v in [(0x6FFFFEF5, hash_off), (6, sym_off), (5, str_off), (10, 1), (11, 24), (0, 0)]
-    )
-    gnu = struct.pack(e + "IIIIQI", 1, 1, 1, 6, 0, 1)
-    with open(path, "wb") as f:
-        f.truncate(size)
-        for off, data in [(0, head), (ph_off, phdrs), (dyn_off, dyn), (hash_off, gnu)]:
-            f.seek(off)
-            f.write(data)
-        if end_at is not None:
-            f.seek(chain_off + 4 * end_at)
-            f.write(struct.pack(e + "I", 1))
-
-
 @pytest.mark.parametrize("little", [True, False], ids=["le", "be"])
 def test_gnu_hash_chain_is_read_in_blocks_capped_by_its_segment(tmp_path, monkeypatch, little: bool) -> None:
     import os
@@ -118,13 +91,13 @@ def test_gnu_hash_chain_is_read_in_blocks_capped_by_its_segment(tmp_path, monkey
 
     monkeypatch.setattr(symbols.os, "pread", counting)
     lib = tmp_path / "libsparse.so"
-    _gnu_hash_elf(lib, 8 << 20, little=little)  # 2M zero words: a chain that never ends
+    sparse_gnu_hash_elf(lib, 8 << 20, little=little)  # 2M zero words: a chain that never ends
     with pytest.raises(ElfError, match="GNU hash chain does not terminate before the end of its PT_LOAD"):
         symbols.read_symbols(lib)
     assert len(reads) < 40  # blocks doubling to 4 MiB, not one read per word
     assert sum(reads) < (8 << 20) + (1 << 16)  # each byte of the segment read at most once
     reads.clear()
-    _gnu_hash_elf(lib, 1 << 20, end_at=70_000, little=little)  # ends at symbol 70,001, past several blocks
+    sparse_gnu_hash_elf(lib, 1 << 20, end_at=70_000, little=little)  # ends at symbol 70,001, past several blocks
     with pytest.raises(ElfError, match=r"DT_SYMTAB \(1680048 bytes"):
         symbols.read_symbols(lib)  # 70,001 symbols are not in the file: the count was found, then refused
     assert len(reads) < 40
