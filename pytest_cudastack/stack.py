@@ -498,7 +498,9 @@ class Stack:
         return dist_gpu_code(dist, self.fatbin)
 
 
-SNAPSHOT_LIMIT = 256 << 20  # bytes; a snapshot of a large venv and many binaries is a few MB
+# bytes: a torch venv's snapshot is ~10 KB; 8 MiB of the costliest shape (a million short strings) parses and
+# is checked against the schema in ~0.5 s, so a hostile file bounds diff and --cudastack-baseline below 1 s
+SNAPSHOT_LIMIT = 8 << 20
 
 
 def load_snapshot(path: str) -> dict[str, Any]:

@@ -46,13 +46,14 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
-from packaging.requirements import InvalidRequirement, Requirement
+from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from pytest_cudastack.cuda.compat import soname_cuda_majors
 from pytest_cudastack.cuda.flavour import wheel_cuda_flavour
 from pytest_cudastack.cuda.frameworks import load_rules
 from pytest_cudastack.errors import CudaStackError
+from pytest_cudastack.escape import printable
 from pytest_cudastack.findings import Finding, Manual, Pip, Remedy, UseBuild
 from pytest_cudastack.linker.resolver import Tree
 from pytest_cudastack.model.system import by_hand_instead, externally_managed_env
@@ -196,7 +197,7 @@ def render_plans(plans: Sequence[RepairPlan], findings: Iterable[Finding] = ()) 
         first = next((by_id[i] for s in p.steps for i in s.resolves if i in by_id), None)
         cause = first.message.splitlines()[0] if first is not None else ""
         blocks.append(p.render(_one_line(cause)))
-    return "\n".join(blocks)
+    return printable("\n".join(blocks), newlines=True)  # names, versions and paths from files
 
 
 def plan_step(plans: Sequence[RepairPlan], finding: Finding) -> str | None:
@@ -496,7 +497,7 @@ def _named(f: Finding, inv: Inventory) -> set[str]:
     broken pin (its facts: ``required`` by ``consumer``), the claimers of a missing soname."""
     keys = set(f.distributions)
     if f.check == "integrity" and f.facts.required and f.facts.consumer:
-        with contextlib.suppress(InvalidRequirement):
+        with contextlib.suppress(ValueError):
             keys.add(canonicalize_name(Requirement(f.facts.required).name))
         keys.discard(f.facts.consumer)
     if f.check in _LOADS:
@@ -1054,7 +1055,7 @@ def _actions(pips: Iterable[Pip]) -> list[_Action]:
         for spec in pip.specs:
             try:
                 req = Requirement(spec)
-            except InvalidRequirement:
+            except ValueError:  # InvalidRequirement, or a version over the digit limit
                 continue
             pins = [s.version for s in req.specifier if s.operator in ("==", "===") and "*" not in s.version]
             out.append((pip.verb, canonicalize_name(req.name), pins[0] if pins else None))
