@@ -128,6 +128,23 @@ def test_diff_escapes_snapshot_strings(tmp_path: Path, capsys: pytest.CaptureFix
     assert "nvidia-\\x1b[2Jcublas" in out
 
 
+def test_fleet_text_escapes_snapshot_strings(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """fleet's text view names hosts and drift read from the snapshots: escaped as diff's; JSON keeps them."""
+    odd = copy.deepcopy(SNAP)
+    odd["wheels"][0]["name"] = "nvidia-\x1b[2Jcublas"
+    odd["host"]["name"] = "node\x1b]0;owned\x07"
+    odd["fingerprint"] = "sha256:" + "1" * 64
+    (tmp_path / "a.json").write_text(json.dumps(SNAP))
+    (tmp_path / "b.json").write_text(json.dumps(SNAP))
+    (tmp_path / "c.json").write_text(json.dumps(odd))
+    assert main(["fleet", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    _raw_free(out)
+    assert "node\\x1b]0;owned\\x07" in out
+    assert main(["fleet", "--format", "json", str(tmp_path)]) == 1
+    assert "node\\u001b]0;owned\\u0007" in capsys.readouterr().out  # JSON's own escape of the value as it is
+
+
 def test_pytest_output_escapes(
     pytester: pytest.Pytester, hostile_lib: Path, monkeypatch: pytest.MonkeyPatch, tmp_path_factory
 ) -> None:
