@@ -204,6 +204,13 @@ class Stack:
         )
 
     @cached_property
+    def environment(self) -> str:
+        """What this run judges, as its repair plan names it: "this machine", or "the image REFERENCE"
+        (``--cudastack-image``), whose files a fix changes in the image's build, not here."""
+        image = self.image
+        return f"the image {image.reference}" if image is not None else "this machine"
+
+    @cached_property
     def inventory(self) -> Inventory:
         image = self.image
         if image is not None:

@@ -109,7 +109,7 @@ def wheel_report(paths: Sequence[str] | None = None, cache: ElfCache | None = No
         findings = wheel_findings(stack)
         inv = stack.inventory
         gpu = {d.label: dist_gpu_code(d, stack.fatbin) for d in inv.distributions}
-        plans = plan_repairs(findings, inv, reqs=stack.requirements)
+        plans = plan_repairs(findings, inv, reqs=stack.requirements, machine=stack.environment)
         modules = len(stack.module_trees)
     finally:
         if cache is None:

@@ -125,7 +125,8 @@ class PlanStep:
 
 @dataclass(frozen=True)
 class RepairPlan:
-    """The steps for one environment (``environment``: its installation prefix, or "this machine"), in order:
+    """The steps for one environment (``environment``: its installation prefix, or what the run judges:
+    "this machine", an image), in order:
     the automatic ones first, then the manual ones, so that every failing finding is covered. ``fixes``: the
     findings (ids) the automatic steps repair; ``unresolved``: those they do not (each covered by a manual
     step); ``notes``: what the model takes on trust (an index that is a guess); ``refused``: the errors the
@@ -510,12 +511,14 @@ def plan_repairs(
     *,
     facts: LoadFacts | None = None,
     reqs: Requirements | None = None,
+    machine: str = "this machine",
 ) -> tuple[RepairPlan, ...]:
     """One plan per installation prefix that has failing findings (none when nothing fails), covering every
     failing finding: the model's verified pip steps first, then each finding's own pip remedy where the model
     verifies it, then a manual step for every finding left (its structured remedies, or what to do by hand
     when it has none). Findings about no installed distribution (the driver, GPU code, a binary) go to a plan
-    for "this machine". ``facts``: the extension modules' closures (:func:`load_facts`) for the model's
+    for ``machine``: what the run judges (the Stack's :attr:`~pytest_cudastack.stack.Stack.environment`:
+    "this machine", or the image). ``facts``: the extension modules' closures (:func:`load_facts`) for the model's
     closure check (without them: the conservative :func:`_fallback_facts`); ``reqs``: the run's requirement
     facts (computed when not given)."""
     failing = [f for f in findings if f.failing]
@@ -540,7 +543,7 @@ def plan_repairs(
         plan = _plan(env, envs[env], modelled, inventory, facts, required) if modelled else RepairPlan(env, (), ())
         plans.append(_where_pip_may_not(_covered(plan, fs, inventory, facts, reqs), envs[env], fs))
     if orphan:
-        plans.append(_covered(RepairPlan("this machine", (), ()), orphan, inventory, facts, reqs))
+        plans.append(_covered(RepairPlan(machine, (), ()), orphan, inventory, facts, reqs))
     return tuple(plans)
 
 
