@@ -19,16 +19,21 @@ import pytest
 from pytest_cudastack.cli import main
 from pytest_cudastack.cli.check import CHECK_SCHEMA
 from pytest_cudastack.cuda.compat import min_driver_for_cuda
+from pytest_cudastack.model.repair import plan_repairs
+from pytest_cudastack.settings import Settings
+from pytest_cudastack.stack import Stack
+from tests.helpers.elfbuild import build_exe, build_lib
+from tests.helpers.imagebuild import Entry, build_image
 from tests.helpers.sitebuild import CC, HAVE_CC, compile_so, site_packages, write_dist
 from tests.test_bounds_remedy import jitlink
+from tests.test_fleet_node import fake_root, probed
 from tests.test_frameworks_files import cudnn as cudnn_wheel
 from tests.test_frameworks_files import jax, plugin
 from tests.test_repair import cuda13_torch, cudnn, venv
 from tests.test_repair_dlopen import SUBS, cudnn_site
 from tests.test_schemas import validate
 from tests.test_shadow import build as shadow_build
-from tests.test_toolchain import _old_bin as old_tools
-from tests.test_toolchain import _site as jax_site
+from tests.test_toolchain import JAXLIB_FILES, fake_tool
 
 pytestmark = pytest.mark.skipif(not HAVE_CC, reason="needs a C compiler")
 
@@ -242,9 +247,17 @@ def arch_not_covered(tmp_path: Path) -> State:
 
 def toolchain_old_tools(tmp_path: Path) -> State:
     """jax's XLA finds CUDA_ROOT's ptxas 12.2 before the nvcc wheel's 12.6 (its PTX fails to assemble)."""
-    site = jax_site(tmp_path, tmp_path / "RAN")
-    old = old_tools(tmp_path, tmp_path / "RAN")
-    return site, ["--cudastack"], {"CUDA_ROOT": str(old), "PATH": os.environ.get("PATH", "/usr/bin")}
+    site = site_packages(tmp_path / "venv")
+    write_dist(site, "jaxlib", "0.4.35", JAXLIB_FILES)
+    write_dist(site, "jax", "0.4.35", {"jax/__init__.py": ""})
+    tools = ("ptxas", "nvlink", "fatbinary")
+    line = "echo 'Cuda compilation tools, release 12.6, V12.6.85'"
+    files = {f"nvidia/cuda_nvcc/bin/{t}": f"#!/bin/sh\nexit 1\n{line}\n" for t in tools}
+    write_dist(site, "nvidia-cuda-nvcc-cu12", "12.6.85", {**files, "nvidia/cuda_nvcc/__init__.py": ""})
+    for t in tools:
+        (site / "nvidia/cuda_nvcc/bin" / t).chmod(0o755)
+        fake_tool(tmp_path / "old" / "bin" / t, "12.2.140", tmp_path / "RAN")
+    return site, ["--cudastack"], {"CUDA_ROOT": str(tmp_path / "old"), "PATH": os.environ.get("PATH", "/usr/bin")}
 
 
 def framework_rule_floor(tmp_path: Path) -> State:
@@ -311,9 +324,9 @@ def check_json(tmp_path: Path, state: Callable[[Path], State], monkeypatch, caps
     return doc
 
 
-@pytest.mark.parametrize("name", list(STATES))
-def test_every_error_is_carried_by_a_step_of_the_plan(tmp_path, monkeypatch, capsys, name):
-    doc = check_json(tmp_path, STATES[name], monkeypatch, capsys)
+def assert_carried(doc: dict) -> None:
+    """Every error of ``doc`` (``check --json``) is carried by a step of its plans: automatic ones are pip
+    commands in the environment's interpreter, manual ones a structured remedy."""
     errors = {f["id"] for found in doc["items"].values() for f in found if f["severity"] == "error"}
     assert errors
     steps = [s for plan in doc["repair"] for s in plan["steps"]]
@@ -331,6 +344,11 @@ def test_every_error_is_carried_by_a_step_of_the_plan(tmp_path, monkeypatch, cap
     for plan in doc["repair"]:  # what is not repaired automatically is carried by a manual step
         manual = {i for s in plan["steps"] if s["kind"] == "manual" for i in s["resolves"]}
         assert set(plan["unresolved"]) <= manual
+
+
+@pytest.mark.parametrize("name", list(STATES))
+def test_every_error_is_carried_by_a_step_of_the_plan(tmp_path, monkeypatch, capsys, name):
+    assert_carried(check_json(tmp_path, STATES[name], monkeypatch, capsys))
 
 
 def test_the_states_cover_every_check_that_reports_errors_here(tmp_path_factory, monkeypatch, capsys):
@@ -377,3 +395,120 @@ def test_the_plan_carries_each_items_typed_remedy(tmp_path, monkeypatch, capsys,
     steps = [s for plan in doc["repair"] for s in plan["steps"] if error in s["resolves"]]
     assert steps[0]["action"]["kind"] == kind, steps
     assert {k: steps[0]["action"][k] for k in fields} == fields
+
+
+LIBC = Path("/lib/x86_64-linux-gnu/libc.so.6")
+LDSO = Path("/lib64/ld-linux-x86-64.so.2")
+
+
+def _image_base(tmp_path: Path) -> list[Entry]:
+    """A Debian-like root: glibc, ld.so.conf with CUDA's directory and libcublas.so.12; a binary needing
+    libcublas.so.13 (the scan item's and the driver item's error at a CUDA 12 driver)."""
+    if not LIBC.exists() or not LDSO.exists():
+        pytest.skip("needs the x86-64 glibc")
+    cublas12 = build_lib(tmp_path / "12" / "libcublas.so.12", soname="libcublas.so.12")
+    cublas13 = build_lib(tmp_path / "13" / "libcublas.so.13", soname="libcublas.so.13")
+    return [
+        Entry("etc/ld.so.conf", data=b"include /etc/ld.so.conf.d/*.conf\n"),
+        Entry("etc/ld.so.conf.d/cuda.conf", data=b"/usr/local/cuda/lib64\n"),
+        Entry("usr/lib/x86_64-linux-gnu/libc.so.6", data=LIBC.resolve()),
+        Entry("usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2", data=LDSO.resolve()),
+        Entry("lib", "symlink", target="usr/lib"),
+        Entry("lib64/ld-linux-x86-64.so.2", "symlink", target="/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2"),
+        Entry("usr/local/cuda/lib64/libcublas.so.12", data=cublas12),
+        Entry("opt/app/bin/train", data=build_exe(tmp_path / "train", needed=[cublas13])),
+    ]
+
+
+def _image_check(tmp_path: Path, layers: list[list[Entry]], env: list[str], *args: str, capsys) -> dict:
+    out = build_image(tmp_path / "img", layers, env=["PATH=/opt/app/bin:/usr/bin:/bin", *env])
+    capsys.readouterr()
+    assert main(["image", str(out), "--json", *args]) == 1
+    doc: dict = validate(json.loads(capsys.readouterr().out), CHECK_SCHEMA)
+    return doc
+
+
+def _step(doc: dict, check: str, word: str) -> dict:
+    """The plan step carrying the error of ``check`` whose message has ``word``."""
+    (error,) = [f["id"] for fs in doc["items"].values() for f in fs if f["check"] == check and word in f["message"]]
+    return next(s for plan in doc["repair"] for s in plan["steps"] if error in s["resolves"])
+
+
+@pytest.fixture
+def image_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in [v for v in os.environ if v.startswith("CUDASTACK")] + ["LD_LIBRARY_PATH"]:
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("CUDASTACK_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+
+
+@pytest.mark.usefixtures("image_env")
+def test_an_images_errors_are_carried_by_a_plan_named_for_the_image(tmp_path: Path, capsys):
+    """`cudastack image`: the container item's errors (the runtime's CUDA requirement, a stub libcuda in an
+    ld.so.conf directory, a baked driver library, capabilities without compute), the scan's and the driver's,
+    each carried by a typed step of a plan for the image, not for "this machine"."""
+    stubs = build_lib(tmp_path / "stubs" / "libcuda.so", soname="libcuda.so.1")
+    top = [
+        Entry("usr/local/cuda/lib64/stubs/libcuda.so", data=stubs),
+        Entry("etc/ld.so.conf.d/zz-stubs.conf", data=b"/usr/local/cuda/lib64/stubs\n"),
+        Entry("usr/lib/x86_64-linux-gnu/libnvidia-ml.so.535.104.05", data=b"\x7fELF-not-really"),
+    ]
+    env = ["NVIDIA_REQUIRE_CUDA=cuda>=12.9", "NVIDIA_DRIVER_CAPABILITIES=utility"]
+    doc = _image_check(tmp_path, [_image_base(tmp_path), top], env, "--cuda-driver=550.54.15", capsys=capsys)
+    assert_carried(doc)
+    checks = {f["check"] for fs in doc["items"].values() for f in fs if f["severity"] == "error"}
+    assert checks >= {"container", "scan", "driver"}
+    assert {p["environment"] for p in doc["repair"]} == {"the image example.com/app:1"}
+    stub = _step(doc, "container", "stub")["action"]
+    assert (stub["kind"], stub["directory"], stub["path"], stub["op"]) == (
+        "search-path",
+        "/usr/local/cuda/lib64/stubs",
+        "ld.so.conf",
+        "remove",
+    )
+    assert _step(doc, "container", "unsatisfied condition")["action"]["kind"] == "driver"
+    assert _step(doc, "container", "leaves out compute")["action"]["kind"] == "env"
+    text_out = build_image(tmp_path / "img2", [_image_base(tmp_path / "b"), top], env=["PATH=/usr/bin", *env])
+    assert main(["image", str(text_out), "--cuda-driver=550.54.15"]) == 1
+    text = capsys.readouterr().out
+    assert "repair plan for the image example.com/app:1:" in text
+    assert "this machine" not in text
+
+
+@pytest.mark.usefixtures("image_env")
+def test_a_compat_libcuda_on_the_images_search_path_is_removed_from_it(tmp_path: Path, capsys):
+    compat = build_lib(tmp_path / "compat" / "libcuda.so.575.57.08", soname="libcuda.so.1")
+    top = [
+        Entry("usr/local/cuda/compat/libcuda.so.575.57.08", data=compat),
+        Entry("usr/local/cuda/compat/libcuda.so.1", "symlink", target="libcuda.so.575.57.08"),
+    ]
+    env = ["LD_LIBRARY_PATH=/usr/local/cuda/compat"]
+    doc = _image_check(
+        tmp_path, [_image_base(tmp_path), top], env, "--cuda-driver=580.65.06", "--cuda-arch=sm_90", capsys=capsys
+    )
+    assert_carried(doc)
+    action = _step(doc, "container", "compat libcuda")["action"]
+    assert (action["kind"], action["directory"], action["path"]) == (
+        "search-path",
+        "/usr/local/cuda/compat",
+        "LD_LIBRARY_PATH",
+    )
+
+
+def test_a_driver_library_mismatch_is_carried_by_a_structured_manual_step(tmp_path: Path):
+    """The driver item's kernel-module / user-space mismatch (a fleet node upgraded without a reboot): its
+    plan step is the manual remedy, step by step (reboot; or the user-space driver of the module)."""
+    info = probed(fake_root(tmp_path, sys_version="570.124.06"), "580.95.05", "580.95.05")
+    site = site_packages(tmp_path / "venv")
+    stack = Stack(Settings(cudastack=True), driver_info=info, site_paths=(str(site),), rootdir=str(tmp_path))
+    found = [f for fs in stack.run_checks().values() for f in fs]
+    (error,) = [f for f in found if f.failing]
+    assert error.check == "driver"
+    plans = plan_repairs(found, stack.inventory, machine=stack.environment)
+    (plan,) = plans
+    assert plan.environment == "this machine"
+    (step,) = plan.steps
+    assert step.kind == "manual"
+    assert step.resolves == (error.id,)
+    assert step.action.to_json()["steps"][0].startswith("reboot")
+    assert "570.124.06" in step.action.to_json()["steps"][1]
