@@ -512,3 +512,19 @@ def test_a_driver_library_mismatch_is_carried_by_a_structured_manual_step(tmp_pa
     assert step.resolves == (error.id,)
     assert step.action.to_json()["steps"][0].startswith("reboot")
     assert "570.124.06" in step.action.to_json()["steps"][1]
+
+
+@pytest.mark.parametrize(
+    ("name", "what"),
+    [("symbols_unbound_reference", "foo_new"), ("symbols_missing_version_node", "version `FOO_2'")],
+)
+def test_an_unbound_reference_names_the_wheel_that_ships_the_library(tmp_path, monkeypatch, capsys, name, what):
+    """Not "install a libfoo.so.1 that defines them": the wheel whose library lacks it (foo), what it lacks, and
+    the other way out, the needing wheel (app) built against the installed one."""
+    doc = check_json(tmp_path, STATES[name], monkeypatch, capsys)
+    (error,) = [f["id"] for f in doc["items"]["symbols"] if f["severity"] == "error"]
+    steps = [s["action"] for plan in doc["repair"] for s in plan["steps"] if error in s["resolves"]]
+    assert [a["kind"] for a in steps] == ["manual", "use-build"]
+    assert steps[0]["steps"][0].startswith(f"install the release of foo whose libfoo.so.1 defines {what}: ")
+    assert "foo 1.0 is installed" in steps[0]["steps"][0]
+    assert (steps[1]["package"], steps[1]["build"]) == ("app", "a release built against foo 1.0")

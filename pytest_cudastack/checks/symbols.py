@@ -52,7 +52,7 @@ from pytest_cudastack._sysio import real_path
 from pytest_cudastack.cuda.compat import min_driver_for_cuda
 from pytest_cudastack.cuda.driversyms import driver_entry_points
 from pytest_cudastack.errors import CudaStackError, ElfError
-from pytest_cudastack.findings import DriverUpgrade, Facts, Finding, Remedy, Severity, manual
+from pytest_cudastack.findings import DriverUpgrade, Facts, Finding, Remedy, Severity, UseBuild, manual
 from pytest_cudastack.linker.elf import ElfInfo, read_elf
 from pytest_cudastack.linker.lookups import cached_lookups
 from pytest_cudastack.linker.resolver import Library, Resolver, Route, Tree
@@ -581,13 +581,15 @@ def _problem_finding(
     if not fix and driver and not p.versions and entries and len(entries) == len(p.symbols):
         # the driver's own library lacks entry points: the fix is the driver that introduced them
         remedies = driver_remedies(max(entries), f"or rebuild {needer} against the CUDA of the driver here")
+    ordered = _loader_order(obj, p)
+    if not fix and not remedies:
+        remedies = _rebind_remedies(obj, file, p, ordered, inventory, needer)
     if not fix:
         fix = (
             f"install a {file} that defines them (the version the needing object was built against)"
             if file
             else "load the library that defines them, or rebuild the needing object against what is installed"
         )
-    ordered = _loader_order(obj, p)
     if p.lazy_only:
         when = "each fails at its first call (lazy binding, no BIND_NOW)"
     elif p.versions:
@@ -610,6 +612,37 @@ def _problem_finding(
         details=(*_problem_details(needer, p, ordered, index, display), *notes),
         where=tuple(display(f) for f in found),
     )
+
+
+def _rebind_remedies(
+    obj: str,
+    file: str | None,
+    p: _Problem,
+    ordered: Sequence[tuple[str, str | None]],
+    inventory: Inventory | None,
+    needer: str,
+) -> tuple[Remedy, ...]:
+    """Where the library that was to define them is an installed wheel's: that wheel's release the needing
+    object was built against (by hand: no file states which), or the needing object's own distribution in a
+    build against the installed one. None when no wheel ships the library."""
+    lib = p.provider
+    if inventory is None or lib is None or lib.path is None or file is None:
+        return ()
+    providers = inventory.owners(lib.realpath or lib.path)
+    if not providers:
+        return ()
+    prov = providers[0]
+    first = f"version `{sorted(p.versions)[0]}'" if p.versions else ordered[0][0]
+    out = manual(
+        f"install the release of {prov.name} whose {file} defines {first}: the one {needer} was built against "
+        f"({prov.label} is installed)",
+        why=f"{prov.label}'s {file} lacks {first}",
+    )
+    needers = inventory.owners(obj)
+    if needers and needers[0].key != prov.key:
+        build = f"a release built against {prov.label}"
+        out += (UseBuild(needers[0].name, build, why=f"or: {needers[0].label} was built against another {file}"),)
+    return out
 
 
 def _target(file: str | None, p: _Problem, display: Callable[[str], str]) -> str:
