@@ -326,7 +326,13 @@ class CudaStackRun:
             found = self.failing_findings()
             failing = any(f.failing for f in found)
             self._plans = (
-                plan_repairs(found, self.stack.inventory, reqs=self.stack.requirements, machine=self.stack.environment)
+                plan_repairs(
+                    found,
+                    self.stack.inventory,
+                    reqs=self.stack.requirements,
+                    machine=self.stack.environment,
+                    place=self.stack.image.image_path if self.stack.image is not None else None,
+                )
                 if failing
                 else ()
             )

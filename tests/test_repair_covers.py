@@ -421,7 +421,7 @@ def _image_base(tmp_path: Path) -> list[Entry]:
 
 
 def _image_check(tmp_path: Path, layers: list[list[Entry]], env: list[str], *args: str, capsys) -> dict:
-    out = build_image(tmp_path / "img", layers, env=["PATH=/opt/app/bin:/usr/bin:/bin", *env])
+    out = build_image(tmp_path / "img", layers, env=["PATH=/usr/local/bin:/opt/app/bin:/usr/bin:/bin", *env])
     capsys.readouterr()
     assert main(["image", str(out), "--json", *args]) == 1
     doc: dict = validate(json.loads(capsys.readouterr().out), CHECK_SCHEMA)
@@ -528,3 +528,31 @@ def test_an_unbound_reference_names_the_wheel_that_ships_the_library(tmp_path, m
     assert steps[0]["steps"][0].startswith(f"install the release of foo whose libfoo.so.1 defines {what}: ")
     assert "foo 1.0 is installed" in steps[0]["steps"][0]
     assert (steps[1]["package"], steps[1]["build"]) == ("app", "a release built against foo 1.0")
+
+
+@pytest.mark.usefixtures("image_env")
+def test_an_images_pip_steps_are_steps_of_its_build_named_by_its_paths(tmp_path: Path, capsys):
+    """A wheel of the image's Python lost a RECORD-listed library: the plan names the environment by its path
+    in the image, and its pip command is a RUN step of the image's build in the image's interpreter, never a
+    command run here (nor a path of the directory the image was unpacked in)."""
+    site = site_packages(tmp_path / "prefix")
+    write_dist(site, "nvidia-nccl-cu13", "2.30.7", {"nvidia/nccl/lib/libnccl.so.2": compile_so("libnccl.so.2")})
+    (site / "nvidia/nccl/lib/libnccl.so.2").unlink()
+    prefix = "usr/local/lib/python3.11/site-packages"
+    python = [
+        Entry("usr/local/bin/python3.11", data=build_exe(tmp_path / "python3.11")),
+        Entry("usr/local/bin/python3", "symlink", target="python3.11"),
+        Entry("usr/local/bin/python", "symlink", target="python3.11"),
+        *(Entry(f"{prefix}/{p.relative_to(site)}", data=p) for p in sorted(site.rglob("*")) if p.is_file()),
+    ]
+    doc = _image_check(tmp_path, [_image_base(tmp_path), python], [], "--cuda-driver=580.65.06", capsys=capsys)
+    assert_carried(doc)
+    (plan,) = [p for p in doc["repair"] if p["environment"] != "the image example.com/app:1"]
+    assert plan["environment"] == "/usr/local in the image example.com/app:1"
+    assert plan["command"] == ""  # nothing to run here
+    (step,) = [s for s in plan["steps"] if "integrity: nvidia-nccl-cu13 2.30.7" in " ".join(s["resolves"])]
+    assert step["kind"] == "manual"
+    assert step["action"]["steps"] == [
+        "RUN /usr/local/bin/python -m pip install --force-reinstall --no-deps nvidia-nccl-cu13==2.30.7"
+    ]
+    assert str(tmp_path) not in json.dumps(doc["repair"])

@@ -74,6 +74,7 @@ def cmd_check(args: argparse.Namespace, prog: str = "check") -> int:
         stack.inventory,
         reqs=stack.requirements,
         machine=stack.environment,
+        place=stack.image.image_path if stack.image is not None else None,
     )
     if getattr(args, "json", False):
         payload = {
