@@ -556,3 +556,12 @@ def test_an_images_pip_steps_are_steps_of_its_build_named_by_its_paths(tmp_path:
         "RUN /usr/local/bin/python -m pip install --force-reinstall --no-deps nvidia-nccl-cu13==2.30.7"
     ]
     assert str(tmp_path) not in json.dumps(doc["repair"])
+
+
+def test_a_drift_from_the_baseline_names_the_recorded_version(tmp_path, monkeypatch, capsys):
+    doc = check_json(tmp_path, baseline_drift, monkeypatch, capsys)
+    (step,) = [s for plan in doc["repair"] for s in plan["steps"]]
+    assert step["action"]["steps"] == [
+        "install nvidia-nccl-cu12 2.27.3 (recorded; 2.28.9 now)",
+        f"or re-record it: pytest --cudastack-snapshot={tmp_path / 'base.json'}",
+    ]
