@@ -556,6 +556,8 @@ def test_an_images_pip_steps_are_steps_of_its_build_named_by_its_paths(tmp_path:
         "RUN /usr/local/bin/python -m pip install --force-reinstall --no-deps nvidia-nccl-cu13==2.30.7"
     ]
     assert str(tmp_path) not in json.dumps(doc["repair"])
+    (finding,) = doc["items"]["integrity"]  # its own remedy too: the image's interpreter, by its image path
+    assert finding["remedies"][0]["python"] == "/usr/local/bin/python"
 
 
 def test_a_drift_from_the_baseline_names_the_recorded_version(tmp_path, monkeypatch, capsys):

@@ -565,7 +565,7 @@ def _in_image(
         if not isinstance(pip, Pip):
             steps.append(step)
             continue
-        inside = replace(pip, python=(place(pip.python) or "python3") if pip.python else "")
+        inside = replace(pip, python=place(pip.python) or pip.python)
         why = f"{pip.why}; in the image's build, after the step that installs what it changes".lstrip("; ")
         steps.append(PlanStep("manual", Manual((f"RUN {inside.render()}",), why=why), step.resolves, why))
     fixed = {i for s in steps if s.kind == "automatic" for i in s.resolves}
