@@ -70,7 +70,13 @@ def cmd_check(args: argparse.Namespace, prog: str = "check") -> int:
         stack.flush_cache()
     order = [name for check in enabled_checks(settings) for name, _ in check.expand(stack)]
     failing = any(f.failing for found in results.values() for f in found)
-    plans = plan_repairs([f for found in results.values() for f in found], stack.inventory, reqs=stack.requirements)
+    plans = plan_repairs(
+        [f for found in results.values() for f in found],
+        stack.inventory,
+        reqs=stack.requirements,
+        machine=stack.environment,
+        place=stack.image.image_path if stack.image is not None else None,
+    )
     if getattr(args, "json", False):
         payload = {
             "schema": CHECK_SCHEMA,

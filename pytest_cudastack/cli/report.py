@@ -110,7 +110,8 @@ def wheel_report(paths: Sequence[str] | None = None, cache: ElfCache | None = No
         findings = wheel_findings(stack)
         inv = stack.inventory
         gpu = {d.label: dist_gpu_code(d, stack.fatbin) for d in inv.distributions}
-        plans = plan_repairs(findings, inv, reqs=stack.requirements)
+        place = stack.image.image_path if stack.image is not None else None
+        plans = plan_repairs(findings, inv, reqs=stack.requirements, machine=stack.environment, place=place)
         modules = len(stack.module_trees)
     finally:
         if cache is None:
