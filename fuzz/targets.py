@@ -408,7 +408,11 @@ def _check_treecache(data: bytes, scratch: Path) -> str | None:
             return f"tree cache returned a row of another shape: {e['row'][:200]!r}"
         t.paths_of(e)
         t.ctx_of(e)
+        if not all(isinstance(k, str) for k in t.deps_of(e)):  # tree --json's warm path under another --site
+            return f"a hit's dependencies are not keys: {e['deps']!r:.200}"
     t.store(libs[0], json.dumps({"path": libs[0], "libraries": []}), False, [], {"c"}, None, time.time_ns() + 10**12)
+    # a dependency whose value changed prunes the rows that read it, whatever shape another run gave them
+    t.store(libs[-1], json.dumps({"path": libs[-1], "libraries": []}), False, [], {"s" + libs[-1]}, None, 0)
     t.flush()
     return None
 
@@ -674,6 +678,141 @@ def _check_loaded(data: bytes, scratch: Path) -> str | None:
     return None
 
 
+# ------------------------------------------------------------------------------ round 3 (issue #23) targets
+_CONFIG_NAMES = ("pyproject.toml", "tox.ini", "setup.cfg", "pytest.ini", "pytest.toml")
+_CONFIGS = [
+    (0, '[tool.pytest.ini_options]\ncuda_max = "12.9"\ncudastack_scan = ["bin", "lib"]\n'
+        'addopts = "-q --cuda-min=11.8"\n'),
+    (0, '[tool.pytest]\ncuda_max = "12.9"\ncudastack = true\ncudastack_imports = ["torch", "cupy"]\n'),
+    (0, "[project]\nname = 'x'\nversion = 0x1f\n[tool.pytest.ini_options]\ncudastack_no_cache = 1\n"),
+    (1, "[tox]\nenvlist = py311\n[pytest]\ncuda_driver = 550.54.15\naddopts = -o cuda_max=13.0\n"
+        "cudastack_scan =\n  bin\n  lib\n"),
+    (2, "[metadata]\nname = x\n[tool:pytest]\ncuda_arch = sm_90,sm_80\ncudastack_imports_scan = false\n"),
+    (3, "[pytest]\naddopts = --cudastack --cudastack-unmet=skip\ncudastack_baseline = base.json\n"),
+    (4, "[pytest]\ncuda_min = \"12.0\"\ncudastack_scan = [\"bin\"]\n"),
+]  # fmt: skip
+
+
+def _config_seeds(work: Path) -> list[bytes]:
+    return [bytes([which]) + text.encode() for which, text in _CONFIGS]
+
+
+def _check_config(data: bytes, scratch: Path) -> str | None:
+    """``cudastack check``'s configuration (cli/project.py): pytest's file read as pytest reads it, its values
+    resolved into Settings; only a CudaStackError (OptionError: exit 2 naming the file) may leave."""
+    import argparse
+
+    from pytest_cudastack.cli.project import project_settings
+    from pytest_cudastack.errors import CudaStackError
+
+    d = scratch / "config"
+    d.mkdir(exist_ok=True)
+    for old in d.iterdir():
+        old.unlink()
+    name = _CONFIG_NAMES[data[0] % len(_CONFIG_NAMES)] if data else "pytest.ini"
+    (d / name).write_bytes(data[1:])
+    here = os.getcwd()
+    os.chdir(d)
+    try:
+        project_settings(argparse.Namespace(inifile=None, rootdir=None, override_ini=[]), environ={})
+    except CudaStackError:
+        pass
+    finally:
+        os.chdir(here)
+    return None
+
+
+_SOURCES = [
+    "import os, sys\nfrom . import sub\nif sys.platform == 'linux':\n    import ctypes\n"
+    "try:\n    import torch\nexcept ImportError:\n    torch = None\n",
+    '"""Doc \'\'\' string."""\nfrom .x import (a,\n    b)\nclass C:\n    import json\n'
+    '    def f(self):\n        import re\n        return "s\\"(["\n',
+    "def f(x=')'):\n    pass\nfor i in range(3):\n    import a\nelse:\n    import b\n"
+    "while 0: pass\nx = [1,\n 2]; import c\n",
+    "# comment with \"\"\" and '''\nimport a.b.c as d\nfrom __future__ import annotations\ns = r'\\' + f\"{x['y']}\"\n",
+]  # fmt: skip
+
+
+def _pysource_seeds(work: Path) -> list[bytes]:
+    return [text.encode() for text in _SOURCES]
+
+
+def _check_pysource(data: bytes, scratch: Path) -> str | None:
+    """The import scanner (model/pysource.py): lexing, the top-level scan and the parse never raise; the
+    imports asked twice in a run are computed once."""
+    from pytest_cudastack.model import pysource
+
+    f = scratch / "mod.py"
+    f.write_bytes(data)
+    cache = ElfCache(str(scratch / "pycache"), enabled=False)
+    first = pysource.module_imports(str(f), "pkg.mod", False, cache)
+    again = pysource.module_imports(str(f), "pkg.mod", False, cache)
+    if again is not first:
+        return "a module's imports were computed twice in one run"
+    pysource.read_module_source(str(f), strip=False)
+    return None
+
+
+_REQUIRES = [
+    'nvidia-cudnn-cu12>=9; python_version >= "3.9" and sys_platform == "linux"',
+    'nvidia-nccl-cu12==2.21.5; extra == "cuda" or platform_machine == "x86_64"',
+    "torch[opt]>=2.0,<3; implementation_name == 'cpython'",
+    'sympy; python_full_version < "3.13.1" and extra == "opt"',
+    "filelock (>=3.0)",
+]
+
+
+def _requirements_seeds(work: Path) -> list[bytes]:
+    head = "Metadata-Version: 2.1\nName: pkg\nVersion: 1.0\nProvides-Extra: cuda\nProvides-Extra: opt\n"
+    lines = [_REQUIRES[i:] + _REQUIRES[:i] for i in range(3)]
+    return [(head + "".join(f"Requires-Dist: {r}\n" for r in reqs) + "\n").encode() for reqs in lines]
+
+
+def _check_requirements(data: bytes, scratch: Path) -> str | None:
+    """Requires-Dist as the requirements item and the repair model evaluate it (wheels/requirements.py, with
+    packaging's parsers): nothing may leave; what packaging cannot read is reported, never raised."""
+    import shutil
+
+    from pytest_cudastack.checks.requirements import requirement_findings
+    from pytest_cudastack.model.repair import plan_repairs
+    from pytest_cudastack.wheels.inventory import installed_wheels
+    from pytest_cudastack.wheels.requirements import requirement_facts
+
+    site = scratch / "site"
+    shutil.rmtree(site, ignore_errors=True)
+    for name, version, meta in [("pkg", "1.0", data), ("nvidia-nccl-cu12", "2.20.5", None)]:
+        info = site / f"{name.replace('-', '_')}-{version}.dist-info"
+        info.mkdir(parents=True)
+        text = meta if meta is not None else f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n\n".encode()
+        (info / "METADATA").write_bytes(text)
+        (info / "RECORD").write_text(f"{info.name}/METADATA,,\n{info.name}/RECORD,,\n")
+        (info / "INSTALLER").write_text("pip\n")
+    inv = installed_wheels([str(site)], reader=elf.read_elf, dpkg_root=None)
+    reqs = requirement_facts(inv)
+    found = requirement_findings(inv, reqs=reqs)
+    plan_repairs(found, inv, reqs=reqs)
+    return None
+
+
+def _escape_seeds(work: Path) -> list[bytes]:
+    return [b"libc.so.6", b"lib\x1b[2J\x1b]0;t\x07\r\xe2\x80\xae\xff.so", "\u00fcn\u00ef \u2713\u2028\ufeff".encode()]
+
+
+def _check_escape(data: bytes, scratch: Path) -> str | None:
+    """escape.printable: its answer is printable (newlines kept on request), and escaping it again changes
+    nothing."""
+    from pytest_cudastack.escape import printable
+
+    text = data.decode("utf-8", "surrogateescape")
+    for lines in (False, True):
+        out = printable(text, newlines=lines)
+        if not (out.replace("\n", "") if lines else out).isprintable():
+            return f"unprintable output: {out[:100]!r}"
+        if printable(out, newlines=lines) != out:
+            return f"escaping twice changed {out[:100]!r}"
+    return None
+
+
 TARGETS: dict[str, Target] = {
     t.name: t
     for t in (
@@ -694,5 +833,9 @@ TARGETS: dict[str, Target] = {
         Target("toolchain", _data_seeds("toolchain.json"), _check_data(_validate_toolchain), _structured_dlopen),
         Target("gpucode", _data_seeds("gpu_code.json"), _check_data(_validate_gpu_code), _structured_dlopen),
         Target("toolversion", _toolversion_seeds, _check_toolversion),
+        Target("config", _config_seeds, _check_config),
+        Target("pysource", _pysource_seeds, _check_pysource),
+        Target("requirements", _requirements_seeds, _check_requirements),
+        Target("escape", _escape_seeds, _check_escape),
     )
 }

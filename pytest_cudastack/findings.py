@@ -8,6 +8,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeAlias
 
+from pytest_cudastack.escape import printable
+
 __all__ = [
     "SEVERITY_ORDER",
     "DriverUpgrade",
@@ -437,7 +439,9 @@ class Finding:
 
 
 def _clip(text: str) -> str:
-    return text if len(text) <= _MAX_TEXT else f"{text[:_MAX_TEXT]}... ({len(text) - _MAX_TEXT} more characters)"
+    """A field as human text shows it: cut to ``_MAX_TEXT`` characters, escaped (it may come from a file)."""
+    text = text if len(text) <= _MAX_TEXT else f"{text[:_MAX_TEXT]}... ({len(text) - _MAX_TEXT} more characters)"
+    return printable(text)
 
 
 def most_severe_first(findings: Iterable[Finding]) -> tuple[Finding, ...]:

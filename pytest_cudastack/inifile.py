@@ -66,8 +66,11 @@ class ProjectConfig:
             if not isinstance(value, expected) or (
                 kind in ("linelist", "args") and not all(isinstance(x, str) for x in value)  # type: ignore[attr-defined]
             ):
-                raise ValueError(f"{where}: config option {key!r} expects a {kind}, got {value!r}")
+                raise ValueError(f"{where}: config option {key!r} expects a {kind}, got {_short(value)}")
             return list(value) if isinstance(value, list) else value
+        if not isinstance(value, str) and not all(isinstance(x, str) for x in value):  # type: ignore[attr-defined]
+            # INI mode keeps a TOML list as it is: pytest's argument parser stops on [1, 2] with a TypeError
+            raise ValueError(f"{where}: config option {key!r} expects a list of strings, got {_short(value)}")
         if kind == "linelist":
             if isinstance(value, str):
                 return [stripped for line in value.split("\n") if (stripped := line.strip())]
@@ -91,6 +94,15 @@ class ProjectConfig:
     def ini_dir(self) -> str | None:
         """Where relative paths set in the file start (pytest's ``config.inipath.parent``)."""
         return os.path.dirname(self.inipath) if self.inipath else None
+
+
+def _short(value: object) -> str:
+    """``repr(value)``, cut to 200 characters (a config value can be a 4000-digit integer)."""
+    try:
+        text = repr(value)
+    except (ValueError, RecursionError):
+        return f"a {type(value).__name__} that cannot be shown"
+    return text if len(text) <= 200 else text[:200] + "..."
 
 
 def strtobool(value: str) -> bool:
@@ -117,13 +129,28 @@ def config_names(pytest_major: int | None = None) -> tuple[str, ...]:
     return (*native, "pytest.ini", ".pytest.ini", "pyproject.toml", "tox.ini", "setup.cfg")
 
 
-def _ini_sections(path: str) -> iniconfig.IniConfig:
+def _text(path: str) -> str:
+    """The file's text as pytest reads it (``Path.read_text(encoding="utf-8")``, iniconfig's ``open``):
+    UTF-8, in universal-newlines mode (``\r\n`` and a lone ``\r`` end a line). Bytes that are not UTF-8
+    (where pytest stops with a traceback) are an ``OptionError`` naming the file and the offset."""
     try:
-        return iniconfig.IniConfig(path)
-    except iniconfig.ParseError as e:
-        raise OptionError(str(e)) from e
+        with open(path, "rb") as f:
+            data = f.read()
     except OSError as e:
         raise OptionError(f"cannot read {path}: {e}") from e
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise OptionError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from e
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
+def _ini_sections(path: str) -> iniconfig.IniConfig:
+    text = _text(path)
+    try:
+        return iniconfig.IniConfig(path, data=text)
+    except iniconfig.ParseError as e:
+        raise OptionError(str(e)) from e
 
 
 def _ini_values(section: iniconfig.SectionWrapper) -> dict[str, ConfigValue]:
@@ -131,14 +158,26 @@ def _ini_values(section: iniconfig.SectionWrapper) -> dict[str, ConfigValue]:
 
 
 def _toml(path: str) -> dict[str, Any]:
+    text = _text(path)
     try:
-        with open(path, "rb") as f:
-            doc: dict[str, Any] = tomllib.load(f)
-            return doc
+        doc: dict[str, Any] = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise OptionError(f"{path}: {e}") from e
-    except OSError as e:
-        raise OptionError(f"cannot read {path}: {e}") from e
+    except RecursionError as e:  # tomllib recurses once per nested array or inline table
+        raise OptionError(f"{path}: arrays or tables nested too deeply") from e
+    except ValueError as e:  # an integer over the interpreter's digit limit (sys.set_int_max_str_digits)
+        raise OptionError(f"{path}: {e}") from e
+    return doc
+
+
+def _ini_scalar(path: str, key: str, value: object) -> ConfigValue:
+    """A value of ``[tool.pytest.ini_options]`` in INI mode (findpaths.py's ``make_scalar``: scalars become
+    strings, lists stay); an integer too long for ``str`` or a structure too deep is an ``OptionError``
+    naming the file and key (pytest stops with a traceback)."""
+    try:
+        return ConfigValue(tuple(value) if isinstance(value, list) else str(value), "ini")
+    except (ValueError, RecursionError) as e:
+        raise OptionError(f"{path}: config option {key!r}: {type(e).__name__}: {str(e)[:200]}") from e
 
 
 def _tool_pytest(path: str, doc: Mapping[str, Any], major: int) -> dict[str, ConfigValue] | None:
@@ -153,7 +192,7 @@ def _tool_pytest(path: str, doc: Mapping[str, Any], major: int) -> dict[str, Con
         return {k: ConfigValue(v, "toml") for k, v in native.items()}
     if isinstance(ini, dict):
         # INI mode: scalars become strings, lists stay (findpaths.py's make_scalar)
-        return {k: ConfigValue(tuple(v) if isinstance(v, list) else str(v), "ini") for k, v in ini.items()}
+        return {k: _ini_scalar(path, k, v) for k, v in ini.items()}
     return None
 
 

@@ -35,11 +35,13 @@ from pytest_cudastack.cuda.versions import (
     parse_driver_spec,
 )
 from pytest_cudastack.errors import OptionError, RuleError
+from pytest_cudastack.escape import printable
 from pytest_cudastack.findings import Finding
 from pytest_cudastack.wheels.requirements import (
     RequirementFact,
     Requirements,
     Status,
+    evaluate_marker,
     evaluate_requirement,
     marker_environment,
 )
@@ -143,7 +145,7 @@ class Unmet:
                 )
             if len(shown) < len(parts):
                 lines.append(f"  ... {len(parts) - len(shown)} more (-v)")
-        return "\n".join(lines)
+        return printable("\n".join(lines), newlines=True)  # names and paths from files
 
 
 def check_marker(name: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> MarkerCall:
@@ -225,8 +227,12 @@ def _wheel_unmet(text: str, facts: Facts) -> str | None:
     req = Requirement(text)
     inv = facts.inventory
     # the one evaluator's environment: the inspected interpreter (its site directory), as for Requires-Dist
-    if req.marker is not None and not req.marker.evaluate(marker_environment(next(iter(inv.site_dirs), None))):
-        return None
+    if req.marker is not None:
+        holds = evaluate_marker(req.marker, marker_environment(next(iter(inv.site_dirs), None)))
+        if isinstance(holds, str):
+            return f"requires_wheel({text!r}): its marker cannot be evaluated ({holds})"
+        if not holds:
+            return None
     own, *added = evaluate_requirement(req, inv)
     dist = own.installed
     if dist is None:

@@ -325,7 +325,17 @@ class CudaStackRun:
         if self._plans is None:
             found = self.failing_findings()
             failing = any(f.failing for f in found)
-            self._plans = plan_repairs(found, self.stack.inventory, reqs=self.stack.requirements) if failing else ()
+            self._plans = (
+                plan_repairs(
+                    found,
+                    self.stack.inventory,
+                    reqs=self.stack.requirements,
+                    machine=self.stack.environment,
+                    place=self.stack.image.image_path if self.stack.image is not None else None,
+                )
+                if failing
+                else ()
+            )
         return self._plans
 
     def findings_section(self, terminalreporter: Any) -> None:

@@ -28,7 +28,7 @@ from pytest_cudastack.checks.integrity import integrity_findings
 from pytest_cudastack.checks.scan import scan_walk
 from pytest_cudastack.cuda.driver import declared_driver, linker_finder, probe_driver
 from pytest_cudastack.errors import DataError, UnreadableFile
-from pytest_cudastack.findings import Finding, Provenance
+from pytest_cudastack.findings import Finding, Pip, Provenance, Remedy, UseBuild
 from pytest_cudastack.image.pythons import image_interpreter, image_site_dirs
 from pytest_cudastack.image.rootfs import ImageRoot, open_image
 from pytest_cudastack.image.targets import image_binaries
@@ -204,6 +204,13 @@ class Stack:
         )
 
     @cached_property
+    def environment(self) -> str:
+        """What this run judges, as its repair plan names it: "this machine", or "the image REFERENCE"
+        (``--cudastack-image``), whose files a fix changes in the image's build, not here."""
+        image = self.image
+        return f"the image {image.reference}" if image is not None else "this machine"
+
+    @cached_property
     def inventory(self) -> Inventory:
         image = self.image
         if image is not None:
@@ -352,9 +359,17 @@ class Stack:
         def logical(path: str) -> str:
             return image.image_path(path) or path
 
+        def inside(r: Remedy) -> Remedy:  # a pip command runs in the image's interpreter, by its image path
+            if isinstance(r, Pip) and r.python:
+                return replace(r, python=logical(r.python))
+            if isinstance(r, UseBuild) and r.install is not None:
+                return replace(r, install=replace(r.install, python=logical(r.install.python)))
+            return r
+
         facts = replace(finding.facts, objects=tuple(logical(p) for p in finding.facts.objects))
         finding = replace(
             finding,
+            remedies=tuple(inside(r) for r in finding.remedies),
             subject=logical(finding.subject),
             chain=tuple(logical(p) for p in finding.chain),
             where=tuple(logical(p) for p in finding.where),
@@ -498,7 +513,9 @@ class Stack:
         return dist_gpu_code(dist, self.fatbin)
 
 
-SNAPSHOT_LIMIT = 256 << 20  # bytes; a snapshot of a large venv and many binaries is a few MB
+# bytes: a torch venv's snapshot is ~10 KB; 8 MiB of the costliest shape (a million short strings) parses and
+# is checked against the schema in ~0.5 s, so a hostile file bounds diff and --cudastack-baseline below 1 s
+SNAPSHOT_LIMIT = 8 << 20
 
 
 def load_snapshot(path: str) -> dict[str, Any]:

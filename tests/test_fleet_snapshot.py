@@ -169,8 +169,10 @@ def test_baseline_with_errors_is_never_proposed(tmp_path: Path):
     assert findings
     for f in findings:
         assert "re-record" not in f.fix
-        assert "restore the recorded stack" in f.fix
+        assert len(f.remedies[0].steps) == 1  # restoring it, step by step: nothing else
         assert "other bytes than its RECORD's" in f.remedies[0].why
+    restore = {f.remedies[0].steps[0] for f in findings}
+    assert "uninstall nvidia-cudnn-cu12 (not in the recorded stack)" in restore
 
 
 def test_clean_baseline_drift_proposes_re_recording(tmp_path: Path):
@@ -178,7 +180,10 @@ def test_clean_baseline_drift_proposes_re_recording(tmp_path: Path):
     now = snap(cu13_site(tmp_path / "b", major=12))
     findings = baseline_findings("stack.json", recorded, now)
     assert findings
-    assert all("re-record it (pytest --cudastack-snapshot=stack.json)" in f.fix for f in findings)
+    assert all(f.remedies[0].steps[-1] == "or re-record it: pytest --cudastack-snapshot=stack.json" for f in findings)
+    # each difference names what restores it: the recorded wheel, at its recorded version
+    restore = [f.remedies[0].steps[0] for f in findings]
+    assert any(s.startswith("install nvidia-") and "(recorded" in s for s in restore), restore
 
 
 def test_driver_mismatch_is_a_snapshot_problem(tmp_path: Path):

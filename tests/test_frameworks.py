@@ -22,7 +22,7 @@ from pytest_cudastack.cuda.frameworks import (
     validate_rules,
 )
 from pytest_cudastack.errors import DataError
-from pytest_cudastack.findings import Severity
+from pytest_cudastack.findings import Severity, UseBuild
 from pytest_cudastack.linker.elf import read_elf
 from pytest_cudastack.settings import Settings
 from pytest_cudastack.stack import Stack
@@ -373,6 +373,12 @@ def test_tensorflow_and_cuda_pin_is_the_build(tmp_path, cudnn, bad):
     (err,) = errors
     assert "Loaded runtime CuDNN library: 8.6.0 but source was compiled with: 8.9.4." in err.message
     assert "its METADATA declares nvidia-cudnn-cu12==8.9.4.25" in err.cause
+    # the remedy as data: the build it was built against, with the pip command that gets it (no prose command)
+    (use,) = err.remedies
+    assert isinstance(use, UseBuild)
+    assert use.package == "nvidia-cudnn-cu12"
+    assert use.install is not None
+    assert (use.install.specs, use.install.flags) == (("nvidia-cudnn-cu12==8.9.4.25",), ("--no-deps",))
 
 
 @pytest.mark.parametrize(("cudnn", "warned"), [("9.10.0.56", True), ("9.10.1.4", False), ("9.9.0.52", False)])

@@ -20,10 +20,11 @@ from typing import Any
 import pytest
 
 from pytest_cudastack.checks.arch import arch_findings, stack_cuda_major, summarize, wheel_arch_findings
+from pytest_cudastack.cuda.compat import min_driver_for_cuda
 from pytest_cudastack.cuda.driver import DriverInfo
 from pytest_cudastack.cuda.gpucode import load_gpu_code, ptx_isa_cuda, validate_gpu_code, variants_for
 from pytest_cudastack.errors import DataError, ElfError
-from pytest_cudastack.findings import Finding, Severity
+from pytest_cudastack.findings import DriverUpgrade, Finding, Rebuild, Severity, UseBuild
 from pytest_cudastack.linker.elfcache import ElfCache
 from pytest_cudastack.linker.fatbin import CONTAINER_MAGIC, FatbinEntry, read_fatbin
 from pytest_cudastack.settings import Settings
@@ -452,3 +453,37 @@ def test_ptx_only_wheel_is_a_warning_whose_fix_asks_nothing_unknown(kernels: dic
     assert finding.fix.startswith("nothing is required: the driver compiles the PTX once per GPU")
     assert finding.fix.endswith("; no build of ptxonly with SASS for sm_90 is known here")
     assert " carries only PTX" in finding.cause
+
+
+def test_remedies_are_typed_the_build_that_covers_it_or_a_rebuild_with_gencode(
+    kernels: dict[str, bytes], tmp_path: Path
+) -> None:
+    """The arch item's errors carry their remedies as data: a scan is rebuilt with the -gencode flags for the
+    arch; an installed wheel names the build that covers it (with the pip command of its index, in its
+    environment); PTX the driver cannot JIT names the driver of the CUDA that introduced its ISA."""
+    site = _site(tmp_path, kernels, {"torch": ("2.9.0+cu130", ["sm80"]), "jitonly": ("1.0", ["compressed"])})
+    (site / "bin").mkdir()
+    (site / "bin" / "libmine.so").write_bytes(kernels["sm80"])
+    by_subject = {f.subject: f for f in _arch(site, ("sm_60",), scan=("bin/libmine.so",))}
+    (rebuild,) = by_subject["bin/libmine.so"].remedies
+    assert isinstance(rebuild, Rebuild)
+    assert rebuild.flags == ("-gencode", "arch=compute_60,code=sm_60")
+    use = by_subject["torch 2.9.0+cu130"].remedies[0]
+    assert isinstance(use, UseBuild)
+    assert (use.package, use.build) == ("torch", "the cu126 variant (CUDA 12.6)")
+    assert use.install is not None
+    assert use.install.index_url == "https://download.pytorch.org/whl/cu126"
+    assert use.install.specs == ("torch",)
+    # CUDA 13's PTX ISA 9.0 at driver 570: the first driver of CUDA 13.0
+    (jit,) = _arch(_site(tmp_path / "j", kernels, {"jitonly": ("1.0", ["compressed"])}), ("sm_90",), "570.86.15")
+    upgrade = jit.remedies[0]
+    assert isinstance(upgrade, DriverUpgrade)
+    assert (upgrade.minimum, upgrade.cuda) == (min_driver_for_cuda("13.0"), "13.0")
+
+
+def test_a_suffixed_arch_is_rebuilt_with_its_own_suffix(kernels: dict[str, bytes], tmp_path: Path) -> None:
+    path = _write(tmp_path, "libmine.so", kernels["sm80"])
+    (finding,) = arch_findings([path], ["sm_90a"])
+    assert finding.remedies == (
+        Rebuild(path, ("-gencode", "arch=compute_90a,code=sm_90a"), why=finding.remedies[0].why),
+    )

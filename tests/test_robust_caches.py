@@ -313,3 +313,54 @@ def test_symbol_cache_entry_of_the_wrong_shape_is_a_miss(symlib: Path, tmp_path:
     again = ElfCache(str(d), enabled=True)
     assert again.read_symbols(str(symlib)) == first
     assert (again.hits, again.misses) == (0, 1)
+
+
+# ------------------------------------------------------------------------- tree cache, round 3 (#23)
+def test_warm_tree_json_under_another_site_reuses_the_closure(
+    lib: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # a cached closure found under other site directories is re-filled with providers and stored again:
+    # its dependencies are the stored *keys*, not the bucket's indexes into them
+    from pytest_cudastack.cli import main
+    from pytest_cudastack.linker import treecache
+
+    d = tmp_path / "cache"
+    monkeypatch.setenv("CUDASTACK_CACHE_DIR", str(d))
+    monkeypatch.delenv("CUDASTACK_NO_CACHE", raising=False)
+    monkeypatch.setattr(treecache, "RACY_NS", 0)  # rows of files made just now are stored
+    sites = []
+    for name in ("site-a", "site-b"):
+        (tmp_path / name).mkdir()
+        sites.append(str(tmp_path / name))
+    outs = []
+    for site in (sites[0], sites[1], sites[1], sites[0]):
+        main(["tree", "--json", "--site", site, str(lib)])
+        outs.append(json.loads(capsys.readouterr().out))
+    assert all(o == outs[0] for o in outs)
+    assert [x["soname"] for x in outs[0]["trees"][0]["libraries"]][:2] == ["libc.so.6", "libm.so.6"]
+    stored = json.loads((d / TREE_FILE).read_bytes().split(b"\n")[1])
+    (bucket,) = stored["buckets"].values()
+    assert all(isinstance(k, str) for k in bucket["keys"])
+
+
+def test_malformed_row_with_a_valid_checksum_never_breaks_pruning(lib: Path, tmp_path: Path) -> None:
+    # another run (or an editor) wrote a row whose dependencies are lists; storing a changed dependency
+    # prunes the rows that read it, and that must skip, not crash on, the malformed one
+    f = _stored_tree(tmp_path, lib, _row(lib))
+    body = f.read_bytes().partition(b"\n")[2]
+    header, _, blob = body.partition(b"\n")
+    raw = json.loads(header)
+    bucket = raw["buckets"]["env"]
+    good = bucket["roots"][str(lib)]
+    for i, deps in enumerate([[[0]], [{"a": 1}], [0, [1]], "ab", 7, None, [0.5], [True]]):
+        bucket["roots"][f"/forged/{i}"] = {**good, "deps": deps}
+    new = json.dumps(raw).encode() + b"\n" + blob
+    f.write_bytes(b"%08x\n" % zlib.crc32(new) + new)
+    t = TreeCache(str(f.parent), "env")
+    assert list(t.lookup([str(lib)] + [f"/forged/{i}" for i in range(8)])) == [str(lib)]
+    os.utime(lib, ns=(1, 1))  # the dependency changed: the rows that read it are stale
+    t = TreeCache(str(f.parent), "env")
+    assert t.store(str(lib), _row(lib), False, [], {"s" + str(lib)}, None, time.time_ns() + 100 * 10**9)
+    assert t.flush() is None
+    again = TreeCache(str(f.parent), "env")
+    assert list(again.lookup([str(lib)] + [f"/forged/{i}" for i in range(8)])) == [str(lib)]

@@ -14,9 +14,11 @@ from types import ModuleType
 import pytest
 
 from pytest_cudastack.checks.symbols import binary_symbol_findings
+from pytest_cudastack.cuda.compat import min_driver_for_cuda
 from pytest_cudastack.cuda.driver import DriverInfo
 from pytest_cudastack.cuda.driversyms import DATA_FILE, driver_entry_points, validate_entry_points
 from pytest_cudastack.errors import DataError
+from pytest_cudastack.findings import DriverUpgrade, Manual
 from pytest_cudastack.linker.resolver import Resolver, SearchConfig
 from pytest_cudastack.linker.symbols import read_symbols
 from tests.helpers.elfbuild import CC, needs_cc
@@ -146,3 +148,79 @@ def test_a_present_libcuda_is_judged_by_its_own_symbols(tmp_path: Path):
     assert "undefined symbol: cuGreenCtxDestroy" in found[0].details
     proc = subprocess.run([str(exe)], capture_output=True, text=True, check=False)
     assert "undefined symbol: cuGreenCtxDestroy" in proc.stderr
+
+
+def _app_needing_libcuda(tmp_path: Path, libcuda_dir: Path | None) -> Path:
+    """``app`` calling cuInit and cuGreenCtxDestroy (CUDA 12.4), linked against a full libcuda.so.1 that is then
+    removed (a build machine) or replaced through an RPATH by ``libcuda_dir``'s old one."""
+    full = tmp_path / "full"
+    full.mkdir()
+    lib = _cc(
+        full / "libcuda.so.1",
+        "int cuInit(unsigned f) { return 0; }\nint cuGreenCtxDestroy(void *c) { return 0; }\n",
+        "-Wl,-soname,libcuda.so.1",
+    )
+    rpath = [f"-Wl,-rpath,{libcuda_dir}"] if libcuda_dir is not None else []
+    exe = _cc(tmp_path / "app", PROGRAM, str(lib), "-Wl,-z,now", "-Wl,--enable-new-dtags", *rpath, shared=False)
+    os.unlink(lib)
+    return exe
+
+
+@needs_cc
+@pytest.mark.parametrize(
+    ("declared", "cuda"),
+    [
+        pytest.param(DECLARED, "12.2", id="declared 535 (CUDA 12.2)"),
+        pytest.param(DriverInfo(source="declared", version="525.60.13", cuda_version="12.0"), "12.0", id="525"),
+    ],
+)
+def test_an_entry_point_the_declared_driver_lacks_is_repaired_by_the_driver_that_introduced_it(
+    tmp_path: Path, declared: DriverInfo, cuda: str
+):
+    """Not "load the library that defines them": libcuda.so.1 comes with the driver, so the remedy is a driver
+    at least the first one for the CUDA that introduced the entry point (12.4: 550.54.14), as data."""
+    exe = _app_needing_libcuda(tmp_path, None)
+    tree = Resolver(SearchConfig.from_environment({})).tree(str(exe))
+    (found,) = binary_symbol_findings(tree, "app", read_symbols, driver=declared)
+    upgrade = found.remedies[0]
+    assert isinstance(upgrade, DriverUpgrade)
+    assert (upgrade.minimum, upgrade.cuda) == (min_driver_for_cuda("12.4"), "12.4") == ("550.54.14", "12.4")
+    assert isinstance(found.remedies[1], Manual)
+    assert f"for CUDA {cuda}" in found.remedies[1].steps[0]
+    assert (found.facts.required, found.facts.bound, found.facts.sonames) == ("CUDA 12.4", cuda, ("libcuda.so.1",))
+
+
+@needs_cc
+def test_a_present_libcuda_lacking_an_entry_point_is_repaired_by_a_newer_driver(tmp_path: Path):
+    old = tmp_path / "old"
+    old.mkdir()
+    _cc(old / "libcuda.so.1", "int cuInit(unsigned f) { return 0; }\n", "-Wl,-soname,libcuda.so.1")
+    exe = _app_needing_libcuda(tmp_path, old)
+    tree = Resolver(SearchConfig.from_environment({})).tree(str(exe))
+    (found,) = binary_symbol_findings(tree, "app", read_symbols)
+    assert isinstance(found.remedies[0], DriverUpgrade)
+    assert (found.remedies[0].minimum, found.remedies[0].cuda) == ("550.54.14", "12.4")
+    assert not any("load the library that defines them" in r.render() for r in found.remedies)
+
+
+@needs_cc
+def test_a_missing_symbol_of_another_library_keeps_its_own_remedy(tmp_path: Path):
+    """The clean twin of the rule above: a library that is not the driver's lacks a symbol (which happens to
+    share no name with the driver's table): no driver remedy."""
+    d = tmp_path / "d"
+    d.mkdir()
+    full = _cc(d / "libfoo.so.1", "int foo_new(void) { return 0; }\n", "-Wl,-soname,libfoo.so.1")
+    exe = _cc(
+        tmp_path / "app",
+        "int foo_new(void);\nint main(void) { return foo_new(); }\n",
+        str(full),
+        "-Wl,-z,now",
+        "-Wl,--enable-new-dtags",
+        f"-Wl,-rpath,{d}",
+        shared=False,
+    )
+    _cc(d / "libfoo.so.1", "int foo_old(void) { return 0; }\n", "-Wl,-soname,libfoo.so.1")
+    tree = Resolver(SearchConfig.from_environment({})).tree(str(exe))
+    (found,) = binary_symbol_findings(tree, "app", read_symbols)
+    assert found.failing
+    assert not any(isinstance(r, DriverUpgrade) for r in found.remedies)

@@ -16,13 +16,14 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from pytest_cudastack.cuda.compat import arch_cuda_range
+from pytest_cudastack.cuda.compat import arch_cuda_range, min_driver_for_cuda
 from pytest_cudastack.cuda.gpucode import gpu_code_json, ptx_isa_cuda, variants_for
 from pytest_cudastack.cuda.verdicts import driver_verdict, gpu_verdict
 from pytest_cudastack.cuda.versions import parse_arch
 from pytest_cudastack.errors import ElfError
-from pytest_cudastack.findings import Finding, Severity, manual
+from pytest_cudastack.findings import DriverUpgrade, Finding, Pip, Rebuild, Remedy, Severity, UseBuild, manual
 from pytest_cudastack.linker.fatbin import Fatbin, FatbinEntry, read_fatbin, runs_on
+from pytest_cudastack.wheels.ownership import pip_python
 
 if TYPE_CHECKING:
     from pytest_cudastack.checks.facts import StackView, Target
@@ -84,6 +85,7 @@ class _Jit:
 
     fails: bool
     text: str
+    cuda: str = ""  # the first CUDA whose driver JITs the PTX ("13.5"), when known
 
 
 def _jit(ptx: Sequence[FatbinEntry], driver: DriverInfo | None) -> _Jit:
@@ -101,7 +103,20 @@ def _jit(ptx: Sequence[FatbinEntry], driver: DriverInfo | None) -> _Jit:
     verdict = driver_verdict(cuda, driver, subject=f"PTX {best.name} (PTX ISA {isa})")
     if verdict.status in ("compatible", "unknown") or verdict.via == "forward compatibility":
         return _Jit(False, "")
-    return _Jit(True, f"{verdict.message}: JIT fails with CUDA_ERROR_UNSUPPORTED_PTX_VERSION")
+    return _Jit(True, f"{verdict.message}: JIT fails with CUDA_ERROR_UNSUPPORTED_PTX_VERSION", str(cuda))
+
+
+def _driver_for(jit: _Jit) -> tuple[Remedy, ...]:
+    """A driver that JITs the PTX: the first one of the CUDA that introduced its ISA (none when unknown)."""
+    minimum = min_driver_for_cuda(jit.cuda) if jit.fails and jit.cuda else None
+    why = f"the first driver of CUDA {jit.cuda}, whose JIT compiler reads that PTX ISA"
+    return (DriverUpgrade(minimum, jit.cuda, why=why),) if minimum is not None else ()
+
+
+def _gencode(path: str, name: str, cc: int, why: str) -> Rebuild:
+    """Rebuild ``path`` with SASS for ``name`` (nvcc's ``-gencode`` spelling: ``sm_90a`` keeps its suffix)."""
+    arch = str(parse_arch(name)).removeprefix("sm_")
+    return Rebuild(path, ("-gencode", f"arch=compute_{arch},code=sm_{arch}"), why=why)
 
 
 def _split(fat: Fatbin, cc: int) -> tuple[bool, list[FatbinEntry]]:
@@ -154,8 +169,9 @@ def arch_findings(
                         f"no SASS for {name} ({source}); only PTX {ptx[0].name} can be JIT-compiled for it"
                         + (f"; {jit.text}" if jit.fails else ""),
                         cause=f"the file carries {carries}",
-                        remedies=manual(
-                            f"rebuild with -gencode arch=compute_{cc},code=sm_{cc} to avoid JIT at first launch"
+                        remedies=(
+                            _gencode(path, name, cc, "SASS for it: no JIT at first launch"),
+                            *_driver_for(jit),
                         ),
                     )
                 )
@@ -167,8 +183,8 @@ def arch_findings(
                     path,
                     f"no GPU code runs on {name} ({source}): {_NO_IMAGE}",
                     cause=f"the file carries {carries}; none of it runs on compute capability {cc // 10}.{cc % 10}",
-                    remedies=manual(
-                        f"rebuild with -gencode arch=compute_{cc},code=sm_{cc} (or add PTX for an older arch)"
+                    remedies=(
+                        _gencode(path, name, cc, f"SASS for compute capability {cc // 10}.{cc % 10} (or add PTX)"),
                     ),
                 )
             )
@@ -193,24 +209,31 @@ def _cc_text(cc: int) -> str:
     return f"{cc // 10}.{cc % 10}"
 
 
-def _wheel_fix(dist: Distribution, name: str, cc: int) -> str:
-    """The way out for an installed wheel: the build or variant of that package whose code covers ``cc``."""
+def _wheel_remedies(dist: Distribution, name: str, cc: int) -> tuple[Remedy, ...]:
+    """The way out for an installed wheel: the build or variant of that package whose code covers ``cc``
+    (with the pip command that gets it, in the wheel's environment, where the data names its index), else
+    what to do by hand."""
     variants = variants_for(dist.name, cc)
     if variants:
         v = variants[0]
-        return (
-            f"install {dist.name}'s {v.variant} variant (CUDA {v.cuda}), whose kernels cover {name}: "
-            f"pip install --force-reinstall {dist.name} --index-url {v.index} (a {dist.name} release that "
-            f"still publishes {v.variant})"
-        )
+        why = f"its kernels cover {name} (a {dist.name} release that still publishes {v.variant})"
+        get = Pip("install", (dist.name,), pip_python(dist), ("--force-reinstall",), v.index, why=why)
+        return (UseBuild(dist.name, f"the {v.variant} variant (CUDA {v.cuda})", get, why=why),)
     span = arch_cuda_range(_cc_text(cc))
     if dist.cuda_major is not None and span is not None and span[1] is not None and dist.cuda_major > span[1]:
+        why = f"CUDA {dist.cuda_major} dropped compute capability {_cc_text(cc)}"
         return (
-            f"install the CUDA {span[1]} build of {dist.name} (CUDA {dist.cuda_major} dropped compute "
-            f"capability {_cc_text(cc)}), or run on a GPU it supports"
+            UseBuild(dist.name, f"the CUDA {span[1]} build", why=why),
+            *manual(f"or run on a GPU that CUDA {dist.cuda_major} supports"),
         )
-    # no data names a build that covers it: say so rather than send the user looking for one
-    return f"run on a GPU it supports: no build of {dist.name} that carries code for {name} is known here"
+    # no data names a build that covers it: say so rather than send the user looking for one (nor rebuild a
+    # wheel nobody here built)
+    return manual(f"run on a GPU it supports: no build of {dist.name} that carries code for {name} is known here")
+
+
+def _wheel_fix(dist: Distribution, name: str, cc: int) -> str:
+    """The wheel's remedies as one line (what a warning's prose names)."""
+    return "; ".join(r.render() for r in _wheel_remedies(dist, name, cc))
 
 
 def _jit_fix(dist: Distribution, name: str, cc: int) -> str:
@@ -317,7 +340,7 @@ def wheel_arch_findings(
                         cause=f"{_of_its(len(none), len(fats))} ({_files(none)}) {_verb(len(none), 'carry')} nothing "
                         "for compute capability "
                         f"{_cc_text(cc)}{dropped}",
-                        remedies=manual(_wheel_fix(dist, name, cc)),
+                        remedies=_wheel_remedies(dist, name, cc),
                     )
                 )
             elif failing_jit:
@@ -330,7 +353,7 @@ def wheel_arch_findings(
                         f"{failing_jit[0][1].text}",
                         cause=f"{_of_its(len(failing_jit), len(fats))} ({_files([p for p, _ in failing_jit])}) "
                         f"{_verb(len(failing_jit), 'have')} no SASS for compute capability {_cc_text(cc)}",
-                        remedies=manual(f"update the driver, or {_wheel_fix(dist, name, cc)}"),
+                        remedies=(*_driver_for(failing_jit[0][1]), *_wheel_remedies(dist, name, cc)),
                     )
                 )
             elif jit:
@@ -364,9 +387,11 @@ def cuda_major_findings(inventory: Inventory, archs: Sequence[str], source: str 
         cc = parse_arch(name).number
         torch = inventory.get("torch")
         fix = (
-            _wheel_fix(torch, name, cc)
+            _wheel_remedies(torch, name, cc)
             if torch is not None and torch.cuda_major == cuda
-            else f"install the stack's packages built for a CUDA that supports compute capability {_cc_text(cc)}"
+            else manual(
+                f"install the stack's packages built for a CUDA that supports compute capability {_cc_text(cc)}"
+            )
         )
         findings.append(
             Finding(
@@ -375,7 +400,7 @@ def cuda_major_findings(inventory: Inventory, archs: Sequence[str], source: str 
                 name,
                 f"the stack is CUDA {cuda}, which cannot run on {name} ({source}): {verdict.message}",
                 cause=f"CUDA {cuda} from {why}",
-                remedies=manual(fix),
+                remedies=fix,
             )
         )
     return tuple(findings)

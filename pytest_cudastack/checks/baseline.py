@@ -193,22 +193,42 @@ def diff_snapshots(old: Mapping[str, Any], new: Mapping[str, Any]) -> tuple[str,
     return tuple(d.text for d in snapshot_drift(old, new))
 
 
+def restore_step(d: Drift) -> str:
+    """What brings one difference back to the recorded stack, by hand (a wheel's recorded version, the recorded
+    driver); the other way out, re-recording, is the finding's second step."""
+    if d.kind == "wheel" and d.item is None:
+        if d.change == "added":
+            return f"uninstall {d.subject} (not in the recorded stack)"
+        now = f"; {d.after} now" if d.change == "changed" else ""
+        return f"install {d.subject} {d.before} (recorded{now})"
+    if d.kind == "wheel":
+        return f"force-reinstall {d.subject} at its recorded version (its {d.item} {d.change} since)"
+    if d.kind == "binary":
+        return f"restore {d.subject} as recorded ({d.text.split(': ', 1)[-1]})"
+    return f"restore the recorded {d.kind} {d.subject}: {d.before} ({d.after} now)"
+
+
 def baseline_findings(baseline: str, old: Mapping[str, Any], new: Mapping[str, Any]) -> tuple[Finding, ...]:
-    """One ERROR per difference between the recorded baseline and the stack now. Re-recording is proposed
-    only when the stack now shows no error (:func:`snapshot_problems`): a broken stack never becomes the
-    baseline."""
+    """One ERROR per difference between the recorded baseline and the stack now, its remedy the steps by
+    hand that restore it (:func:`restore_step`). Re-recording is proposed only when the stack now shows no
+    error (:func:`snapshot_problems`): a broken stack never becomes the baseline."""
     problems = snapshot_problems(new)
     if problems:
         shown = "; ".join(p.text for p in problems[:3]) + (f"; {len(problems) - 3} more" if len(problems) > 3 else "")
-        remedies = manual(
-            "restore the recorded stack",
-            why=f"not re-recorded: the stack now has errors ({shown}), which would become the baseline",
-        )
+        why = f"not re-recorded: the stack now has errors ({shown}), which would become the baseline"
+        rerecord = ""
     else:
-        remedies = manual(f"restore the recorded stack, or re-record it (pytest --cudastack-snapshot={baseline})")
+        why = "the stack drifted from the recorded one"
+        rerecord = f"or re-record it: pytest --cudastack-snapshot={baseline}"
     return tuple(
-        Finding("baseline", Severity.ERROR, baseline, f"drift from baseline: {line}", remedies=remedies)
-        for line in diff_snapshots(old, new)
+        Finding(
+            "baseline",
+            Severity.ERROR,
+            baseline,
+            f"drift from baseline: {d.text}",
+            remedies=manual(restore_step(d), rerecord, why=why),
+        )
+        for d in snapshot_drift(old, new)
     )
 
 

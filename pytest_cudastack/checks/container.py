@@ -41,7 +41,7 @@ from pytest_cudastack.cuda.container import (
 from pytest_cudastack.cuda.driver import DriverInfo
 from pytest_cudastack.cuda.versions import parse_arch
 from pytest_cudastack.errors import CudaStackError
-from pytest_cudastack.findings import DriverUpgrade, Env, Facts, Finding, Severity, manual
+from pytest_cudastack.findings import DriverUpgrade, Env, Facts, Finding, SearchPath, Severity, manual
 from pytest_cudastack.image.rootfs import ImageRoot
 from pytest_cudastack.linker.ldcache import read_ld_so_conf
 
@@ -236,7 +236,7 @@ def _compat(stack: StackView, image: ImageRoot, data: RuntimeData) -> list[Findi
                     else "ldconfig indexes the compat libcuda.so.1 beside the host's; which one the cache maps "
                     "depends on the order of its directories"
                 ),
-                remedies=manual(f"remove {data.compat_dir} from {how}"),
+                remedies=(SearchPath(data.compat_dir, how, why="the host's driver is as new: no compat libcuda"),),
                 facts=Facts(found=version, required=f"driver {driver.version}", objects=(path,)),
             )
         )
@@ -296,7 +296,7 @@ def _stubs(stack: StackView, image: ImageRoot) -> list[Finding]:
                             else "ldconfig, which the runtime runs at start, maps a library's soname to it in "
                             "every ld.so.conf directory"
                         ),
-                        remedies=manual(f"remove {d} from {how} (link with -L{d} at build time only)"),
+                        remedies=(SearchPath(d, how, why=f"stubs are for linking only (-L{d} at build time)"),),
                         facts=Facts(found=path, sonames=(soname,), objects=(path,)),
                     )
                 )

@@ -64,10 +64,10 @@ from pytest_cudastack.cuda.frameworks import (
     version_text,
 )
 from pytest_cudastack.errors import CudaStackError
-from pytest_cudastack.findings import Finding, Severity, manual
+from pytest_cudastack.findings import Finding, Pip, Remedy, Severity, UseBuild, manual
 from pytest_cudastack.linker.resolver import Library
 from pytest_cudastack.model.reach import top_level_names
-from pytest_cudastack.wheels.ownership import pip_command
+from pytest_cudastack.wheels.ownership import pip_python
 from pytest_cudastack.wheels.requirements import Requirements
 
 if TYPE_CHECKING:
@@ -385,16 +385,22 @@ def _broken(
         cause += f"; when the check fails {dist.name} drops the GPU and runs on the CPU, with a warning only"
     pin = build.pin
     pinned = [f.name for f in reqs.of(dist) if f.pin is not None and row.matches_wheel(f.name)][:1]
-    fix = ""
+    remedies: tuple[Remedy, ...] = ()
     # the copy is the framework's own provider's (a shadowing copy is shadow.py's finding), so the route is not
     # the fault: the pin is; no LD_LIBRARY_PATH edit is proposed here
-    if pin and copy.owner is not None and row.matches_wheel(copy.owner.name):
-        same = [f for f in reqs.on(copy.owner.name) if f.pin is not None]
+    owner = copy.owner if copy.owner is not None and row.matches_wheel(copy.owner.name) else None
+    if pin and owner is not None:
+        same = [f for f in reqs.on(owner.name) if f.pin is not None]
         if same and all(f.pin == same[0].pin for f in same):
-            fix = f"{pip_command(copy.owner)} install --no-deps '{copy.owner.name}=={same[0].pin}'"
-    if not fix and build.spec and copy.owner is not None and row.matches_wheel(copy.owner.name):
-        # what its own METADATA declares: a floor, so the install stays a manual step
-        fix = f"{pip_command(copy.owner)} install --no-deps '{build.spec}'"
+            why = f"the version every requirer pins ({dist.name} among them)"
+            spec = f"{owner.name}=={same[0].pin}"
+            remedies = (Pip("install", (spec,), pip_python(owner), ("--no-deps",), why=why),)
+    if not remedies and build.spec and owner is not None:
+        # what its own METADATA declares: a floor, so the install stays a manual step (which release pip picks is
+        # the index's choice, not the repair model's)
+        why = f"{dist.name} was built against it (its METADATA)"
+        get = Pip("install", (build.spec,), pip_python(owner), ("--no-deps",), why=why)
+        remedies = (UseBuild(owner.name, f"a release {build.spec}", get, why=why),)
     message = f'{dist.label} would fail its {row.name} check: "{says}"'
     if build.version and copy.version and build.version[0] != copy.version[0]:
         # another major: the framework loads the soname of its build's major, absent here, so it never gets as
@@ -409,7 +415,7 @@ def _broken(
         subject=f"{dist.name} {row.name}",
         message=message,
         cause=cause,
-        remedies=manual(fix),
+        remedies=remedies,
         where=(copy.path, dist.dist_info),
         # the pinned wheel too: the repair plan claims this finding only when it meets that pin
         distributions=(dist.key, *pinned),

@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from packaging.version import InvalidVersion, Version
+from packaging.version import Version
 
 from pytest_cudastack.checks.frameworks import framework_findings
 from pytest_cudastack.checks.shadow import shadow_findings
@@ -102,7 +102,7 @@ def repair_version(reqs: Requirements, name: str) -> tuple[str | None, list[Requ
     for text, release in candidates.items():
         try:
             version = Version(release)
-        except InvalidVersion:
+        except ValueError:  # InvalidVersion, or a number over the digit limit
             continue
         if all(f.requirement.specifier.contains(version, prereleases=True) for f in on):
             return text, on

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from pytest_cudastack._sysio import open_regular
 from pytest_cudastack.cuda.compat import is_driver_soname
 from pytest_cudastack.errors import ElfError
+from pytest_cudastack.escape import printable
 from pytest_cudastack.findings import Facts, Finding, Severity, manual
 from pytest_cudastack.wheels.dpkg import library_packages, recorded_md5, reinstall_command
 
@@ -45,9 +46,9 @@ def scan_walk(paths: Sequence[str], base: str) -> tuple[tuple[Target, ...], tupl
     found: dict[str, str] = {}
     dirs: dict[str, str] = {}
 
-    def display(path: str) -> str:
+    def display(path: str) -> str:  # an item's name: pytest prints it as it is, so escaped here
         rel = os.path.relpath(path, base)
-        return path if rel.startswith("..") else rel
+        return printable(path if rel.startswith("..") else rel)
 
     for given in paths:
         path = os.path.normpath(os.path.join(base, os.path.expanduser(given)))

@@ -38,7 +38,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from packaging.version import InvalidVersion, Version
+from packaging.version import Version
 
 from pytest_cudastack._sysio import read_text
 from pytest_cudastack.cuda.frameworks import (
@@ -299,7 +299,7 @@ def _finding(
     version = Version(".".join(map(str, winner.version)))
     try:
         provided: Version | None = Version(provider.version)
-    except InvalidVersion:  # a METADATA version pip would not accept either: no pin can accept it
+    except ValueError:  # a METADATA version pip would not accept (or past the digit limit): no pin can accept it
         provided = None
     rejecting = [
         f

@@ -49,9 +49,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from pytest_cudastack._sysio import real_path
+from pytest_cudastack.cuda.compat import min_driver_for_cuda
 from pytest_cudastack.cuda.driversyms import driver_entry_points
-from pytest_cudastack.errors import ElfError
-from pytest_cudastack.findings import Facts, Finding, Severity, manual
+from pytest_cudastack.errors import CudaStackError, ElfError
+from pytest_cudastack.findings import DriverUpgrade, Facts, Finding, Remedy, Severity, UseBuild, manual
 from pytest_cudastack.linker.elf import ElfInfo, read_elf
 from pytest_cudastack.linker.lookups import cached_lookups
 from pytest_cudastack.linker.resolver import Library, Resolver, Route, Tree
@@ -325,12 +326,14 @@ def _driver_findings(
             continue
         positions = first.positions()
         lines: list[str] = []
+        newest: tuple[int, int] = (0, 0)
         for ref in facts.references():
             entry = table.get(ref.name)
             if ref.weak or entry is None or entry.cuda <= have:
                 continue
             if index.lookup(ref.name, ref.version, positions, ref.hidden) is not None:
                 continue
+            newest = max(newest, entry.cuda)
             lines.append(
                 f"{ref.name} needs a driver for CUDA >= {entry.cuda_text}; {label} supports <= "
                 f"{driver.cuda_version} ({entry.source} in cudaTypedefs.h)"
@@ -345,9 +348,15 @@ def _driver_findings(
                     f"driver: {lines[0]}",
                     cause=f"{_LIBCUDA} comes with the driver; the one for CUDA {driver.cuda_version} does not "
                     "define them, so loading fails with 'undefined symbol'",
-                    remedies=manual(
-                        "run on a driver that supports the CUDA these entry points need, or install a build "
-                        f"for CUDA {driver.cuda_version}"
+                    remedies=driver_remedies(
+                        newest, f"or install a build of {display(obj)} for CUDA {driver.cuda_version}"
+                    ),
+                    facts=Facts(
+                        required=f"CUDA {newest[0]}.{newest[1]}",
+                        found=f"driver {driver.version or '?'}",
+                        sonames=(_LIBCUDA,),
+                        objects=(os.path.normpath(obj),),
+                        bound=driver.cuda_version,
                     ),
                     details=tuple(sorted(lines)),
                 )
@@ -356,6 +365,22 @@ def _driver_findings(
 
 
 _PER_ENTRY = ("cuGetProcAddress", "cudaGetDriverEntryPoint")
+
+
+def driver_remedies(cuda: tuple[int, int], instead: str) -> tuple[Remedy, ...]:
+    """The remedies of driver entry points the driver lacks: a driver at least the first one for ``cuda`` (the
+    newest CUDA that introduced one of them: ``compat.min_driver_for_cuda``; not the major's minor-version
+    compatibility floor, which runs newer minors but does not define their entry points), then ``instead`` by
+    hand (what else works: a build for the driver's CUDA)."""
+    text = f"{cuda[0]}.{cuda[1]}"
+    why = f"{_LIBCUDA} comes with the driver; the first driver for CUDA {text} defines every entry point named"
+    try:
+        minimum = min_driver_for_cuda(text)
+    except CudaStackError:  # a CUDA the compatibility table cannot parse: say it by hand
+        minimum = None
+    if minimum is None:
+        return manual(f"run on a driver for CUDA >= {text}", instead, why=why)
+    return (DriverUpgrade(minimum, text, why=why), *manual(instead))
 
 
 def _driver_cuda(driver: DriverInfo | None) -> tuple[tuple[int, ...], str] | None:
@@ -549,13 +574,22 @@ def _problem_finding(
     if p.symbols:
         what.append(f"{len(p.symbols)} symbol(s)")
     fix, notes = _way_out(run, p, inventory, display)
+    table = driver_entry_points()
+    entries = [table[n].cuda for n, _ in p.symbols if n in table]
+    remedies: tuple[Remedy, ...] = ()
+    driver = file == _LIBCUDA or (file is None and any(n.soname == _LIBCUDA for n in p.needs))
+    if not fix and driver and not p.versions and entries and len(entries) == len(p.symbols):
+        # the driver's own library lacks entry points: the fix is the driver that introduced them
+        remedies = driver_remedies(max(entries), f"or rebuild {needer} against the CUDA of the driver here")
+    ordered = _loader_order(obj, p)
+    if not fix and not remedies:
+        remedies = _rebind_remedies(obj, file, p, ordered, inventory, needer)
     if not fix:
         fix = (
             f"install a {file} that defines them (the version the needing object was built against)"
             if file
             else "load the library that defines them, or rebuild the needing object against what is installed"
         )
-    ordered = _loader_order(obj, p)
     if p.lazy_only:
         when = "each fails at its first call (lazy binding, no BIND_NOW)"
     elif p.versions:
@@ -569,7 +603,7 @@ def _problem_finding(
         subject=needer,
         message=f"{' and '.join(what)} needed by {needer} are not defined: {_target(file, p, display)}",
         cause=f"the dynamic linker binds every reference at load time; {when}",
-        remedies=manual(fix),
+        remedies=remedies or manual(fix),
         facts=Facts(
             required=" ".join([*sorted(p.versions), *dict.fromkeys(name for name, _ in ordered)])[:2000],
             sonames=(file,) if file else (),
@@ -578,6 +612,37 @@ def _problem_finding(
         details=(*_problem_details(needer, p, ordered, index, display), *notes),
         where=tuple(display(f) for f in found),
     )
+
+
+def _rebind_remedies(
+    obj: str,
+    file: str | None,
+    p: _Problem,
+    ordered: Sequence[tuple[str, str | None]],
+    inventory: Inventory | None,
+    needer: str,
+) -> tuple[Remedy, ...]:
+    """Where the library that was to define them is an installed wheel's: that wheel's release the needing
+    object was built against (by hand: no file states which), or the needing object's own distribution in a
+    build against the installed one. None when no wheel ships the library."""
+    lib = p.provider
+    if inventory is None or lib is None or lib.path is None or file is None:
+        return ()
+    providers = inventory.owners(lib.realpath or lib.path)
+    if not providers:
+        return ()
+    prov = providers[0]
+    first = f"version `{sorted(p.versions)[0]}'" if p.versions else ordered[0][0]
+    out = manual(
+        f"install the release of {prov.name} whose {file} defines {first}: the one {needer} was built against "
+        f"({prov.label} is installed)",
+        why=f"{prov.label}'s {file} lacks {first}",
+    )
+    needers = inventory.owners(obj)
+    if needers and needers[0].key != prov.key:
+        build = f"a release built against {prov.label}"
+        out += (UseBuild(needers[0].name, build, why=f"or: {needers[0].label} was built against another {file}"),)
+    return out
 
 
 def _target(file: str | None, p: _Problem, display: Callable[[str], str]) -> str:

@@ -18,6 +18,7 @@ from pytest_cudastack.cli.colour import Painter, painter_for
 from pytest_cudastack.cli.project import add_project_options, project_settings
 from pytest_cudastack.cli.sites import site_dirs_from
 from pytest_cudastack.errors import CudaStackError
+from pytest_cudastack.escape import printable
 from pytest_cudastack.findings import Finding, Severity
 from pytest_cudastack.model.repair import RepairPlan, plan_repairs, plan_step, render_plans
 from pytest_cudastack.stack import Stack, write_snapshot
@@ -42,7 +43,7 @@ def cmd_check(args: argparse.Namespace, prog: str = "check") -> int:
     try:
         settings, config = project_settings(args)
     except CudaStackError as e:
-        print(f"cudastack {prog}: error: {e}", file=sys.stderr)
+        print(printable(f"cudastack {prog}: error: {e}"), file=sys.stderr)
         return 2
     # the declared target (--cuda-driver, --cuda-arch) turns on its own item in pytest; here it is what the
     # whole check is evaluated against
@@ -63,13 +64,19 @@ def cmd_check(args: argparse.Namespace, prog: str = "check") -> int:
         if settings.cudastack_snapshot:
             write_snapshot(stack, settings.cudastack_snapshot)
     except CudaStackError as e:
-        print(f"cudastack {prog}: error: {e}", file=sys.stderr)
+        print(printable(f"cudastack {prog}: error: {e}"), file=sys.stderr)
         return 2
     finally:
         stack.flush_cache()
     order = [name for check in enabled_checks(settings) for name, _ in check.expand(stack)]
     failing = any(f.failing for found in results.values() for f in found)
-    plans = plan_repairs([f for found in results.values() for f in found], stack.inventory, reqs=stack.requirements)
+    plans = plan_repairs(
+        [f for found in results.values() for f in found],
+        stack.inventory,
+        reqs=stack.requirements,
+        machine=stack.environment,
+        place=stack.image.image_path if stack.image is not None else None,
+    )
     if getattr(args, "json", False):
         payload = {
             "schema": CHECK_SCHEMA,
@@ -110,7 +117,7 @@ def render_check(
     shown = {Severity.ERROR, Severity.WARNING} | ({Severity.INFO} if verbose > 0 else set())
     for name in order:
         if name in skipped:  # nothing to check: as the plugin's SKIPPED item, with the reason
-            lines.append(f"skip cudastack::{name}: {skipped[name]}")
+            lines.append(printable(f"skip cudastack::{name}: {skipped[name]}"))
             continue
         items = results.get(name, ())
         verdict = "FAIL" if any(f.failing for f in items) else "ok"

@@ -12,6 +12,7 @@ import sys
 
 from pytest_cudastack.checks.baseline import snapshot_drift
 from pytest_cudastack.errors import DataError
+from pytest_cudastack.escape import printable
 from pytest_cudastack.stack import load_snapshot
 
 __all__ = ["DIFF_SCHEMA", "DIFF_VERSION", "cmd_diff"]
@@ -26,7 +27,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
     try:
         old, new = load_snapshot(args.a), load_snapshot(args.b)
     except DataError as e:
-        print(f"cudastack diff: {e}", file=sys.stderr)
+        print(printable(f"cudastack diff: {e}"), file=sys.stderr)
         return 2
     drift = snapshot_drift(old, new)
     if getattr(args, "json", False):
@@ -40,7 +41,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
         print(json.dumps(payload, indent=2))
     else:
         for d in drift:
-            print(d.text)
+            print(printable(d.text, newlines=True))
         if not drift:
             print("no drift")
     return 1 if drift else 0

@@ -29,6 +29,7 @@ from xml.etree import ElementTree
 from pytest_cudastack import __version__
 from pytest_cudastack.checks.baseline import Drift, snapshot_drift
 from pytest_cudastack.errors import DataError
+from pytest_cudastack.escape import printable
 from pytest_cudastack.model.fleet import Group, Node, Verdict, group_nodes, snapshot_files, would_run
 from pytest_cudastack.stack import SnapshotReader, load_snapshot
 
@@ -283,15 +284,17 @@ def cmd_fleet(args: argparse.Namespace) -> int:
     try:
         against = _against(args.against) if args.against else None
     except DataError as e:
-        print(f"cudastack fleet: error: {e}", file=sys.stderr)
+        print(printable(f"cudastack fleet: error: {e}"), file=sys.stderr)
         return 2
     fleet = read_fleet(args.snapshots, against, args.against)
     for _, why in fleet.unreadable:
-        print(f"cudastack fleet: error: {why}", file=sys.stderr)
+        print(printable(f"cudastack fleet: error: {why}"), file=sys.stderr)
     if not fleet.groups:
         print("cudastack fleet: error: no snapshot read", file=sys.stderr)
         return 2
-    sys.stdout.write(render(fleet, args.format))
+    out = render(fleet, args.format)
+    # the text view shows host names and drift read from the snapshots: escaped for the terminal, as diff's
+    sys.stdout.write(printable(out, newlines=True) if args.format == "text" else out)
     if fleet.unreadable:
         return 2
     return 1 if fleet.failing() else 0

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pytest_cudastack.errors import ElfError
+from pytest_cudastack.escape import printable
 from pytest_cudastack.linker.elf import looks_like_elf, read_elf
 from pytest_cudastack.linker.elfcache import ElfCache
 from pytest_cudastack.wheels.inventory import installed_wheels
@@ -137,7 +138,7 @@ def _child_mapped(module: str, python: str, timeout: float) -> tuple[list[str], 
     if data is None:
         text = stderr.decode("utf-8", errors="replace").strip().splitlines()
         tail = text[-1:] or [f"exit status {proc.returncode}"]
-        return [], f"the child process failed: {_printable(tail[0])}"
+        return [], f"the child process failed: {printable(tail[0])}"
     return data
 
 
@@ -216,14 +217,7 @@ def parse_report(raw: bytes) -> tuple[list[str], str | None] | None:
         return None
     if error is not None and not isinstance(error, str):
         return None
-    return paths, None if error is None else _printable(error)
-
-
-def _printable(text: str) -> str:
-    """*text* with undecodable bytes (surrogate escapes) and control characters shown as escapes: what the
-    module raised or printed must not break our output or the terminal."""
-    text = text.encode("utf-8", errors="backslashreplace").decode("utf-8")
-    return "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in text)
+    return paths, None if error is None else printable(error)
 
 
 def loaded_libraries(
@@ -300,7 +294,7 @@ def static_document(module: str, site_paths: Sequence[str] | None = None) -> tup
 def _print_static(data: dict[str, Any]) -> None:
     # file names come from the inspected tree: shown escaped, as the observed import's are
     def show(text: Any) -> str:
-        return _printable(str(text))
+        return printable(str(text))
 
     libs = data["libraries"]
     print(f"{show(data['module'])}: {len(libs)} shared objects the import would map (predicted, nothing imported)")
@@ -354,8 +348,8 @@ def cmd_loaded(args: argparse.Namespace) -> int:
     else:
         print(f"{args.module}: {len(libs)} shared objects mapped by the import")
         for lib in libs:
-            extra = f"  ({lib.provider})" if lib.provider else ""
-            print(f"  {_printable(lib.soname or os.path.basename(lib.path))} => {_printable(lib.path)}{extra}")
+            extra = f"  ({printable(lib.provider)})" if lib.provider else ""
+            print(f"  {printable(lib.soname or os.path.basename(lib.path))} => {printable(lib.path)}{extra}")
         if error:
             print(f"import failed: {error}", file=sys.stderr)
     return 1 if error else 0

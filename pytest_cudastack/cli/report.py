@@ -20,6 +20,7 @@ from pytest_cudastack.checks.arch import dist_gpu_code
 from pytest_cudastack.cli.colour import Painter, painter_for
 from pytest_cudastack.cli.sites import site_dirs_from
 from pytest_cudastack.cuda.gpucode import gpu_code_text
+from pytest_cudastack.escape import printable
 from pytest_cudastack.findings import Finding, Severity, most_severe_first
 from pytest_cudastack.linker.elfcache import ElfCache
 from pytest_cudastack.model.repair import RepairPlan, plan_repairs, plan_step, render_plans
@@ -109,7 +110,8 @@ def wheel_report(paths: Sequence[str] | None = None, cache: ElfCache | None = No
         findings = wheel_findings(stack)
         inv = stack.inventory
         gpu = {d.label: dist_gpu_code(d, stack.fatbin) for d in inv.distributions}
-        plans = plan_repairs(findings, inv, reqs=stack.requirements)
+        place = stack.image.image_path if stack.image is not None else None
+        plans = plan_repairs(findings, inv, reqs=stack.requirements, machine=stack.environment, place=place)
         modules = len(stack.module_trees)
     finally:
         if cache is None:
@@ -135,12 +137,13 @@ def render_report(rep: WheelReport, *, verbose: bool = False, paint: Painter | N
             lines.append(f"{paint.severity(title, title)} [{f.check}] " + f.render(compact=not verbose, plan_step=step))
             lines.append("")
     for f in infos:
-        lines.append(f"info [{f.check}] {f.subject}: {f.message}")
+        lines.append(printable(f"info [{f.check}] {f.subject}: {f.message}"))
         if verbose:
-            lines.extend("  " + d for d in f.details)
+            lines.extend("  " + printable(d) for d in f.details)
     if infos:
         lines.append("")
     dists = rep.inventory.distributions
+    first_plain = len(lines)
     lines.append(
         f"wheels: {len(dists)} distributions in {', '.join(rep.inventory.site_dirs) or '(no site directory)'}; "
         f"{rep.modules} extension modules resolved in {rep.seconds:.2f}s"
@@ -161,7 +164,8 @@ def render_report(rep: WheelReport, *, verbose: bool = False, paint: Painter | N
         lines.extend(f"  {label}: {text}" for label, text in coded)
     status = f"{len(errors)} error(s), {len(warnings)} warning(s), {len(infos)} info" if rep.findings else "no findings"
     lines.append(f"wheels: {status}")
-    return "\n".join(lines)
+    head, tail = lines[:first_plain], lines[first_plain:]  # distribution labels and paths below: from files
+    return "\n".join([*head, *(printable(line) for line in tail)])
 
 
 def _emit(text: str, out: TextIO | None) -> None:

@@ -15,6 +15,7 @@ import sys
 from pytest_cudastack.cli.project import add_project_options, project_settings
 from pytest_cudastack.cli.sites import site_dirs_from
 from pytest_cudastack.errors import CudaStackError
+from pytest_cudastack.escape import printable
 from pytest_cudastack.stack import Stack, write_snapshot
 
 __all__ = ["add_options", "cmd_snapshot"]
@@ -37,7 +38,7 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
     try:
         settings, config = project_settings(args)
     except CudaStackError as e:
-        print(f"cudastack snapshot: error: {e}", file=sys.stderr)
+        print(printable(f"cudastack snapshot: error: {e}"), file=sys.stderr)
         return 2
     output = getattr(args, "output", None)
     if output is None and settings.source("cudastack_snapshot") == "command line":
@@ -46,7 +47,7 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
     try:
         write_snapshot(stack, output, host=not getattr(args, "no_host", False))
     except (CudaStackError, OSError) as e:
-        print(f"cudastack snapshot: error: {e}", file=sys.stderr)
+        print(printable(f"cudastack snapshot: error: {e}"), file=sys.stderr)
         return 2
     finally:
         stack.flush_cache()

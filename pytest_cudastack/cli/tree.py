@@ -25,6 +25,7 @@ import sys
 # cache) must import no resolver, ELF reader, dataclasses, typing or logging (tests/test_treeview.py).
 from pytest_cudastack._sysio import open_regular  # loaded with elfcache anyway
 from pytest_cudastack.errors import ElfError, UnreadableFile  # loaded with elfcache anyway
+from pytest_cudastack.escape import printable
 from pytest_cudastack.linker.elfcache import ElfCache
 
 TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing (~5 ms) on tree's warm path
@@ -322,7 +323,7 @@ def _tree_text(paths: list[str], site: Sequence[str] | None, gpu: bool) -> int:
         texts.append(buf.getvalue())
     cache.flush()  # after the fatbin reads: they are cached too
     for text in texts:
-        sys.stdout.write(text)
+        sys.stdout.write(printable(text, newlines=True))
     return 1 if any(t.missing or t.problems for t in trees) else 0
 
 
@@ -500,7 +501,7 @@ class _JsonRows:
     ) -> None:
         """The row of *p* made anew, from its cached closure (found under other site directories) or its
         fresh tree, with GPU code (fresh trees only) and providers; stored under *ctx* where allowed."""
-        d, bad, deps = _row_source(p, entry, fresh)
+        d, bad, deps = _row_source(p, entry, fresh, self.store)
         if self.prov is None:
             self.prov = _Providers(self.index, self.cache if self.index is not None else None)
         if self.fatbins is not None and entry is None:  # a cached row already holds its files' GPU code
@@ -521,13 +522,13 @@ class _JsonRows:
 
 
 def _row_source(
-    p: str, entry: dict[str, Any] | None, fresh: dict[str, tuple[Tree, frozenset[str]]]
+    p: str, entry: dict[str, Any] | None, fresh: dict[str, tuple[Tree, frozenset[str]]], store: Any | None
 ) -> tuple[dict[str, Any], bool, set[str]]:
-    """The JSON mapping of *p*'s row, whether it fails, and what it depends on: from its cached entry, else
-    from its fresh tree."""
+    """The JSON mapping of *p*'s row, whether it fails, and what it depends on (keys, empty where nothing
+    is stored): from its cached entry, else from its fresh tree."""
     if entry is not None:
         bad: bool = entry["fail"]
-        return json.loads(entry["row"]), bad, set(entry["deps"])
+        return json.loads(entry["row"]), bad, store.deps_of(entry) if store is not None else set()
     tree, got = fresh[p]
     return tree.to_json(), bool(tree.missing or tree.problems), set(got)
 

@@ -23,6 +23,7 @@ from typing import Any, TextIO
 
 from pytest_cudastack.cli.colour import Painter, painter_for
 from pytest_cudastack.errors import CudaStackError
+from pytest_cudastack.escape import printable_data
 from pytest_cudastack.linker.elf import ElfInfo
 from pytest_cudastack.linker.elfcache import ElfCache
 from pytest_cudastack.linker.resolver import Library, Resolver, SearchConfig
@@ -238,5 +239,5 @@ def cmd_why(args: argparse.Namespace) -> int:
         json.dump(data, sys.stdout, indent=1)
         sys.stdout.write("\n")
     else:
-        render_why(data, sys.stdout, painter_for(getattr(args, "color", None), sys.stdout))
+        render_why(printable_data(data), sys.stdout, painter_for(getattr(args, "color", None), sys.stdout))
     return 0 if data["found"] else 1

@@ -10,9 +10,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-from packaging.requirements import InvalidRequirement, Requirement
+from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
-from packaging.version import InvalidVersion, Version
+from packaging.version import Version
 
 from pytest_cudastack.cuda.compat import load_compat, soname_cuda_majors
 from pytest_cudastack.cuda.versions import parse_cuda
@@ -33,7 +33,7 @@ def _req_pins(requires: Sequence[str]) -> list[tuple[str, Requirement]]:
     for text in requires:
         try:
             req = Requirement(text)
-        except InvalidRequirement:
+        except ValueError:  # InvalidRequirement, or a version over the digit limit
             logger.debug("ignoring unparsable requirement %r", text)
             continue
         if req.marker is not None and "extra" in str(req.marker):
@@ -49,7 +49,7 @@ def _pinned_version(req: Requirement) -> Version | None:
         text = spec.version.rstrip(".*")
         try:
             version = Version(text)
-        except InvalidVersion:
+        except ValueError:  # InvalidVersion, or a number over the digit limit
             continue
         if spec.operator in ("==", "===") and "*" not in spec.version:
             return version
@@ -66,7 +66,7 @@ def _requirement_from_name(name: str, version: str | None) -> tuple[str | None, 
     if version:
         try:
             parsed = Version(version)
-        except InvalidVersion:
+        except ValueError:  # InvalidVersion, or a number over the digit limit
             parsed = None
     for rx, template, unconfirmed in data.name_rules:
         m = rx.match(cname)

@@ -48,7 +48,7 @@ from typing import Any
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.utils import canonicalize_name
-from packaging.version import InvalidVersion, Version
+from packaging.version import Version
 
 from pytest_cudastack.cuda.datafile import DataShape, check_data, check_row, check_template, shipped_json
 from pytest_cudastack.errors import DataError
@@ -170,7 +170,7 @@ class Rule:
             return False
         try:
             return self.versions.contains(Version(version), prereleases=True)
-        except InvalidVersion:
+        except ValueError:  # InvalidVersion, or a number over the digit limit
             return not str(self.versions)
 
 
@@ -209,7 +209,7 @@ def reported_version(row: LibraryRow, wheel_version: str) -> VersionTuple | None
         return None
     try:
         release = Version(wheel_version).release
-    except InvalidVersion:
+    except ValueError:  # InvalidVersion, or a number over the digit limit
         return None
     return tuple((*release, 0, 0, 0)[: row.reports])
 

@@ -1050,15 +1050,22 @@ def _hash_lookup(
         (idx,) = r.ints("I", buckets_off + 4 * (h % nbuckets))
         if idx < symoffset:
             return False
-        chain_off = buckets_off + 4 * nbuckets
-        # a chain runs over consecutive entries of the section until one has bit 0 set
-        for _ in range(min(max(nsyms, 1), _MAX_CHAIN)):
-            ch = word_at(chain_off + 4 * (idx - symoffset))
-            if (ch | 1) == (h | 1) and defined_match(idx):
-                return True
-            if ch & 1:
-                return False
-            idx += 1
+        # a chain runs over consecutive entries of the section until one has bit 0 set: read in blocks (one
+        # read per 4 KiB at first, never one per word), capped by the section's end and by the symbol count
+        pos = buckets_off + 4 * nbuckets + 4 * (idx - symoffset)
+        left = min(max(nsyms, 1), _MAX_CHAIN)
+        block = 1 << 10
+        while left > 0:
+            n = min(block, left, (hend - pos) // 4)
+            if n <= 0:
+                raise ElfError(f"{p}: hash chain leaves its section")
+            for ch in struct.unpack(f"{r.end}{n}I", r.read(pos, 4 * n)):
+                if (ch | 1) == (h | 1) and defined_match(idx):
+                    return True
+                if ch & 1:
+                    return False
+                idx += 1
+            pos, left, block = pos + 4 * n, left - n, block * 4
         raise ElfError(f"{p}: GNU hash chain does not terminate")
     nbucket, nchain = r.ints("II", off)
     if nbucket == 0:

@@ -112,6 +112,9 @@ class ElfCache:
         self._dirty = False
         self.hits = 0
         self.misses = 0
+        # facts computed this run, in memory only, kept whether or not the file is used (the cache object
+        # is the run's): what several model processes of one run would otherwise compute again
+        self.memo: dict[str, Any] = {}
         self.symbol_file = os.path.join(self.directory, SYMBOL_CACHE_FILE)
         self._symbols: dict[str, dict[str, Any]] | None = None
         self._symbols_dirty = False

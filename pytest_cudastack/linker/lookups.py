@@ -2,9 +2,12 @@
 extension module imports from C, and the CUDA driver entry points it asks ``dlsym``/``cuGetProcAddress`` for.
 
 * **Modules imported from C.** An extension module that imports another module in its init function passes
-  the name to ``PyImport_ImportModule`` as a C string (Cython: ``__Pyx_ImportDottedModule`` for every
-  ``cimport``ed module, whose functions and types it fetches at init): a NUL-terminated dotted name in
-  ``.rodata`` (``cuda.bindings.cydriver`` in ``cuda/bindings/driver.so``). :attr:`Lookups.modules` lists them,
+  the name to ``PyImport_ImportModule`` as a C string: a NUL-terminated dotted name in ``.rodata``
+  (``cuda.bindings.cydriver`` in ``cuda/bindings/driver.so``). Cython writes one for each ``cimport``ed
+  module whose cdef functions the module uses (it then fetches them from the module's ``__pyx_capi__``) or
+  whose ``.pxd`` declares an extension type (every such type is imported, used or not: ``ModuleNode``'s
+  function and type import code); a ``cimport`` of only ctypedefs, constants or inline functions is
+  resolved at compile time, imports nothing and leaves no such string. :attr:`Lookups.modules` lists them,
   and :attr:`Lookups.cython` the Cython version named by the shared-type module a Cython module keeps
   (``_cython_3_2_9``): before Cython 3.1 every Python string constant, the names of imports inside functions
   among them, was such a C string too, so there a dotted string proves no import at init; from 3.1 on the

@@ -88,6 +88,7 @@ _ALLOWED_STT = frozenset((_STT_NOTYPE, _STT_OBJECT, _STT_FUNC, _STT_COMMON, _STT
 _STV_INTERNAL, _STV_HIDDEN = 1, 2
 _HIDDEN = 0x8000
 _MAX_SYMS = 10_000_000
+_BIT0 = bytes(b & 1 for b in range(256))  # bytes.translate table: each byte -> its bit 0
 _MAX_TABLE = 1 << 30
 _MAX_DYN = 100_000
 
@@ -478,21 +479,34 @@ class _Reader:
             top = max(buckets, default=0)
             if top < symoffset:
                 return symoffset, symoffset
-            chain_va = bucket_va + 4 * nbuckets
-            idx = top
-            while True:
-                if idx - symoffset > _MAX_SYMS:
-                    raise ElfError(f"{p}: GNU hash chain does not terminate")
-                (ch,) = struct.unpack(e + "I", self._at(chain_va + 4 * (idx - symoffset), 4, "GNU hash chain"))
-                if ch & 1:
-                    return symoffset, idx + 1
-                idx += 1
+            return symoffset, self.chain_end(bucket_va + 4 * nbuckets + 4 * (top - symoffset), top)
         if _DT_HASH in tags:
             _nbucket, nchain = struct.unpack(e + "II", self._at(tags[_DT_HASH], 8, "DT_HASH"))
             if nchain > _MAX_SYMS:
                 raise ElfError(f"{p}: absurd DT_HASH nchain {nchain}")
             return 0, nchain
         raise ElfError(f"{p}: neither DT_GNU_HASH nor DT_HASH: ld.so can look up nothing in it")
+
+    def chain_end(self, vaddr: int, idx: int) -> int:
+        """One past the last symbol of the GNU hash chain of symbol *idx*, whose chain word is at *vaddr*: the
+        first word with bit 0 set. Read in blocks (doubling up to 4 MiB) and capped by the PT_LOAD holding
+        the chain, so a chain that never ends costs one pass over that segment's bytes, never a read per word."""
+        room = next((va + filesz - vaddr for va, _off, filesz in self.loads if va <= vaddr < va + filesz), 0)
+        low = 0 if self.e == "<" else 3  # the byte of each word that holds bit 0
+        done, block = 0, 1 << 12
+        while True:
+            n = min(block, room - done) & ~3
+            if n <= 0:
+                raise ElfError(f"{self.p}: GNU hash chain does not terminate before the end of its PT_LOAD")
+            data = self._at(vaddr + done, n, "GNU hash chain")
+            hit = data[low::4].translate(_BIT0).find(1)
+            if hit >= 0:
+                end = idx + done // 4 + hit + 1
+                if end > _MAX_SYMS:
+                    raise ElfError(f"{self.p}: absurd GNU hash chain of {end} symbols")
+                return end
+            done += n
+            block = min(block * 2, 1 << 22)
 
     def _at(self, vaddr: int, n: int, what: str) -> bytes:
         return self.read(self.offset(vaddr, n, what), n, what)

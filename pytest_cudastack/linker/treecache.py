@@ -241,7 +241,7 @@ class TreeCache:
                 return None
             row = e["row"] = self._blob[row[0] : row[0] + row[1]]
         if not (
-            isinstance(ix, list)
+            _indexes(ix, len(self.keys))
             and isinstance(row, str)
             and row.startswith('{"path": ' + json.dumps(root) + ', "libraries": [')
             and row.endswith("]}")
@@ -260,6 +260,11 @@ class TreeCache:
         e["row"] = rebuilt
         return e
 
+    def deps_of(self, entry: dict[str, Any]) -> set[str]:
+        """The dependency keys of an entry from :meth:`lookup` (the entry holds their indexes)."""
+        keys = self.keys
+        return {keys[i] for i in entry["deps"]}
+
     def paths_of(self, entry: dict[str, Any]) -> list[str]:
         """The library paths of an entry from :meth:`lookup`, in load order."""
         keys = self.keys
@@ -275,15 +280,12 @@ class TreeCache:
             e = self._entry(root)
             if e is None:
                 continue
-            try:
-                need.update(e["deps"])
-            except TypeError:  # an unhashable index
-                continue
+            need.update(e["deps"])  # indexes of the bucket's keys (checked by _entry)
             entries[root] = e
-        keys, vals, n = self.keys, self.vals, len(self.keys)
+        keys, vals = self.keys, self.vals
         bad = set()
         for i in need:
-            if type(i) is not int or not 0 <= i < n or self.value(keys[i]) != vals[i]:
+            if self.value(keys[i]) != vals[i]:
                 bad.add(i)
         return {r: e for r, e in entries.items() if bad.isdisjoint(e["deps"])}
 
@@ -331,11 +333,12 @@ class TreeCache:
                 stale.add(i)
                 self.vals[i] = v
             ix.append(i)
-        if stale:
+        if stale:  # malformed rows go too: whatever another run wrote, pruning reads only lists of indexes
+            n = len(self.keys)
             self.roots = {
                 r: e
                 for r, e in self.roots.items()
-                if isinstance(e, dict) and isinstance(e.get("deps"), list) and stale.isdisjoint(e["deps"])
+                if isinstance(e, dict) and _indexes(e.get("deps"), n) and stale.isdisjoint(e["deps"])
             }
         cix: int | None = None
         if ctx is not None:
@@ -357,18 +360,8 @@ class TreeCache:
             return None
 
         roots = {r: e for r in self.roots if (e := self._entry(r)) is not None}
-        used: set[Any] = set()
-        for r, e in list(roots.items()):
-            try:
-                if not set(e["deps"]).issuperset(e["paths"]):
-                    raise TypeError("a path outside the dependencies")
-                used.update(e["deps"])
-            except TypeError:
-                del roots[r]
-        n = len(self.keys)
-        if any(type(i) is not int or not 0 <= i < n for i in used):
-            roots = {r: e for r, e in roots.items() if all(type(i) is int and 0 <= i < n for i in e["deps"])}
-            used = {i for e in roots.values() for i in e["deps"]}
+        roots = {r: e for r, e in roots.items() if set(e["deps"]).issuperset(e["paths"])}  # both checked
+        used = {i for e in roots.values() for i in e["deps"]}
         order = sorted(used)
         renum = {old: new for new, old in enumerate(order)}
         ctx_used = sorted({e["ctx"] for e in roots.values() if e["ctx"] is not None})
@@ -410,6 +403,11 @@ class TreeCache:
         if error is None:
             self._dirty = False
         return error
+
+
+def _indexes(v: Any, n: int) -> bool:
+    """Whether *v* is a list of indexes into a table of *n* rows (what a row's ``"deps"`` must be)."""
+    return isinstance(v, list) and all(type(i) is int and 0 <= i < n for i in v)
 
 
 def _row_of(text: str, root: str) -> str | None:

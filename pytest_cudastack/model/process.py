@@ -22,7 +22,8 @@ The model:
   recorded (``Process.loads``) with what it finds loaded and the global scope then, for the binding check.
 * **Imports from C.** An extension module's init then imports what its C code names
   (:mod:`pytest_cudastack.linker.lookups`): each dotted C string of its read-only data that names an
-  installed module (Cython's ``cimport``s), unless a Cython older than 3.1 built it.
+  installed module (Cython's ``cimport``s of cdef functions and extension types; tests/test_process_cython.py
+  checks the rule against real Cython builds), unless a Cython older than 3.1 built it.
 * **Known preloads** (``cuda/data/dlopen_targets.json``, ``preloads``): torch's ``_load_global_deps``
   maps ``libtorch_global_deps.so`` by path with RTLD_GLOBAL and then its nvidia libraries by path from
   ``sys.path``, at the point of its top-level code that calls it; rows with ``before_import`` run right
@@ -40,8 +41,9 @@ The model:
 Not modelled: imports performed by code the model does not run (``importlib.import_module`` with a computed
 name, ``__getattr__`` lazy imports, methods and other modules' functions called at import time; the imports
 a Cython >= 3.1 module's Python code makes at init, whose names are in its packed constant table with those
-of imports inside functions; a C string that names a module the extension imports only later, when a
-function runs, is taken as an import at init),
+of imports inside functions: only the machine code of its module exec function tells them apart; a C
+string that names a module the extension imports only later, when a function runs, is taken as an import at
+init),
 ``.pth`` files, the current directory at the head of ``sys.path``, and ctypes loads other than the table's.
 """
 

@@ -421,8 +421,19 @@ def _valid_items(items: Any, depth: int = 0) -> bool:
 
 
 def module_imports(path: str, module: str, is_package: bool, cache: ElfCache | None) -> Items:
-    """The imports of a module's top-level code (parsed once; cached in the ELF cache's extras under the
-    file's (dev, inode, size, mtime) and this interpreter's version and platform, which decide ``if``s)."""
+    """The imports of a module's top-level code: parsed once per run (the run's cache memo: each model
+    process of the run asks again), and cached in the ELF cache's extras under the file's (dev, inode, size,
+    mtime) and this interpreter's version and platform, which decide ``if``s."""
+    if cache is None:
+        return _module_imports(path, module, is_package, None)
+    memo = f"pyimports:{path}\0{module}\0{is_package}"
+    if memo not in cache.memo:
+        cache.memo[memo] = _module_imports(path, module, is_package, cache)
+    items: Items = cache.memo[memo]
+    return items
+
+
+def _module_imports(path: str, module: str, is_package: bool, cache: ElfCache | None) -> Items:
     key: list[Any] | None = None
     if cache is not None:
         try:
@@ -456,13 +467,20 @@ def module_imports(path: str, module: str, is_package: bool, cache: ElfCache | N
     return items
 
 
+# Each string alternative also ends where the tokenizer gives up on an unclosed string (a one-line string at
+# its line's end, a triple-quoted one at the end of the text), as a group of its own: an alternative that could
+# fail would be retried from the next character, rescanning the rest of the line or text for each quote
+# ('"\\' * 20,000 on one line: quadratic). The scan never fails, so it stays linear; a text with an unclosed
+# string does not parse (the tokenizer stops there), and the scan says so (_UNCLOSED).
 _LEX = re.compile(
     r"""\#[^\n]*"""
-    r'''|"""[^"\\]*(?:(?:\\[\s\S]|"(?!""))[^"\\]*)*"""'''
-    r"""|'''[^'\\]*(?:(?:\\[\s\S]|'(?!''))[^'\\]*)*'''"""
-    r"""|"[^"\\\n]*(?:\\[\s\S][^"\\\n]*)*"|'[^'\\\n]*(?:\\[\s\S][^'\\\n]*)*'"""
+    r'''|"""[^"\\]*(?:(?:\\[\s\S]|"(?!""))[^"\\]*)*(?:"""|(?P<u1>\\?\Z))'''
+    r"""|'''[^'\\]*(?:(?:\\[\s\S]|'(?!''))[^'\\]*)*(?:'''|(?P<u2>\\?\Z))"""
+    r"""|"[^"\\\n]*(?:\\[\s\S][^"\\\n]*)*(?:"|(?P<u3>\\?(?=\n)|\\?\Z))"""
+    r"""|'[^'\\\n]*(?:\\[\s\S][^'\\\n]*)*(?:'|(?P<u4>\\?(?=\n)|\\?\Z))"""
     r"""|\\\r?\n"""
 )
+_UNCLOSED = "\0"  # what an unclosed string becomes: no source holds it (ast.parse refuses NUL)
 _QUIET = str.maketrans("()[]{};", "_______")  # inside a one-line string: no bracket or ; the scan would count
 _KEPT = frozenset({"import", "from", "if", "elif", "else", "try", "except", "finally", "with", "class"})
 _WORD = re.compile(r"[A-Za-z_]\w*")
@@ -471,6 +489,8 @@ _TAB_INDENT = re.compile(r"^ *[\t\f]", re.M)
 
 
 def _quiet(m: re.Match[str]) -> str:
+    if m.lastgroup is not None:  # an unclosed string: the module does not parse
+        return _UNCLOSED
     token = m.group()
     first = token[0]
     if first == "#":
@@ -497,12 +517,14 @@ def _top_level_source(text: str) -> str | None:
     compound statement the model does not follow (``def``, ``for``, ``while``, ``match``, decorators'
     targets) drops every line indented deeper than its header, and ``for``/``while`` their ``else``
     clause too. None where the scan cannot decide (tab or form-feed indentation, brackets closing more than
-    they opened): the caller parses the whole module."""
+    they opened, an unclosed string): the caller parses the whole module."""
     if "\r" in text:
         text = text.replace("\r\n", "\n").replace("\r", "\n")
     if _TAB_INDENT.search(text):
         return None
     src = _LEX.sub(_quiet, text)
+    if _UNCLOSED in src:  # an unclosed string (or a NUL): Python's own parse decides (and refuses it)
+        return None
     out: list[str] = []
     pending = -1  # indentation of the last header kept, until a body line follows it
     pos, n = 0, len(src)

@@ -46,13 +46,14 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
-from packaging.requirements import InvalidRequirement, Requirement
+from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from pytest_cudastack.cuda.compat import soname_cuda_majors
 from pytest_cudastack.cuda.flavour import wheel_cuda_flavour
 from pytest_cudastack.cuda.frameworks import load_rules
 from pytest_cudastack.errors import CudaStackError
+from pytest_cudastack.escape import printable
 from pytest_cudastack.findings import Finding, Manual, Pip, Remedy, UseBuild
 from pytest_cudastack.linker.resolver import Tree
 from pytest_cudastack.model.system import by_hand_instead, externally_managed_env
@@ -125,7 +126,8 @@ class PlanStep:
 
 @dataclass(frozen=True)
 class RepairPlan:
-    """The steps for one environment (``environment``: its installation prefix, or "this machine"), in order:
+    """The steps for one environment (``environment``: its installation prefix, or what the run judges:
+    "this machine", an image), in order:
     the automatic ones first, then the manual ones, so that every failing finding is covered. ``fixes``: the
     findings (ids) the automatic steps repair; ``unresolved``: those they do not (each covered by a manual
     step); ``notes``: what the model takes on trust (an index that is a guess); ``refused``: the errors the
@@ -196,7 +198,7 @@ def render_plans(plans: Sequence[RepairPlan], findings: Iterable[Finding] = ()) 
         first = next((by_id[i] for s in p.steps for i in s.resolves if i in by_id), None)
         cause = first.message.splitlines()[0] if first is not None else ""
         blocks.append(p.render(_one_line(cause)))
-    return "\n".join(blocks)
+    return printable("\n".join(blocks), newlines=True)  # names, versions and paths from files
 
 
 def plan_step(plans: Sequence[RepairPlan], finding: Finding) -> str | None:
@@ -496,7 +498,7 @@ def _named(f: Finding, inv: Inventory) -> set[str]:
     broken pin (its facts: ``required`` by ``consumer``), the claimers of a missing soname."""
     keys = set(f.distributions)
     if f.check == "integrity" and f.facts.required and f.facts.consumer:
-        with contextlib.suppress(InvalidRequirement):
+        with contextlib.suppress(ValueError):
             keys.add(canonicalize_name(Requirement(f.facts.required).name))
         keys.discard(f.facts.consumer)
     if f.check in _LOADS:
@@ -510,14 +512,19 @@ def plan_repairs(
     *,
     facts: LoadFacts | None = None,
     reqs: Requirements | None = None,
+    machine: str = "this machine",
+    place: Callable[[str], str | None] | None = None,
 ) -> tuple[RepairPlan, ...]:
     """One plan per installation prefix that has failing findings (none when nothing fails), covering every
     failing finding: the model's verified pip steps first, then each finding's own pip remedy where the model
     verifies it, then a manual step for every finding left (its structured remedies, or what to do by hand
     when it has none). Findings about no installed distribution (the driver, GPU code, a binary) go to a plan
-    for "this machine". ``facts``: the extension modules' closures (:func:`load_facts`) for the model's
-    closure check (without them: the conservative :func:`_fallback_facts`); ``reqs``: the run's requirement
-    facts (computed when not given)."""
+    for ``machine``: what the run judges (the Stack's :attr:`~pytest_cudastack.stack.Stack.environment`:
+    "this machine", or the image). ``place``, for an image: its path of a host path under its root; each
+    environment is then named as the image's (``/usr/local in the image REF``) and its pip steps become steps of
+    the image's build (:func:`_in_image`), never commands run here. ``facts``: the extension modules' closures
+    (:func:`load_facts`) for the model's closure check (without them: the conservative
+    :func:`_fallback_facts`); ``reqs``: the run's requirement facts (computed when not given)."""
     failing = [f for f in findings if f.failing]
     if not failing:
         return ()
@@ -539,9 +546,37 @@ def plan_repairs(
         modelled = [f for f in fs if f.check in _MODELLED]
         plan = _plan(env, envs[env], modelled, inventory, facts, required) if modelled else RepairPlan(env, (), ())
         plans.append(_where_pip_may_not(_covered(plan, fs, inventory, facts, reqs), envs[env], fs))
+    if place is not None:
+        plans = [_in_image(p, by_env[p.environment], machine, place) for p in plans]
     if orphan:
-        plans.append(_covered(RepairPlan("this machine", (), ()), orphan, inventory, facts, reqs))
+        plans.append(_covered(RepairPlan(machine, (), ()), orphan, inventory, facts, reqs))
     return tuple(plans)
+
+
+def _in_image(
+    plan: RepairPlan, findings: Sequence[Finding], image: str, place: Callable[[str], str | None]
+) -> RepairPlan:
+    """``plan`` for an environment of an image: named by its path in the image, each pip step (automatic or
+    a pip remedy by hand) a manual step of the image's build in the image's own interpreter (a ``RUN`` line:
+    the image's Python is not run here, and what a container changes is lost when it stops); the findings
+    they served are then unresolved."""
+    steps: list[PlanStep] = []
+    for step in plan.steps:
+        pip = step.action
+        if not isinstance(pip, Pip):
+            steps.append(step)
+            continue
+        inside = replace(pip, python=place(pip.python) or pip.python)
+        why = f"{pip.why}; in the image's build, after the step that installs what it changes".lstrip("; ")
+        steps.append(PlanStep("manual", Manual((f"RUN {inside.render()}",), why=why), step.resolves, why))
+    fixed = {i for s in steps if s.kind == "automatic" for i in s.resolves}
+    return replace(
+        plan,
+        environment=f"{place(plan.environment) or plan.environment} in {image}",
+        steps=tuple(steps),
+        fixes=tuple(i for i in plan.fixes if i in fixed),
+        unresolved=tuple(f.id for f in findings if f.id not in fixed),
+    )
 
 
 def _env_of(f: Finding, inv: Inventory) -> str | None:
@@ -1054,7 +1089,7 @@ def _actions(pips: Iterable[Pip]) -> list[_Action]:
         for spec in pip.specs:
             try:
                 req = Requirement(spec)
-            except InvalidRequirement:
+            except ValueError:  # InvalidRequirement, or a version over the digit limit
                 continue
             pins = [s.version for s in req.specifier if s.operator in ("==", "===") and "*" not in s.version]
             out.append((pip.verb, canonicalize_name(req.name), pins[0] if pins else None))

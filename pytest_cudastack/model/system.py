@@ -13,7 +13,7 @@ from __future__ import annotations
 import shlex
 from collections.abc import Sequence
 
-from packaging.requirements import InvalidRequirement, Requirement
+from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from pytest_cudastack.findings import Manual, Pip
@@ -41,7 +41,7 @@ def _names(pip: Pip) -> list[str]:
     for spec in pip.specs:
         try:
             out.append(canonicalize_name(Requirement(spec).name))
-        except InvalidRequirement:
+        except ValueError:  # InvalidRequirement, or a version over the digit limit
             out.append(canonicalize_name(spec))
     return out
 

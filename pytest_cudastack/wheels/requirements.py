@@ -32,10 +32,10 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from packaging.markers import InvalidMarker, Marker, UndefinedComparison, UndefinedEnvironmentName, default_environment
+from packaging.markers import Marker, default_environment
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
-from packaging.version import InvalidVersion, Version
+from packaging.version import Version
 
 from pytest_cudastack._sysio import read_text
 from pytest_cudastack.wheels.inventory import Distribution, Inventory, install_prefix
@@ -44,6 +44,7 @@ __all__ = [
     "RequirementFact",
     "Requirements",
     "Status",
+    "evaluate_marker",
     "evaluate_requirement",
     "marker_environment",
     "requirement_facts",
@@ -168,12 +169,25 @@ def marker_environment(location: str | None = None) -> dict[str, str]:
     return env
 
 
+def evaluate_marker(marker: Marker, env: Mapping[str, str]) -> bool | str:
+    """``marker.evaluate(env)``, or why it cannot be evaluated: the one place packaging's marker evaluation
+    is called on what a file states (Requires-Dist, read by the requirements item and the repair model) or
+    a test marks. packaging raises ``ValueError`` subclasses for an undefined name or an incomparable pair
+    (``UndefinedComparison``: ``python_version ~= "3"``), and a bare ``ValueError`` for a version literal
+    over the interpreter's integer digit limit (``python_version > "1000...0"``, 5,000 digits)."""
+    try:
+        return bool(marker.evaluate(dict(env)))
+    except (ValueError, RecursionError) as e:
+        return f"{type(e).__name__}: {str(e)[:200]}"
+
+
 _EXTRA_LITERAL = re.compile(r"""extra\s*[=!]=\s*['"]([^'"]+)['"]|['"]([^'"]+)['"]\s*[=!]=\s*extra""")
 
 
 class _Markers:
     """Marker verdicts memoised per (marker, extra, environment); a marker that cannot be evaluated
-    (undefined name, incomparable values) is False, as pip treats it as not applying.
+    (:func:`evaluate_marker`: undefined name, incomparable values, a version too long) is False, as not
+    applying, and why is kept in ``failed`` (reported with the unparsable requirements).
 
     An extra the marker never names evaluates as the empty extra does (``extra`` is only compared for
     equality with literals), so a marker is evaluated at most once per extra it names, plus once."""
@@ -182,6 +196,7 @@ class _Markers:
         self._memo: dict[tuple[int, str, int], bool] = {}
         self._named: dict[int, frozenset[str]] = {}
         self._envs: dict[str, dict[str, str]] = {}
+        self.failed: dict[int, str] = {}  # id(marker) -> why it cannot be evaluated
 
     def env(self, location: str) -> dict[str, str]:
         if location not in self._envs:
@@ -203,10 +218,10 @@ class _Markers:
             extra = ""
         key = (id(marker), extra, id(env))
         if key not in self._memo:
-            try:
-                self._memo[key] = bool(marker.evaluate({**env, "extra": extra}))
-            except (InvalidMarker, UndefinedComparison, UndefinedEnvironmentName):
-                self._memo[key] = False
+            verdict = evaluate_marker(marker, {**env, "extra": extra})
+            if isinstance(verdict, str):
+                self.failed.setdefault(id(marker), verdict)
+            self._memo[key] = verdict is True
         return self._memo[key]
 
 
@@ -215,7 +230,7 @@ def _satisfied(req: Requirement, dist: Distribution | None) -> Status:
         return Status.MISSING
     try:
         version = Version(dist.version)
-    except InvalidVersion:
+    except ValueError:  # InvalidVersion, or a release number over the digit limit
         return Status.VERSION  # pip check: a non-PEP 440 version satisfies no specifier but the empty one
     if not req.specifier or req.specifier.contains(version, prereleases=True):
         return Status.MET
@@ -228,11 +243,17 @@ def _satisfied(req: Requirement, dist: Distribution | None) -> Status:
 
 @functools.lru_cache(maxsize=8192)
 def _requirement(text: str) -> Requirement | str:
-    """``Requirement(text)``, or why it is not one (parsed once per text: a torch venv states ~300)."""
+    """``Requirement(text)``, or why it is not one (parsed once per text: a torch venv states ~300). A
+    specifier whose version packaging parses by pattern but cannot compare (a release number over the
+    integer digit limit, where ``contains`` raises) is not one either."""
     try:
-        return Requirement(text)
-    except InvalidRequirement as e:
-        return str(e)
+        req = Requirement(text)
+        for spec in req.specifier:
+            if spec.operator != "===":
+                Version(spec.version.removesuffix(".*"))
+    except (ValueError, RecursionError) as e:  # InvalidRequirement and InvalidVersion are ValueErrors
+        return f"{type(e).__name__}: {str(e)[:200]}" if not isinstance(e, InvalidRequirement) else str(e)
+    return req
 
 
 def _parse(dist: Distribution, bad: list[tuple[Distribution, str, str]]) -> list[Requirement]:
@@ -333,6 +354,12 @@ def requirement_facts(inv: Inventory) -> Requirements:
                 seen.add(ident)
                 installed = inv.get(req.name)
                 facts.append(RequirementFact(d, req, extra, inferred, installed, _satisfied(req, installed)))
+    for d in firsts:  # a marker that cannot be evaluated did not apply: said with the unparsable ones
+        bad += [
+            (d, str(req), f"marker cannot be evaluated: {markers.failed[id(req.marker)]}")
+            for req in parsed[id(d)]
+            if req.marker is not None and id(req.marker) in markers.failed
+        ]
     shown = {k: {e: _why(inf, who) for e, (inf, who) in v.items()} for k, v in extras.items() if v}
     return Requirements(tuple(facts), shown, tuple(bad))
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import struct
 import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -459,3 +460,29 @@ def synth_elf(
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_bytes(bytes(img))
     return out
+
+
+def sparse_gnu_hash_elf(path: Path, tail: int, *, end_at: int | None = None, little: bool = True) -> None:
+    """An ELF64 shared object whose DT_GNU_HASH has one bucket (symbol 1) and a chain of *tail* bytes of
+    zero words (a sparse file: the chain never ends), or ending at chain word *end_at*."""
+    e = "<" if little else ">"
+    ph_off, dyn_off, str_off, sym_off, hash_off = 64, 0x100, 0x200, 0x300, 0x400
+    chain_off = hash_off + 16 + 8 + 4  # header, one bloom word, one bucket
+    size = chain_off + tail
+    head = b"\x7fELF" + bytes([2, 1 if little else 2, 1]) + bytes(9)
+    head += struct.pack(e + "HHIQQQIHHHHHH", 3, 62, 1, 0, ph_off, 0, 0, 64, 56, 2, 64, 0, 0)
+    phdrs = struct.pack(e + "IIQQQQQQ", 1, 5, 0, 0, 0, size, size, 0x1000)  # PT_LOAD over the file
+    phdrs += struct.pack(e + "IIQQQQQQ", 2, 6, dyn_off, dyn_off, dyn_off, 0x60, 0x60, 8)  # PT_DYNAMIC
+    dyn = b"".join(
+        struct.pack(e + "qQ", t, v)
+        for t, v in [(0x6FFFFEF5, hash_off), (6, sym_off), (5, str_off), (10, 1), (11, 24), (0, 0)]
+    )
+    gnu = struct.pack(e + "IIIIQI", 1, 1, 1, 6, 0, 1)
+    with open(path, "wb") as f:
+        f.truncate(size)
+        for off, data in [(0, head), (ph_off, phdrs), (dyn_off, dyn), (hash_off, gnu)]:
+            f.seek(off)
+            f.write(data)
+        if end_at is not None:
+            f.seek(chain_off + 4 * end_at)
+            f.write(struct.pack(e + "I", 1))
