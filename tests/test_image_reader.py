@@ -4,6 +4,7 @@ checked, hostile and broken archives refused with a clear ImageError (never writ
 from __future__ import annotations
 
 import gzip
+import hashlib
 import io
 import json
 import os
@@ -12,8 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from pytest_cudastack.image.layers import RootWriter
+from pytest_cudastack.image.manifest import Layer
 from pytest_cudastack.image.rootfs import open_image
-from pytest_cudastack.image.store import ImageError
+from pytest_cudastack.image.store import BlobStore, ImageError
 from tests.helpers.imagebuild import FORMATS, Entry, blob_files, build_image, walk
 
 BASE = [
@@ -285,3 +288,37 @@ def test_concurrent_opens_share_one_root(tmp_path: Path) -> None:
     assert len(set(roots)) == 1
     assert walk(roots[0])["usr/lib/libkeep.so.1"] == "keep2"
     assert not [n for n in os.listdir(tmp_path / "cache" / "images") if n.startswith(".build-")]
+
+
+@pytest.mark.parametrize("fmt", ["oci-layout", "docker-legacy"])
+def test_plain_layers_are_read_in_place_and_give_the_gzip_tree(
+    tmp_path: Path, fmt: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A plain layer in a directory's blob or an uncompressed archive's member is read where it lies (headers
+    in place, file data copied by the kernel), never streamed: the same tree as its gzip twin's."""
+    layers = [BASE, TOP, [Entry("opt/big", data=os.urandom(300_000))]]
+    gz = walk(_open(build_image(tmp_path / "gz", layers), tmp_path / "c1").root)
+    suffix = ".tar" if fmt != "oci-layout" else ""
+    plain = build_image(tmp_path / f"plain{suffix}", layers, fmt, gzip_layers=False)
+
+    def no_stream(*_a: object, **_k: object) -> None:
+        raise AssertionError("a plain layer was streamed")
+
+    monkeypatch.setattr("pytest_cudastack.image.layers._decompressor", no_stream)
+    assert walk(_open(plain, tmp_path / "c2").root) == gz
+
+
+def test_truncated_plain_layer_whose_digest_matches(tmp_path: Path) -> None:
+    """A plain layer whose tar ends inside a file's data, its digest and diff_id those of the truncated
+    bytes (so every digest check passes), is an error naming the layer, not a short file."""
+    from tests.helpers.imagebuild import layer_tar
+
+    cut = layer_tar([Entry("big", data=os.urandom(100_000))])[:20_000]
+    digest = "sha256:" + hashlib.sha256(cut).hexdigest()
+    (tmp_path / "store").mkdir()
+    (tmp_path / "store" / "blob").write_bytes(cut)
+    (tmp_path / "root").mkdir()
+    with pytest.raises(ImageError, match=f"layer {digest}: truncated or corrupt layer"):
+        RootWriter(str(tmp_path / "root")).apply(
+            BlobStore(str(tmp_path / "store"), None), Layer("blob", digest, digest, len(cut)), 0
+        )

@@ -505,3 +505,79 @@ def test_unchanged_files_keep_their_elf_facts_across_a_top_layer_change(parts: P
     # binary is a new file
     assert second.cache.misses == 1
     assert second.cache.hits >= 2
+
+
+@pytest.mark.parametrize("listed", [True, False], ids=["dpkg-lists-it-as-/bin", "clean-twin-unlisted"])
+def test_merged_usr_image_skips_the_binaries_dpkg_lists_under_bin(
+    parts: Parts, tmp_path: Path, capsys: pytest.CaptureFixture[str], listed: bool
+) -> None:
+    """Debian bookworm is merged-/usr: /bin is a link to usr/bin, and dpkg's lists keep the .deb's path
+    (/bin/tool) for the file at /usr/bin/tool. A listed binary is the distribution's and not scanned; one no
+    .deb lists is scanned (found by the real tier: every coreutils program was scanned)."""
+    tool = Entry("usr/bin/tool", data=parts.train12, mode=0o755)
+    merged = [Entry("bin", "symlink", target="usr/bin"), tool]
+    dpkg = [Entry("var/lib/dpkg/info/tooling.list", data=b"/.\n/bin\n/bin/tool\n" if listed else b"/.\n")]
+    env = ["PATH=/usr/bin:/bin"]
+    _rc, payload = _check(tmp_path, capsys, [_base(parts), merged + dpkg], env=env)
+    assert ("scan[/usr/bin/tool]" in payload["items"]) is not listed
+
+
+@needs_glibc
+@pytest.mark.parametrize(
+    ("listed", "fix", "detail"),
+    [
+        (b"/usr/local/cuda/lib64/libcublas.so.13\n", "apt-get install --reinstall libcublas13-x", None),
+        (b"/usr/local/cuda/lib64/libcublas.so.12\n", "install the package that provides libcublas.so.13", "ships"),
+        (b"/usr/lib/libother.so.1\n", "install the package that provides libcublas.so.13", None),
+    ],
+    ids=["deb-installed-it-file-gone", "deb-ships-another-major", "no-deb-of-the-family"],
+)
+def test_missing_soname_names_the_deb_from_the_image_s_dpkg_lists(
+    parts: Parts,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    listed: bytes,
+    fix: str,
+    detail: str | None,
+) -> None:
+    """dpkg's lists say which .deb put a soname in the image: one whose file is gone (a later layer deleted
+    it) is reinstalled; for a soname no .deb lists, the package shipping another version of its family is
+    named as what the image has instead."""
+    dpkg = [Entry("var/lib/dpkg/info/libcublas13-x.list", data=b"/.\n" + listed)]
+    layers = [_base(parts), [Entry("opt/app/bin/train", data=parts.train13), *dpkg]]
+    _rc, payload = _check(tmp_path, capsys, layers)
+    (finding,) = _findings(payload, "scan[/opt/app/bin/train]")
+    assert finding["fix"].startswith(fix)
+    notes = [d for d in finding["details"] if "ships" in d]
+    assert notes == (["dpkg's libcublas13-x ships libcublas.so.12 (another version)"] if detail else [])
+
+
+@needs_glibc
+@pytest.mark.parametrize("replaced", [True, False], ids=["later-layer-replaced-it", "clean-twin"])
+def test_library_whose_bytes_are_not_the_deb_s(
+    parts: Parts, tmp_path: Path, capsys: pytest.CaptureFixture[str], replaced: bool
+) -> None:
+    """A library the program loads that dpkg installed, overwritten by a later layer: its md5 is not the one
+    dpkg's md5sums record (a WARNING naming the package to reinstall); untouched, nothing."""
+    import hashlib
+
+    original = parts.cublas12.read_bytes()
+    md5 = hashlib.md5(original, usedforsecurity=False).hexdigest()
+    dpkg = [
+        Entry("var/lib/dpkg/info/libcublas12-x.list", data=b"/.\n/usr/local/cuda/lib64/libcublas.so.12\n"),
+        Entry(
+            "var/lib/dpkg/info/libcublas12-x.md5sums", data=f"{md5}  usr/local/cuda/lib64/libcublas.so.12\n".encode()
+        ),
+    ]
+    top = [Entry("opt/app/bin/train", data=parts.train12)]
+    if replaced:
+        top.append(Entry("usr/local/cuda/lib64/libcublas.so.12", data=original + b"\0patched"))
+    _rc, payload = _check(tmp_path, capsys, [_base(parts), dpkg, top])
+    found = _findings(payload, "scan[/opt/app/bin/train]")
+    if not replaced:
+        assert found == []
+        return
+    (finding,) = found
+    assert finding["severity"] == "warning"
+    assert finding["facts"]["required"] == md5
+    assert finding["fix"].startswith("apt-get install --reinstall libcublas12-x")

@@ -8,16 +8,18 @@ skipped without a word.
 from __future__ import annotations
 
 import fnmatch
+import hashlib
 import os
 import stat
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from pytest_cudastack._sysio import open_regular
 from pytest_cudastack.cuda.compat import is_driver_soname
 from pytest_cudastack.errors import ElfError
 from pytest_cudastack.escape import printable
-from pytest_cudastack.findings import Finding, Severity, manual
+from pytest_cudastack.findings import Facts, Finding, Severity, manual
+from pytest_cudastack.wheels.dpkg import library_packages, recorded_md5, reinstall_command
 
 if TYPE_CHECKING:
     from pytest_cudastack.checks.facts import StackView, Target
@@ -147,15 +149,37 @@ def skipped_findings(directory: str, name: str) -> tuple[Finding, ...]:
     )
 
 
+def _other_majors(soname: str, debs: Mapping[str, tuple[tuple[str, str], ...]]) -> list[tuple[str, str]]:
+    """The names of ``soname``'s family (the name before ``.so``) that dpkg's packages list with another
+    version, joined per package, and the package: what the image has instead (``libcudart.so.11.0`` for
+    ``libcudart.so.12``)."""
+    stem, dot, _ = soname.partition(".so.")
+    if not dot:
+        return []
+    by_package: dict[str, list[str]] = {}
+    for name, owners in sorted(debs.items()):
+        if name.startswith(stem + ".so.") and name != soname:
+            by_package.setdefault(owners[0][1], []).append(name)
+    return sorted((", ".join(names), package) for package, names in by_package.items())
+
+
 def binary_findings(
-    tree: Tree, subject: str, inventory: Inventory | None = None, driver: DriverInfo | None = None
+    tree: Tree,
+    subject: str,
+    inventory: Inventory | None = None,
+    driver: DriverInfo | None = None,
+    dpkg_root: str | None = None,
 ) -> tuple[Finding, ...]:
     """Every DT_NEEDED in ``tree``'s closure must resolve: one ERROR per missing soname, all at once.
+    ``dpkg_root`` (an image's root) has its dpkg database read: the package that installed a missing soname
+    (its file gone: reinstall it) or ships another version of its family is named, and a library the tree
+    loads whose bytes are not those its package's md5sums record is a WARNING.
 
     A missing driver soname (``libcuda.so.1``) is INFO unless a driver was probed on this machine: the
     driver comes with the deployment host, not with the image.
     """
     out: list[Finding] = []
+    debs = library_packages(dpkg_root) if dpkg_root is not None else None
     out.extend(
         Finding("scan", Severity.ERROR, subject, problem, remedies=manual("scan only ELF binaries"))
         for problem in tree.problems
@@ -175,6 +199,8 @@ def binary_findings(
                 )
             )
             continue
+        notes: tuple[str, ...] = ()
+        gone = ""
         shipped = [
             (dist, path, os.path.isfile(path)) for dist, path in (inventory.shipping(lib.soname) if inventory else ())
         ]
@@ -185,7 +211,13 @@ def binary_findings(
         elif shipped:
             name = shipped[0][0].name
             fix = f"reinstall {name} (pip install --force-reinstall --no-deps {name})"
+        elif debs and lib.soname in debs:
+            path, package = debs[lib.soname][0]
+            gone = f"dpkg's {package} installed {path}, which is gone"
+            fix = f"{reinstall_command(package)}, or drop the step that deletes {path}"
         else:
+            kin = _other_majors(lib.soname, debs or {})
+            notes = tuple(f"dpkg's {package} ships {names} (another version)" for names, package in kin)
             fix = f"install the package that provides {lib.soname}, or rebuild against the CUDA this image has"
         out.append(
             Finding(
@@ -193,14 +225,66 @@ def binary_findings(
                 Severity.ERROR,
                 subject,
                 f"needs {lib.soname}, which the dynamic linker does not find",
-                cause=lib.problem or ("; ".join(claims) if claims else "no directory searched holds it"),
+                cause=lib.problem or ("; ".join(claims) if claims else gone or "no directory searched holds it"),
                 remedies=manual(fix),
                 where=lib.searched_in(searched),
                 chain=chain,
-                details=claims,
+                details=claims + notes,
             )
         )
+    if debs and dpkg_root is not None:
+        out.extend(_altered(tree, subject, debs, dpkg_root))
     return tuple(out)
+
+
+def _file_md5(path: str) -> str | None:
+    h = hashlib.md5(usedforsecurity=False)
+    try:
+        with open(path, "rb") as f:
+            while block := f.read(1 << 20):
+                h.update(block)
+    except OSError:
+        return None
+    return h.hexdigest()
+
+
+def _altered(tree: Tree, subject: str, debs: Mapping[str, tuple[tuple[str, str], ...]], root: str) -> list[Finding]:
+    """The libraries ``tree`` loads that a .deb installed and whose bytes differ from its md5sums (a later
+    layer, or a hand, replaced them): the program runs another build than the package's. A WARNING: it may
+    well load and work; what breaks is dpkg's record (an upgrade overwrites it) and the tested build."""
+    out: list[Finding] = []
+    seen: set[str] = set()
+    base = os.path.normpath(root)
+    for lib in tree.libraries:
+        if lib.path is None:
+            continue
+        # an image's tree names image paths: the file is under its root, links followed inside it
+        host = lib.path if lib.path.startswith(base + os.sep) else os.path.join(base, lib.path.lstrip("/"))
+        real = os.path.realpath(host)
+        if real in seen or not real.startswith(base + os.sep):
+            continue
+        seen.add(real)
+        for _listed, package in debs.get(os.path.basename(real), ()):
+            recorded = recorded_md5(package, real, root)
+            if recorded is None:
+                continue
+            got = _file_md5(real)
+            if got != recorded:
+                shown = "/" + os.path.relpath(real, base)
+                out.append(
+                    Finding(
+                        "scan",
+                        Severity.WARNING,
+                        subject,
+                        f"loads {shown} ({lib.soname}), whose bytes are not those dpkg's {package} installed",
+                        cause=f"md5 {got or 'unreadable'}, dpkg's md5sums for {package}: {recorded}",
+                        remedies=manual(f"{reinstall_command(package)}, or drop the step that replaces {shown}"),
+                        facts=Facts(found=got or "", required=recorded, objects=(shown,)),
+                        chain=tree.chain(lib.soname),
+                    )
+                )
+            break
+    return out
 
 
 def run(stack: StackView, target: Target | None) -> tuple[Finding, ...]:
@@ -214,4 +298,6 @@ def run(stack: StackView, target: Target | None) -> tuple[Finding, ...]:
         )
     if os.path.isdir(path):  # a walked directory's own item: the files it did not check
         return skipped_findings(path, name)
-    return binary_findings(stack.tree(path), name, stack.inventory, stack.driver)
+    image = stack.image
+    root = image.root if image is not None else None
+    return binary_findings(stack.tree(path), name, stack.inventory, stack.driver, root)

@@ -33,16 +33,18 @@ _MAX_LINKS = 40  # symbolic links followed in one path, Linux's MAXSYMLINKS
 _GZIP = b"\x1f\x8b"
 _ZSTD = b"\x28\xb5\x2f\xfd"
 _CHUNK = 1 << 20
+_TAR_BUFFER = 64 << 10
 
 
 class _Hashing:
-    """A read-only stream that hashes what is read through it; ``prefix`` is returned first (bytes already
-    peeked at)."""
+    """A read-only stream that hashes what is read through it (``hashing``, else it only counts); ``prefix``
+    is returned first (bytes already peeked at)."""
 
-    def __init__(self, inner: Any, prefix: bytes = b"") -> None:
+    def __init__(self, inner: Any, prefix: bytes = b"", hashing: bool = True) -> None:
         self._inner = inner
         self._prefix = prefix
         self.hash = hashlib.sha256()
+        self._hashing = hashing
         self.size = 0
 
     def read(self, size: int = -1) -> bytes:
@@ -53,7 +55,8 @@ class _Hashing:
                 data += self._inner.read()
         else:
             data = self._inner.read(size)
-        self.hash.update(data)
+        if self._hashing:
+            self.hash.update(data)
         self.size += len(data)
         return bytes(data)
 
@@ -66,6 +69,63 @@ class _Hashing:
         return "sha256:" + self.hash.hexdigest()
 
 
+class _Window:
+    """The byte range ``[base, base + size)`` of the open file ``f`` as a seekable file of its own: a plain
+    layer tar read in place (tarfile's random access skips each member's data instead of reading it)."""
+
+    def __init__(self, f: Any, base: int, size: int) -> None:
+        self._f = f
+        self._base = base
+        self._size = size
+        self._pos = 0
+
+    def read(self, size: int = -1) -> bytes:
+        left = self._size - self._pos
+        n = left if size is None or size < 0 else min(size, left)
+        if n <= 0:
+            return b""
+        data = bytes(os.pread(self._f.fileno(), n, self._base + self._pos))
+        self._pos += len(data)
+        return data
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        base = {os.SEEK_SET: 0, os.SEEK_CUR: self._pos, os.SEEK_END: self._size}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+
+def _digest_range(fd: int, base: int, size: int) -> tuple[str, int]:
+    """The sha256 digest of ``size`` bytes of ``fd`` from ``base`` and how many could be read."""
+    h = hashlib.sha256()
+    done = 0
+    while done < size:
+        chunk = os.pread(fd, min(_CHUNK * 8, size - done), base + done)
+        if not chunk:
+            break
+        h.update(chunk)
+        done += len(chunk)
+    return "sha256:" + h.hexdigest(), done
+
+
+def _copy_range(src: int, dst: int, offset: int, count: int) -> int:
+    """Copy ``count`` bytes of ``src`` from ``offset`` to ``dst`` in the kernel (copy_file_range, else
+    pread/write); the bytes copied (fewer: the source ends early)."""
+    done = 0
+    while done < count:
+        try:
+            n = os.copy_file_range(src, dst, count - done, offset + done)
+        except OSError:  # not on this file system or kernel: through user space
+            data = os.pread(src, min(_CHUNK, count - done), offset + done)
+            n = os.write(dst, data) if data else 0
+        if n <= 0:
+            break
+        done += n
+    return done
+
+
 def _parts(name: str, layer: str) -> list[str]:
     """The components of an entry's path from the image root; ImageError for one that climbs out."""
     parts = [p for p in name.split("/") if p not in ("", ".")]
@@ -74,11 +134,13 @@ def _parts(name: str, layer: str) -> list[str]:
     return parts
 
 
-def _decompressor(raw: _Hashing, layer: Layer) -> Any:
+def _decompressor(raw: _Hashing, layer: Layer) -> tuple[Any, bool]:
+    """The uncompressed stream of the blob ``raw`` reads, and whether the blob is compressed (a plain tar's
+    bytes are the blob's: its one hash serves as both digest and diff_id)."""
     head = raw.read(4)
-    peeked = _Hashing(raw, head)  # hashes nothing new: raw already counted these bytes
+    peeked = _Hashing(raw, head, hashing=False)  # raw hashes every byte once; this only puts the head back
     if head.startswith(_GZIP):
-        return gzip.GzipFile(fileobj=peeked, mode="rb")  # type: ignore[call-overload]
+        return gzip.GzipFile(fileobj=peeked, mode="rb"), True  # type: ignore[call-overload]
     if head.startswith(_ZSTD):
         try:
             zstd = importlib.import_module("compression.zstd")  # lazy: only where the Python has it (>= 3.14)
@@ -87,8 +149,8 @@ def _decompressor(raw: _Hashing, layer: Layer) -> Any:
                 f"layer {layer.name} is zstd-compressed and this Python has no zstd decompressor (Python >= 3.14's "
                 "compression.zstd); re-export the image with gzip layers"
             ) from None
-        return zstd.ZstdFile(peeked, mode="rb")
-    return peeked
+        return zstd.ZstdFile(peeked, mode="rb"), True
+    return peeked, False
 
 
 def link_text(parent: list[str], target: str) -> str:
@@ -115,6 +177,7 @@ class RootWriter:
         self.skipped = 0  # device nodes, FIFOs, sockets: not created
         self._written: set[str] = set()
         self._touched: set[str] = set()
+        self._source: tuple[int, int] | None = None  # (fd, offset) of the plain layer read in place
 
     def _host(self, parts: list[str]) -> str:
         return os.path.join(self.root, *parts)
@@ -235,23 +298,68 @@ class RootWriter:
         self._touch(here)
 
     def _write(self, tf: tarfile.TarFile, member: tarfile.TarInfo, host: str) -> None:
-        data = tf.extractfile(member)
         fd = os.open(host, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "wb") as out:
-            if data is not None:
-                shutil.copyfileobj(data, out, _CHUNK)
+            if self._source is not None and not member.issparse():
+                src, base = self._source
+                if _copy_range(src, fd, base + member.offset_data, member.size) != member.size:
+                    raise EOFError(f"the layer ends inside {member.name}")
+            else:
+                data = tf.extractfile(member)
+                if data is not None:
+                    shutil.copyfileobj(data, out, _CHUNK)
         os.chmod(host, (member.mode & 0o755) | 0o600)
+
+    def _apply_in_place(self, path: str, base: int, size: int, layer: Layer, index: int) -> bool:
+        """Apply a plain (uncompressed) layer tar that lies at ``[base, base + size)`` of the file ``path``
+        without streaming its bytes through Python: its digest is checked first (one pass), then its headers
+        are read in place and each file's data copied by the kernel. False (nothing done) when the blob is
+        compressed: the stream reader takes it."""
+        with open(path, "rb") as f:
+            fd = f.fileno()
+            if os.pread(fd, 4, base).startswith((_GZIP, _ZSTD)):
+                return False
+            digest, got = _digest_range(fd, base, size)
+            if layer.digest is not None and digest != layer.digest:
+                raise ImageError(f"layer {layer.name}: digest mismatch (the blob's bytes hash to {digest})")
+            if layer.size is not None and got != layer.size:
+                raise ImageError(f"layer {layer.name}: size {got}, its descriptor says {layer.size}")
+            if layer.diff_id is not None and digest != layer.diff_id:
+                raise ImageError(
+                    f"layer {layer.name}: its uncompressed tar hashes to {digest}, the config's diff_id is "
+                    f"{layer.diff_id}"
+                )
+            self._source = (fd, base)
+            try:
+                with tarfile.open(fileobj=_Window(f, base, got), mode="r:") as tf:  # type: ignore[call-overload]
+                    member = tf.firstmember
+                    while member is not None:
+                        self._entry(tf, member, index, layer.name)
+                        tf.members.clear()  # not kept: a layer may hold a million entries
+                        member = tf.next()
+            except (tarfile.TarError, EOFError, OSError, ValueError) as e:
+                why = e.strerror if isinstance(e, OSError) and e.strerror else str(e) or type(e).__name__
+                raise ImageError(f"layer {layer.name}: truncated or corrupt layer: {why}") from e
+            finally:
+                self._source = None
+        return True
 
     def apply(self, store: BlobStore, layer: Layer, index: int) -> None:
         """Apply ``layer`` (read from ``store``), checking its blob digest and size (its descriptor's) and its
         uncompressed digest (the config's diff_id); ImageError naming the layer for any failure."""
         self._written.clear()
         self._touched.clear()
+        located = store.locate(layer.member)
+        if located is not None and self._apply_in_place(*located, layer, index):
+            return
         with store.open(layer.member) as blob:
             raw = _Hashing(blob)
             try:
-                plain = _Hashing(_decompressor(raw, layer))
-                with tarfile.open(fileobj=plain, mode="r|") as tf:  # type: ignore[call-overload]
+                stream, compressed = _decompressor(raw, layer)
+                plain = _Hashing(stream, hashing=compressed)
+                # 64 KiB reads: tarfile's default (10 KiB) costs a Python call per 10 KiB of a multi-GB layer,
+                # a larger buffer is re-sliced on each 512-byte header read
+                with tarfile.open(fileobj=plain, mode="r|", bufsize=_TAR_BUFFER) as tf:  # type: ignore[call-overload]
                     for member in tf:
                         self._entry(tf, member, index, layer.name)
                 plain.drain()
@@ -265,8 +373,9 @@ class RootWriter:
             raise ImageError(f"layer {layer.name}: digest mismatch (the blob's bytes hash to {raw.digest})")
         if layer.size is not None and raw.size != layer.size:
             raise ImageError(f"layer {layer.name}: size {raw.size}, its descriptor says {layer.size}")
-        if layer.diff_id is not None and plain.digest != layer.diff_id:
+        plain_digest = plain.digest if compressed else raw.digest
+        if layer.diff_id is not None and plain_digest != layer.diff_id:
             raise ImageError(
-                f"layer {layer.name}: its uncompressed tar hashes to {plain.digest}, the config's diff_id is "
+                f"layer {layer.name}: its uncompressed tar hashes to {plain_digest}, the config's diff_id is "
                 f"{layer.diff_id}"
             )

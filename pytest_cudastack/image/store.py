@@ -6,6 +6,7 @@ name is looked up as the archive spells it, with or without a leading ``./``. No
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -78,6 +79,22 @@ class BlobStore:
         if f is None:
             raise ImageError(f"{self.path}: cannot read {name} from the archive")
         return f
+
+    def locate(self, name: str) -> tuple[str, int, int] | None:
+        """``(file, offset, size)``: where the bytes of ``name`` lie in a plain file (a blob of a directory, a
+        member of an uncompressed archive), so that they can be read in place; None when they do not (a
+        compressed archive, a missing or irregular member)."""
+        if self._archive is None:
+            local = self._local(name)
+            if os.path.islink(local) or not os.path.isfile(local):
+                return None
+            return local, 0, os.path.getsize(local)
+        member = self._members.get(name)
+        if member is None or not member.isfile() or member.issparse():
+            return None
+        if not isinstance(self._archive.fileobj, io.BufferedReader):  # the archive is compressed
+            return None
+        return self.path, member.offset_data, member.size
 
     def size(self, name: str) -> int | None:
         if self._archive is None:

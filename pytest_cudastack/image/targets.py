@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from pytest_cudastack.image.rootfs import ImageRoot
 
@@ -43,9 +43,27 @@ def _program(image: ImageRoot) -> str | None:
     return None
 
 
+def _real_paths(image: ImageRoot, paths: Iterable[str]) -> frozenset[str]:
+    """The image paths ``paths`` name once their directories' symbolic links are followed inside the image: a
+    merged-/usr image's dpkg lists ``/bin/bash`` (the path the ``.deb`` holds) for the file at ``/usr/bin/bash``
+    (``/bin`` is a link to ``usr/bin``). Each directory is resolved once; the final name is kept as written."""
+    real_dirs: dict[str, str | None] = {}
+    out: set[str] = set()
+    for path in paths:
+        directory, name = os.path.split(path)
+        if directory not in real_dirs:
+            real_dirs[directory] = image.image_path(os.path.realpath(image.host(directory)))
+        real = real_dirs[directory]
+        if real is not None:
+            out.add(os.path.join(real, name))
+    return frozenset(out)
+
+
 def image_binaries(image: ImageRoot, packaged: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
     """``(image path, host path)`` of each binary to check, the container's program first; ``packaged`` is
-    what the OS package database lists (``wheels.dpkg.file_packages``), by image path."""
+    what the OS package database lists (``wheels.dpkg.file_packages``), by image path as listed (the real
+    path of each is compared, so a merged-/usr image's ``/bin/x`` is its ``/usr/bin/x``)."""
+    owned = _real_paths(image, packaged)
     out: dict[str, str] = {}  # host realpath -> image path
     program = _program(image)
     candidates: list[tuple[str, bool]] = [(program, True)] if program else []
@@ -61,7 +79,7 @@ def image_binaries(image: ImageRoot, packaged: Mapping[str, str]) -> tuple[tuple
         real_image = image.image_path(real)
         if real_image is None or real in out or not _elf_executable(real):
             continue
-        if not always and (path in packaged or real_image in packaged):
+        if not always and (path in packaged or real_image in packaged or real_image in owned):
             continue
         out[real] = path
     return tuple((path, host) for host, path in out.items())

@@ -23,7 +23,16 @@ from types import MappingProxyType
 
 from pytest_cudastack._sysio import read_text
 
-__all__ = ["INFO_DIR", "dist_info_package", "file_packages", "md5sums", "md5sums_path", "reinstall_command"]
+__all__ = [
+    "INFO_DIR",
+    "dist_info_package",
+    "file_packages",
+    "library_packages",
+    "md5sums",
+    "md5sums_path",
+    "recorded_md5",
+    "reinstall_command",
+]
 
 INFO_DIR = "var/lib/dpkg/info"
 _MAX_LISTS = 100_000  # .list files read (a full desktop has ~3,000)
@@ -78,6 +87,19 @@ def file_packages(root: str) -> Mapping[str, str]:
     return MappingProxyType(out)
 
 
+@functools.lru_cache(maxsize=8)
+def library_packages(root: str) -> Mapping[str, tuple[tuple[str, str], ...]]:
+    """Every shared-library name the ``.list`` files under ``root`` name (a basename holding ``.so``:
+    ``libcudart.so.11.0``) -> ``(listed path, package)`` of each, in ``.list`` order: which ``.deb`` put a
+    soname in the system, whether or not its file is still there. Read once per root."""
+    out: dict[str, list[tuple[str, str]]] = {}
+    for path, package in file_packages(root).items():
+        name = os.path.basename(path)
+        if ".so" in name:
+            out.setdefault(name, []).append((path, package))
+    return MappingProxyType({k: tuple(v) for k, v in out.items()})
+
+
 def _as_listed(path: str, root: str) -> list[str]:
     """``path`` (absolute, on this machine) as dpkg under ``root`` would list it: relative to ``root``, with a
     leading ``/``; its realpath too (a merged-/usr system lists ``/usr/lib``, a site may be spelt ``/lib``)."""
@@ -130,6 +152,20 @@ def md5sums(package: str, root: str = "/") -> Mapping[str, str] | None:
             continue
         out.setdefault(os.path.normpath(os.path.join(base, rel)), digest.lower())
     return MappingProxyType(out)
+
+
+def recorded_md5(package: str, path: str, root: str = "/") -> str | None:
+    """The md5 dpkg recorded for ``path`` (absolute, under ``root``; a real path) in ``package``'s md5sums,
+    None when it records none. An entry is matched by its real path too: a merged-/usr system's md5sums may
+    name ``lib/x`` for the file at ``usr/lib/x``."""
+    sums = md5sums(package, root)
+    if sums is None:
+        return None
+    digest = sums.get(os.path.normpath(path))
+    if digest is not None:
+        return digest
+    name = os.path.basename(path)
+    return next((d for p, d in sums.items() if os.path.basename(p) == name and os.path.realpath(p) == path), None)
 
 
 def reinstall_command(package: str) -> str:
