@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from types import MappingProxyType
 
 from pytest_cudastack._sysio import read_text
@@ -45,26 +45,39 @@ def _info_dir(root: str) -> str:
     return os.path.join(root, INFO_DIR)
 
 
-@functools.lru_cache(maxsize=8)
-def _dist_info_owners(root: str) -> Mapping[str, str]:
-    """Every ``*.dist-info`` / ``*.egg-info`` path any ``.list`` under ``root`` names (as written, normalised)
-    -> its package (the first ``.list`` by name wins); empty when there is no dpkg database."""
+def _list_texts(root: str) -> Iterator[tuple[str, str]]:
+    """``(package, text)`` of each ``.list`` under ``root``, by name, at most ``_MAX_LISTS`` of them and
+    ``_MAX_LIST_BYTES`` each; nothing without a dpkg database."""
     info = _info_dir(root)
     try:
         names = sorted(n for n in os.listdir(info) if n.endswith(".list"))[:_MAX_LISTS]
     except OSError:
-        return MappingProxyType({})
-    out: dict[str, str] = {}
+        return
     for n in names:
         package = n[: -len(".list")]
-        if not _PACKAGE.fullmatch(package):
+        text = read_text(os.path.join(info, n), limit=_MAX_LIST_BYTES) if _PACKAGE.fullmatch(package) else None
+        if text is not None:
+            yield package, text
+
+
+def _listed_paths(text: str) -> Iterator[str]:
+    """The paths a ``.list`` names (absolute as written), normalised; malformed lines skipped."""
+    for line in text.splitlines():
+        if line.startswith("/") and "\x00" not in line:
+            yield os.path.normpath(line)
+
+
+@functools.lru_cache(maxsize=8)
+def _dist_info_owners(root: str) -> Mapping[str, str]:
+    """Every ``*.dist-info`` / ``*.egg-info`` path any ``.list`` under ``root`` names (as written, normalised)
+    -> its package (the first ``.list`` by name wins); empty when there is no dpkg database."""
+    out: dict[str, str] = {}
+    for package, text in _list_texts(root):
+        if ".dist-info" not in text and ".egg-info" not in text:  # most packages ship none: skip their lines
             continue
-        text = read_text(os.path.join(info, n), limit=_MAX_LIST_BYTES)
-        if text is None or (".dist-info" not in text and ".egg-info" not in text):
-            continue
-        for line in text.splitlines():
-            if line.startswith("/") and line.endswith((".dist-info", ".egg-info")) and "\x00" not in line:
-                out.setdefault(os.path.normpath(line), package)
+        for path in _listed_paths(text):
+            if path.endswith((".dist-info", ".egg-info")):
+                out.setdefault(path, package)
     return MappingProxyType(out)
 
 
@@ -72,18 +85,10 @@ def file_packages(root: str) -> Mapping[str, str]:
     """Every path the ``.list`` files under ``root`` name (as written: absolute in the system ``root`` is the
     root of, normalised) -> its package (the first ``.list`` by name wins); empty without a dpkg database.
     What an image's check asks of the files it finds: which ones a ``.deb`` installed."""
-    info = _info_dir(root)
-    try:
-        names = sorted(n for n in os.listdir(info) if n.endswith(".list"))[:_MAX_LISTS]
-    except OSError:
-        return MappingProxyType({})
     out: dict[str, str] = {}
-    for n in names:
-        package = n[: -len(".list")]
-        text = read_text(os.path.join(info, n), limit=_MAX_LIST_BYTES) if _PACKAGE.fullmatch(package) else None
-        for line in text.splitlines() if text is not None else ():
-            if line.startswith("/") and "\x00" not in line:
-                out.setdefault(os.path.normpath(line), package)
+    for package, text in _list_texts(root):
+        for path in _listed_paths(text):
+            out.setdefault(path, package)
     return MappingProxyType(out)
 
 
