@@ -11,52 +11,18 @@ import pytest
 
 from pytest_cudastack.checks.baseline import baseline_findings, snapshot_drift
 from pytest_cudastack.cli import main
-from pytest_cudastack.cuda.driver import DriverInfo, Gpu
 from pytest_cudastack.linker.elfcache import ElfCache
 from pytest_cudastack.model.fingerprint import file_hash, stack_fingerprint
 from pytest_cudastack.model.fleet import snapshot_problems
 from pytest_cudastack.stack import Stack, load_snapshot, write_snapshot
-from tests.helpers.sitebuild import HAVE_CC, compile_so, record_hash, site_packages, write_dist
+from tests.helpers.fleetbuild import CUDNN, clobber, cudnn_site, node_driver, snap
+from tests.helpers.sitebuild import HAVE_CC, compile_so, record_hash
 
 pytestmark = pytest.mark.skipif(not HAVE_CC, reason="needs a C compiler")
 
-CUDNN = "nvidia/cudnn/lib/libcudnn.so.9"
-H100 = Gpu(0, "NVIDIA H100 80GB HBM3", "GPU-a", "9.0", 80 << 30, None)
-
-
-def node_driver(module: str = "580.95.05", libs: str = "580.95.05", gpus: tuple[Gpu, ...] = (H100,)) -> DriverInfo:
-    return DriverInfo(
-        "probed",
-        libs,
-        "13.0",
-        gpus,
-        tuple(g.arch or "" for g in gpus),
-        "probed",
-        kernel_module=module,
-        libcuda_version=libs,
-        nvml_version=libs,
-    )
-
-
-def cu13_site(tmp_path: Path, major: int = 13) -> Path:
-    """A venv with cuDNN for CUDA ``major`` (the wheel name's flavour), its library a real shared object."""
-    site = site_packages(tmp_path / "venv")
-    write_dist(site, f"nvidia-cudnn-cu{major}", "9.13.0.50", {CUDNN: compile_so("libcudnn.so.9", payload=f"cu{major}")})
-    return site
-
-
-def snap(site: Path, driver: DriverInfo | None = None, host: bool = True, cache: ElfCache | None = None) -> dict:
-    stack = Stack(driver_info=driver or node_driver(), site_paths=(str(site),), cache=cache or ElfCache(enabled=False))
-    return json.loads(json.dumps(stack.to_json(host)))
-
-
-def clobber(site: Path) -> None:
-    """pip install nvidia-cudnn-cu12 over it: its files at the same paths replace cu13's."""
-    write_dist(site, "nvidia-cudnn-cu12", "9.10.2.21", {CUDNN: compile_so("libcudnn.so.9", payload="cu12")})
-
 
 def test_snapshot_has_node_facts_and_a_fingerprint(tmp_path: Path):
-    doc = snap(cu13_site(tmp_path))
+    doc = snap(cudnn_site(tmp_path))
     host = doc["host"]
     assert host["name"]
     assert (host["kernel_module"], host["libcuda_version"], host["nvml_version"]) == ("580.95.05",) * 3
@@ -72,7 +38,7 @@ def test_snapshot_has_node_facts_and_a_fingerprint(tmp_path: Path):
 
 
 def test_written_snapshot_reads_against_its_schema(tmp_path: Path):
-    stack = Stack(driver_info=node_driver(), site_paths=(str(cu13_site(tmp_path)),), cache=ElfCache(enabled=False))
+    stack = Stack(driver_info=node_driver(), site_paths=(str(cudnn_site(tmp_path)),), cache=ElfCache(enabled=False))
     out = tmp_path / "snap.json"
     write_snapshot(stack, str(out))
     assert load_snapshot(str(out))["host"]["kernel_module"] == "580.95.05"
@@ -81,7 +47,7 @@ def test_written_snapshot_reads_against_its_schema(tmp_path: Path):
 
 
 def test_fingerprint_ignores_the_host_name_and_order(tmp_path: Path):
-    doc = snap(cu13_site(tmp_path))
+    doc = snap(cudnn_site(tmp_path))
     other = json.loads(json.dumps(doc))
     other["host"]["name"] = "another-node"
     other["resolved"].reverse()
@@ -101,20 +67,20 @@ def test_fingerprint_ignores_the_host_name_and_order(tmp_path: Path):
     ],
 )
 def test_fingerprint_changes_with_what_decides_a_run(tmp_path: Path, change):
-    doc = snap(cu13_site(tmp_path))
+    doc = snap(cudnn_site(tmp_path))
     changed = json.loads(json.dumps(doc))
     change(changed)
     assert stack_fingerprint(changed) != doc["fingerprint"]
 
 
 def test_same_venv_at_another_prefix_has_the_same_fingerprint(tmp_path: Path):
-    a = snap(cu13_site(tmp_path / "a"))
-    b = snap(cu13_site(tmp_path / "b"))
+    a = snap(cudnn_site(tmp_path / "a"))
+    b = snap(cudnn_site(tmp_path / "b"))
     assert a["fingerprint"] == b["fingerprint"]
 
 
 def test_no_host_fingerprint_is_the_environment(tmp_path: Path):
-    site = cu13_site(tmp_path)
+    site = cudnn_site(tmp_path)
     a = snap(site, node_driver("580.95.05"), host=False)
     b = snap(site, node_driver("570.124.06", "570.124.06"), host=False)
     assert "host" not in a
@@ -122,7 +88,7 @@ def test_no_host_fingerprint_is_the_environment(tmp_path: Path):
 
 
 def test_cu12_over_cu13_is_replaced_bytes_not_just_added(tmp_path: Path):
-    site = cu13_site(tmp_path)
+    site = cudnn_site(tmp_path)
     before = snap(site)
     clobber(site)
     after = snap(site)
@@ -136,7 +102,7 @@ def test_cu12_over_cu13_is_replaced_bytes_not_just_added(tmp_path: Path):
 
 
 def test_bytes_no_record_lists(tmp_path: Path):
-    site = cu13_site(tmp_path)
+    site = cudnn_site(tmp_path)
     before = snap(site)
     target = site / CUDNN
     data = target.read_bytes()
@@ -147,12 +113,12 @@ def test_bytes_no_record_lists(tmp_path: Path):
 
 
 def test_unchanged_bytes_are_no_drift(tmp_path: Path):
-    site = cu13_site(tmp_path)
+    site = cudnn_site(tmp_path)
     assert snapshot_drift(snap(site), snap(site)) == ()
 
 
 def test_version_1_snapshot_compares_without_bytes(tmp_path: Path):
-    site = cu13_site(tmp_path)
+    site = cudnn_site(tmp_path)
     old = snap(site, host=False)
     for wheel in old["wheels"]:
         del wheel["files"]
@@ -162,7 +128,7 @@ def test_version_1_snapshot_compares_without_bytes(tmp_path: Path):
 
 
 def test_baseline_with_errors_is_never_proposed(tmp_path: Path):
-    site = cu13_site(tmp_path)
+    site = cudnn_site(tmp_path)
     recorded = snap(site)
     clobber(site)
     findings = baseline_findings("stack.json", recorded, snap(site))
@@ -176,8 +142,8 @@ def test_baseline_with_errors_is_never_proposed(tmp_path: Path):
 
 
 def test_clean_baseline_drift_proposes_re_recording(tmp_path: Path):
-    recorded = snap(cu13_site(tmp_path / "a"))
-    now = snap(cu13_site(tmp_path / "b", major=12))
+    recorded = snap(cudnn_site(tmp_path / "a"))
+    now = snap(cudnn_site(tmp_path / "b", major=12))
     findings = baseline_findings("stack.json", recorded, now)
     assert findings
     assert all(f.remedies[0].steps[-1] == "or re-record it: pytest --cudastack-snapshot=stack.json" for f in findings)
@@ -187,7 +153,7 @@ def test_clean_baseline_drift_proposes_re_recording(tmp_path: Path):
 
 
 def test_driver_mismatch_is_a_snapshot_problem(tmp_path: Path):
-    doc = snap(cu13_site(tmp_path), node_driver("570.124.06", "580.95.05"))
+    doc = snap(cudnn_site(tmp_path), node_driver("570.124.06", "580.95.05"))
     assert doc["host"]["mismatch"] == [
         {"soname": "libcuda.so.1", "version": "580.95.05"},
         {"soname": "libnvidia-ml.so.1", "version": "580.95.05"},
@@ -210,7 +176,7 @@ def test_file_hash_is_cached_by_stat(tmp_path: Path):
 
 
 def test_cli_snapshot_no_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]):
-    site = cu13_site(tmp_path)
+    site = cudnn_site(tmp_path)
     monkeypatch.chdir(tmp_path)
     out = tmp_path / "s.json"
     args = ["snapshot", "--site", str(site), "--cuda-driver=580.95.05", "--cuda-arch=sm_90", "-o", str(out)]

@@ -48,8 +48,15 @@ def clobber(site: Path) -> None:
     write_dist(site, "nvidia-cudnn-cu12", "9.10.2.21", {CUDNN: compile_so("libcudnn.so.9", payload="cu12")})
 
 
-def snap(site: Path, driver: DriverInfo | None = None, host: bool = True, name: str | None = None) -> dict[str, Any]:
-    stack = Stack(driver_info=driver or node_driver(), site_paths=(str(site),), cache=ElfCache(enabled=False))
+def snap(
+    site: Path,
+    driver: DriverInfo | None = None,
+    host: bool = True,
+    name: str | None = None,
+    cache: ElfCache | None = None,
+) -> dict[str, Any]:
+    """The snapshot document of ``site`` as node ``name`` with ``driver`` (``cache``: default none kept)."""
+    stack = Stack(driver_info=driver or node_driver(), site_paths=(str(site),), cache=cache or ElfCache(enabled=False))
     doc: dict[str, Any] = json.loads(json.dumps(stack.to_json(host)))
     if name is not None and host:
         doc["host"]["name"] = name
