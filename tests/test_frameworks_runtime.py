@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -16,10 +15,9 @@ import pytest
 from pytest_cudastack.checks.frameworks import framework_findings
 from pytest_cudastack.cuda.frameworks import judge, load_rules
 from pytest_cudastack.findings import Severity
-from pytest_cudastack.linker.resolver import SearchConfig
 from pytest_cudastack.stack import Stack
 from tests.helpers.elfbuild import needs_ldd
-from tests.helpers.sitebuild import HAVE_CC, compile_so, site_packages, write_dist
+from tests.helpers.sitebuild import HAVE_CC, compile_so, isolate_search, site_packages, write_dist
 
 pytestmark = pytest.mark.skipif(not HAVE_CC, reason="needs a C compiler")
 
@@ -30,17 +28,7 @@ WHEEL_JSON = '{\n    "cuda": "12.x",\n    "packaging": "pip"\n}\n'
 @pytest.fixture(autouse=True)
 def system_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     """The host's ld.so.cache and default directories replaced by one empty directory (``system``)."""
-    system = tmp_path / "system"
-    system.mkdir()
-    config = SearchConfig.from_environment({})
-    monkeypatch.setattr(
-        SearchConfig,
-        "from_environment",
-        classmethod(lambda cls, environ=None, root="/": replace(config, default_dirs=(str(system),), ld_cache=None)),
-    )
-    monkeypatch.setenv("CUDASTACK_NO_CACHE", "1")
-    monkeypatch.delenv("LD_LIBRARY_PATH", raising=False)
-    return system
+    return isolate_search(monkeypatch, tmp_path)
 
 
 def cuda13_wheels(site: Path) -> None:

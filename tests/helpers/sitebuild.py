@@ -17,6 +17,7 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tests.helpers.elfbuild import link_args
 
@@ -24,6 +25,7 @@ __all__ = [
     "HAVE_CC",
     "DistSpec",
     "compile_so",
+    "isolate_search",
     "record_hash",
     "site_packages",
     "write_dist",
@@ -184,3 +186,23 @@ def __getattr__(name):
                 break
     return importlib.import_module(f"cupy_backends.cuda.libs.{name}")
 """
+
+
+def isolate_search(monkeypatch: Any, tmp_path: Path) -> Path:
+    """The host's ld.so.cache and default directories replaced by one empty directory (returned), the cache
+    and LD_LIBRARY_PATH off: a test's loader search sees only what the test builds (pytest's ``monkeypatch``)."""
+    from dataclasses import replace
+
+    from pytest_cudastack.linker.resolver import SearchConfig
+
+    system = tmp_path / "system"
+    system.mkdir()
+    config = SearchConfig.from_environment({})
+    monkeypatch.setattr(
+        SearchConfig,
+        "from_environment",
+        classmethod(lambda cls, environ=None, root="/": replace(config, default_dirs=(str(system),), ld_cache=None)),
+    )
+    monkeypatch.setenv("CUDASTACK_NO_CACHE", "1")
+    monkeypatch.delenv("LD_LIBRARY_PATH", raising=False)
+    return system
