@@ -179,8 +179,9 @@ def _corrupt(tmp_path: Path, layers: list[list[Entry]]) -> Path:
         ),
     ],
 )
-def test_hostile_entries_refuse_the_image(tmp_path: Path, entries: list[Entry], message: str) -> None:
-    out = build_image(tmp_path / "img", [entries])
+@pytest.mark.parametrize("gz", [True, False], ids=["streamed", "in-place"])
+def test_hostile_entries_refuse_the_image(tmp_path: Path, entries: list[Entry], message: str, gz: bool) -> None:
+    out = build_image(tmp_path / "img", [entries], gzip_layers=gz)
     with pytest.raises(ImageError, match=message):
         _open(out, tmp_path / "cache")
     assert not (tmp_path / "evil").exists()
@@ -322,3 +323,36 @@ def test_truncated_plain_layer_whose_digest_matches(tmp_path: Path) -> None:
         RootWriter(str(tmp_path / "root")).apply(
             BlobStore(str(tmp_path / "store"), None), Layer("blob", digest, digest, len(cut)), 0
         )
+
+
+REPLACED = [
+    Entry("a", data=b"first"),
+    Entry("a", data=b"second"),  # the same path twice: the later entry wins
+    Entry("b", data=b"file"),
+    Entry("b", "symlink", target="a"),  # a file replaced by a link
+    Entry("c", data=b"c"),
+    Entry("d", "hardlink", target="c"),  # a link to a file written just before
+    Entry("e", "dir"),
+    Entry("e/x", data=b"x"),
+    Entry("e", data=b"e"),  # a directory replaced by a file
+    Entry("f", data=b"f"),
+    Entry("f", "dir"),  # a file replaced by a directory
+    Entry("f/y", data=b"y"),
+    Entry("g", data=b"g"),
+    Entry(".wh.g", "file"),  # a whiteout of a file just handed to the writers: removed
+]
+
+
+def test_one_layer_writing_a_path_again_applies_its_entries_in_order(tmp_path: Path) -> None:
+    """A plain layer's files are written by several threads: an entry that touches a path a file was just
+    handed to them for (the same path, a link to it, a child of it) still sees it written, as in the
+    archive's order; the streamed twin gives the same tree."""
+    plain = walk(_open(build_image(tmp_path / "p", [REPLACED], gzip_layers=False), tmp_path / "c1").root)
+    assert plain == walk(_open(build_image(tmp_path / "g", [REPLACED]), tmp_path / "c2").root)
+    assert plain["a"] == "second"
+    assert plain["b"] == "-> a"
+    assert plain["d"] == "c"
+    assert plain["e"] == "e"
+    assert plain["f"] == "dir"
+    assert plain["f/y"] == "y"
+    assert "g" not in plain

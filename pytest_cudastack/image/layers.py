@@ -20,12 +20,16 @@ import hashlib
 import importlib
 import os
 import shutil
+import stat
 import tarfile
+import threading
 import zlib
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from pytest_cudastack.image.manifest import Layer
 from pytest_cudastack.image.store import BlobStore, ImageError
+from pytest_cudastack.image.tarheaders import Handover, read_members
 
 __all__ = ["RootWriter", "link_text"]
 
@@ -34,6 +38,8 @@ _GZIP = b"\x1f\x8b"
 _ZSTD = b"\x28\xb5\x2f\xfd"
 _CHUNK = 1 << 20
 _TAR_BUFFER = 64 << 10
+_WRITERS = 4  # threads creating and filling a plain layer's files: each creation waits on the file system
+_PENDING = 512  # files handed to them before the reader waits for all (bounded memory for huge layers)
 
 
 class _Hashing:
@@ -97,11 +103,12 @@ class _Window:
         return self._pos
 
 
-def _digest_range(fd: int, base: int, size: int) -> tuple[str, int]:
-    """The sha256 digest of ``size`` bytes of ``fd`` from ``base`` and how many could be read."""
+def _digest_range(fd: int, base: int, size: int, stop: threading.Event | None = None) -> tuple[str, int]:
+    """The sha256 digest of ``size`` bytes of ``fd`` from ``base`` and how many could be read (fewer: the
+    file ends early, or ``stop`` was set)."""
     h = hashlib.sha256()
     done = 0
-    while done < size:
+    while done < size and not (stop is not None and stop.is_set()):
         chunk = os.pread(fd, min(_CHUNK * 8, size - done), base + done)
         if not chunk:
             break
@@ -124,6 +131,31 @@ def _copy_range(src: int, dst: int, offset: int, count: int) -> int:
             break
         done += n
     return done
+
+
+def _check_digests(layer: Layer, digest: str, size: int, plain_digest: str) -> None:
+    """ImageError when the blob's bytes (``digest``, ``size``) are not those its descriptor names, or its
+    uncompressed tar's (``plain_digest``) not the config's diff_id."""
+    if layer.digest is not None and digest != layer.digest:
+        raise ImageError(f"layer {layer.name}: digest mismatch (the blob's bytes hash to {digest})")
+    if layer.size is not None and size != layer.size:
+        raise ImageError(f"layer {layer.name}: size {size}, its descriptor says {layer.size}")
+    if layer.diff_id is not None and plain_digest != layer.diff_id:
+        raise ImageError(
+            f"layer {layer.name}: its uncompressed tar hashes to {plain_digest}, the config's diff_id is "
+            f"{layer.diff_id}"
+        )
+
+
+def _write_new(host: str, src: int, offset: int, size: int, mode: int, name: str) -> None:
+    """Create the file ``host`` (which does not exist) with ``size`` bytes of ``src`` from ``offset``."""
+    fd = os.open(host, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        if _copy_range(src, fd, offset, size) != size:
+            raise EOFError(f"the layer ends inside {name}")
+        os.fchmod(fd, mode)
+    finally:
+        os.close(fd)
 
 
 def _parts(name: str, layer: str) -> list[str]:
@@ -175,18 +207,46 @@ class RootWriter:
         self.root = root
         self.owner: dict[str, int] = {}
         self.skipped = 0  # device nodes, FIFOs, sockets: not created
-        self._written: set[str] = set()
         self._touched: set[str] = set()
+        # what _resolve answered for a parent path that exists (a directory's path -> its real components):
+        # one lstat a component once, not for every entry below it; emptied whenever a directory or a
+        # symbolic link is removed (nothing else can change what an existing real directory path resolves to)
+        self._dirs: dict[str, list[str]] = {}
+        # directories this layer created (empty then): a path under one that the layer has not written is
+        # known not to exist without asking the file system; emptied with _dirs
+        self._fresh: set[str] = set()
         self._source: tuple[int, int] | None = None  # (fd, offset) of the plain layer read in place
+        # while a plain layer is applied: threads writing its new files, and the files handed to them (path
+        # -> its future). Every other change waits for them first when it touches one of these paths, so
+        # the entries still take effect in the archive's order
+        self._pool: ThreadPoolExecutor | None = None
+        self._pending: dict[str, Future[None]] = {}
 
     def _host(self, parts: list[str]) -> str:
         return os.path.join(self.root, *parts)
 
+    def _drain(self) -> None:
+        """Wait for every file handed to the writer threads; the first failure is raised (EOFError, OSError)."""
+        pending, self._pending = self._pending, {}
+        failure: BaseException | None = None
+        for future in pending.values():
+            error = future.exception()
+            failure = failure or error
+        if failure is not None:
+            raise failure
+
     def _resolve(self, parts: list[str], layer: str, create: bool = False, entry: str = "") -> list[str]:
         """``parts`` with every symbolic link followed inside the root (``..`` stops at the root): the real
         directory a path's parent names. ``create`` makes missing directories (a tar may omit them)."""
+        key = "/".join(parts)
+        known = self._dirs.get(key)
+        if known is not None:
+            return list(known)
         done: list[str] = []
         todo = list(parts)
+        above = self._dirs.get(key.rpartition("/")[0]) if len(parts) > 1 else None
+        if above is not None:  # the parent's answer, usually there (a tar lists a directory, then its entries)
+            done, todo = list(above), todo[-1:]
         hops = 0
         while todo:
             part = todo.pop(0)
@@ -197,7 +257,11 @@ class RootWriter:
                     done.pop()
                 continue
             host = self._host([*done, part])
-            if os.path.islink(host):
+            try:
+                mode = os.lstat(host).st_mode
+            except FileNotFoundError:
+                mode = None
+            if mode is not None and stat.S_ISLNK(mode):
                 hops += 1
                 if hops > _MAX_LINKS:
                     raise ImageError(f"layer {layer}: too many levels of symbolic links in {'/'.join(parts)}")
@@ -206,33 +270,50 @@ class RootWriter:
                     done = []
                 todo = target.split("/") + todo
                 continue
-            if not os.path.lexists(host):
+            if mode is None and self._pending and "/".join([*done, part]) in self._pending:
+                self._drain()  # a file handed to the writers, not yet created: it is no directory
+                todo.insert(0, part)
+                continue
+            if mode is None:
                 if not create:
                     return [*done, part, *todo]
                 os.mkdir(host, 0o755)
                 self._touch([*done, part])
-            elif not os.path.isdir(host):
+                self._fresh.add("/".join([*done, part]))
+            elif not stat.S_ISDIR(mode):
                 where = entry or "/".join(parts)
                 raise ImageError(f"layer {layer}: {where}: {'/'.join([*done, part])} is not a directory")
             done.append(part)
+        self._dirs[key] = list(done)
         return done
 
     def _touch(self, parts: list[str]) -> None:
         key = "/".join(parts)
-        self._written.add(key)
-        for i in range(1, len(parts) + 1):
-            self._touched.add("/".join(parts[:i]))
+        while key and key not in self._touched:  # a path in the set has its parents there too
+            self._touched.add(key)
+            key = key.rpartition("/")[0]
 
     def _remove(self, parts: list[str]) -> None:
         """Delete what ``parts`` names (never following a final link), with its provenance."""
+        if self._pending:
+            self._drain()
         host = self._host(parts)
         key = "/".join(parts)
-        if os.path.isdir(host) and not os.path.islink(host):
+        try:
+            mode: int | None = os.lstat(host).st_mode
+        except FileNotFoundError:
+            mode = None
+        if mode is not None and stat.S_ISDIR(mode):
+            self._dirs.clear()
+            self._fresh.clear()
             shutil.rmtree(host)
             prefix = key + "/"
             for k in [k for k in self.owner if k.startswith(prefix)]:
                 del self.owner[k]
-        elif os.path.lexists(host):
+        elif mode is not None:
+            if stat.S_ISLNK(mode):
+                self._dirs.clear()
+                self._fresh.clear()
             os.unlink(host)
         self.owner.pop(key, None)
 
@@ -252,12 +333,14 @@ class RootWriter:
     def _link_text(self, parent: list[str], target: str) -> str:
         return link_text(parent, target)
 
-    def _entry(self, tf: tarfile.TarFile, member: tarfile.TarInfo, index: int, layer: str) -> None:
+    def _entry(self, tf: tarfile.TarFile | None, member: tarfile.TarInfo, index: int, layer: str) -> None:
         parts = _parts(member.name, layer)
         if not parts:
             return
         base = parts[-1]
         if base.startswith(".wh."):
+            if self._pending:
+                self._drain()
             parent = self._resolve(parts[:-1], layer)
             if base == ".wh..wh..opq":
                 self._opaque(parent)
@@ -270,10 +353,16 @@ class RootWriter:
         parent = self._resolve(parts[:-1], layer, create=True, entry=member.name)
         here = [*parent, base]
         host = self._host(here)
+        if self._pending and (member.islnk() or "/".join(here) in self._pending):
+            self._drain()  # a hard link's source, or this very path, may be a file not yet written
         if member.isdir():
-            if not os.path.isdir(host) or os.path.islink(host):
-                self._remove(here)
+            try:
                 os.mkdir(host, 0o755)
+                self._fresh.add("/".join(here))
+            except FileExistsError:  # a directory stays (its contents with it); anything else is replaced
+                if not stat.S_ISDIR(os.lstat(host).st_mode):
+                    self._remove(here)
+                    os.mkdir(host, 0o755)
             self._touch(here)
             return
         if member.islnk():
@@ -286,69 +375,138 @@ class RootWriter:
                 raise ImageError(f"layer {layer}: hard link {member.name!r} to {member.linkname!r}, which is no file")
             if src == here:
                 return
-            self._remove(here)
-            os.link(src_host, host, follow_symlinks=False)
+            self._create(here, lambda: os.link(src_host, host, follow_symlinks=False))
+        elif member.issym():
+            text = self._link_text(parent, member.linkname)
+            self._create(here, lambda: os.symlink(text, host))
         else:
-            self._remove(here)
-            if member.issym():
-                os.symlink(self._link_text(parent, member.linkname), host)
-            else:
-                self._write(tf, member, host)
+            self._write(tf, member, host, here)
         self.owner["/".join(here)] = index
         self._touch(here)
 
-    def _write(self, tf: tarfile.TarFile, member: tarfile.TarInfo, host: str) -> None:
-        fd = os.open(host, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    def _new(self, here: list[str], host: str) -> bool:
+        """Whether nothing is at ``here``: under a directory this layer created and not written by it, else
+        as lstat says."""
+        key = "/".join(here)
+        if key.rpartition("/")[0] in self._fresh and key not in self._touched:
+            return True
+        try:
+            os.lstat(host)
+        except FileNotFoundError:
+            return True
+        return False
+
+    def _create(self, here: list[str], make: Any) -> Any:
+        """``make()`` creating the entry ``here`` exclusively; what was there (a lower layer's file, link or
+        directory) is removed first when it fails for that: one system call for a new path, the usual case."""
+        try:
+            return make()
+        except FileExistsError:
+            self._remove(here)
+            return make()
+
+    def _write(self, tf: tarfile.TarFile | None, member: tarfile.TarInfo, host: str, here: list[str]) -> None:
+        mode = (member.mode & 0o755) | 0o600
+        if self._pool is not None and self._source is not None and not member.issparse() and self._new(here, host):
+            # the usual case: created and filled by a writer thread
+            src, base = self._source
+            if len(self._pending) >= _PENDING:  # wait for the oldest
+                oldest = next(iter(self._pending))
+                self._pending.pop(oldest).result()
+            self._pending["/".join(here)] = self._pool.submit(
+                _write_new, host, src, base + member.offset_data, member.size, mode, member.name
+            )
+            return
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+        fd = self._create(here, lambda: os.open(host, flags, 0o600))
         with os.fdopen(fd, "wb") as out:
             if self._source is not None and not member.issparse():
                 src, base = self._source
                 if _copy_range(src, fd, base + member.offset_data, member.size) != member.size:
                     raise EOFError(f"the layer ends inside {member.name}")
-            else:
+            elif tf is not None:
                 data = tf.extractfile(member)
                 if data is not None:
                     shutil.copyfileobj(data, out, _CHUNK)
-        os.chmod(host, (member.mode & 0o755) | 0o600)
+            os.fchmod(fd, mode)
+
+    def _apply_headers(self, fd: int, base: int, size: int, index: int, layer: str) -> int | None:
+        """Apply the members :func:`read_members` reads; the offset of the first it leaves to tarfile, None
+        when it read them all."""
+        try:
+            for member in read_members(fd, base, size):
+                self._entry(None, member, index, layer)
+        except Handover as e:
+            return e.offset
+        return None
 
     def _apply_in_place(self, path: str, base: int, size: int, layer: Layer, index: int) -> bool:
         """Apply a plain (uncompressed) layer tar that lies at ``[base, base + size)`` of the file ``path``
-        without streaming its bytes through Python: its digest is checked first (one pass), then its headers
-        are read in place and each file's data copied by the kernel. False (nothing done) when the blob is
-        compressed: the stream reader takes it."""
+        without streaming its bytes through Python: its headers are read in place and each file's data copied
+        by the kernel while a second thread computes its digest (hashlib and pread release the GIL: the two
+        passes overlap on two cores). The digests are checked before anything is reported, so a layer whose
+        bytes are not its descriptor's fails as such, whatever else is wrong with it; a failure leaves the
+        half-built root to the caller, which removes it. False (nothing done) when the blob is compressed:
+        the stream reader takes it."""
         with open(path, "rb") as f:
             fd = f.fileno()
             if os.pread(fd, 4, base).startswith((_GZIP, _ZSTD)):
                 return False
-            digest, got = _digest_range(fd, base, size)
-            if layer.digest is not None and digest != layer.digest:
-                raise ImageError(f"layer {layer.name}: digest mismatch (the blob's bytes hash to {digest})")
-            if layer.size is not None and got != layer.size:
-                raise ImageError(f"layer {layer.name}: size {got}, its descriptor says {layer.size}")
-            if layer.diff_id is not None and digest != layer.diff_id:
-                raise ImageError(
-                    f"layer {layer.name}: its uncompressed tar hashes to {digest}, the config's diff_id is "
-                    f"{layer.diff_id}"
-                )
+            stop = threading.Event()
+            hashed: list[tuple[str, int] | OSError] = []
+
+            def hash_layer() -> None:
+                try:
+                    hashed.append(_digest_range(fd, base, size, stop))
+                except OSError as e:
+                    hashed.append(e)
+
+            worker = threading.Thread(target=hash_layer, daemon=True)
+            worker.start()
+            failure: ImageError | None = None
             self._source = (fd, base)
+            self._pool = ThreadPoolExecutor(_WRITERS, thread_name_prefix="cudastack-layer")
             try:
-                with tarfile.open(fileobj=_Window(f, base, got), mode="r:") as tf:  # type: ignore[call-overload]
-                    member = tf.firstmember
-                    while member is not None:
-                        self._entry(tf, member, index, layer.name)
-                        tf.members.clear()  # not kept: a layer may hold a million entries
-                        member = tf.next()
+                rest = self._apply_headers(fd, base, size, index, layer.name)
+                if rest is not None:  # a member tarfile reads: tarfile reads the rest of the layer
+                    self._source = (fd, base + rest)
+                    with tarfile.open(fileobj=_Window(f, base + rest, size - rest), mode="r:") as tf:  # type: ignore[call-overload]
+                        member = tf.firstmember
+                        while member is not None:
+                            self._entry(tf, member, index, layer.name)
+                            tf.members.clear()  # not kept: a layer may hold a million entries
+                            member = tf.next()
+                self._drain()
+            except ImageError as e:
+                failure = e
             except (tarfile.TarError, EOFError, OSError, ValueError) as e:
                 why = e.strerror if isinstance(e, OSError) and e.strerror else str(e) or type(e).__name__
-                raise ImageError(f"layer {layer.name}: truncated or corrupt layer: {why}") from e
+                failure = ImageError(f"layer {layer.name}: truncated or corrupt layer: {why}")
+                failure.__cause__ = e
+            except BaseException:
+                stop.set()  # interrupted: the digest is not wanted
+                raise
             finally:
+                self._pool.shutdown(wait=True, cancel_futures=True)
+                self._pool = None
+                self._pending = {}
                 self._source = None
+                worker.join()
+        if not hashed or isinstance(hashed[0], OSError):
+            reason = hashed[0].strerror if hashed and isinstance(hashed[0], OSError) else None
+            raise ImageError(f"layer {layer.name}: cannot read the layer: {reason or 'the read failed'}")
+        digest, got = hashed[0]
+        _check_digests(layer, digest, got, digest)
+        if failure is not None:
+            raise failure
         return True
 
     def apply(self, store: BlobStore, layer: Layer, index: int) -> None:
         """Apply ``layer`` (read from ``store``), checking its blob digest and size (its descriptor's) and its
         uncompressed digest (the config's diff_id); ImageError naming the layer for any failure."""
-        self._written.clear()
         self._touched.clear()
+        self._dirs.clear()
+        self._fresh.clear()
         located = store.locate(layer.member)
         if located is not None and self._apply_in_place(*located, layer, index):
             return
@@ -369,13 +527,4 @@ class RootWriter:
             except (tarfile.TarError, EOFError, zlib.error, OSError, ValueError) as e:
                 why = e.strerror if isinstance(e, OSError) and e.strerror else str(e) or type(e).__name__
                 raise ImageError(f"layer {layer.name}: truncated or corrupt layer: {why}") from e
-        if layer.digest is not None and raw.digest != layer.digest:
-            raise ImageError(f"layer {layer.name}: digest mismatch (the blob's bytes hash to {raw.digest})")
-        if layer.size is not None and raw.size != layer.size:
-            raise ImageError(f"layer {layer.name}: size {raw.size}, its descriptor says {layer.size}")
-        plain_digest = plain.digest if compressed else raw.digest
-        if layer.diff_id is not None and plain_digest != layer.diff_id:
-            raise ImageError(
-                f"layer {layer.name}: its uncompressed tar hashes to {plain_digest}, the config's diff_id is "
-                f"{layer.diff_id}"
-            )
+        _check_digests(layer, raw.digest, raw.size, plain.digest if compressed else raw.digest)

@@ -116,19 +116,22 @@ def _cache_key(source: ImageSource) -> str:
 
 def _link_copy(src: str, dst: str) -> None:
     """A copy of the tree ``src`` at ``dst`` whose files are hard links (both in the cache directory): applying
-    a layer replaces a file, never writes into it, so the copy shares the unchanged files' bytes."""
+    a layer replaces a file, never writes into it, so the copy shares the unchanged files' bytes. One system
+    call an entry: the kind of each comes from its directory entry (``scandir``'s d_type), not a stat."""
     os.mkdir(dst, 0o755)
-    for dirpath, dirnames, filenames in os.walk(src):
-        rel = os.path.relpath(dirpath, src)
-        here = dst if rel == "." else os.path.join(dst, rel)
-        for name in dirnames + filenames:
-            s, d = os.path.join(dirpath, name), os.path.join(here, name)
-            if os.path.islink(s):
-                os.symlink(os.readlink(s), d)
-            elif os.path.isdir(s):
-                os.mkdir(d, 0o755)
-            else:
-                os.link(s, d, follow_symlinks=False)
+    todo = [(src, dst)]
+    while todo:
+        here, there = todo.pop()
+        with os.scandir(here) as entries:
+            for entry in entries:
+                target = os.path.join(there, entry.name)
+                if entry.is_symlink():
+                    os.symlink(os.readlink(entry.path), target)
+                elif entry.is_dir(follow_symlinks=False):
+                    os.mkdir(target, 0o755)
+                    todo.append((entry.path, target))
+                else:
+                    os.link(entry.path, target, follow_symlinks=False)
 
 
 def _install(work: str, final: str, replace: bool = False) -> None:
