@@ -15,10 +15,13 @@ a small file. The second image differs from the first in layer 2 only. Each meas
 * ``warm``: the second image with the same cache directory (its lower layer's root reused, one layer read,
   ELF facts cached).
 
-``tar -x`` unpacks both layer tars of the first image into an empty directory, in the same run. The page
-cache is not dropped: all figures are with warm pages. The checks run in an empty directory (the project
-whose imports ``cudastack`` scans is the cwd's, not the image: run from a repository, its own tests would be
-parsed in both runs), with the package's modules compiled beforehand, as an installed package's are.
+``tar -x`` unpacks both layer tars of the first image into an empty directory, in the same run (then it is
+removed). The page cache is not dropped: all figures are with warm pages; dirty pages are written out
+(``sync``) before each timed run, so that none pays for the writeback of what an earlier step wrote. The
+layer tar is hard-linked into both images' blobs (one copy on disk and in the page cache). The checks run
+in an empty directory (the project whose imports ``cudastack`` scans is the cwd's, not the image's: run
+from a repository, its tests would be parsed in both runs), with the package's modules compiled
+beforehand, as an installed package's are.
 """
 
 from __future__ import annotations
@@ -72,7 +75,10 @@ def build(out: str, layers: list[str]) -> None:
             while chunk := f.read(1 << 20):
                 digest.update(chunk)
         target = os.path.join(out, "blobs", "sha256", digest.hexdigest())
-        shutil.copyfile(tar, target)
+        try:  # one copy of a multi-GB layer on disk and in the page cache, not one an image
+            os.link(tar, target)
+        except OSError:
+            shutil.copyfile(tar, target)
         diff_ids.append("sha256:" + digest.hexdigest())
         descs.append(
             {
@@ -109,6 +115,7 @@ def build(out: str, layers: list[str]) -> None:
 def _timed(argv: list[str], env: dict[str, str], cwd: str | None = None) -> float:
     """Seconds ``argv`` ran (in ``cwd``); a run that fails (exit status other than 0 or 1, a check's findings)
     stops the benchmark with its stderr: a figure of a run that did not check the image is no figure."""
+    os.sync()  # what earlier steps wrote reaches the disk first: no run pays for another's writeback
     start = time.perf_counter()
     done = subprocess.run(argv, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, check=False)
     if done.returncode not in (0, 1):
@@ -138,6 +145,7 @@ def main() -> int:
         unpack = os.path.join(work, "unpacked")
         os.makedirs(unpack)
         tar = _timed(["sh", "-c", f"tar -xf {big} -C {unpack} && tar -xf {small1} -C {unpack}"], dict(os.environ))
+        shutil.rmtree(unpack)
         env = {**os.environ, "CUDASTACK_CACHE_DIR": os.path.join(work, "cache")}
         # the product's modules compiled once, as an installed package's are (pip writes their .pyc): a
         # PYTHONDONTWRITEBYTECODE environment would otherwise charge their compilation to every run

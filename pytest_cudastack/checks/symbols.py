@@ -80,11 +80,14 @@ SymbolReader = Callable[[str], SymbolFacts]
 
 
 class VerdictStore(Protocol):
-    """Where verdicts are kept between runs (``ElfCache.get_extra`` / ``put_extra``)."""
+    """Where verdicts are kept between runs (``ElfCache.get_extra`` / ``put_extra``; ``file_slot``: the name
+    of a file's facts)."""
 
     def get_extra(self, key: str) -> Any: ...
 
     def put_extra(self, key: str, value: Any) -> None: ...
+
+    def file_slot(self, host: str) -> str: ...
 
 
 GLOBAL_PRELOADS: tuple[str, ...] = ("torch/lib/libtorch_global_deps.so",)

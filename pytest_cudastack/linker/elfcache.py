@@ -161,8 +161,15 @@ class ElfCache:
         return {}, True
 
     def _slot(self, path: str, host: str) -> str:
-        """The entry's name: an image file's is its image path (``image:/usr/lib/x``), so that the root of
-        an image whose top layer changed (its unchanged files hard links to the same inodes) finds them."""
+        return self.file_slot(host)
+
+    def file_slot(self, host: str) -> str:
+        """The name facts about the file ``host`` are kept under (ELF facts, and the extras of other layers
+        keyed by a file: its lookups, its imports, its hash): an image file's is its image path
+        (``image:/usr/lib/x``), so that the root of an image whose top layer changed, at another directory
+        of the cache, finds them; its unchanged files are hard links to the same inodes there, so the
+        (device, inode, size, mtime) key each entry carries still holds, and a file that changed is
+        another inode: read again."""
         if self.root is None or not host.startswith(self.root + "/"):
             return host
         return "image:" + host[len(self.root) :]

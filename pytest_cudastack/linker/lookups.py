@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from pytest_cudastack._sysio import open_regular
@@ -151,6 +151,8 @@ class ExtraStore(Protocol):
 
     def put_extra(self, key: str, value: Any) -> None: ...
 
+    def file_slot(self, host: str) -> str: ...
+
 
 def cached_lookups(path: str, store: ExtraStore | None, modules: bool = True) -> Lookups:
     """:func:`read_lookups`, kept in ``store`` under the file's identity (device, inode, size, mtime) while
@@ -162,13 +164,14 @@ def cached_lookups(path: str, store: ExtraStore | None, modules: bool = True) ->
         except (OSError, ValueError) as e:
             raise ElfError(f"{path}: cannot read: {e}") from e
         key = [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns]
-        hit = store.get_extra(f"lookups{int(modules)}:{path}")
+        hit = store.get_extra(f"lookups{int(modules)}:{store.file_slot(path)}")
         if isinstance(hit, dict) and hit.get("key") == key:
             try:
-                return Lookups.from_json(hit.get("lookups"))
+                # the same inode under another root of an image (its top layer changed): named as asked
+                return replace(Lookups.from_json(hit.get("lookups")), path=path)
             except ElfError:
                 pass  # a corrupt entry: read the file again
     found = read_lookups(path, modules)
     if store is not None and key is not None:
-        store.put_extra(f"lookups{int(modules)}:{path}", {"key": key, "lookups": found.to_json()})
+        store.put_extra(f"lookups{int(modules)}:{store.file_slot(path)}", {"key": key, "lookups": found.to_json()})
     return found

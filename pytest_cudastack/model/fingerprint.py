@@ -55,7 +55,7 @@ def _digest(path: str) -> tuple[str | None, list[int] | None]:
 def file_hash(path: str, cache: ElfCache | None = None) -> str | None:
     """The file's SHA-256 as RECORD spells it, None when it is missing or not a readable regular file;
     through ``cache``'s extras when given (a hit only while the file's device, inode, size and mtime agree)."""
-    slot = f"sha256:{path}"
+    slot = f"sha256:{cache.file_slot(path) if cache is not None else path}"
     if cache is not None:
         try:
             st = os.stat(path)

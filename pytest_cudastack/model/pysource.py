@@ -450,7 +450,7 @@ def _module_imports(path: str, module: str, is_package: bool, cache: ElfCache | 
             sys.platform,
             list(sys.version_info[:3]),
         ]
-        hit = cache.get_extra(f"pyimports:{path}")
+        hit = cache.get_extra(f"pyimports:{cache.file_slot(path)}")
         if isinstance(hit, dict) and hit.get("key") == key and _valid_items(hit.get("items")):
             items: Items = hit["items"]
             return items
@@ -463,7 +463,7 @@ def _module_imports(path: str, module: str, is_package: bool, cache: ElfCache | 
             # imported, never run as a script: ``if __name__ == "__main__":`` blocks stay out
             items = _imports(full.body, module, is_package, _Calls(module, is_package, env={"__name__": module}))
     if cache is not None and key is not None:
-        cache.put_extra(f"pyimports:{path}", {"key": key, "items": items})
+        cache.put_extra(f"pyimports:{cache.file_slot(path)}", {"key": key, "items": items})
     return items
 
 
