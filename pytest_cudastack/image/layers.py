@@ -1,6 +1,13 @@
 """One layer's tar stream applied to a root directory, as a container runtime's snapshotter applies it.
 
-Read in stream order (the blob is read once, compressed or not, and its digests computed as it goes):
+Entries take effect in the archive's order. A compressed blob is read once as a stream, its digests computed
+as it goes. A plain (uncompressed) tar that lies in a file is read in place: its headers where they lie
+(:mod:`~pytest_cudastack.image.tarheaders`), each new file created and filled by the kernel
+(``copy_file_range``) from writer threads, so that the file system's waits overlap, while another thread
+computes the digest; an entry that touches a path handed to the writers (the same path, a child of it, a
+hard link, a whiteout, a removal) waits for them first, which keeps the archive's order. The digest is
+checked before the layer counts, and a failure leaves nothing the caller keeps (its half-built root is
+removed). Either way:
 - ``.wh.NAME`` deletes NAME from the layers below, ``.wh..wh..opq`` hides everything the layers below put in
   its directory (what this layer puts there stays), as the OCI image spec's "Whiteouts" section says;
 - every path is taken from the image root: a leading ``/`` is dropped, a ``..`` component refuses the layer
