@@ -206,21 +206,41 @@ class _State:
 # --------------------------------------------------------------------------------------------- finding modules
 
 
-def _find_in(entries: Sequence[str], leaf: str, suffixes: Sequence[str]) -> tuple[str | None, list[str], bool]:
+def _listing(listings: dict[str, frozenset[str]], entry: str) -> frozenset[str]:
+    """The names in the directory ``entry`` (none when it is no directory), listed once a run: importlib's
+    FileFinder keeps the same listing (``_path_cache``) and stats only a name that is in it."""
+    names = listings.get(entry)
+    if names is None:
+        try:
+            names = frozenset(os.listdir(entry))
+        except (OSError, ValueError):
+            names = frozenset()
+        listings[entry] = names
+    return names
+
+
+def _find_in(
+    entries: Sequence[str], leaf: str, suffixes: Sequence[str], listings: dict[str, frozenset[str]]
+) -> tuple[str | None, list[str], bool]:
     """(file, namespace portions, is_package) of ``leaf`` in ``entries``, as importlib's FileFinder: in each
     entry a package directory first, then extension modules, then a ``.py`` file; a directory without
-    ``__init__.py`` is remembered as a namespace portion and the search goes on."""
+    ``__init__.py`` is remembered as a namespace portion and the search goes on. A name is looked at only
+    when the entry's listing (``listings``) has it."""
     portions: list[str] = []
     for entry in entries:
+        names = _listing(listings, entry)
+        if not names:
+            continue
         d = os.path.join(entry, leaf)
-        init = os.path.join(d, "__init__.py")
-        if os.path.isfile(init):
-            return init, [d], True
+        if leaf in names:
+            init = os.path.join(d, "__init__.py")
+            if os.path.isfile(init):
+                return init, [d], True
         for suffix in (*suffixes, ".py"):
             f = d + suffix
-            if os.path.isfile(f):
+            if leaf + suffix in names and os.path.isfile(f):
                 return f, [], False
-        if os.path.isdir(d):
+        if leaf in names and os.path.isdir(d):
             portions.append(d)
     return None, portions, bool(portions)
 
@@ -231,6 +251,7 @@ class _Finder:
     paths: dict[str, list[str]] = field(default_factory=dict)  # package -> its __path__
     files: dict[str, str | None] = field(default_factory=dict)
     found: dict[str, bool] = field(default_factory=dict)
+    listings: dict[str, frozenset[str]] = field(default_factory=dict)  # directory -> its names (_listing)
 
     def find(self, name: str) -> bool:
         """Whether ``name`` is found; its file (None for a namespace package) in ``files``."""
@@ -244,7 +265,7 @@ class _Finder:
             entries: Sequence[str] = self.paths[parent]
         else:
             entries = self.interp.path
-        file, portions, package = _find_in(entries, leaf, self.interp.suffixes)
+        file, portions, package = _find_in(entries, leaf, self.interp.suffixes, self.listings)
         ok = file is not None or package
         self.found[name] = ok
         if ok:
@@ -563,9 +584,10 @@ def import_scopes(
         if name is not None:
             names.setdefault(name.split(".")[0], []).append((name, path))
     out: dict[str, ImportScope] = {}
+    listings: dict[str, frozenset[str]] = {}  # the directories' names: one listing each for every package
     for top, members in names.items():
         st = _new_state(interp, resolver, read, owner, None, cache)
-        finder = _Finder(interp)  # caches the file system only: shared by the copies
+        finder = _Finder(interp, listings=listings)  # caches the file system only: shared by the copies
         with contextlib.suppress(RecursionError):  # too deep a chain: what was reached still counts
             _import(st, finder, top)
         for name, path in members:
