@@ -321,8 +321,6 @@ def _map(st: _State, path: str, route: str, reason: str, is_global: bool = False
             _promote(st, lib.path)
 
 
-# Alternatives that each begin with a literal character (no groups): the regex engine then skips to the
-# next candidate character in C, which makes this scan ~10x faster than with named groups.
 def _preload(st: _State, row: Preload, module: str, package_dir: str) -> None:
     reason = f"preload by path ({module}.{row.at}, {row.flags})"
     is_global = row.flags == "RTLD_GLOBAL"
