@@ -214,7 +214,9 @@ class Stack:
     def inventory(self) -> Inventory:
         image = self.image
         if image is not None:
-            return installed_wheels(image_site_dirs(image), reader=self.cache.read, dpkg_root=image.root)
+            return installed_wheels(
+                image_site_dirs(image), reader=self.cache.read, dpkg_root=image.root, root=image.root
+            )
         return installed_wheels(self._site_paths, reader=self.cache.read)
 
     @cached_property

@@ -581,3 +581,68 @@ def test_library_whose_bytes_are_not_the_deb_s(
     assert finding["severity"] == "warning"
     assert finding["facts"]["required"] == md5
     assert finding["fix"].startswith("apt-get install --reinstall libcublas12-x")
+
+
+def _pth_image_layers(parts: Parts, tmp_path: Path, line: str, *, in_image: bool) -> list[list[Entry]]:
+    """An image whose Python's site directory has a ``.pth`` naming ``line``; a distribution whose module
+    needs libcublas.so.13 lies at /opt/extra in the image (``in_image``) or at ``tmp_path``/hostonly on the
+    host only."""
+    from tests.helpers.sitebuild import compile_so, write_dist
+
+    extra = tmp_path / ("extra" if in_image else "hostonly")
+    extra.mkdir()
+    module = compile_so(None, needed=["libcublas.so.13"], pyinit="_core")
+    write_dist(
+        extra, "fastops", "1.0", {"fastops/__init__.py": "from fastops import _core\n", "fastops/_core.so": module}
+    )
+    site = "usr/local/lib/python3.11/site-packages"
+    python = [
+        Entry("usr/local/bin/python3.11", data=parts.train12),
+        Entry("usr/local/bin/python3", "symlink", target="python3.11"),
+        Entry(f"{site}/extra.pth", data=f"# added by the build\nimport sys\n{line}\n".encode()),
+        *(_tree_entries(extra, "opt/extra") if in_image else []),
+    ]
+    return [_base(parts), python]
+
+
+@needs_glibc
+@pytest.mark.parametrize(
+    ("line", "in_image", "found"),
+    [
+        ("/opt/extra", True, True),
+        ("../../../../../opt/extra", True, True),
+        ("{host}", False, False),
+        ("../../../../../../../../../..{host}", False, False),
+    ],
+    ids=["absolute-image-path", "relative-line", "clean-twin-host-only-path", "clean-twin-dotdot-to-host"],
+)
+def test_pth_lines_name_image_paths(
+    parts: Parts, tmp_path: Path, capsys: pytest.CaptureFixture[str], line: str, in_image: bool, found: bool
+) -> None:
+    """A ``.pth`` in the image's site directory adds the image's directory it names (absolute, or relative to
+    the site directory), never the host's: a line naming a path that exists only on the host adds nothing,
+    and ``..`` stops at the image's ``/``."""
+    line = line.format(host=tmp_path / "hostonly")
+    layers = _pth_image_layers(parts, tmp_path, line, in_image=in_image)
+    (tmp_path / "use.py").write_text("import fastops\n")
+    env = ["PATH=/usr/local/bin:/usr/bin", "NVIDIA_REQUIRE_CUDA=cuda>=12.4"]
+    rc, payload = _check(tmp_path, capsys, layers, "--cuda-driver=550.54.15", "--cuda-arch=sm_90", env=env)
+    text = json.dumps(payload)
+    assert str(tmp_path / "hostonly") not in text
+    missing = [f for f in _findings(payload, "closure") if "libcublas.so.13" in json.dumps(f)]
+    from pytest_cudastack.image.pythons import image_site_dirs
+    from pytest_cudastack.image.rootfs import open_image
+    from pytest_cudastack.wheels.inventory import installed_wheels
+
+    image = open_image(str(tmp_path / "img.tar"))
+    inv = installed_wheels(image_site_dirs(image), dpkg_root=image.root, root=image.root)  # as the Stack reads it
+    assert all(d.startswith(image.root + "/") for d in inv.site_dirs), inv.site_dirs
+    if not found:
+        assert missing == []
+        assert "fastops" not in text
+        assert inv.get("fastops") is None
+        return
+    assert inv.get("fastops") is not None
+    assert rc == 1
+    assert missing[0]["severity"] == "error"
+    assert missing[0]["facts"]["objects"] == ["/opt/extra/fastops/_core.so"]
