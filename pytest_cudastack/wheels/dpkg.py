@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 import os
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from types import MappingProxyType
 
 from pytest_cudastack._sysio import read_text
@@ -28,6 +28,7 @@ __all__ = [
     "dist_info_package",
     "file_packages",
     "library_packages",
+    "listing_packages",
     "md5sums",
     "md5sums_path",
     "recorded_md5",
@@ -103,6 +104,37 @@ def library_packages(root: str) -> Mapping[str, tuple[tuple[str, str], ...]]:
         if ".so" in name:
             out.setdefault(name, []).append((path, package))
     return MappingProxyType({k: tuple(v) for k, v in out.items()})
+
+
+def listing_packages(paths: Iterable[str], root: str = "/") -> Mapping[str, str]:
+    """Each of ``paths`` (absolute, on this machine, under ``root``) that a ``.list`` under ``root`` names ->
+    the package that lists it (the first ``.list`` by name): the files a ``.deb`` installed that something
+    else (a wheel's RECORD) lists too. A path is matched as it is spelt and by its real path, and a listed
+    path whose name is one of ``paths``' by its directory's real path inside ``root`` (a merged-/usr system
+    lists ``/lib/x86_64-linux-gnu/libc.so.6`` for the file at ``/usr/lib/...``). Empty without a dpkg
+    database; nothing is stat'ed but the listed paths whose names match."""
+    wanted: dict[str, str] = {}
+    for path in paths:
+        for listed in _as_listed(path, root):
+            wanted.setdefault(listed, path)
+    if not wanted:
+        return MappingProxyType({})
+    names = {os.path.basename(p) for p in wanted}
+    base = os.path.normpath(os.path.abspath(root))
+    real_dirs: dict[str, str] = {}
+    out: dict[str, str] = {}
+    for package, text in _list_texts(root):
+        for line in _listed_paths(text):
+            hit = wanted.get(line)
+            if hit is None and os.path.basename(line) in names:
+                directory, name = os.path.split(line)
+                if directory not in real_dirs:
+                    real_dirs[directory] = os.path.realpath(os.path.join(base, directory.lstrip("/")))
+                hit = next(iter(_as_listed(os.path.join(real_dirs[directory], name), root)[:1]), None)
+                hit = wanted.get(hit) if hit is not None else None
+            if hit is not None:
+                out.setdefault(hit, package)
+    return MappingProxyType(out)
 
 
 def _as_listed(path: str, root: str) -> list[str]:

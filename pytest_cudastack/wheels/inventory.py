@@ -193,6 +193,7 @@ class Inventory:
     site_dirs: tuple[str, ...]
     findings: tuple[Finding, ...]
     dpkg_root: str = "/"  # where dpkg's database was read (``<root>/var/lib/dpkg/info``)
+    root: str | None = None  # another system's root the site directories are in (an image's); None: this machine
     _owners: dict[str, Any] = field(default_factory=dict, init=False, repr=False, compare=False, hash=False)
     _by_name: dict[str, Distribution] = field(default_factory=dict, init=False, repr=False, compare=False, hash=False)
     _by_soname: dict[str, list[tuple[Distribution, str]]] = field(
@@ -509,4 +510,4 @@ def installed_wheels(
                         problems=(f"unreadable dist-info {dirname}: {e}",),
                     )
                 )
-    return Inventory(tuple(dists), dirs, tuple(_inventory_findings(dists)), dpkg_root or "/")
+    return Inventory(tuple(dists), dirs, tuple(_inventory_findings(dists)), dpkg_root or "/", root)
