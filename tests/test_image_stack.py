@@ -646,3 +646,57 @@ def test_pth_lines_name_image_paths(
     assert rc == 1
     assert missing[0]["severity"] == "error"
     assert missing[0]["facts"]["objects"] == ["/opt/extra/fastops/_core.so"]
+
+
+@needs_glibc
+@pytest.mark.parametrize(
+    "site",
+    ["usr/lib/python3/dist-packages", "usr/local/lib/python3.11/dist-packages"],
+    ids=["pip-over-python3-yaml", "clean-twin-pip-s-own-directory"],
+)
+def test_a_file_owned_by_a_deb_and_a_wheel_in_an_image(
+    parts: Parts, tmp_path: Path, capsys: pytest.CaptureFixture[str], site: str
+) -> None:
+    """Debian's python3-yaml, then a layer that pip-installs PyYAML with ``--break-system-packages
+    --ignore-installed`` into dpkg's dist-packages: the files both list are the wheel's bytes (a warning
+    naming what breaks), named by image path and the pip step's layer, repaired by RUN steps of the build.
+    pip's own directory (/usr/local) is the clean twin."""
+    import hashlib
+
+    from tests.helpers.sitebuild import write_dist
+
+    deb_py = b"# python3-yaml 6.0\n"
+    dist = "usr/lib/python3/dist-packages"
+    debian = [
+        Entry("usr/bin/python3.11", data=parts.train12),
+        Entry("usr/bin/python3", "symlink", target="python3.11"),
+        Entry("usr/lib/python3.11/os.py", data=b""),
+        Entry(f"{dist}/yaml/__init__.py", data=deb_py),
+        Entry(
+            "var/lib/dpkg/info/python3-yaml.list",
+            data=f"/.\n/{dist}\n/{dist}/yaml\n/{dist}/yaml/__init__.py\n".encode(),
+        ),
+        Entry(
+            "var/lib/dpkg/info/python3-yaml.md5sums",
+            data=f"{hashlib.md5(deb_py, usedforsecurity=False).hexdigest()}  {dist}/yaml/__init__.py\n".encode(),
+        ),
+    ]
+    wheel = tmp_path / "wheel"
+    write_dist(wheel, "PyYAML", "6.0.1", {"yaml/__init__.py": "# PyYAML 6.0.1\n"})
+    pip = _tree_entries(wheel, site)
+    env = ["PATH=/usr/local/bin:/usr/bin:/bin"]
+    history = ("COPY base", "RUN apt-get install -y python3-yaml", "RUN pip install --break-system-packages PyYAML")
+    _rc, payload = _check(tmp_path, capsys, [_base(parts), debian, pip], env=env, history=history)
+    found = [f for f in _findings(payload, "integrity") if f["subject"] == "PyYAML / python3-yaml"]
+    if site.startswith("usr/local"):
+        assert found == []
+        return
+    (f,) = found
+    assert f["severity"] == "warning"
+    assert f["facts"]["objects"] == [f"/{dist}/yaml/__init__.py"]
+    assert f["message"].endswith("the bytes on disk are PyYAML 6.0.1's")
+    assert [p["created_by"] for p in f["provenance"]] == [history[2]]
+    assert f["remedies"][0]["steps"][:2] == [
+        "RUN pip uninstall -y PyYAML",
+        "RUN apt-get update && apt-get install -y --reinstall python3-yaml",
+    ]
