@@ -700,3 +700,37 @@ def test_a_file_owned_by_a_deb_and_a_wheel_in_an_image(
         "RUN pip uninstall -y PyYAML",
         "RUN apt-get update && apt-get install -y --reinstall python3-yaml",
     ]
+
+
+@needs_glibc
+@pytest.mark.parametrize("listed", [True, False], ids=["apk-lists-it", "clean-twin-unlisted"])
+def test_alpine_image_skips_the_binaries_apk_installed(
+    parts: Parts, tmp_path: Path, capsys: pytest.CaptureFixture[str], listed: bool
+) -> None:
+    """Alpine's apk database (/lib/apk/db/installed: P: a package, F: a directory, R: each of its files) owns
+    the system's binaries as dpkg's lists do: a listed one is the distribution's and not scanned; one no
+    package lists is the image's own and scanned."""
+    files = "F:bin\nR:sh\nR:tool\na:0:0:755\nZ:Q1AAAAAAAAAAAAAAAAAAAAAAAAAAA=\n" if listed else "F:bin\nR:sh\n"
+    db = f"C:Q1x=\nP:busybox\nV:1.36.1-r2\nF:etc\nR:motd\n{files}\nC:Q1y=\nP:other\nV:1\nF:usr/bin\nR:x\n\n"
+    alpine = [Entry("bin/tool", data=parts.train12, mode=0o755), Entry("lib/apk/db/installed", data=db.encode())]
+    _rc, payload = _check(tmp_path, capsys, [_base(parts)[:4], alpine], env=["PATH=/bin"])
+    assert ("scan[/bin/tool]" in payload["items"]) is not listed
+
+
+def test_apk_installed_database_paths(tmp_path: Path) -> None:
+    """The reader: a file is its F: directory joined with its R: name, its package the block's P:; a blank
+    line ends a block (an R: after it, before any P:, names no package), malformed lines are skipped."""
+    from pytest_cudastack.wheels.apk import file_packages
+
+    db = tmp_path / "lib/apk/db/installed"
+    db.parent.mkdir(parents=True)
+    db.write_text(
+        "P:musl\nV:1.2.4-r2\nF:lib\nR:ld-musl-x86_64.so.1\nR:libc.musl-x86_64.so.1\nF:usr/lib/\nR:libz.so.1\n"
+        "junk line\nR:../escape\n\nR:orphan\nP:zlib\nF:usr/lib\nR:libz.so.1\n"
+    )
+    assert dict(file_packages(str(tmp_path))) == {
+        "/lib/ld-musl-x86_64.so.1": "musl",
+        "/lib/libc.musl-x86_64.so.1": "musl",
+        "/usr/lib/libz.so.1": "musl",
+    }
+    assert dict(file_packages(str(tmp_path / "nothing"))) == {}
