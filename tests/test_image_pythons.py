@@ -156,3 +156,25 @@ def test_an_image_python_of_unknown_version_is_said(
         return
     (info,) = said
     assert (info["severity"], info["subject"]) == ("info", "/usr/bin/python3")
+
+
+def test_hostile_files_are_skipped_not_waited_on(tmp_path: Path) -> None:
+    """A FIFO named pyvenv.cfg or x.pth, a directory named y.pth, a link loop as python3: read as absent
+    (nothing blocks or raises); the prefix's one stdlib still says the version."""
+    import os
+
+    from pytest_cudastack.wheels.sitepaths import site_dirs
+
+    prefix = tmp_path / "opt/py"
+    (prefix / "bin").mkdir(parents=True)
+    os.mkfifo(prefix / "pyvenv.cfg")
+    (prefix / "bin/python3").symlink_to("python3")  # a loop
+    _file(prefix / "lib/python3.11/os.py", b"")
+    found = installation_version(str(prefix))
+    assert found is not None
+    assert found.version == "3.11"
+    site = prefix / "lib/python3.11/site-packages"
+    site.mkdir()
+    os.mkfifo(site / "x.pth")
+    (site / "y.pth").mkdir()
+    assert site_dirs([str(site)], root=str(tmp_path)) == (str(site),)

@@ -20,6 +20,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from pytest_cudastack._sysio import read_text
 from pytest_cudastack.errors import ElfError
 from pytest_cudastack.image.rootfs import ImageRoot
 from pytest_cudastack.linker.elf import read_elf
@@ -89,10 +90,8 @@ def _from_binary(exe: str) -> PythonVersion | None:
 
 def _from_cfg(prefix: str) -> PythonVersion | None:
     """A venv's ``pyvenv.cfg`` ``version`` (the venv module's) or ``version_info`` (uv's, virtualenv's)."""
-    try:
-        with open(os.path.join(prefix, "pyvenv.cfg"), encoding="utf-8", errors="replace") as f:
-            text = f.read(1 << 16)
-    except OSError:
+    text = read_text(os.path.join(prefix, "pyvenv.cfg"), limit=1 << 16)
+    if text is None:
         return None
     for line in text.splitlines():
         key, sep, value = line.partition("=")
@@ -145,10 +144,8 @@ def _versions(image: ImageRoot, prefix: str) -> list[str]:
 
 
 def _cfg(image: ImageRoot, prefix: str) -> Mapping[str, str] | None:
-    try:
-        with open(image.host(os.path.join(prefix, "pyvenv.cfg")), encoding="utf-8", errors="replace") as f:
-            text = f.read(1 << 16)
-    except OSError:
+    text = read_text(image.host(os.path.join(prefix, "pyvenv.cfg")), limit=1 << 16)  # never blocks on a FIFO
+    if text is None:
         return None
     out = {}
     for line in text.splitlines():
