@@ -201,3 +201,16 @@ def test_a_wheel_dpkg_database_does_not_list_is_not_read_as_a_deb_s(tmp_path: Pa
     inv = _inv(tmp_path, DIST)
     assert _overlap(inv) == []
     assert [f for f in _findings(inv) if f.severity is Severity.ERROR] == []
+
+
+def test_a_listed_file_dpkg_keeps_no_md5_of_is_the_wheel_s_without_a_verify_claim(tmp_path: Path) -> None:
+    """dpkg lists the file but its md5sums do not (a package shipped without them): the RECORD still says the
+    bytes are the wheel's; that dpkg --verify fails is not claimed (it has nothing to compare)."""
+    _python3_yaml(tmp_path)
+    (tmp_path / "var/lib/dpkg/info/python3-yaml.md5sums").unlink()
+    _pyyaml_wheel(tmp_path, DIST)
+    (f,) = _overlap(_inv(tmp_path, DIST))
+    assert f.severity is Severity.WARNING
+    assert f.facts.found == "wheel"
+    assert "dpkg --verify" not in f.cause
+    assert "pip uninstall PyYAML deletes them" in f.cause

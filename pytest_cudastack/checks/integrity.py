@@ -707,7 +707,7 @@ def _deb_whose(d: Distribution, pkg: str, found: Sequence[DebOverlap]) -> tuple[
         f"apt-get upgrade or apt-get install --reinstall {pkg} writes {pkg}'s bytes over them, and {d.name}'s "
         "RECORD no longer matches",
     ]
-    if "wheel" in whose or "neither" in whose:
+    if any(o.deb_bytes is False for o in found):
         breaks.insert(0, f"dpkg --verify {pkg} fails now (their md5 is not its md5sums')")
     if "deb" in whose:
         breaks.insert(0, f"{d.name}'s RECORD does not match them now: what imports {d.name} runs {pkg}'s build")

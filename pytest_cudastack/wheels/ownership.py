@@ -380,7 +380,7 @@ class DebOverlap:
             return "missing"
         if s.on_disk and self.deb_bytes:
             return "both"
-        if s.on_disk and self.deb_bytes is False:
+        if s.on_disk:  # dpkg's md5 differs, or it records none (a conffile): the RECORD's bytes are there
             return "wheel"
         if self.deb_bytes and not s.on_disk:  # dpkg's md5 matches; a RECORD row without a hash cannot object
             return "deb"
