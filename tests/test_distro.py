@@ -156,7 +156,7 @@ def test_pip_installer_keeps_record_verdicts_even_where_dpkg_lists_it(tmp_path: 
     # record (dpkg lists the same files), a warning naming what breaks, not a library nobody's bytes replaced
     assert _errors(inv) == []
     (f,) = [f for f in check_integrity(inv) if f.subject == "PyYAML / python3-yaml"]
-    assert "RECORD no longer matches" in f.cause
+    assert "PyYAML's RECORD does not match them now" in f.cause
     assert f.message.endswith("the bytes on disk are dpkg's python3-yaml's")
 
 

@@ -702,15 +702,17 @@ def _deb_whose(d: Distribution, pkg: str, found: Sequence[DebOverlap]) -> tuple[
     unknown = sorted(o.state.rel for o in found if o.whose == "unknown")
     if unknown:
         verdicts.append(f"whose bytes {_summarise(unknown, 2)} holds cannot be told (no record to compare)")
-    breaks = [
-        f"pip uninstall {d.name} deletes them, leaving {pkg} without its files",
-        f"apt-get upgrade or apt-get install --reinstall {pkg} writes {pkg}'s bytes over them, and {d.name}'s "
-        "RECORD no longer matches",
-    ]
-    if any(o.deb_bytes is False for o in found):
-        breaks.insert(0, f"dpkg --verify {pkg} fails now (their md5 is not its md5sums')")
+    breaks: list[str] = []
     if "deb" in whose:
-        breaks.insert(0, f"{d.name}'s RECORD does not match them now: what imports {d.name} runs {pkg}'s build")
+        breaks.append(f"{d.name}'s RECORD does not match them now: what imports {d.name} runs {pkg}'s build")
+    if any(o.deb_bytes is False for o in found):
+        breaks.append(f"dpkg --verify {pkg} fails now (their md5 is not its md5sums')")
+    if whose & {"wheel", "neither", "unknown"}:
+        breaks.append(
+            f"apt-get upgrade or apt-get install --reinstall {pkg} writes {pkg}'s bytes over them, and "
+            f"{d.name}'s RECORD no longer matches"
+        )
+    breaks.append(f"pip uninstall {d.name} deletes them, leaving {pkg} without its files")
     return "; ".join(verdicts), "; ".join(breaks)
 
 
