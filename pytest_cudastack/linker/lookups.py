@@ -32,6 +32,7 @@ from typing import Any, Protocol
 
 from pytest_cudastack._sysio import open_regular
 from pytest_cudastack.errors import ElfError
+from pytest_cudastack.linker.cyinit import init_names
 from pytest_cudastack.linker.strings import read_only_ranges
 
 __all__ = ["MAX_NAMES", "MAX_SCAN", "ExtraStore", "Lookups", "cached_lookups", "read_lookups"]
@@ -54,6 +55,7 @@ class Lookups:
     cython: tuple[int, int] | None  # the Cython (major, minor) that built it, None when no Cython marker
     driver: tuple[str, ...]  # cu* identifiers, in file order
     proc_address: bool  # the file names cuGetProcAddress (per-entry lookups that report absence)
+    init: tuple[str, ...] | None = None  # Cython >= 3.1: the names its exec function reads (cyinit); else None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -62,15 +64,16 @@ class Lookups:
             "cython": list(self.cython) if self.cython else None,
             "driver": list(self.driver),
             "proc_address": self.proc_address,
+            "init": list(self.init) if self.init is not None else None,
         }
 
     @classmethod
     def from_json(cls, d: Any) -> Lookups:
         """Inverse of :meth:`to_json`; ElfError on anything else (a corrupt cache entry)."""
-        keys = {"path", "modules", "cython", "driver", "proc_address"}
+        keys = {"path", "modules", "cython", "driver", "proc_address", "init"}
         if not isinstance(d, dict) or set(d) != keys or not isinstance(d["proc_address"], bool):
             raise ElfError("malformed lookups")
-        lists = [d["modules"], d["driver"]]
+        lists = [d["modules"], d["driver"], [] if d["init"] is None else d["init"]]
         if not isinstance(d["path"], str) or not all(
             isinstance(v, list) and len(v) <= MAX_NAMES and all(isinstance(x, str) for x in v) for v in lists
         ):
@@ -80,7 +83,8 @@ class Lookups:
             isinstance(cy, list) and len(cy) == 2 and all(isinstance(x, int) and not isinstance(x, bool) for x in cy)
         ):
             raise ElfError("malformed lookups")
-        return cls(d["path"], tuple(lists[0]), (cy[0], cy[1]) if cy else None, tuple(lists[1]), d["proc_address"])
+        init = None if d["init"] is None else tuple(lists[2])
+        return cls(d["path"], tuple(lists[0]), (cy[0], cy[1]) if cy else None, tuple(lists[1]), d["proc_address"], init)
 
 
 def read_lookups(path: str | os.PathLike[str], modules: bool = True) -> Lookups:
@@ -119,7 +123,8 @@ def read_lookups(path: str | os.PathLike[str], modules: bool = True) -> Lookups:
             cython = (int(hit.group(1)), int(hit.group(2)))
             break
     modules_ = tuple(n for n in dotted if _CYTHON.match(n) is None)
-    return Lookups(p, modules_, cython, tuple(driver), proc)
+    init = init_names(p) if modules and (cython is None or cython >= (3, 1)) else None
+    return Lookups(p, modules_, cython, tuple(driver), proc, init)
 
 
 def _driver_names(fd: int, offset: int, length: int, found: dict[str, None]) -> None:

@@ -401,8 +401,14 @@ def _import(st: _State, finder: _Finder, name: str, depth: int = 0) -> bool:
         fresh = real_path(file, st.dirs) not in st.real
         _map(st, file, "extension module", f"extension module {name} (dlopen RTLD_NOW|RTLD_LOCAL)")
         if fresh and real_path(file, st.dirs) in st.real:  # its init ran: the imports it makes from C
-            for sub in _c_imports(st, finder, name, file):
+            for sub, guarded in _c_imports(st, finder, name, file):
+                if not guarded:
+                    _import(st, finder, sub, depth + 1)
+                    continue
+                saved = _snapshot(st)
                 _import(st, finder, sub, depth + 1)
+                if len(st.missing) > len(saved.missing):  # it fails to load: taken as caught (module docstring)
+                    _restore(st, saved)
         return True
     is_package = os.path.basename(file) == "__init__.py"
     rows = [r for r in st.preloads if r.module == name and not r.before_import]
@@ -419,14 +425,54 @@ def _lookups(st: _State, path: str) -> Lookups | None:
         return None
 
 
-def _c_imports(st: _State, finder: _Finder, module: str, path: str) -> list[str]:
-    """The installed modules extension ``module`` imports from C at init (:mod:`pytest_cudastack.linker.lookups`):
-    its dotted C strings that name a module, unless a Cython older than 3.1 built it (its Python constants,
-    the names of imports inside functions among them, are such strings too)."""
+def _c_imports(st: _State, finder: _Finder, module: str, path: str) -> list[tuple[str, bool]]:
+    """The installed modules extension ``module`` imports from C at init (:mod:`pytest_cudastack.linker.lookups`),
+    each with whether a failure to load it is taken as caught: its dotted C strings that name a module
+    (Cython's cimports: not caught), unless a Cython older than 3.1 built it (its Python constants, the names
+    of imports inside functions among them, are such strings too); then the names its Cython >= 3.1 exec
+    function passes to the import machinery (:mod:`pytest_cudastack.linker.cyinit`), absolute or relative to
+    its package (``Python/import.c``'s ``resolve_name`` at level 1): caught, as a ``try``/``except
+    ImportError`` around them is not read."""
     found = _lookups(st, path)
     if found is None or (found.cython is not None and found.cython < (3, 1)):
         return []
-    return [n for n in found.modules if n != module and n not in st.imported and finder.find(n)]
+    names = {n: False for n in found.modules}
+    package = module.rpartition(".")[0]
+    for name in found.init or ():
+        names.setdefault(name, True)
+        if package:
+            names.setdefault(f"{package}.{name}", True)
+    return [(n, g) for n, g in names.items() if n != module and n not in st.imported and finder.find(n)]
+
+
+# what an import records in _State (all but the finder's caches), for _snapshot/_restore
+_RECORD = (
+    "objects",
+    "loaded",
+    "real",
+    "imported",
+    "order",
+    "missing",
+    "problems",
+    "before",
+    "globals",
+    "scope_before",
+    "ran",
+    "global_real",
+    "loads",
+)
+
+
+def _snapshot(st: _State) -> _State:
+    """A copy of what ``st`` records (:data:`_RECORD`), for :func:`_restore`."""
+    return replace(st, **{f: type(getattr(st, f))(getattr(st, f)) for f in _RECORD})
+
+
+def _restore(st: _State, saved: _State) -> None:
+    """Undo what was recorded since ``saved``: a failed import leaves nothing mapped (glibc's dlopen
+    unmaps what a failed load mapped; the import system drops the module)."""
+    for f in _RECORD:
+        setattr(st, f, getattr(saved, f))
 
 
 def _run_body(
