@@ -431,12 +431,16 @@ def _lzss(src: bytes, size: int) -> bytes | None:
 
 
 def _split(elf: _Elf, blob: int, inflated: bytes | None, lengths: list[int]) -> list[bytes] | None:
-    """The table's strings when ``lengths`` cut the bytes at ``blob`` as Cython's init does: a zlib or bz2
-    stream's inflated size exactly (Cython 3.1/3.2); else a raw C string (no NUL before the lengths' end) or
-    Cython 3.3's LZSS stream, whose strings must then be in Cython 3.3's order."""
+    """The table's strings when ``lengths`` cut the bytes at ``blob`` as Cython's init does: all of a zlib or
+    bz2 stream's inflated bytes (Cython 3.1/3.2 copy one index of all lengths); else a prefix of them, of a
+    raw C string (no NUL before the lengths' end) or of Cython 3.3's LZSS stream, whose strings must then be
+    in Cython 3.3's order (its index of the bytes strings' lengths may be apart)."""
     total = sum(lengths)
     if inflated is not None:
-        return _cut(inflated, lengths) if total == len(inflated) else None
+        if total == len(inflated):
+            return _cut(inflated, lengths)
+        found = _cut(inflated, lengths) if total < len(inflated) else []
+        return found if found and _sorted(found) else None
     if total > MAX_INFLATE:
         return None
     sec = elf.at(blob)
@@ -467,14 +471,15 @@ def _table(elf: _Elf, fn: tuple[int, int], call: int) -> tuple[int, list[bytes]]
     ro = list(dict.fromkeys(t for _a, _r, t in leas if elf.read_only(t)))[:_MAX_CANDIDATES]
     blobs: list[tuple[int, bytes | None]] = [(b, _inflate(elf, b)) for b in ro]
     blobs.sort(key=lambda b: b[1] is None)  # a compressed table first: its inflated size is exact
+    best: list[bytes] = []
     for blob, inflated in blobs:
         for index in ro:
             lengths = _lengths(elf, index, 1 << 20) if index != blob else []
-            for n in counts:
-                found = _split(elf, blob, inflated, lengths[:n]) if n <= len(lengths) else None
+            for n in counts:  # the longest split: a few small numbers may cut a few bytes by chance
+                found = _split(elf, blob, inflated, lengths[:n]) if len(best) < n <= len(lengths) else None
                 if found is not None:
-                    return bases[-1], found
-    return None
+                    best = found
+    return (bases[-1], best) if best else None
 
 
 class _Calls:
