@@ -1,36 +1,43 @@
-"""The Python names a Cython (>= 3.1) extension module's init code uses, read from its machine code.
+"""The names a Cython (>= 3.1) extension module's init passes to the import machinery, read from its
+machine code: its module-level ``import`` statements, not those inside its functions.
 
 Only the module's exec function runs when the module is imported (CPython's multi-phase init:
 ``PyInit_<name>`` returns ``PyModuleDef_Init(&def)`` and the import runs the ``Py_mod_exec`` slot of
 ``def.m_slots``); Cython puts the module's top-level code there. Cython >= 3.1 keeps every Python string
 constant of a module (the names of its ``import`` statements among them) in one table,
 ``__pyx_string_tab[i]`` of the module state, sorted and filled at init from one concatenated (optionally
-compressed) byte string and an index of lengths (``Code.py``'s ``generate_pystring_constants``). A name
-used inside a function and one used at module level look the same in that table; what tells them apart is
-which code reads the slot. :func:`init_names` reads, from the file alone (x86-64 ELF64, the static module
-state Cython uses unless ``CYTHON_USE_MODULE_STATE``):
+compressed) byte string and an index of lengths (``Compiler/Code.py``'s ``generate_pystring_constants``).
+A name imported at module level and one imported inside a function look the same in that table; what tells
+them apart is which code reads the slot and what it passes it to. :func:`init_names` reads, from the file
+alone (x86-64 ELF64, the static module state Cython uses unless ``CYTHON_USE_MODULE_STATE``):
 
-1. ``PyInit_<name>`` in ``.dynsym``: its ``lea rdi, [rip+disp32]`` gives the ``PyModuleDef``; ``m_slots``
-   (offset 72) and the slot's function pointer are read through their ``R_X86_64_RELATIVE`` relocations
-   (or the stored value): the ``Py_mod_exec`` (2) slot is the exec function;
-2. its extent: its FDE in ``.eh_frame``, plus every FDE its ``jmp``/``jcc rel32`` reach (gcc's ``.cold``
-   part of a split function);
+1. ``PyInit_<name>`` in ``.dynsym``: its first ``lea r64, [rip+disp32]`` is the ``PyModuleDef``;
+   ``m_slots`` (offset 72) and the slot's function pointer are read through their ``R_X86_64_RELATIVE``
+   relocations (else the stored value): the ``Py_mod_exec`` (2) slot is the exec function;
+2. its extent: its FDE in ``.eh_frame`` (a linear walk), plus every FDE its ``jmp``/``jcc rel32`` reach
+   (gcc's ``.cold`` part of a split function);
 3. the table: the function (the exec function or one it calls) that calls ``PyUnicode_DecodeUTF8``
-   (through its PLT stub or GOT slot) is the table's init; the last ``lea`` of writable data before that
-   call is the table's base (``stringtab``), the ``lea``s of read-only data in it are the length index
-   (an array of 32-bit bitfield structs, copied from ``.rodata`` when it is large enough not to be built
-   by immediate stores) and the bytes (raw, zlib or bz2: Cython 3.1/3.2 compress with zlib; a small or
-   incompressible table is raw). A split is accepted when the lengths cover the bytes exactly (compressed)
-   and the strings form at most three strictly increasing runs (the non-interned and interned text
-   strings, then the bytes strings: the table's sort order);
-4. the slots the exec function reads: every RIP-relative ``disp32`` in its bytes (ModRM ``mod=00 rm=101``)
-   whose target is an 8-aligned slot address.
+   (through its PLT stub or GOT slot) fills it; the last ``lea`` of writable data before that call is its
+   base (``stringtab``); of the ``lea``s of read-only data in that function, one is the bytes (raw, zlib,
+   bz2 or Cython 3.3's LZSS: ``Utility/StringTools.c``) and one the length index, an array of 32-bit
+   bitfield structs that an optimized build copies from ``.rodata`` (``rep movsd``, ``memcpy``) with a count
+   the code holds (``mov ecx/edx, imm32``). A cut is taken when the lengths cover a compressed table's
+   inflated bytes exactly (Cython 3.1/3.2 copy the lengths of all strings as one index), or when the strings
+   are in Cython 3.3's order (at most three strictly increasing runs: non-interned text, interned text,
+   bytes; 3.3 may keep the bytes strings' index apart); the longest such cut wins;
+4. the slots the exec function passes to the import machinery: every RIP-relative ``disp32`` in its bytes
+   (ModRM ``mod=00 rm=101``) whose target is an 8-aligned slot address, when the next call after it goes to
+   ``PyImport_ImportModuleLevelObject``, ``PyImport_Import``, ``PyImport_GetModule`` (3.3's
+   ``__Pyx__Import_Lookup`` looks in ``sys.modules`` first) or a function that reaches one of them in a few
+   calls (Cython's ``__Pyx_Import`` helpers, ``Utility/ImportExport.c``). A variable name of a code object,
+   an attribute name or a function's own name is read by the exec function too, but passed elsewhere.
 
-:func:`init_names` returns the dotted identifiers among those slots' strings, in order of first use, or
-None when any step cannot be decoded (another machine, no ``PyInit_``, no ``.eh_frame``, a module-state
-build, a length index built by immediate stores, an older Cython with no such table): the caller then keeps
-its other evidence. Bounded: at most :data:`MAX_FILE` bytes read, a table of :data:`MAX_SLOTS` slots
-inflated to at most :data:`MAX_INFLATE` bytes; a hostile or truncated file gives None, never an exception.
+:func:`init_names` returns the dotted identifiers among those slots' strings (module names, the names of a
+``from`` import's list), in order of first use, or None when any step cannot be decoded (another machine, no
+``PyInit_``, no ``.eh_frame``, a module-state or unoptimized build, a length index built by immediate stores
+(a table of a few dozen constants), no such table: an older Cython): the caller then keeps its other
+evidence. Bounded: at most :data:`MAX_FILE` bytes read, :data:`MAX_SLOTS` lengths, :data:`MAX_INFLATE`
+inflated bytes; a hostile or truncated file gives None, never an exception.
 """
 
 from __future__ import annotations
@@ -62,6 +69,7 @@ _EM_X86_64 = 62
 _SHT_NOBITS = 8
 _SHF_WRITE = 1
 _SHF_ALLOC = 2
+_SHF_EXECINSTR = 4
 _R_RELATIVE = 8
 _R_GLOB_DAT = 6
 _R_JUMP_SLOT = 7
@@ -292,7 +300,9 @@ def _code(elf: _Elf, start: int, end: int) -> bytes:
 
 
 def _containing(functions: list[tuple[int, int]], addr: int) -> tuple[int, int] | None:
-    return next((f for f in functions if f[0] <= addr < f[1]), None)
+    """The function (sorted ``functions``) holding ``addr``."""
+    k = bisect.bisect_right(functions, (addr, 1 << 64)) - 1
+    return functions[k] if k >= 0 and addr < functions[k][1] else None
 
 
 def _exec_parts(elf: _Elf, functions: list[tuple[int, int]], start: int) -> list[tuple[int, int]]:
@@ -486,49 +496,58 @@ class _Calls:
     """The direct calls of the file's code, as :func:`_decode` needs them: ``call rel32`` to an FDE's start
     (a function) or to a PLT stub (``jmp [rip+disp32]`` through a GOT slot, after an optional ``endbr64``
     and ``bnd``), and ``call [rip+disp32]`` through a GOT slot (``-fno-plt``). A callee is a function's start
-    address or, for an imported function, its GOT slot's address."""
+    address or, for an imported function, its GOT slot's address. The executable sections are scanned once."""
 
     def __init__(self, elf: _Elf, functions: list[tuple[int, int]], got: dict[str, int]) -> None:
-        self.elf = elf
         self.functions = functions
         self.starts = [f[0] for f in functions]
-        self.slots = set(got.values())
-        self.stubs: dict[int, int] = {}
+        slots = set(got.values())
+        stubs: dict[int, int] = {}
         for sec in elf.sections:
             if sec.name.startswith(".plt") and sec.type != _SHT_NOBITS:
                 code = elf.data[sec.offset : sec.offset + sec.size]
                 for m in re.finditer(rb"\xff\x25", code):
                     if m.start() + 6 <= len(code):
                         slot = sec.addr + m.start() + 6 + struct.unpack_from("<i", code, m.start() + 2)[0]
-                        if slot in self.slots:
+                        if slot in slots:
                             for entry in range(sec.addr + m.start() - 5, sec.addr + m.start() + 1):
-                                self.stubs.setdefault(entry, slot)
+                                stubs.setdefault(entry, slot)
+        starts = set(self.starts)
+        self.at: list[int] = []
+        self.callee: list[int] = []
+        for sec in elf.sections:
+            if not sec.flags & _SHF_EXECINSTR or sec.type == _SHT_NOBITS or sec.name.startswith(".plt"):
+                continue
+            code = elf.data[sec.offset : sec.offset + sec.size]
+            for m in re.finditer(rb"\xe8|\xff\x15", code):
+                i = m.start()
+                if code[i] == 0xE8 and i + 5 <= len(code):
+                    target = sec.addr + i + 5 + struct.unpack_from("<i", code, i + 1)[0]
+                    callee = target if target in starts else stubs.get(target)
+                elif code[i] == 0xFF and i + 6 <= len(code):
+                    slot = sec.addr + i + 6 + struct.unpack_from("<i", code, i + 2)[0]
+                    callee = slot if slot in slots else None
+                else:
+                    callee = None
+                if callee is not None:
+                    self.at.append(sec.addr + i)
+                    self.callee.append(callee)
+        order = sorted(range(len(self.at)), key=self.at.__getitem__)
+        self.at = [self.at[k] for k in order]
+        self.callee = [self.callee[k] for k in order]
 
     def sites(self, lo: int, hi: int) -> list[tuple[int, int]]:
         """The calls in ``[lo, hi)``: (address, callee), in address order."""
-        code = _code(self.elf, lo, hi)
-        starts = set(self.starts)
-        out = []
-        for m in re.finditer(rb"\xe8|\xff\x15", code):
-            i = m.start()
-            if code[i] == 0xE8 and i + 5 <= len(code):
-                target = lo + i + 5 + struct.unpack_from("<i", code, i + 1)[0]
-                if target in starts:
-                    out.append((lo + i, target))
-                elif target in self.stubs:
-                    out.append((lo + i, self.stubs[target]))
-            elif i + 6 <= len(code):
-                slot = lo + i + 6 + struct.unpack_from("<i", code, i + 2)[0]
-                if slot in self.slots:
-                    out.append((lo + i, slot))
-        return out
+        a, b = bisect.bisect_left(self.at, lo), bisect.bisect_left(self.at, hi)
+        return list(zip(self.at[a:b], self.callee[a:b], strict=True))
 
     def callers(self, callees: set[int], depth: int, skip: set[int]) -> set[int]:
         """The functions (not in ``skip``) that reach one of ``callees`` through at most ``depth`` calls."""
         graph: dict[int, set[int]] = {}
-        for lo, hi in self.functions:
-            if lo not in skip:
-                graph[lo] = {c for _a, c in self.sites(lo, hi)}
+        for site, callee in zip(self.at, self.callee, strict=True):
+            k = bisect.bisect_right(self.starts, site) - 1
+            if k >= 0 and site < self.functions[k][1] and self.starts[k] not in skip:
+                graph.setdefault(self.starts[k], set()).add(callee)
         reach = set(callees)
         for _ in range(depth):
             more = {f for f, cs in graph.items() if cs & reach and f not in reach}

@@ -11,9 +11,11 @@ extension module imports from C, and the CUDA driver entry points it asks ``dlsy
   and :attr:`Lookups.cython` the Cython version named by the shared-type module a Cython module keeps
   (``_cython_3_2_9``): before Cython 3.1 every Python string constant, the names of imports inside functions
   among them, was such a C string too, so there a dotted string proves no import at init; from 3.1 on the
-  Python constants live in one packed (zlib-compressed) table and a plain dotted C string is a C-level use.
-  The packed table is not read: its constants are sorted, so an import at module level and one inside a
-  function look alike there.
+  Python constants live in one packed (sorted, optionally compressed) string table and a plain dotted C
+  string is a C-level use. In that table an import at module level and one inside a function look alike;
+  :attr:`Lookups.init` holds the names the module's exec function itself passes to the import machinery,
+  read from its machine code (:mod:`pytest_cudastack.linker.cyinit`; read unless the file names a Cython
+  older than 3.1; None where it cannot be decoded: the module is then judged by its C strings alone).
 * **Driver entry points.** NUL-terminated ``cu[A-Z]...`` identifiers (``cuMemAlloc_v2``, ``cuGreenCtxCreate``),
   the names a library passes to ``dlsym`` on ``libcuda.so.1`` or to ``cuGetProcAddress``;
   :attr:`Lookups.proc_address` says whether the file names ``cuGetProcAddress`` itself (the lookup that

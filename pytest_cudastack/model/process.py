@@ -22,8 +22,15 @@ The model:
   recorded (``Process.loads``) with what it finds loaded and the global scope then, for the binding check.
 * **Imports from C.** An extension module's init then imports what its C code names
   (:mod:`pytest_cudastack.linker.lookups`): each dotted C string of its read-only data that names an
-  installed module (Cython's ``cimport``s of cdef functions and extension types; tests/test_process_cython.py
-  checks the rule against real Cython builds), unless a Cython older than 3.1 built it.
+  installed module (Cython's ``cimport``s of cdef functions and extension types), unless a Cython older than
+  3.1 built it; and, for a Cython >= 3.1 module, the names its module exec function passes to the import
+  machinery (:mod:`pytest_cudastack.linker.cyinit`: its module-level ``import`` statements, not those inside
+  functions), each taken absolute or relative to the module's package (``Python/import.c``'s
+  ``resolve_name`` at level 1), when it names an installed module. Such an import whose module fails to load
+  (a DT_NEEDED found nowhere) is taken as caught and leaves nothing mapped: a ``try``/``except
+  ImportError`` around it (cupy's optional cuTENSOR module) is not read from machine code, and a false error
+  on a healthy stack is the worse mistake. tests/test_process_cython.py checks these rules against real
+  Cython builds.
 * **Known preloads** (``cuda/data/dlopen_targets.json``, ``preloads``): torch's ``_load_global_deps``
   maps ``libtorch_global_deps.so`` by path with RTLD_GLOBAL and then its nvidia libraries by path from
   ``sys.path``, at the point of its top-level code that calls it; rows with ``before_import`` run right
@@ -39,11 +46,13 @@ The model:
   (:mod:`pytest_cudastack.model.pysource`: hashlib's ``__get_builtin_constructor`` imports ``_blake2``).
 
 Not modelled: imports performed by code the model does not run (``importlib.import_module`` with a computed
-name, ``__getattr__`` lazy imports, methods and other modules' functions called at import time; the imports
-a Cython >= 3.1 module's Python code makes at init, whose names are in its packed constant table with those
-of imports inside functions: only the machine code of its module exec function tells them apart; a C
-string that names a module the extension imports only later, when a function runs, is taken as an import at
-init),
+name, ``__getattr__`` lazy imports, methods and other modules' functions called at import time; in a Cython
+module, imports inside its functions that its module-level code calls, and the imports of a module whose
+string table the reader cannot decode: a table of a few dozen constants, an unoptimized or
+``CYTHON_USE_MODULE_STATE`` build, another machine than x86-64; imports relative to a grandparent package
+(``from ..x import``); a C string that names a module the extension imports only later, when a function
+runs, is taken as an import at init; a module-level Cython import that fails to load without a ``try`` is
+taken as caught, so the failure of that import is not predicted),
 ``.pth`` files, the current directory at the head of ``sys.path``, and ctypes loads other than the table's.
 """
 
