@@ -61,6 +61,8 @@ MAX_INFLATE = 16 << 20
 MAX_SLOTS = 1 << 16
 _MAX_NAMES = 4096
 _MAX_CANDIDATES = 64  # read-only leas tried as length index or bytes in the table's init function
+_MAX_COUNTS = 16  # the largest element counts its code holds, tried as the length index's
+_WORK = 1 << 22  # strings cut and LZSS bytes inflated while looking for the table, per file
 _HELPER_DEPTH = 4  # Cython's __Pyx_ImportDottedModule > __Pyx__ImportDottedModule > __Pyx_Import > __Pyx__Import
 # the C API functions Cython's import helpers end in (ImportExport.c; 3.3's __Pyx__Import_Lookup first asks
 # sys.modules with PyImport_GetModule)
@@ -69,7 +71,6 @@ _EM_X86_64 = 62
 _SHT_NOBITS = 8
 _SHF_WRITE = 1
 _SHF_ALLOC = 2
-_SHF_EXECINSTR = 4
 _R_RELATIVE = 8
 _R_GLOB_DAT = 6
 _R_JUMP_SLOT = 7
@@ -82,6 +83,7 @@ _RELA = struct.Struct("<QQq")
 _DOTTED = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*")
 # lea r64, [rip+disp32]: REX.W (48/4C), 8D, ModRM mod=00 rm=101
 _LEA_RIP = re.compile(rb"[\x48\x4c]\x8d[\x05\x0d\x15\x1d\x25\x2d\x35\x3d]", re.DOTALL)
+_RIP_MODRM = re.compile(rb"[\x05\x0d\x15\x1d\x25\x2d\x35\x3d]")  # ModRM mod=00 rm=101: [rip+disp32]
 _JUMP = re.compile(rb"\xe9|\x0f[\x80-\x8f]", re.DOTALL)
 
 
@@ -440,55 +442,54 @@ def _lzss(src: bytes, size: int) -> bytes | None:
     return bytes(out[:size])
 
 
-def _split(elf: _Elf, blob: int, inflated: bytes | None, lengths: list[int]) -> list[bytes] | None:
-    """The table's strings when ``lengths`` cut the bytes at ``blob`` as Cython's init does: all of a zlib or
-    bz2 stream's inflated bytes (Cython 3.1/3.2 copy one index of all lengths); else a prefix of them, of a
-    raw C string (no NUL before the lengths' end) or of Cython 3.3's LZSS stream, whose strings must then be
-    in Cython 3.3's order (its index of the bytes strings' lengths may be apart)."""
-    total = sum(lengths)
+def _split(inflated: bytes | None, raw: bytes, lengths: list[int], total: int, budget: list[int]) -> list[bytes] | None:
+    """The table's strings when ``lengths`` (summing to ``total``) cut the bytes as Cython's init does: all
+    of a zlib or bz2 stream's ``inflated`` bytes (Cython 3.1/3.2 copy one index of all lengths); else a prefix
+    of them, of the ``raw`` C string (no NUL before the lengths' end) or of Cython 3.3's LZSS stream, whose
+    strings must then be in Cython 3.3's order (its index of the bytes strings' lengths may be apart).
+    ``budget`` bounds the work (strings cut, bytes inflated) over all tries."""
+    budget[0] -= len(lengths)
     if inflated is not None:
         if total == len(inflated):
             return _cut(inflated, lengths)
         found = _cut(inflated, lengths) if total < len(inflated) else []
         return found if found and _sorted(found) else None
-    if total > MAX_INFLATE:
-        return None
-    sec = elf.at(blob)
-    assert sec is not None
-    raw = elf.read(blob, min(sec.addr + sec.size - blob, MAX_INFLATE + 1)) or b""
     if total < len(raw) and b"\0" not in raw[:total]:
         found = _cut(raw, lengths)
-        if _sorted(found):
-            return found
-    data = _lzss(raw, total)
-    if data is not None:
-        found = _cut(data, lengths)
-        if _sorted(found):
-            return found
-    return None
+        return found if _sorted(found) else None
+    budget[0] -= total
+    data = _lzss(raw, total) if budget[0] > 0 and total <= MAX_INFLATE else None
+    found = _cut(data, lengths) if data is not None else []
+    return found if found and _sorted(found) else None
 
 
 def _table(elf: _Elf, fn: tuple[int, int], call: int) -> tuple[int, list[bytes]] | None:
     """The string table's base address and its strings, from its init function ``fn`` (step 3): a
-    read-only ``lea`` target as the bytes, another as the length index whose first N entries (N: a count
-    the code copies) cut the bytes as the table's init does (:func:`_split`)."""
+    read-only ``lea`` target as the bytes, another as the length index whose first N entries (N: one of the
+    largest counts the code holds) cut the bytes as the table's init does (:func:`_split`); the longest cut
+    (a few small numbers may cut a few bytes by chance)."""
     code = _code(elf, *fn)
     leas = _rip_targets(code, fn[0])
     bases = [t for a, _r, t in leas if a < call and elf.writable(t)]
-    counts = sorted(_counts(code), reverse=True)
+    counts = sorted(_counts(code), reverse=True)[:_MAX_COUNTS]
     if not bases or not counts:
         return None
     ro = list(dict.fromkeys(t for _a, _r, t in leas if elf.read_only(t)))[:_MAX_CANDIDATES]
+    indexes = {i: _lengths(elf, i, 1 << 20) for i in ro}
+    sums = {i: list(itertools.accumulate(v)) for i, v in indexes.items()}
     blobs: list[tuple[int, bytes | None]] = [(b, _inflate(elf, b)) for b in ro]
     blobs.sort(key=lambda b: b[1] is None)  # a compressed table first: its inflated size is exact
     best: list[bytes] = []
+    budget = [_WORK]
     for blob, inflated in blobs:
+        sec = elf.at(blob)
+        assert sec is not None
+        raw = b"" if inflated is not None else elf.read(blob, min(sec.addr + sec.size - blob, MAX_INFLATE + 1))
         for index in ro:
-            lengths = _lengths(elf, index, 1 << 20) if index != blob else []
-            for n in counts:  # the longest split: a few small numbers may cut a few bytes by chance
-                found = _split(elf, blob, inflated, lengths[:n]) if len(best) < n <= len(lengths) else None
-                if found is not None:
-                    best = found
+            for n in counts if index != blob else ():
+                if len(best) < n <= len(indexes[index]) and budget[0] > 0:
+                    found = _split(inflated, raw or b"", indexes[index][:n], sums[index][n - 1], budget)
+                    best = found if found is not None else best
     return (bases[-1], best) if best else None
 
 
@@ -496,65 +497,57 @@ class _Calls:
     """The direct calls of the file's code, as :func:`_decode` needs them: ``call rel32`` to an FDE's start
     (a function) or to a PLT stub (``jmp [rip+disp32]`` through a GOT slot, after an optional ``endbr64``
     and ``bnd``), and ``call [rip+disp32]`` through a GOT slot (``-fno-plt``). A callee is a function's start
-    address or, for an imported function, its GOT slot's address. The executable sections are scanned once."""
+    address or, for an imported function, its GOT slot's address. Each function is scanned when asked."""
 
     def __init__(self, elf: _Elf, functions: list[tuple[int, int]], got: dict[str, int]) -> None:
-        self.functions = functions
-        self.starts = [f[0] for f in functions]
-        slots = set(got.values())
-        stubs: dict[int, int] = {}
+        self.elf = elf
+        self.functions = {f[0]: f for f in functions}
+        self.slots = set(got.values())
+        self.stubs: dict[int, int] = {}
+        self.scanned: dict[tuple[int, int], list[tuple[int, int]]] = {}
         for sec in elf.sections:
             if sec.name.startswith(".plt") and sec.type != _SHT_NOBITS:
                 code = elf.data[sec.offset : sec.offset + sec.size]
                 for m in re.finditer(rb"\xff\x25", code):
                     if m.start() + 6 <= len(code):
                         slot = sec.addr + m.start() + 6 + struct.unpack_from("<i", code, m.start() + 2)[0]
-                        if slot in slots:
+                        if slot in self.slots:
                             for entry in range(sec.addr + m.start() - 5, sec.addr + m.start() + 1):
-                                stubs.setdefault(entry, slot)
-        starts = set(self.starts)
-        self.at: list[int] = []
-        self.callee: list[int] = []
-        for sec in elf.sections:
-            if not sec.flags & _SHF_EXECINSTR or sec.type == _SHT_NOBITS or sec.name.startswith(".plt"):
-                continue
-            code = elf.data[sec.offset : sec.offset + sec.size]
-            for m in re.finditer(rb"\xe8|\xff\x15", code):
-                i = m.start()
-                if code[i] == 0xE8 and i + 5 <= len(code):
-                    target = sec.addr + i + 5 + struct.unpack_from("<i", code, i + 1)[0]
-                    callee = target if target in starts else stubs.get(target)
-                elif code[i] == 0xFF and i + 6 <= len(code):
-                    slot = sec.addr + i + 6 + struct.unpack_from("<i", code, i + 2)[0]
-                    callee = slot if slot in slots else None
-                else:
-                    callee = None
-                if callee is not None:
-                    self.at.append(sec.addr + i)
-                    self.callee.append(callee)
-        order = sorted(range(len(self.at)), key=self.at.__getitem__)
-        self.at = [self.at[k] for k in order]
-        self.callee = [self.callee[k] for k in order]
+                                self.stubs.setdefault(entry, slot)
 
     def sites(self, lo: int, hi: int) -> list[tuple[int, int]]:
         """The calls in ``[lo, hi)``: (address, callee), in address order."""
-        a, b = bisect.bisect_left(self.at, lo), bisect.bisect_left(self.at, hi)
-        return list(zip(self.at[a:b], self.callee[a:b], strict=True))
+        hit = self.scanned.get((lo, hi))
+        if hit is not None:
+            return hit
+        code = _code(self.elf, lo, hi)
+        out = []
+        for m in re.finditer(rb"\xe8|\xff\x15", code):
+            i = m.start()
+            callee: int | None = None
+            if code[i] == 0xE8 and i + 5 <= len(code):
+                target = lo + i + 5 + struct.unpack_from("<i", code, i + 1)[0]
+                callee = target if target in self.functions else self.stubs.get(target)
+            elif code[i] == 0xFF and i + 6 <= len(code):
+                slot = lo + i + 6 + struct.unpack_from("<i", code, i + 2)[0]
+                callee = slot if slot in self.slots else None
+            if callee is not None:
+                out.append((lo + i, callee))
+        self.scanned[(lo, hi)] = out
+        return out
 
-    def callers(self, callees: set[int], depth: int, skip: set[int]) -> set[int]:
-        """The functions (not in ``skip``) that reach one of ``callees`` through at most ``depth`` calls."""
-        graph: dict[int, set[int]] = {}
-        for site, callee in zip(self.at, self.callee, strict=True):
-            k = bisect.bisect_right(self.starts, site) - 1
-            if k >= 0 and site < self.functions[k][1] and self.starts[k] not in skip:
-                graph.setdefault(self.starts[k], set()).add(callee)
-        reach = set(callees)
-        for _ in range(depth):
-            more = {f for f, cs in graph.items() if cs & reach and f not in reach}
-            if not more:
-                break
-            reach |= more
-        return reach
+    def reaches(self, callee: int, sinks: set[int], depth: int, memo: dict[tuple[int, int], bool]) -> bool:
+        """Whether a call to ``callee`` reaches one of ``sinks`` through at most ``depth`` calls."""
+        if callee in sinks:
+            return True
+        fn = self.functions.get(callee)
+        if fn is None or depth <= 0:
+            return False
+        key = (callee, depth)
+        if key not in memo:
+            memo[key] = False  # a recursive call reaches nothing new
+            memo[key] = any(self.reaches(c, sinks, depth - 1, memo) for _a, c in self.sites(*fn) if c != callee)
+        return memo[key]
 
 
 def _decode(data: bytes) -> tuple[str, ...] | None:
@@ -571,8 +564,7 @@ def _decode(data: bytes) -> tuple[str, ...] | None:
     sites = sorted(site for lo, hi in parts for site in calls.sites(lo, hi))
     # the table's init: in the exec function, or in a function it calls
     found: tuple[tuple[int, int], int] | None = None
-    starts = {f[0]: f for f in functions}
-    for fn in [parts[0], *(starts[c] for _a, c in sites if c in starts)]:
+    for fn in [parts[0], *(calls.functions[c] for _a, c in sites if c in calls.functions)]:
         decode = [a for a, c in calls.sites(*fn) if c == got["PyUnicode_DecodeUTF8"]]
         if decode:
             found = (fn, decode[0])
@@ -584,22 +576,23 @@ def _decode(data: bytes) -> tuple[str, ...] | None:
         return None
     base, strings = table
     sinks = {got[n] for n in _IMPORTS if n in got}
-    helpers = calls.callers(sinks, _HELPER_DEPTH, {lo for lo, _hi in parts})
+    own = {lo for lo, _hi in parts}
+    memo: dict[tuple[int, int], bool] = {}
     at = [a for a, _c in sites]
     order: dict[int, None] = {}
     for lo, hi in parts:
         code = _code(elf, lo, hi)
-        for i in range(1, len(code) - 3):
-            if code[i - 1] & 0xC7 != 0x05:  # ModRM mod=00 rm=101: [rip+disp32]
-                continue
+        for m in _RIP_MODRM.finditer(code, 0, max(0, len(code) - 4)):
+            i = m.end()
             disp = struct.unpack_from("<i", code, i)[0]
             for imm in (0, 1, 4):
                 k, rem = divmod(lo + i + 4 + imm + disp - base, 8)
                 if rem or not 0 <= k < len(strings):
                     continue
                 nxt = bisect.bisect_right(at, lo + i)
-                if nxt < len(sites) and sites[nxt][1] in helpers:  # the slot is an argument of an import
-                    order.setdefault(k, None)
+                callee = sites[nxt][1] if nxt < len(sites) else None
+                if callee is not None and callee not in own and calls.reaches(callee, sinks, _HELPER_DEPTH, memo):
+                    order.setdefault(k, None)  # the slot is an argument of an import
     names: list[str] = []
     for k in order:
         try:
