@@ -553,9 +553,9 @@ class _Calls:
 def _decode(data: bytes) -> tuple[str, ...] | None:
     elf = _Elf(data)
     relative, got = elf.relocations()
-    start = _exec_function(elf, relative)
-    functions = _functions(elf)
-    if start is None or not functions or "PyUnicode_DecodeUTF8" not in got:
+    start = _exec_function(elf, relative) if "PyUnicode_DecodeUTF8" in got else None
+    functions = _functions(elf) if start is not None else []
+    if start is None or not functions:
         return None
     parts = _exec_parts(elf, functions, start)
     if not parts:
@@ -604,14 +604,37 @@ def _decode(data: bytes) -> tuple[str, ...] | None:
     return tuple(dict.fromkeys(names))
 
 
+def _may_hold_table(fd: int, size: int) -> bool:
+    """Whether the file's dynamic string table names both a ``PyInit_`` and ``PyUnicode_DecodeUTF8`` (the
+    table's init): read first, so that a large library that is no such module is never read whole."""
+    head = os.pread(fd, _EHDR.size, 0)
+    if len(head) < _EHDR.size or head[:4] != b"\x7fELF" or head[4] != 2 or head[5] != 1:
+        return False
+    h = _EHDR.unpack(head)
+    shoff, shentsize, shnum = h[6], h[11], h[12]
+    if shentsize != _SHDR.size or not 0 < shnum < 0xFF00 or shoff + shnum * shentsize > size:
+        return False
+    table = os.pread(fd, shnum * shentsize, shoff)
+    headers = [_SHDR.unpack_from(table, i * shentsize) for i in range(len(table) // shentsize)]
+    for sh in headers:
+        if sh[1] == 11 and sh[6] < len(headers):  # SHT_DYNSYM, its sh_link: .dynstr
+            strtab = headers[sh[6]]
+            if strtab[5] > MAX_FILE or strtab[4] + strtab[5] > size:
+                return False
+            names = os.pread(fd, strtab[5], strtab[4])
+            return b"\0PyInit_" in names and b"\0PyUnicode_DecodeUTF8\0" in names
+    return False
+
+
 def init_names(path: str | os.PathLike[str]) -> tuple[str, ...] | None:
-    """The dotted identifiers among the string-table constants the module's exec function reads (module
-    docstring), in order of first use; None when the file does not show them (not Cython >= 3.1 with a
-    static module state on x86-64, or anything not decoded). ElfError only when the file cannot be read."""
+    """The dotted identifiers among the string-table constants the module's exec function passes to the
+    import machinery (module docstring), in order of first use; None when the file does not show them (not
+    Cython >= 3.1 with a static module state on x86-64, or anything not decoded). ElfError only when the
+    file cannot be read."""
     p = os.fspath(path)
     fd, st = open_regular(p)
     try:
-        if st.st_size > MAX_FILE:
+        if st.st_size > MAX_FILE or not _may_hold_table(fd, st.st_size):
             return None
         data = b""
         while len(data) < st.st_size:
