@@ -195,15 +195,20 @@ def test_an_import_in_a_function_called_at_module_level_is_the_documented_limit(
     assert predicted == {f"front{SUFFIX}"}
 
 
-@pytest.mark.parametrize(("filler", "opt"), [("", "-O2"), (FILLER, "-O0")], ids=["small-table", "unoptimized"])
+@pytest.mark.parametrize(
+    ("filler", "opt", "flags"),
+    [("", "-O2", ()), (FILLER, "-O0", ()), (FILLER, "-O2", ("-DCYTHON_USE_MODULE_STATE=1",))],
+    ids=["small-table", "unoptimized", "module-state"],
+)
 def test_a_table_the_reader_cannot_decode_keeps_the_c_strings_only(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, filler: str, opt: str
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, filler: str, opt: str, flags: tuple[str, ...]
 ):
-    """The documented limit: a small table (its length index built by immediate stores) or an unoptimized
-    build (the table's base passed in a register): nothing is read (None), and the module-level import is
-    not predicted (today's behaviour, no false object)."""
+    """The documented limit: a small table (its length index built by immediate stores), an unoptimized
+    build (the table's base passed in a register) or a module-state build (the table in the module object,
+    not in static data): nothing is read (None), and the module-level import is not predicted (today's
+    behaviour, no false object)."""
     monkeypatch.setenv("CUDASTACK_CACHE_DIR", str(tmp_path / "cache"))
-    site, pkg = _site(tmp_path, "module_level", filler, opt)
+    site, pkg = _site(tmp_path, "module_level", filler, opt, flags)
     assert init_names(site / pkg / f"front{SUFFIX}") is None
     observed, predicted = _observed_and_predicted(site, pkg, monkeypatch)
     assert observed == {f"front{SUFFIX}", f"b{SUFFIX}"}
