@@ -20,20 +20,12 @@ import copy
 import json
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-
-def best(fn, n=3):  # type: ignore[no-untyped-def]
-    times = []
-    for _ in range(n):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return min(times)
+from benchmarks.timing import best  # noqa: E402  (the repository is on sys.path only from here)
 
 
 def main() -> None:

@@ -40,6 +40,7 @@ from pytest_cudastack.model.needs import infer_binary, infer_shipped, infer_whee
 from pytest_cudastack.model.reach import ProjectImports, Reachability, project_imports
 from pytest_cudastack.schemacheck import first_error
 from pytest_cudastack.settings import Settings
+from pytest_cudastack.wheels.apk import file_packages as apk_file_packages
 from pytest_cudastack.wheels.dpkg import file_packages
 from pytest_cudastack.wheels.inventory import installed_wheels
 from pytest_cudastack.wheels.requirements import Requirements, requirement_facts
@@ -214,7 +215,9 @@ class Stack:
     def inventory(self) -> Inventory:
         image = self.image
         if image is not None:
-            return installed_wheels(image_site_dirs(image), reader=self.cache.read, dpkg_root=image.root)
+            return installed_wheels(
+                image_site_dirs(image), reader=self.cache.read, dpkg_root=image.root, root=image.root
+            )
         return installed_wheels(self._site_paths, reader=self.cache.read)
 
     @cached_property
@@ -302,7 +305,8 @@ class Stack:
         # an image's own binaries, then --cudastack-scan paths taken inside the image root
         given = scan_walk([p.lstrip("/") for p in self.settings.cudastack_scan], image.root)
         named = tuple(("/" + name, path) for name, path in given[0])
-        return image_binaries(image, file_packages(image.root)) + named, given[1]
+        packaged = {**apk_file_packages(image.root), **file_packages(image.root)}  # what an OS package installed
+        return image_binaries(image, packaged) + named, given[1]
 
     @property
     def scan_targets(self) -> tuple[Target, ...]:

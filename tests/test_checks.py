@@ -177,6 +177,16 @@ def test_diff_snapshots_names_every_change():
     # the stack now has a missing library and an unresolved soname: never proposed as the new baseline
     assert "--cudastack-snapshot" not in findings[0].fix
     assert "/s/libcudnn.so.9 is missing" in findings[0].remedies[0].why
+    # each drift is its own finding id (what the repair plan's steps resolve), the baseline file its place
+    assert len({f.id for f in findings}) == 5
+    assert findings[2].id == "baseline: wheel nvidia-cudnn-cu12 /s/libcudnn.so.9"
+    assert all(f.where == ("base.json",) for f in findings)
+    assert (
+        findings[4]
+        .remedies[0]
+        .render()
+        .startswith("restore bin/a as recorded (libcublas.so.12: /l/libcublas.so.12 recorded, not found now)")
+    )
     clean = copy.deepcopy(SNAP)
     clean["driver"]["version"] = "580.65.06"
     (finding,) = baseline_findings("base.json", SNAP, clean)

@@ -581,3 +581,156 @@ def test_library_whose_bytes_are_not_the_deb_s(
     assert finding["severity"] == "warning"
     assert finding["facts"]["required"] == md5
     assert finding["fix"].startswith("apt-get install --reinstall libcublas12-x")
+
+
+def _pth_image_layers(parts: Parts, tmp_path: Path, line: str, *, in_image: bool) -> list[list[Entry]]:
+    """An image whose Python's site directory has a ``.pth`` naming ``line``; a distribution whose module
+    needs libcublas.so.13 lies at /opt/extra in the image (``in_image``) or at ``tmp_path``/hostonly on the
+    host only."""
+    from tests.helpers.sitebuild import compile_so, write_dist
+
+    extra = tmp_path / ("extra" if in_image else "hostonly")
+    extra.mkdir()
+    module = compile_so(None, needed=["libcublas.so.13"], pyinit="_core")
+    write_dist(
+        extra, "fastops", "1.0", {"fastops/__init__.py": "from fastops import _core\n", "fastops/_core.so": module}
+    )
+    site = "usr/local/lib/python3.11/site-packages"
+    python = [
+        Entry("usr/local/bin/python3.11", data=parts.train12),
+        Entry("usr/local/bin/python3", "symlink", target="python3.11"),
+        Entry(f"{site}/extra.pth", data=f"# added by the build\nimport sys\n{line}\n".encode()),
+        *(_tree_entries(extra, "opt/extra") if in_image else []),
+    ]
+    return [_base(parts), python]
+
+
+@needs_glibc
+@pytest.mark.parametrize(
+    ("line", "in_image", "found"),
+    [
+        ("/opt/extra", True, True),
+        ("../../../../../opt/extra", True, True),
+        ("{host}", False, False),
+        ("../../../../../../../../../..{host}", False, False),
+    ],
+    ids=["absolute-image-path", "relative-line", "clean-twin-host-only-path", "clean-twin-dotdot-to-host"],
+)
+def test_pth_lines_name_image_paths(
+    parts: Parts, tmp_path: Path, capsys: pytest.CaptureFixture[str], line: str, in_image: bool, found: bool
+) -> None:
+    """A ``.pth`` in the image's site directory adds the image's directory it names (absolute, or relative to
+    the site directory), never the host's: a line naming a path that exists only on the host adds nothing,
+    and ``..`` stops at the image's ``/``."""
+    line = line.format(host=tmp_path / "hostonly")
+    layers = _pth_image_layers(parts, tmp_path, line, in_image=in_image)
+    (tmp_path / "use.py").write_text("import fastops\n")
+    env = ["PATH=/usr/local/bin:/usr/bin", "NVIDIA_REQUIRE_CUDA=cuda>=12.4"]
+    rc, payload = _check(tmp_path, capsys, layers, "--cuda-driver=550.54.15", "--cuda-arch=sm_90", env=env)
+    text = json.dumps(payload)
+    assert str(tmp_path / "hostonly") not in text
+    missing = [f for f in _findings(payload, "closure") if "libcublas.so.13" in json.dumps(f)]
+    from pytest_cudastack.image.pythons import image_site_dirs
+    from pytest_cudastack.image.rootfs import open_image
+    from pytest_cudastack.wheels.inventory import installed_wheels
+
+    image = open_image(str(tmp_path / "img.tar"))
+    inv = installed_wheels(image_site_dirs(image), dpkg_root=image.root, root=image.root)  # as the Stack reads it
+    assert all(d.startswith(image.root + "/") for d in inv.site_dirs), inv.site_dirs
+    if not found:
+        assert missing == []
+        assert "fastops" not in text
+        assert inv.get("fastops") is None
+        return
+    assert inv.get("fastops") is not None
+    assert rc == 1
+    assert missing[0]["severity"] == "error"
+    assert missing[0]["facts"]["objects"] == ["/opt/extra/fastops/_core.so"]
+
+
+@needs_glibc
+@pytest.mark.parametrize(
+    "site",
+    ["usr/lib/python3/dist-packages", "usr/local/lib/python3.11/dist-packages"],
+    ids=["pip-over-python3-yaml", "clean-twin-pip-s-own-directory"],
+)
+def test_a_file_owned_by_a_deb_and_a_wheel_in_an_image(
+    parts: Parts, tmp_path: Path, capsys: pytest.CaptureFixture[str], site: str
+) -> None:
+    """Debian's python3-yaml, then a layer that pip-installs PyYAML with ``--break-system-packages
+    --ignore-installed`` into dpkg's dist-packages: the files both list are the wheel's bytes (a warning
+    naming what breaks), named by image path and the pip step's layer, repaired by RUN steps of the build.
+    pip's own directory (/usr/local) is the clean twin."""
+    import hashlib
+
+    from tests.helpers.sitebuild import write_dist
+
+    deb_py = b"# python3-yaml 6.0\n"
+    dist = "usr/lib/python3/dist-packages"
+    debian = [
+        Entry("usr/bin/python3.11", data=parts.train12),
+        Entry("usr/bin/python3", "symlink", target="python3.11"),
+        Entry("usr/lib/python3.11/os.py", data=b""),
+        Entry(f"{dist}/yaml/__init__.py", data=deb_py),
+        Entry(
+            "var/lib/dpkg/info/python3-yaml.list",
+            data=f"/.\n/{dist}\n/{dist}/yaml\n/{dist}/yaml/__init__.py\n".encode(),
+        ),
+        Entry(
+            "var/lib/dpkg/info/python3-yaml.md5sums",
+            data=f"{hashlib.md5(deb_py, usedforsecurity=False).hexdigest()}  {dist}/yaml/__init__.py\n".encode(),
+        ),
+    ]
+    wheel = tmp_path / "wheel"
+    write_dist(wheel, "PyYAML", "6.0.1", {"yaml/__init__.py": "# PyYAML 6.0.1\n"})
+    pip = _tree_entries(wheel, site)
+    env = ["PATH=/usr/local/bin:/usr/bin:/bin"]
+    history = ("COPY base", "RUN apt-get install -y python3-yaml", "RUN pip install --break-system-packages PyYAML")
+    _rc, payload = _check(tmp_path, capsys, [_base(parts), debian, pip], env=env, history=history)
+    found = [f for f in _findings(payload, "integrity") if f["subject"] == "PyYAML / python3-yaml"]
+    if site.startswith("usr/local"):
+        assert found == []
+        return
+    (f,) = found
+    assert f["severity"] == "warning"
+    assert f["facts"]["objects"] == [f"/{dist}/yaml/__init__.py"]
+    assert f["message"].endswith("the bytes on disk are PyYAML 6.0.1's")
+    assert [p["created_by"] for p in f["provenance"]] == [history[2]]
+    assert f["remedies"][0]["steps"][:2] == [
+        "RUN pip uninstall -y PyYAML",
+        "RUN apt-get update && apt-get install -y --reinstall python3-yaml",
+    ]
+
+
+@needs_glibc
+@pytest.mark.parametrize("listed", [True, False], ids=["apk-lists-it", "clean-twin-unlisted"])
+def test_alpine_image_skips_the_binaries_apk_installed(
+    parts: Parts, tmp_path: Path, capsys: pytest.CaptureFixture[str], listed: bool
+) -> None:
+    """Alpine's apk database (/lib/apk/db/installed: P: a package, F: a directory, R: each of its files) owns
+    the system's binaries as dpkg's lists do: a listed one is the distribution's and not scanned; one no
+    package lists is the image's own and scanned."""
+    files = "F:bin\nR:sh\nR:tool\na:0:0:755\nZ:Q1AAAAAAAAAAAAAAAAAAAAAAAAAAA=\n" if listed else "F:bin\nR:sh\n"
+    db = f"C:Q1x=\nP:busybox\nV:1.36.1-r2\nF:etc\nR:motd\n{files}\nC:Q1y=\nP:other\nV:1\nF:usr/bin\nR:x\n\n"
+    alpine = [Entry("bin/tool", data=parts.train12, mode=0o755), Entry("lib/apk/db/installed", data=db.encode())]
+    _rc, payload = _check(tmp_path, capsys, [_base(parts)[:4], alpine], env=["PATH=/bin"])
+    assert ("scan[/bin/tool]" in payload["items"]) is not listed
+
+
+def test_apk_installed_database_paths(tmp_path: Path) -> None:
+    """The reader: a file is its F: directory joined with its R: name, its package the block's P:; a blank
+    line ends a block (an R: after it, before any P:, names no package), malformed lines are skipped."""
+    from pytest_cudastack.wheels.apk import file_packages
+
+    db = tmp_path / "lib/apk/db/installed"
+    db.parent.mkdir(parents=True)
+    db.write_text(
+        "P:musl\nV:1.2.4-r2\nF:lib\nR:ld-musl-x86_64.so.1\nR:libc.musl-x86_64.so.1\nF:usr/lib/\nR:libz.so.1\n"
+        "junk line\nR:../escape\n\nR:orphan\nP:zlib\nF:usr/lib\nR:libz.so.1\n"
+    )
+    assert dict(file_packages(str(tmp_path))) == {
+        "/lib/ld-musl-x86_64.so.1": "musl",
+        "/lib/libc.musl-x86_64.so.1": "musl",
+        "/usr/lib/libz.so.1": "musl",
+    }
+    assert dict(file_packages(str(tmp_path / "nothing"))) == {}

@@ -222,6 +222,9 @@ def test_pth_added_dirs(tmp_path):
     extra.mkdir()
     write_dist(extra, "fromp th".replace(" ", ""), "1", {"x.py": ""})
     (site / "a.pth").write_text(f"# comment\nimport os; os.environ['CUDASTACK_PTH_RAN']='1'\n{extra}\nmissing-dir\n")
+    hidden = tmp_path / "hidden"
+    write_dist(hidden, "hidden", "1", {"h.py": ""})
+    (site / ".hidden.pth").write_text(f"{hidden}\n")  # site.addsitedir skips hidden .pth files
     inv = inv_of(site)
     assert inv.site_dirs == (str(site), str(extra))
     assert inv.get("frompth") is not None

@@ -10,6 +10,7 @@ import importlib.machinery
 import os
 import subprocess
 import sysconfig
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -114,7 +115,10 @@ def test_lookups_reader_and_round_trip(tmp_path: Path):
     assert "pkgc.cy" in found.modules
     assert "pkgc.absent" in found.modules
     assert found.cython == (3, 2)
+    assert found.init is None  # no Cython string table to read: judged by its C strings alone
     assert Lookups.from_json(found.to_json()) == found
+    named = replace(found, init=("pkgc.cy", "os"))
+    assert Lookups.from_json(named.to_json()) == named
 
 
 def test_lookups_of_broken_files_are_elf_errors(tmp_path: Path):
@@ -124,7 +128,9 @@ def test_lookups_of_broken_files_are_elf_errors(tmp_path: Path):
     text.write_text("not an ELF file\n")
     with pytest.raises(ElfError, match="not an ELF"):
         read_lookups(text)
-    wrong = {"path": "x", "modules": [1], "cython": None, "driver": [], "proc_address": False}
-    for bad in (None, [], {"path": "x"}, wrong):
+    wrong = {"path": "x", "modules": [1], "cython": None, "driver": [], "proc_address": False, "init": None}
+    wrong_init = dict(wrong, modules=[], init=[1])
+    old_entry = {k: v for k, v in wrong.items() if k != "init"}  # a cache entry written before ``init``
+    for bad in (None, [], {"path": "x"}, wrong, wrong_init, dict(old_entry, modules=[])):
         with pytest.raises(ElfError, match="malformed"):
             Lookups.from_json(bad)

@@ -76,17 +76,12 @@ def test_static_text_escapes_control_characters_in_file_names(tmp_path: Path, mo
     assert "libx\\x1b]0;x.so.1" in out
 
 
-# What a static reading of the files cannot see, for ``import torch`` (each listed with why). The Cython
-# modules cuda.bindings cimports at init (C strings) and hashlib's _blake2 (imported inside a function its
-# top level calls) are predicted.
-UNPREDICTABLE = {
-    # a module-level Python import of a Cython >= 3.1 module (cuda.bindings._internal.driver's
-    # `from .utils import ...`): its name is only in the module's packed, sorted constant table, where the
-    # names of imports inside functions look the same (cupy.fft._callback's cupy.cuda.cufft, never imported);
-    # it is no cimport (driver.so has no C string naming it, no shipped .pxd cimports it), so Cython's
-    # cimport mechanism does not reach it either (tests/test_process_cython.py: the same, built by Cython)
-    "cuda/bindings/_internal/utils": "a Cython 3.1+ module-level Python import (packed constant table)",
-}
+# What a static reading of the files cannot see, for ``import torch`` (each listed with why): nothing left.
+# The Cython modules cuda.bindings cimports at init (C strings), the module-level Python imports of its
+# Cython >= 3.1 modules (cuda.bindings._internal.driver's `from .utils import ...`: the string-table slots
+# its exec function reads, linker/cyinit.py) and hashlib's _blake2 (imported inside a function its top
+# level calls) are predicted.
+UNPREDICTABLE: dict[str, str] = {}
 
 
 def _unpredictable(path: str) -> bool:

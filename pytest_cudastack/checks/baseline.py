@@ -38,6 +38,12 @@ class Drift:
     after: Any
     text: str
 
+    @property
+    def key(self) -> str:
+        """What differs, as one id: ``wheel nvidia-cudnn-cu12 /s/libcudnn.so.9``, ``driver version``. Each
+        drift's finding is its own subject, so the repair plan's ``resolves`` names each one apart."""
+        return " ".join(p for p in (self.kind, self.subject, self.item) if p)
+
     def to_json(self) -> dict[str, Any]:
         return {
             "kind": self.kind,
@@ -204,7 +210,8 @@ def restore_step(d: Drift) -> str:
     if d.kind == "wheel":
         return f"force-reinstall {d.subject} at its recorded version (its {d.item} {d.change} since)"
     if d.kind == "binary":
-        return f"restore {d.subject} as recorded ({d.text.split(': ', 1)[-1]})"
+        before, after = (v or "not found" for v in (d.before, d.after))
+        return f"restore {d.subject} as recorded ({d.item}: {before} recorded, {after} now)"
     return f"restore the recorded {d.kind} {d.subject}: {d.before} ({d.after} now)"
 
 
@@ -224,9 +231,10 @@ def baseline_findings(baseline: str, old: Mapping[str, Any], new: Mapping[str, A
         Finding(
             "baseline",
             Severity.ERROR,
-            baseline,
+            d.key,
             f"drift from baseline: {d.text}",
             remedies=manual(restore_step(d), rerecord, why=why),
+            where=(baseline,),
         )
         for d in snapshot_drift(old, new)
     )

@@ -15,7 +15,8 @@
   rule); a compat libcuda not newer than the host's that the image's own search reaches anyway
   (``LD_LIBRARY_PATH``) replaces the host's driver: CUDA error 803 (ERROR);
 - ``NVIDIA_DRIVER_CAPABILITIES`` without ``compute`` where the image needs CUDA: no libcuda is mounted (ERROR);
-- rpm's database is not read (an INFO where the image has one);
+- rpm's database is not read (an INFO where the image has one), nor is the version of a Python whose files do
+  not say it (an INFO: its wheels' markers are evaluated with this machine's Python's);
 - a stub driver library (``.../stubs/libcuda.so``, soname ``libcuda.so.1``) reachable at run time: through
   ``LD_LIBRARY_PATH`` under its soname, or through an ``ld.so.conf`` directory (``ldconfig``, which the
   runtime runs at start, indexes files by soname): the process gets the stub, not the driver (ERROR).
@@ -42,6 +43,7 @@ from pytest_cudastack.cuda.driver import DriverInfo
 from pytest_cudastack.cuda.versions import parse_arch
 from pytest_cudastack.errors import CudaStackError
 from pytest_cudastack.findings import DriverUpgrade, Env, Facts, Finding, SearchPath, Severity, manual
+from pytest_cudastack.image.pythons import image_pythons
 from pytest_cudastack.image.rootfs import ImageRoot
 from pytest_cudastack.linker.ldcache import read_ld_so_conf
 
@@ -315,6 +317,7 @@ def run(stack: StackView, target: Target | None = None) -> tuple[Finding, ...]:
     out += _stubs(stack, image)
     out += _capabilities(stack, image, data)
     out += _unread_databases(image)
+    out += _unknown_pythons(image)
     return tuple(out)
 
 
@@ -356,3 +359,22 @@ def _unread_databases(image: ImageRoot) -> list[Finding]:
         for path in ("/var/lib/rpm", "/usr/lib/sysimage/rpm")
         if os.path.isdir(image.host(path))
     ][:1]
+
+
+def _unknown_pythons(image: ImageRoot) -> list[Finding]:
+    """An INFO per Python on the image's ``PATH`` whose version its files do not say
+    (:func:`~pytest_cudastack.image.pythons.installation_version`): said, not guessed."""
+    return [
+        Finding(
+            CHECK,
+            Severity.INFO,
+            python.path,
+            f"the version of the Python at {python.path} cannot be read from its files (no python3.X name "
+            "along its links, no libpython3.X it links, no pyvenv.cfg version, not one lib/python3.X/os.py): "
+            "its site directories are those of every lib/python3.X of its prefix, and a version-less one's "
+            "(/usr/lib/python3/dist-packages) markers and extension suffixes are this machine's Python's",
+            facts=Facts(objects=(python.path,)),
+        )
+        for python in image_pythons(image)
+        if python.version is None
+    ]

@@ -38,11 +38,12 @@ from packaging.utils import canonicalize_name
 
 from pytest_cudastack.findings import Facts, Finding, Manual, Pip, Remedy, Severity, manual
 from pytest_cudastack.model.repair import verified_fixes
-from pytest_cudastack.model.system import by_hand_instead, externally_managed_env
-from pytest_cudastack.wheels.dpkg import md5sums, md5sums_path, reinstall_command
+from pytest_cudastack.model.system import VENV, by_hand_instead, externally_managed_env
+from pytest_cudastack.wheels.dpkg import INFO_DIR, md5sums, md5sums_path, reinstall_command
 from pytest_cudastack.wheels.inventory import Distribution, Inventory, install_prefix, is_shared_lib_path
 from pytest_cudastack.wheels.ownership import (
     FORCE,
+    DebOverlap,
     Disk,
     Listed,
     PathState,
@@ -50,6 +51,7 @@ from pytest_cudastack.wheels.ownership import (
     StateFn,
     active_requirements,
     attribute,
+    deb_overlaps,
     exact_pin,
     in_dist_info,
     inside_site,
@@ -60,6 +62,7 @@ from pytest_cudastack.wheels.ownership import (
     variant_sibling,
 )
 from pytest_cudastack.wheels.requirements import Requirements
+from pytest_cudastack.wheels.sitepaths import externally_managed
 
 if TYPE_CHECKING:
     from pytest_cudastack.checks.facts import StackView, Target
@@ -118,12 +121,15 @@ def check_integrity(
             states[path] = PathState(path, owners[0].entry.path, tuple(owners), disk.size(path), on_disk, undecided)
         return states[path]
 
+    debs = deb_overlaps(inv, by_path, state, disk)
     findings: list[Finding] = []
     findings += _overlaps(inv, by_path, state, required_by)
+    findings += _deb_overlap_findings(inv, debs, required_by)
     findings += _broken_pins(inv, state, required_by)
-    findings += _missing_or_altered(inv, by_path, state, disk, required_by)
+    dpkg_bytes = {o.state.path for o in debs if o.whose == "deb"}  # attributed: to dpkg's package
+    findings += _missing_or_altered(inv, by_path, state, disk, required_by, dpkg_bytes)
     findings += _placeholders(inv, required_by)
-    findings += _os_package_findings(inv)
+    findings += _os_package_findings(inv, {o.state.path for o in debs if o.whose == "wheel"})
     if disk.hashed:
         logger.debug("integrity hashed %d file(s): %s", len(disk.hashed), disk.hashed[:5])
     return tuple(findings)
@@ -393,9 +399,11 @@ def _missing_or_altered(
     state: StateFn,
     disk: Disk,
     required: _Required,
+    dpkg_bytes: frozenset[str] | set[str] = frozenset(),
 ) -> list[Finding]:
     """Per distribution: one finding when every file it lists is gone, else one for its RECORD-listed
-    libraries that are gone and one for those with other bytes that no installed RECORD claims."""
+    libraries that are gone and one for those with other bytes that no installed RECORD claims nor dpkg's
+    md5sums (``dpkg_bytes``: those are a ``.deb``'s, reported with it)."""
     findings: list[Finding] = []
     for d in inv.distributions:
         if d.os_package is not None:
@@ -403,7 +411,7 @@ def _missing_or_altered(
         if _ships_none(d):
             findings.append(_ships_nothing(d, _own_files(d), by_path, required))
             continue
-        missing, altered = _gone_and_altered(d, state)
+        missing, altered = _gone_and_altered(d, state, dpkg_bytes)
         if missing:
             findings.append(_gone_finding(d, missing, by_path))
         if altered:
@@ -484,13 +492,16 @@ def _ships_nothing(d: Distribution, own: Sequence[str], by_path: Listed, require
     )
 
 
-def _gone_and_altered(d: Distribution, state: StateFn) -> tuple[list[str], list[str]]:
+def _gone_and_altered(
+    d: Distribution, state: StateFn, dpkg_bytes: frozenset[str] | set[str] = frozenset()
+) -> tuple[list[str], list[str]]:
     """``d``'s RECORD-listed libraries that are gone (relative paths, sorted) and those whose bytes match no
-    installed RECORD (described); another owner's bytes are an overlap, reported there."""
+    installed RECORD (described); another owner's bytes (a RECORD's, a ``.deb``'s: ``dpkg_bytes``) are an
+    overlap, reported there."""
     missing: list[str] = []
     altered: list[str] = []
     for lib in d.libraries:
-        if lib.record is None:
+        if lib.record is None or lib.path in dpkg_bytes:
             continue
         s = state(lib.path)
         if s.size is None:
@@ -586,9 +597,10 @@ def _md5(path: str) -> str | None:
     return h.hexdigest()
 
 
-def _os_package_findings(inv: Inventory) -> list[Finding]:
+def _os_package_findings(inv: Inventory, wheel_bytes: frozenset[str] | set[str] = frozenset()) -> list[Finding]:
     """Per OS-owned distribution: its package's shared libraries under its site directory that are gone, and
-    those whose md5 is not the one dpkg recorded (a package without md5sums is not judged)."""
+    those whose md5 is not the one dpkg recorded (a package without md5sums is not judged); those whose
+    bytes are a wheel's that lists them too (``wheel_bytes``) are that overlap's (:func:`_deb_overlap_findings`)."""
     findings: list[Finding] = []
     for d in inv.distributions:
         package = d.os_package
@@ -602,7 +614,7 @@ def _os_package_findings(inv: Inventory) -> list[Finding]:
         missing: list[str] = []
         altered: list[str] = []
         for path, digest in sorted(sums.items()):
-            if not path.startswith(site) or not is_shared_lib_path(path):
+            if not path.startswith(site) or not is_shared_lib_path(path) or path in wheel_bytes:
                 continue
             rel = path[len(site) :]
             if not os.path.lexists(path):
@@ -654,6 +666,117 @@ def _os_finding(
         where=(d.dist_info, record),
         details=tuple(details[:12]),
     )
+
+
+def _deb_overlap_findings(inv: Inventory, overlaps: Sequence[DebOverlap], required: _Required) -> list[Finding]:
+    """One finding per wheel and ``.deb`` that list the same paths (:func:`deb_overlaps`), by whose bytes are
+    on disk: a WARNING naming what breaks, and when (the bytes load and run today: which of the two owners'
+    operations undoes the other's); an INFO for identical shared libraries; a path gone is the missing
+    library's finding (``_gone_finding``, the loader's), not this one's."""
+    groups: dict[tuple[str, str], list[DebOverlap]] = {}
+    for o in overlaps:
+        wheel = next(own.dist for own in o.state.owners if own.dist.os_package is None)
+        if o.whose == "missing" or (o.whose == "both" and not is_shared_lib_path(o.state.path)):
+            continue
+        groups.setdefault((wheel.key, o.package), []).append(o)
+    findings: list[Finding] = []
+    for (key, package), found in groups.items():
+        dist = inv.get(key)
+        if dist is not None:
+            findings.append(_deb_overlap_finding(inv, dist, package, found, required))
+    return findings
+
+
+def _deb_whose(d: Distribution, pkg: str, found: Sequence[DebOverlap]) -> tuple[str, str]:
+    """(whose bytes, what breaks) of the paths ``d`` and dpkg's ``pkg`` both list."""
+    whose = {o.whose for o in found}
+    if whose == {"both"}:
+        return "with identical bytes", f"uninstalling {d.name} (pip) or removing {pkg} (apt) deletes the other's file"
+    verdicts = []
+    for label, kind in ((f"{d.label}'s", "wheel"), (f"dpkg's {pkg}'s", "deb"), ("neither's", "neither")):
+        rels = sorted(o.state.rel for o in found if o.whose == kind)
+        if rels and whose == {kind}:
+            verdicts.append(f"the bytes on disk are {label}")
+        elif rels:
+            verdicts.append(f"{_summarise(rels, 2)} on disk {'is' if len(rels) == 1 else 'are'} {label}")
+    unknown = sorted(o.state.rel for o in found if o.whose == "unknown")
+    if unknown:
+        verdicts.append(f"whose bytes {_summarise(unknown, 2)} holds cannot be told (no record to compare)")
+    breaks: list[str] = []
+    if "deb" in whose:
+        breaks.append(f"{d.name}'s RECORD does not match them now: what imports {d.name} runs {pkg}'s build")
+    if any(o.deb_bytes is False for o in found):
+        breaks.append(f"dpkg --verify {pkg} fails now (their md5 is not its md5sums')")
+    if whose & {"wheel", "neither", "unknown"}:
+        breaks.append(
+            f"apt-get upgrade or apt-get install --reinstall {pkg} writes {pkg}'s bytes over them, and "
+            f"{d.name}'s RECORD no longer matches"
+        )
+    breaks.append(f"pip uninstall {d.name} deletes them, leaving {pkg} without its files")
+    return "; ".join(verdicts), "; ".join(breaks)
+
+
+def _deb_overlap_finding(
+    inv: Inventory, d: Distribution, package: str, found: Sequence[DebOverlap], required: _Required
+) -> Finding:
+    """The finding for ``d`` (a wheel) and dpkg's ``package`` listing ``found``'s paths, with the repair as
+    steps in order: uninstall the wheel (which deletes the shared files), reinstall the package (which puts
+    them back), and, where something needs the wheel, install it where dpkg owns nothing (a venv that sees
+    the system's packages). On another system's root (an image) the steps are ``RUN`` lines of its build."""
+    pkg = package.partition(":")[0]
+    states = [o.state for o in found]
+    libs = [s for s in states if is_shared_lib_path(s.path)]
+    whose, breaks = _deb_whose(d, pkg, found)
+    severity = Severity.INFO if {o.whose for o in found} == {"both"} else Severity.WARNING
+    root = os.path.normpath(inv.root or os.sep)
+    image = inv.root is not None
+
+    def shown(path: str) -> str:  # a path as the system it belongs to names it
+        return "/" + os.path.relpath(path, root) if image and path.startswith(root + os.sep) else path
+
+    python = pip_python(d)
+    pip = f"{shown(python)} -m pip" if python else "pip"
+    marker = externally_managed(d.location)
+    uninstall_cmd = f"{pip} uninstall -y {'--break-system-packages ' if marker else ''}{d.name}"
+    reinstall_cmd = reinstall_command(pkg)
+    if image:
+        reinstall_cmd = f"apt-get update && apt-get install -y --reinstall {pkg}"
+    run = "RUN " if image else ""  # another system's root: its build changes it, not a command here
+    needed = _who_requires(d, required())
+    venv = f"python3 -m venv --system-site-packages {VENV} && {VENV}/bin/python -m pip install {d.name}=={d.version}"
+    steps = (
+        f"{run}{uninstall_cmd}",
+        f"{run}{reinstall_cmd}",
+        f"{run}{venv}" if needed else f"only if you need {d.name}: {run}{venv}",
+    )
+    by = f"; {needed[0].dist.label} requires {needed[0].text}" if needed else ""
+    why = (
+        f"uninstall {d.name} first (it deletes the shared files), then reinstall {pkg} (it puts its own back); "
+        f"{d.name} belongs where dpkg owns nothing{by}"
+    )
+    return Finding(
+        check="integrity",
+        severity=severity,
+        subject=f"{d.name} / {pkg}",
+        distributions=(d.key,),
+        message=f"{d.label} and dpkg's {pkg} install the same {_what_is_shared(states, libs)}; {whose}",
+        cause=f"a pip install into a directory dpkg owns (--prefix=/usr, --target, --break-system-packages "
+        f"--ignore-installed) or a .deb installed over a wheel's files: {breaks}",
+        remedies=(Manual(steps, why=why),),
+        facts=Facts(
+            objects=tuple(s.path for s in sorted(states, key=lambda s: s.rel)),
+            versions=((d.name, d.version),),
+            found=",".join(sorted({o.whose for o in found})),
+        ),
+        where=(os.path.join(d.dist_info, "RECORD"), os.path.join(inv.dpkg_root, INFO_DIR, f"{package}.list")),
+        details=tuple(_deb_detail(o, pkg) for o in sorted(found, key=lambda o: o.state.rel)[:8]),
+    )
+
+
+def _deb_detail(o: DebOverlap, pkg: str) -> str:
+    """``yaml/__init__.py: 1234 bytes on disk = PyYAML 6.0.1's; md5 differs from dpkg's python3-yaml's``."""
+    md5 = {True: f"md5 = dpkg's {pkg}'s", False: f"md5 differs from dpkg's {pkg}'s", None: f"no md5 of {pkg}'s"}
+    return f"{o.state.describe()}; {md5[o.deb_bytes]}"
 
 
 def integrity_findings(inventory: Inventory, reqs: Requirements) -> tuple[Finding, ...]:

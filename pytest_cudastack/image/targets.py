@@ -61,8 +61,9 @@ def _real_paths(image: ImageRoot, paths: Iterable[str]) -> frozenset[str]:
 
 def image_binaries(image: ImageRoot, packaged: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
     """``(image path, host path)`` of each binary to check, the container's program first; ``packaged`` is
-    what the OS package database lists (``wheels.dpkg.file_packages``), by image path as listed (the real
-    path of each is compared, so a merged-/usr image's ``/bin/x`` is its ``/usr/bin/x``)."""
+    what the OS package databases list (``wheels.dpkg.file_packages``, ``wheels.apk.file_packages``), by
+    image path as listed (the real path of each is compared, so a merged-/usr image's ``/bin/x`` is its
+    ``/usr/bin/x``)."""
     owned = _real_paths(image, packaged)
     out: dict[str, str] = {}  # host realpath -> image path
     program = _program(image)

@@ -11,9 +11,11 @@ extension module imports from C, and the CUDA driver entry points it asks ``dlsy
   and :attr:`Lookups.cython` the Cython version named by the shared-type module a Cython module keeps
   (``_cython_3_2_9``): before Cython 3.1 every Python string constant, the names of imports inside functions
   among them, was such a C string too, so there a dotted string proves no import at init; from 3.1 on the
-  Python constants live in one packed (zlib-compressed) table and a plain dotted C string is a C-level use.
-  The packed table is not read: its constants are sorted, so an import at module level and one inside a
-  function look alike there.
+  Python constants live in one packed (sorted, optionally compressed) string table and a plain dotted C
+  string is a C-level use. In that table an import at module level and one inside a function look alike;
+  :attr:`Lookups.init` holds the names the module's exec function itself passes to the import machinery,
+  read from its machine code (:mod:`pytest_cudastack.linker.cyinit`; read unless the file names a Cython
+  older than 3.1; None where it cannot be decoded: the module is then judged by its C strings alone).
 * **Driver entry points.** NUL-terminated ``cu[A-Z]...`` identifiers (``cuMemAlloc_v2``, ``cuGreenCtxCreate``),
   the names a library passes to ``dlsym`` on ``libcuda.so.1`` or to ``cuGetProcAddress``;
   :attr:`Lookups.proc_address` says whether the file names ``cuGetProcAddress`` itself (the lookup that
@@ -32,6 +34,7 @@ from typing import Any, Protocol
 
 from pytest_cudastack._sysio import open_regular
 from pytest_cudastack.errors import ElfError
+from pytest_cudastack.linker.cyinit import init_names
 from pytest_cudastack.linker.strings import read_only_ranges
 
 __all__ = ["MAX_NAMES", "MAX_SCAN", "ExtraStore", "Lookups", "cached_lookups", "read_lookups"]
@@ -54,6 +57,7 @@ class Lookups:
     cython: tuple[int, int] | None  # the Cython (major, minor) that built it, None when no Cython marker
     driver: tuple[str, ...]  # cu* identifiers, in file order
     proc_address: bool  # the file names cuGetProcAddress (per-entry lookups that report absence)
+    init: tuple[str, ...] | None = None  # Cython >= 3.1: the names its exec function reads (cyinit); else None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -62,15 +66,16 @@ class Lookups:
             "cython": list(self.cython) if self.cython else None,
             "driver": list(self.driver),
             "proc_address": self.proc_address,
+            "init": list(self.init) if self.init is not None else None,
         }
 
     @classmethod
     def from_json(cls, d: Any) -> Lookups:
         """Inverse of :meth:`to_json`; ElfError on anything else (a corrupt cache entry)."""
-        keys = {"path", "modules", "cython", "driver", "proc_address"}
+        keys = {"path", "modules", "cython", "driver", "proc_address", "init"}
         if not isinstance(d, dict) or set(d) != keys or not isinstance(d["proc_address"], bool):
             raise ElfError("malformed lookups")
-        lists = [d["modules"], d["driver"]]
+        lists = [d["modules"], d["driver"], [] if d["init"] is None else d["init"]]
         if not isinstance(d["path"], str) or not all(
             isinstance(v, list) and len(v) <= MAX_NAMES and all(isinstance(x, str) for x in v) for v in lists
         ):
@@ -80,7 +85,8 @@ class Lookups:
             isinstance(cy, list) and len(cy) == 2 and all(isinstance(x, int) and not isinstance(x, bool) for x in cy)
         ):
             raise ElfError("malformed lookups")
-        return cls(d["path"], tuple(lists[0]), (cy[0], cy[1]) if cy else None, tuple(lists[1]), d["proc_address"])
+        init = None if d["init"] is None else tuple(lists[2])
+        return cls(d["path"], tuple(lists[0]), (cy[0], cy[1]) if cy else None, tuple(lists[1]), d["proc_address"], init)
 
 
 def read_lookups(path: str | os.PathLike[str], modules: bool = True) -> Lookups:
@@ -119,7 +125,8 @@ def read_lookups(path: str | os.PathLike[str], modules: bool = True) -> Lookups:
             cython = (int(hit.group(1)), int(hit.group(2)))
             break
     modules_ = tuple(n for n in dotted if _CYTHON.match(n) is None)
-    return Lookups(p, modules_, cython, tuple(driver), proc)
+    init = init_names(p) if modules and (cython is None or cython >= (3, 1)) else None
+    return Lookups(p, modules_, cython, tuple(driver), proc, init)
 
 
 def _driver_names(fd: int, offset: int, length: int, found: dict[str, None]) -> None:

@@ -978,14 +978,18 @@ class Resolver:
                         (caller,),
                         self._owner_of(p),
                     )
+        return self._library(name, r, caller)
+
+    def _library(self, soname: str, r: _Rec, needed_by: str) -> Library:
+        """The :class:`Library` a search's record gives for ``soname`` loaded by ``needed_by``."""
         return Library(
-            soname=name,
+            soname=soname,
             path=r.path,
             realpath=self._realpath(r.path) if r.path is not None else None,
             route=r.route,
             route_detail=r.detail,
             tried=tuple(r.tried),
-            needed_by=(caller,),
+            needed_by=(needed_by,),
             provider=self._owner_of(r.path),
             problem=r.problem,
         )
@@ -1079,15 +1083,4 @@ class Resolver:
         main = self._new_obj(lpath, got, None)
         if soname in (main.info.soname, main.path):
             return Library(soname, main.path, self._realpath(main.path), Route.ALREADY_LOADED, "", (), (lpath,))
-        r = self._search(soname, main, main, got)
-        return Library(
-            soname=soname,
-            path=r.path,
-            realpath=self._realpath(r.path) if r.path is not None else None,
-            route=r.route,
-            route_detail=r.detail,
-            tried=tuple(r.tried),
-            needed_by=(lpath,),
-            provider=self._owner_of(r.path),
-            problem=r.problem,
-        )
+        return self._library(soname, self._search(soname, main, main, got), lpath)

@@ -22,8 +22,15 @@ The model:
   recorded (``Process.loads``) with what it finds loaded and the global scope then, for the binding check.
 * **Imports from C.** An extension module's init then imports what its C code names
   (:mod:`pytest_cudastack.linker.lookups`): each dotted C string of its read-only data that names an
-  installed module (Cython's ``cimport``s of cdef functions and extension types; tests/test_process_cython.py
-  checks the rule against real Cython builds), unless a Cython older than 3.1 built it.
+  installed module (Cython's ``cimport``s of cdef functions and extension types), unless a Cython older than
+  3.1 built it; and, for a Cython >= 3.1 module, the names its module exec function passes to the import
+  machinery (:mod:`pytest_cudastack.linker.cyinit`: its module-level ``import`` statements, not those inside
+  functions), each taken absolute or relative to the module's package (``Python/import.c``'s
+  ``resolve_name`` at level 1), when it names an installed module. Such an import whose module fails to load
+  (a DT_NEEDED found nowhere) is taken as caught and leaves nothing mapped: a ``try``/``except
+  ImportError`` around it (cupy's optional cuTENSOR module) is not read from machine code, and a false error
+  on a healthy stack is the worse mistake. tests/test_process_cython.py checks these rules against real
+  Cython builds.
 * **Known preloads** (``cuda/data/dlopen_targets.json``, ``preloads``): torch's ``_load_global_deps``
   maps ``libtorch_global_deps.so`` by path with RTLD_GLOBAL and then its nvidia libraries by path from
   ``sys.path``, at the point of its top-level code that calls it; rows with ``before_import`` run right
@@ -39,11 +46,13 @@ The model:
   (:mod:`pytest_cudastack.model.pysource`: hashlib's ``__get_builtin_constructor`` imports ``_blake2``).
 
 Not modelled: imports performed by code the model does not run (``importlib.import_module`` with a computed
-name, ``__getattr__`` lazy imports, methods and other modules' functions called at import time; the imports
-a Cython >= 3.1 module's Python code makes at init, whose names are in its packed constant table with those
-of imports inside functions: only the machine code of its module exec function tells them apart; a C
-string that names a module the extension imports only later, when a function runs, is taken as an import at
-init),
+name, ``__getattr__`` lazy imports, methods and other modules' functions called at import time; in a Cython
+module, imports inside its functions that its module-level code calls, and the imports of a module whose
+string table the reader cannot decode: a table of a few dozen constants, an unoptimized or
+``CYTHON_USE_MODULE_STATE`` build, another machine than x86-64; imports relative to a grandparent package
+(``from ..x import``); a C string that names a module the extension imports only later, when a function
+runs, is taken as an import at init; a module-level Cython import that fails to load without a ``try`` is
+taken as caught, so the failure of that import is not predicted),
 ``.pth`` files, the current directory at the head of ``sys.path``, and ctypes loads other than the table's.
 """
 
@@ -342,8 +351,6 @@ def _map(st: _State, path: str, route: str, reason: str, is_global: bool = False
             _promote(st, lib.path)
 
 
-# Alternatives that each begin with a literal character (no groups): the regex engine then skips to the
-# next candidate character in C, which makes this scan ~10x faster than with named groups.
 def _preload(st: _State, row: Preload, module: str, package_dir: str) -> None:
     reason = f"preload by path ({module}.{row.at}, {row.flags})"
     is_global = row.flags == "RTLD_GLOBAL"
@@ -422,8 +429,14 @@ def _import(st: _State, finder: _Finder, name: str, depth: int = 0) -> bool:
         fresh = real_path(file, st.dirs) not in st.real
         _map(st, file, "extension module", f"extension module {name} (dlopen RTLD_NOW|RTLD_LOCAL)")
         if fresh and real_path(file, st.dirs) in st.real:  # its init ran: the imports it makes from C
-            for sub in _c_imports(st, finder, name, file):
+            for sub, guarded in _c_imports(st, finder, name, file):
+                if not guarded:
+                    _import(st, finder, sub, depth + 1)
+                    continue
+                saved = _snapshot(st)
                 _import(st, finder, sub, depth + 1)
+                if len(st.missing) > len(saved.missing):  # it fails to load: taken as caught (module docstring)
+                    _restore(st, saved)
         return True
     is_package = os.path.basename(file) == "__init__.py"
     rows = [r for r in st.preloads if r.module == name and not r.before_import]
@@ -440,14 +453,54 @@ def _lookups(st: _State, path: str) -> Lookups | None:
         return None
 
 
-def _c_imports(st: _State, finder: _Finder, module: str, path: str) -> list[str]:
-    """The installed modules extension ``module`` imports from C at init (:mod:`pytest_cudastack.linker.lookups`):
-    its dotted C strings that name a module, unless a Cython older than 3.1 built it (its Python constants,
-    the names of imports inside functions among them, are such strings too)."""
+def _c_imports(st: _State, finder: _Finder, module: str, path: str) -> list[tuple[str, bool]]:
+    """The installed modules extension ``module`` imports from C at init (:mod:`pytest_cudastack.linker.lookups`),
+    each with whether a failure to load it is taken as caught: its dotted C strings that name a module
+    (Cython's cimports: not caught), unless a Cython older than 3.1 built it (its Python constants, the names
+    of imports inside functions among them, are such strings too); then the names its Cython >= 3.1 exec
+    function passes to the import machinery (:mod:`pytest_cudastack.linker.cyinit`), absolute or relative to
+    its package (``Python/import.c``'s ``resolve_name`` at level 1): caught, as a ``try``/``except
+    ImportError`` around them is not read."""
     found = _lookups(st, path)
     if found is None or (found.cython is not None and found.cython < (3, 1)):
         return []
-    return [n for n in found.modules if n != module and n not in st.imported and finder.find(n)]
+    names = {n: False for n in found.modules}
+    package = module.rpartition(".")[0]
+    for name in found.init or ():
+        names.setdefault(name, True)
+        if package:
+            names.setdefault(f"{package}.{name}", True)
+    return [(n, g) for n, g in names.items() if n != module and n not in st.imported and finder.find(n)]
+
+
+# what an import records in _State (all but the finder's caches), for _snapshot/_restore
+_RECORD = (
+    "objects",
+    "loaded",
+    "real",
+    "imported",
+    "order",
+    "missing",
+    "problems",
+    "before",
+    "globals",
+    "scope_before",
+    "ran",
+    "global_real",
+    "loads",
+)
+
+
+def _snapshot(st: _State) -> _State:
+    """A copy of what ``st`` records (:data:`_RECORD`), for :func:`_restore`."""
+    return replace(st, **{f: type(getattr(st, f))(getattr(st, f)) for f in _RECORD})
+
+
+def _restore(st: _State, saved: _State) -> None:
+    """Undo what was recorded since ``saved``: a failed import leaves nothing mapped (glibc's dlopen
+    unmaps what a failed load mapped; the import system drops the module)."""
+    for f in _RECORD:
+        setattr(st, f, getattr(saved, f))
 
 
 def _run_body(

@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 import os
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from types import MappingProxyType
 
 from pytest_cudastack._sysio import read_text
@@ -28,6 +28,7 @@ __all__ = [
     "dist_info_package",
     "file_packages",
     "library_packages",
+    "listing_packages",
     "md5sums",
     "md5sums_path",
     "recorded_md5",
@@ -103,6 +104,71 @@ def library_packages(root: str) -> Mapping[str, tuple[tuple[str, str], ...]]:
         if ".so" in name:
             out.setdefault(name, []).append((path, package))
     return MappingProxyType({k: tuple(v) for k, v in out.items()})
+
+
+@functools.lru_cache(maxsize=4)
+def _line_owners(root: str, _state: int) -> Mapping[str, str]:
+    """Every line of every ``.list`` under ``root`` (as dpkg writes it: an absolute, normalised path) -> the
+    first package by name that lists it. Read once per state of the database (``_state``: its ``info``
+    directory's mtime, which a package's install or removal changes: dpkg renames its files into place)."""
+    out: dict[str, str] = {}
+    for package, text in _list_texts(root):
+        for line in text.splitlines():
+            out.setdefault(line, package)
+    return MappingProxyType(out)
+
+
+def _listed(path: str, root: str) -> str | None:
+    """``path`` (absolute, normalised, under ``root``) as dpkg under ``root`` lists it, None outside it."""
+    if root == os.sep:
+        return path
+    return path[len(root) :] if path.startswith(root + os.sep) else None
+
+
+def _aliases(root: str) -> list[tuple[str, str]]:
+    """``(alias, target)`` of each top-level directory of ``root`` that is a link to another one, as listed
+    paths (merged-/usr: ``("/lib", "/usr/lib")``): a ``.deb`` may list a file by either spelling."""
+    out: list[tuple[str, str]] = []
+    try:
+        names = sorted(os.listdir(root))
+    except OSError:
+        return out
+    for name in names:
+        host = os.path.join(root, name)
+        if os.path.islink(host) and os.path.isdir(host):
+            target = _as_listed(os.path.realpath(host), root)
+            if target and target[0] != "/" + name:
+                out.append(("/" + name, target[0]))
+    return out
+
+
+def listing_packages(paths: Iterable[str], root: str = "/") -> Mapping[str, str]:
+    """Each of ``paths`` (absolute, on this machine, under ``root``) that a ``.list`` under ``root`` names ->
+    the package that lists it (the first ``.list`` by name): the files a ``.deb`` installed that something
+    else (a wheel's RECORD) lists too. A path is matched as it is spelt, by its real path, and by the
+    spelling a top-level link gives it (a merged-/usr system lists ``/lib/x86_64-linux-gnu/libc.so.6`` for the
+    file at ``/usr/lib/...``). Empty without a dpkg database."""
+    info = _info_dir(root)
+    try:
+        state = os.stat(info).st_mtime_ns
+    except OSError:
+        return MappingProxyType({})
+    base = os.path.normpath(os.path.abspath(root))
+    owners = _line_owners(base, state)
+    aliases = _aliases(base)
+    real_dirs: dict[str, str] = {}  # a directory's real path, once per directory (a site has thousands of files)
+    out: dict[str, str] = {}
+    for path in paths:
+        directory, name = os.path.split(os.path.normpath(path))
+        if directory not in real_dirs:
+            real_dirs[directory] = os.path.realpath(directory)
+        both = dict.fromkeys((f"{directory}/{name}", f"{real_dirs[directory]}/{name}"))
+        spellings = [s for p in both if (s := _listed(p, base)) is not None]
+        spellings += [a + s[len(t) :] for s in list(spellings) for a, t in aliases if s.startswith(t + "/")]
+        package = next((p for s in spellings if (p := owners.get(s)) is not None), None)
+        if package is not None:
+            out.setdefault(path, package)
+    return MappingProxyType(out)
 
 
 def _as_listed(path: str, root: str) -> list[str]:

@@ -193,6 +193,7 @@ class Inventory:
     site_dirs: tuple[str, ...]
     findings: tuple[Finding, ...]
     dpkg_root: str = "/"  # where dpkg's database was read (``<root>/var/lib/dpkg/info``)
+    root: str | None = None  # another system's root the site directories are in (an image's); None: this machine
     _owners: dict[str, Any] = field(default_factory=dict, init=False, repr=False, compare=False, hash=False)
     _by_name: dict[str, Distribution] = field(default_factory=dict, init=False, repr=False, compare=False, hash=False)
     _by_soname: dict[str, list[tuple[Distribution, str]]] = field(
@@ -468,19 +469,25 @@ def _os_owned(dist: Distribution, dpkg_root: str | None) -> Distribution:
 
 
 def installed_wheels(
-    paths: Sequence[str] | None = None, reader: Reader | None = None, *, dpkg_root: str | None = "/"
+    paths: Sequence[str] | None = None,
+    reader: Reader | None = None,
+    *,
+    dpkg_root: str | None = "/",
+    root: str | None = None,
 ) -> Inventory:
     """Every distribution in ``paths`` (default: this interpreter's site directories), in search order.
 
     ``dpkg_root``: where dpkg's database is (``<root>/var/lib/dpkg/info``; None: do not look), read only for
-    distributions no Python installer's INSTALLER claims (:attr:`Distribution.os_package`).
+    distributions no Python installer's INSTALLER claims (:attr:`Distribution.os_package`). ``root``: the root
+    of the system ``paths`` belong to (an image's), whose paths their ``.pth`` files name
+    (:func:`~pytest_cudastack.wheels.sitepaths.site_dirs`); None: this machine's.
 
     ``reader`` returns ElfInfo for a path (default: :func:`~pytest_cudastack.linker.elf.read_elf`, uncached;
     a run hands down its ``ElfCache.read``); it is called only for RECORD-listed ``*.so`` / ``*.so.*`` files
     that exist.
     """
     rd = reader if reader is not None else read_elf
-    dirs = site_dirs(paths)
+    dirs = site_dirs(paths, root)
     dists: list[Distribution] = []
     for loc in dirs:
         for dirname in dist_info_dirs(loc):
@@ -503,4 +510,4 @@ def installed_wheels(
                         problems=(f"unreadable dist-info {dirname}: {e}",),
                     )
                 )
-    return Inventory(tuple(dists), dirs, tuple(_inventory_findings(dists)), dpkg_root or "/")
+    return Inventory(tuple(dists), dirs, tuple(_inventory_findings(dists)), dpkg_root or "/", root)

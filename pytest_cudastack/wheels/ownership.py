@@ -19,8 +19,8 @@ import logging
 import os
 import re
 import stat
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
@@ -28,12 +28,14 @@ from packaging.utils import canonicalize_name
 from pytest_cudastack._sysio import open_regular
 from pytest_cudastack.errors import ElfError
 from pytest_cudastack.findings import Pip
+from pytest_cudastack.wheels.dpkg import INFO_DIR, listing_packages, md5sums
 from pytest_cudastack.wheels.inventory import Distribution, Inventory, RecordEntry, install_prefix
 from pytest_cudastack.wheels.requirements import Requirements, requirement_facts
 from pytest_cudastack.wheels.sitepaths import record_abspath
 
 __all__ = [
     "FORCE",
+    "DebOverlap",
     "Disk",
     "Listed",
     "Owned",
@@ -43,6 +45,7 @@ __all__ = [
     "active_requirements",
     "attribute",
     "bytes_on_disk",
+    "deb_overlaps",
     "exact_pin",
     "in_dist_info",
     "inside_site",
@@ -161,6 +164,30 @@ class Disk:
                     os.close(fd)
         self._hash[key] = result
         return result
+
+    def md5(self, path: str) -> str | None:
+        """md5 hex digest of the regular file at ``path`` (dpkg's md5sums record these), None when it cannot
+        be read. Asked only of a file a ``.deb`` and a RECORD both list (:func:`deb_overlaps`)."""
+        key = (path, "md5")
+        if key not in self._hash:
+            result: str | None = None
+            try:
+                fd, _st = open_regular(path)
+            except ElfError:
+                fd = -1
+            if fd >= 0:
+                try:
+                    h = hashlib.md5(usedforsecurity=False)
+                    while chunk := os.read(fd, 1 << 20):
+                        h.update(chunk)
+                    result = h.hexdigest()
+                    self.hashed.append(path)
+                except OSError:
+                    result = None
+                finally:
+                    os.close(fd)
+            self._hash[key] = result
+        return self._hash[key]
 
     def matches(self, path: str, entry: RecordEntry, site: str, need_hash: bool) -> bool | None:
         """Do the bytes on disk match this RECORD row? None: cannot tell."""
@@ -331,6 +358,90 @@ def bytes_on_disk(inv: Inventory, path: str) -> tuple[tuple[Distribution, ...], 
     if not owners:
         return (), False
     return attribute(os.path.normpath(path), owners, Disk(False))
+
+
+@dataclass(frozen=True)
+class DebOverlap:
+    """A path a wheel's RECORD and a ``.deb``'s file list both name: the wheels' side (``state``: its RECORD
+    rows and which of them the bytes match), dpkg's ``package``, the ``md5`` its md5sums record (None: none)
+    and ``deb_bytes``: whether the file's md5 is that one (None: no record, or no readable file)."""
+
+    state: PathState
+    package: str
+    md5: str | None
+    deb_bytes: bool | None
+
+    @property
+    def whose(self) -> str:
+        """``wheel`` (the bytes are a RECORD's and not dpkg's), ``deb``, ``both`` (identical bytes),
+        ``neither``, ``missing`` or ``unknown`` (what cannot be decided: no record, no hash allowed)."""
+        s = self.state
+        if s.size is None:
+            return "missing"
+        if s.on_disk and self.deb_bytes:
+            return "both"
+        if s.on_disk:  # dpkg's md5 differs, or it records none (a conffile): the RECORD's bytes are there
+            return "wheel"
+        if self.deb_bytes and not s.on_disk:  # dpkg's md5 matches; a RECORD row without a hash cannot object
+            return "deb"
+        if self.deb_bytes is False and not s.on_disk and not s.undecided:
+            return "neither"
+        return "unknown"
+
+
+def _dpkg_may_list(d: Distribution) -> bool:
+    """Can a ``.deb`` list ``d``'s files? Not an OS package's own distribution (its md5sums judge it), nor one
+    in a virtual environment (dpkg installs nothing into one)."""
+    if d.os_package is not None:
+        return False
+    prefix = install_prefix(d.location)
+    return prefix == os.path.normpath(d.location) or not os.path.isfile(os.path.join(prefix, "pyvenv.cfg"))
+
+
+def _recorded(sums: Mapping[str, str], path: str) -> str | None:
+    """The md5 ``sums`` (a package's md5sums) record for ``path``, by its spelling or its real path (a
+    merged-/usr system's md5sums may name ``lib/x`` for the file at ``usr/lib/x``)."""
+    real = os.path.realpath(path)
+    found = sums.get(path) or sums.get(real)
+    if found is None:
+        name = os.path.basename(path)
+        found = next((v for p, v in sums.items() if os.path.basename(p) == name and os.path.realpath(p) == real), None)
+    return found
+
+
+def deb_overlaps(inv: Inventory, by_path: Listed, state: StateFn, disk: Disk) -> list[DebOverlap]:
+    """Every path that a wheel's RECORD (a distribution no OS package owns, outside a virtual environment)
+    and a ``.list`` of the inventory's dpkg database (:attr:`Inventory.dpkg_root`) both name, with whose bytes
+    are on disk: the RECORD rows' verdict (:func:`attribute`, the wheels' overlap's, hashed here when dpkg's
+    md5 also matches, to tell identical bytes from dpkg's) beside the file's md5 against dpkg's md5sums
+    (``pip install --prefix=/usr`` or ``--break-system-packages --ignore-installed`` over ``python3-*``'s
+    files, a wheel unpacked over a CUDA ``.deb``'s library)."""
+    dists = [d for d in inv.distributions if _dpkg_may_list(d)]
+    if not dists or not os.path.isdir(os.path.join(inv.dpkg_root, INFO_DIR)):
+        return []
+    paths = {p for d in dists for e in d.records if (p := d.abspath(e)) is not None and not in_dist_info(d, p)}
+    listed = listing_packages(sorted(paths), inv.dpkg_root)
+    sums: dict[str, Mapping[str, str] | None] = {}
+    out: list[DebOverlap] = []
+    for path, package in sorted(listed.items()):
+        s = state(path)
+        wheels = tuple(o for o in s.owners if o.dist.os_package is None)  # an OS package's RECORD is not its record
+        if not wheels:
+            continue
+        if len(wheels) < len(s.owners):
+            on_disk, undecided = attribute(path, wheels, disk)
+            s = replace(s, owners=wheels, on_disk=on_disk, undecided=undecided)
+        if package not in sums:
+            sums[package] = md5sums(package, inv.dpkg_root)
+        recorded = _recorded(sums[package] or {}, path)
+        got = disk.md5(path) if recorded is not None and s.size is not None else None
+        deb_bytes = None if got is None else got == recorded
+        if deb_bytes and s.on_disk:  # the size agreed: only a hash tells the RECORD's bytes from dpkg's
+            verdicts = [(o.dist, disk.matches(path, o.entry, o.dist.location, True)) for o in s.owners]
+            same = tuple(d for d, m in verdicts if m)
+            s = replace(s, on_disk=same, undecided=not same and any(m is None for _d, m in verdicts))
+        out.append(DebOverlap(s, package, recorded, deb_bytes))
+    return out
 
 
 def exact_pin(r: Requirer) -> str | None:

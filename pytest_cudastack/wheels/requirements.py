@@ -38,6 +38,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 from pytest_cudastack._sysio import read_text
+from pytest_cudastack.image.pythons import installation_version
 from pytest_cudastack.wheels.inventory import Distribution, Inventory, install_prefix
 
 __all__ = [
@@ -141,10 +142,17 @@ class Requirements:
 
 def site_python(location: str) -> str | None:
     """The inspected interpreter's ``X.Y.Z`` from its site directory: ``pyvenv.cfg``'s ``version`` when the
-    prefix is a venv of that minor, else ``X.Y.0`` from ``lib/pythonX.Y/``; None when the layout says
-    nothing."""
+    prefix is a venv of that minor, else ``X.Y.0`` from ``lib/pythonX.Y/``; for Debian's version-less
+    ``P/lib/python3/dist-packages`` (every ``P/bin/python3.X`` reads it), the version of ``P/bin/python3``
+    read from its files (:func:`~pytest_cudastack.image.pythons.installation_version`); None when the files
+    say nothing."""
     parts = os.path.normpath(location).split(os.sep)
     minor = next((m for p in reversed(parts[-3:]) if (m := _PYDIR.match(p))), None)
+    if minor is None and len(parts) >= 4 and parts[-3:] == ["lib", "python3", "dist-packages"]:
+        shared = installation_version(os.sep.join(parts[:-3]) or os.sep)
+        if shared is None:
+            return None
+        return shared.version if shared.version.count(".") == 2 else f"{shared.version}.0"
     if minor is None:
         return None
     text = read_text(os.path.join(install_prefix(location), "pyvenv.cfg"))

@@ -140,25 +140,47 @@ def externally_managed(site_dir: str, stdlib: str | None = None) -> str | None:
     return None
 
 
-def _pth_dirs(site_dir: str) -> list[str]:
-    """Directories a site dir's ``.pth`` files add (``import`` lines are never executed)."""
+def _pth_dirs(site_dir: str, root: str | None = None) -> list[str]:
+    """Directories a site dir's ``.pth`` files add, as CPython's ``site.addpackage`` reads them: files in
+    name order, hidden ones (``.x.pth``) skipped; per line, trailing whitespace dropped, ``#`` comments and
+    ``import`` lines skipped (never executed), the rest made absolute against the site directory and kept
+    when it exists. ``root``: the root the site directory is in (an image's, a host directory): a line is a
+    path of that system, so an absolute one names ``root``/line and none leaves ``root`` (``..`` stops at
+    its ``/``, as it does at the system's); None: this machine's."""
     out: list[str] = []
     try:
-        names = sorted(n for n in os.listdir(site_dir) if n.endswith(".pth"))
+        names = sorted(n for n in os.listdir(site_dir) if n.endswith(".pth") and not n.startswith("."))
     except OSError:
         return out
+    base = None if root is None else os.path.normpath(os.path.abspath(root))
+    inner = None if base is None else _inside(os.path.normpath(os.path.abspath(site_dir)), base)
+    if base is not None and inner is None:
+        return out  # a site directory outside the root: none of its lines can be resolved inside it
     for n in names:
         text = read_text(os.path.join(site_dir, n))
         if text is None:
             continue
         for line in text.splitlines():
-            line = line.strip()
-            if not line or line.startswith("#") or line.startswith(("import ", "import\t")):
+            line = line.rstrip()
+            if not line or line.startswith("#") or line.startswith(("import ", "import\t")) or "\x00" in line:
                 continue
-            d = os.path.normpath(os.path.join(site_dir, line))
-            if os.path.isdir(d):
+            if base is None or inner is None:  # this machine's paths
+                d = os.path.normpath(os.path.join(site_dir, line))
+            else:
+                logical = os.path.normpath(os.path.join(inner, line))  # "/.." is "/": no escape
+                d = os.path.join(base, logical.lstrip("/")) if logical != "/" else base
+            if os.path.exists(d):
                 out.append(d)
     return out
+
+
+def _inside(path: str, root: str) -> str | None:
+    """``path`` (absolute, normalised) as a path of the system ``root`` is the root of, None when outside."""
+    if root == os.sep:
+        return path
+    if path == root:
+        return os.sep
+    return path[len(root) :] if path.startswith(root + os.sep) else None
 
 
 def _expand_prefix(path: str) -> list[str]:
@@ -194,15 +216,16 @@ def _twins(path: str) -> list[str]:
     return [twin] if twin is not None else []
 
 
-def site_dirs(paths: Sequence[str] | None = None) -> tuple[str, ...]:
+def site_dirs(paths: Sequence[str] | None = None, root: str | None = None) -> tuple[str, ...]:
     """Directories to look in, in search order, without duplicates (by realpath).
 
     ``paths=None``: every directory on this interpreter's ``sys.path`` (which already holds ``.pth``-added
     paths and the user site), plus ``site.getsitepackages()`` and the user site. Explicit ``paths``: those,
     each followed by its ``lib``/``lib64`` twin (``P/lib64/python3.11/site-packages`` for
     ``P/lib/python3.11/site-packages``, when it is another directory) and the directories its ``.pth``
-    files add. A path that is an environment prefix (``pyvenv.cfg`` or ``lib/python3*/site-packages`` in it,
-    no dist-info of its own) stands for its site directories.
+    files add (``root``: the root of the system the paths belong to, an image's, whose paths the ``.pth``
+    lines name: :func:`_pth_dirs`). A path that is an environment prefix (``pyvenv.cfg`` or
+    ``lib/python3*/site-packages`` in it, no dist-info of its own) stands for its site directories.
     """
     candidates: list[str] = []
     if paths is None:
@@ -218,7 +241,7 @@ def site_dirs(paths: Sequence[str] | None = None) -> tuple[str, ...]:
             for p in _expand_prefix(given):
                 for q in (p, *_twins(p)):
                     candidates.append(q)
-                    candidates.extend(_pth_dirs(q))
+                    candidates.extend(_pth_dirs(q, root))
     seen: set[str] = set()
     out: list[str] = []
     for c in candidates:
