@@ -169,3 +169,21 @@ def test_window_of_a_larger_file(tmp_path: Path) -> None:
     with open(path, "rb") as f:
         got = [_fields(m) for m in read_members(f.fileno(), 1536, len(data))]
     assert got == _by_tarfile(data)
+
+
+@pytest.mark.parametrize("where", ["base-256", "pax"])
+def test_negative_size_is_an_error_not_a_loop(tmp_path: Path, where: str) -> None:
+    """A size that points back at the member's own header would read it again for ever."""
+    if where == "pax":
+        info = _info("f", size=1)
+        info.pax_headers = {"size": "-512"}
+        data = bytearray(_tar(tarfile.PAX_FORMAT, [(info, b"x")]))
+    else:
+        data = bytearray(_tar(tarfile.USTAR_FORMAT, [(_info("f", size=1), b"x")]))
+        data[124:136] = b"\xff" * 10 + b"\xfe\x00"  # -512 in base-256: the next header is this one
+        data[148:156] = b" " * 8
+        data[148:156] = b"%06o\0 " % sum(data[:512])
+    path = tmp_path / "t.tar"
+    path.write_bytes(bytes(data))
+    with open(path, "rb") as f, pytest.raises(tarfile.ReadError, match="negative size"):
+        list(read_members(f.fileno(), 0, len(data)))

@@ -84,6 +84,8 @@ def _header(buf: bytes, offset: int) -> tarfile.TarInfo:
             _nti(buf[start:end])  # uid, gid, mtime, devmajor, devminor: unused, but tarfile refuses bad ones
     except (ValueError, UnicodeDecodeError):
         raise tarfile.ReadError(f"invalid header at offset {offset}") from None
+    if size < 0:  # base-256 can say so: the next header would be this one again, a loop
+        raise tarfile.ReadError(f"negative size in the header at offset {offset}")
     # the sum of the bytes with the checksum field as spaces; tarfile also accepts it summed as signed bytes
     if chksum != sum(buf) - sum(buf[148:156]) + 256 and chksum != 256 + sum(_SIGNED.unpack_from(buf)):
         raise tarfile.ReadError(f"bad checksum of the header at offset {offset}")
@@ -161,6 +163,8 @@ def read_members(fd: int, base: int, size: int) -> Iterator[tarfile.TarInfo]:
                     member.size = int(pax["size"])
                 except ValueError:
                     raise Handover(pos) from None
+                if member.size < 0:
+                    raise tarfile.ReadError(f"negative size in the pax header at offset {pos}")
             member.pax_headers = pax
         member.offset = pos
         yield member
