@@ -15,9 +15,11 @@ lookups: ~5 s). Below 0.7x the layers' bytes must not be written at all: the ite
 blobs in place, which every reader of a file (ELF, fatbin, strings, lookups, hashes) would have to do.
 
 The image is an OCI layout built here with ``tarfile`` (uncompressed layers, so that building it stays
-cheap): layer 1 is DIR under /opt/venv (its Python on the image's PATH: the wheels are the image's), layer 2
-a small file. The second image differs from the first in layer 2 only. Each measurement runs
-``cudastack image IMAGE --cuda-driver=580.65.06 --cuda-arch=sm_90 --json`` in a fresh child process:
+cheap): layer 1 is DIR under /opt/venv (its Python on the image's PATH: the wheels are the image's), with
+the interpreter its ``bin/python3`` links to at its own path (the links, the executable, its libpython), as
+an image of that venv holds it; layer 2 a small file. The second image differs from the first in layer 2
+only. Each measurement runs ``cudastack image IMAGE --cuda-driver=580.65.06 --cuda-arch=sm_90 --json`` in a
+fresh child process:
 
 * ``cold``: an empty CUDASTACK_CACHE_DIR (every layer read, digests checked, the root materialised, every
   item run with no cached ELF fact);
@@ -39,6 +41,7 @@ beforehand, as an installed package's are.
 from __future__ import annotations
 
 import argparse
+import glob
 import hashlib
 import importlib.util
 import io
@@ -68,6 +71,24 @@ def _layer(path: str, entries: list[tuple[str, str | bytes]]) -> str:
         while chunk := f.read(1 << 20):
             digest.update(chunk)
     return "sha256:" + digest.hexdigest()
+
+
+def _interpreter(venv: str) -> list[tuple[str, str]]:
+    """The files outside ``venv`` that its ``bin/python3`` runs (the links it goes through, the executable
+    and its prefix's ``libpython3*.so*``), each at its own path: a venv copied alone into an image has no
+    Python (its link dangles there), so the image's wheels would not be judged."""
+    out: list[tuple[str, str]] = []
+    path, seen = os.path.join(venv, "bin", "python3"), set()
+    inside = os.path.abspath(venv) + os.sep
+    while os.path.islink(path) and path not in seen:
+        seen.add(path)
+        path = os.path.normpath(os.path.join(os.path.dirname(path), os.readlink(path)))
+        if not path.startswith(inside) and os.path.lexists(path):
+            out.append((path.lstrip("/"), path))
+    prefix = os.path.dirname(os.path.dirname(path))
+    if not path.startswith(inside):
+        out.extend((lib.lstrip("/"), lib) for lib in sorted(glob.glob(os.path.join(prefix, "lib", "libpython3*.so*"))))
+    return out
 
 
 def _blob(root: str, data: bytes) -> dict[str, Any]:
@@ -148,7 +169,7 @@ def main() -> int:
     os.makedirs(work, exist_ok=True)
     try:
         big = os.path.join(work, "layer1.tar")
-        _layer(big, [("opt/venv", args.dir)])
+        _layer(big, [("opt/venv", args.dir), *_interpreter(args.dir)])
         small1, small2 = os.path.join(work, "layer2a.tar"), os.path.join(work, "layer2b.tar")
         _layer(small1, [("opt/app/VERSION", b"1\n")])
         _layer(small2, [("opt/app/VERSION", b"2\n")])
