@@ -6,13 +6,14 @@ Usage: python benchmarks/bench_image.py [DIR] [--json] [--keep WORKDIR]
 the image's layers (same run), warm after a one-layer change <= 0.1x cold.
 
 Last figures (the 5.4 GB torch venv, 22,000 files; a 2-core VM shared with other sessions, whose disk makes
-every figure vary by up to 2x from run to run; the ratios hold better): ``tar -x`` 10.4 s, cold 16.7 s =
-1.61x (not met), its root alone 9.9 s = 0.95x, warm 1.26 s = 0.075x cold (met). The cold run's floor is
-its root's: the same files created and bytes written as ``tar -x`` writes them (the files are filled by the
-kernel from writer threads, the digest computed in a thread beside them, the headers read in place), plus
-the items' first reading of the image (ELF facts of ~320 files, ~1,200 Python sources for the import model,
-lookups: ~5 s). Below 0.7x the layers' bytes must not be written at all: the items would read the layer
-blobs in place, which every reader of a file (ELF, fatbin, strings, lookups, hashes) would have to do.
+every figure vary by up to 2x from run to run): ``tar -x`` 16.1 s, cold 21.5 s = 1.34x (not met; 1.08x to
+1.6x over five runs), its root alone 10.0 s = 0.62x (0.6x to 0.95x), warm 1.53 s = 0.071x cold (met; 0.047x
+to 0.087x). The cold run's floor is its root's: the same files created and bytes written as ``tar -x``
+writes them (here the files are filled by the kernel from writer threads, the digest computed in a thread
+beside them, the headers read in place), plus the items' first reading of the image (ELF facts of ~320
+files, ~1,200 Python sources for the import model, lookups, symbols: 5 to 10 s). Below 0.7x the layers'
+bytes must not be written at all: the items would read the layer blobs in place, which every reader of a
+file (ELF, fatbin, strings, lookups, hashes) would have to do.
 
 The image is an OCI layout built here with ``tarfile`` (uncompressed layers, so that building it stays
 cheap): layer 1 is DIR under /opt/venv (its Python on the image's PATH: the wheels are the image's), with
