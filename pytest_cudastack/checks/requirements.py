@@ -6,12 +6,16 @@ One item (design.md's ``cudastack::requirements``) over three concerns, each its
 :mod:`~pytest_cudastack.checks.shadow` (a copy other than the one the consumer's own wheel provides wins).
 
 A requirement *matters for the CUDA stack* (:func:`cuda_relevant`) when the required distribution is a CUDA
-wheel (by its name and pinned version, :mod:`pytest_cudastack.cuda.flavour`, or by the installed copy), or
-when a CUDA distribution requires a distribution that ships shared libraries (torch and triton). Findings:
+wheel (by its name and the version the requirement names: an exact pin, a wildcard's release or a bound, as
+cuda-toolkit's ``nvidia-cuda-nvrtc==13.0.88.*``; :mod:`pytest_cudastack.cuda.flavour`, or by the installed
+copy), or when a CUDA distribution requires a distribution that ships shared libraries (torch and triton).
+Findings:
 
 * a CUDA requirement unmet: ERROR, one per required distribution whose version is wrong ("torch 2.14.1
   requires nvidia-nccl-cu13==2.30.7; 2.28.9 is installed"), one per requirer for those missing (all of them
-  at once), each saying what it means for the libraries the wheel ships;
+  at once), each saying what it means for the libraries the wheel ships; a CUDA library wheel newer than every
+  release the requirement accepts, in the same major, that no framework check of the requirer's refuses, is a
+  WARNING (:func:`_newer_in_its_major`: nothing fails to load for its version; pip check still objects);
 * a missing requirement of a distribution nothing uses (no extension module, nothing requires it: a
   library wheel installed with ``--no-deps``): WARNING;
 * an unmet version through an extra that counts as installed only because its requirements all are (inferred,
@@ -67,12 +71,23 @@ def library_of(name: str) -> LibraryRow | None:
         return None
 
 
+def _named_version(fact: RequirementFact) -> str:
+    """The release a requirement names: its exact pin, else a wildcard pin's release (cuda-toolkit's
+    ``nvidia-cuda-nvrtc==13.0.88.*``), else a bound's version (``nvidia-nvjitlink<14,>=13.0.88``); "" for
+    none. The unsuffixed CUDA 13 wheels say their CUDA only by their version, so a requirement without an
+    exact pin still says which CUDA it asks for through the release it names."""
+    if fact.pin is not None:
+        return fact.pin
+    specs = sorted(fact.requirement.specifier, key=lambda s: (s.operator != "==", s.operator not in (">=", ">")))
+    return next((s.version.removesuffix(".*") for s in specs if s.operator not in ("!=", "<", "<=")), "")
+
+
 def cuda_relevant(fact: RequirementFact) -> bool:
     """Does this requirement matter for the CUDA stack (see the module docstring)?"""
     if fact.installed is not None and fact.installed.cuda_major is not None:
         return True
     try:
-        major, _ = wheel_cuda_flavour(fact.requirement.name, fact.pin or "", (), ())
+        major, _ = wheel_cuda_flavour(fact.requirement.name, _named_version(fact), (), ())
     except CudaStackError:
         major = None
     if major is not None:
@@ -134,14 +149,48 @@ def _framework_verdict(fact: RequirementFact, lib: LibraryRow | None) -> str:
     return framework_says(data, fact.requirer.name, fact.requirer.version, lib.library, build, runtime)
 
 
-def _version_finding(fact: RequirementFact, reqs: Requirements, severity: Severity) -> Finding:
+def _newer_in_its_major(fact: RequirementFact) -> bool:
+    """Is the installed release of a CUDA library wheel newer than every release the requirement accepts, in
+    the same major release (its first component: ``nvidia-cusparse`` 12.9.4.2 for ``==12.6.3.3.*``), with no
+    failing check of the requirer's own on it? Then nothing fails for the version: the sonames are the
+    major's, a symbol the newer release lacked would be the symbols item's (it reads them from the files),
+    and the requirer's own version check (framework_rules.json) accepts it; only ``pip check`` objects.
+    Unmet only by an upper bound (``==``, ``==X.*``, ``<``, ``<=``); any failing lower bound or other operator
+    (``>=``, ``~=``, ``!=``) is not newer."""
+    lib = library_of(fact.name)
+    if lib is None or fact.installed is None or _framework_verdict(fact, lib):
+        return False
+    try:
+        have = Version(fact.installed.version)
+        failing = [s for s in fact.requirement.specifier if not s.contains(have, prereleases=True)]
+        bounds = [Version(s.version.removesuffix(".*")) for s in failing]
+    except ValueError:  # InvalidVersion, or a number over the digit limit
+        return False
+    if not failing:
+        return False
+    for spec, bound in zip(failing, bounds, strict=True):
+        if spec.operator not in ("==", "<", "<=") or bound.release[:1] != have.release[:1]:
+            return False
+        if spec.operator == "==" and have.release[: len(bound.release)] <= bound.release:
+            return False  # an exact or wildcard pin the installed release is not above
+    return True
+
+
+def _version_finding(fact: RequirementFact, reqs: Requirements, severity: Severity, *, newer: bool = False) -> Finding:
     installed = fact.installed
     requirer = fact.requirer
     if installed is None or requirer is None:
         raise ValueError(f"not an installed version of a stated requirement: {fact}")
     lib = library_of(fact.name)
     who = requirer.name
-    if lib is not None:
+    if lib is not None and newer:
+        cause = (
+            f"{lib.name} {installed.version} is newer than {fact.text} accepts, in the same major release (the "
+            f"same sonames): what would fail at load is a symbol it lacks (the symbols item reads them from the "
+            f"files) or a framework's own version check (none refuses it); pip check reports the conflict, and "
+            f"pip's next resolve of {who} replaces it"
+        )
+    elif lib is not None:
         cause = (
             f"{who} was built against {lib.name} {fact.pin or fact.requirement.specifier} and loads {lib.name} "
             f"{installed.version} instead: a release older than its build can lack symbols {who} binds (an "
@@ -258,7 +307,9 @@ def requirement_findings(inv: Inventory, reqs: Requirements | None = None) -> tu
             found = "not installed" if fact.installed is None else f"{fact.installed.version} is installed"
             others.append(f"{fact.requester} requires {fact.text}; {found}")
         elif fact.status is Status.VERSION:
-            findings.append(_version_finding(fact, reqs, Severity.WARNING if fact.inferred else Severity.ERROR))
+            newer = _newer_in_its_major(fact)
+            severity = Severity.WARNING if fact.inferred or newer else Severity.ERROR
+            findings.append(_version_finding(fact, reqs, severity, newer=newer))
         else:
             missing.setdefault(id(requirer), (requirer, []))[1].append(fact)
     findings[0:0] = [_missing_finding(d, facts, reqs) for d, facts in missing.values()]
@@ -278,6 +329,24 @@ def requirement_findings(inv: Inventory, reqs: Requirements | None = None) -> tu
     return tuple(findings)
 
 
+def _required_closure(reqs: Requirements, keys: set[str]) -> set[str]:
+    """``keys`` and every distribution their met requirements install, transitively (pip's resolve: torch's
+    ``cuda-toolkit[nvrtc,...]==13.0.3`` brings ``nvidia-cuda-nvrtc==13.0.88.*``, so the wheel that ships
+    torch's ``libnvrtc.so.13`` is torch's requirement through cuda-toolkit's requested extra)."""
+    if not keys:
+        return keys
+    out = set(keys)
+    grown = True
+    while grown:
+        grown = False
+        for f in reqs.facts:
+            got = f.installed
+            if f.met and got is not None and f.requirer is not None and f.requirer.key in out and got.key not in out:
+                out.add(got.key)
+                grown = True
+    return out
+
+
 def requirement_for_soname(
     inv: Inventory, soname: str, requirers: Sequence[Distribution] = (), reqs: Requirements | None = None
 ) -> RequirementFact | None:
@@ -292,7 +361,7 @@ def requirement_for_soname(
     if lib is None:
         return None
     reqs = reqs if reqs is not None else requirement_facts(inv)
-    keys = {d.key for d in requirers}
+    keys = _required_closure(reqs, {d.key for d in requirers})
     hits = [
         f
         for f in reqs.unmet
