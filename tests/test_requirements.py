@@ -483,3 +483,24 @@ def test_closure_follows_the_needers_requirements_through_a_requested_extra(tmp_
     inv2 = inv_of(site)
     resolver2 = Resolver(SearchConfig.from_environment({}), reader=read_elf, owner=inv2.owner)
     assert not [f for f in (*extension_closures(inv2, resolver2), *requirement_findings(inv2)) if f.failing]
+
+
+def test_a_missing_meta_package_is_a_warning_and_its_fix_keeps_the_extras(tmp_path):
+    # pip uninstall cuda-toolkit in torch's venv: torch imports (every library wheel is still there); pip check
+    # objects. Its reinstall must ask for the extras torch asks for (pip installs their requirements)
+    site = toolkit_site(tmp_path, "12.6.3.3")
+    shutil.rmtree(site / "cuda_toolkit-13.0.3.0.dist-info")
+    (f,) = requirement_findings(inv_of(site))
+    assert f.severity is Severity.WARNING
+    assert f.message == "torch 2.14.1 requires cuda-toolkit[cusparse,nvjitlink,nvrtc]==13.0.3, which is not installed"
+    assert f.cause.startswith("cuda-toolkit: a meta package that ships no library")
+    assert f.pip[0].specs == ("cuda-toolkit[cusparse,nvjitlink,nvrtc]==13.0.3",)
+
+
+def test_a_missing_meta_package_beside_a_missing_library_wheel_is_an_error(tmp_path):
+    site = toolkit_site(tmp_path, "12.6.3.3")
+    shutil.rmtree(site / "cuda_toolkit-13.0.3.0.dist-info")
+    write_dist(site, "torch", "2.14.1", requires=["cuda-toolkit[nvrtc]==13.0.3", "nvidia-nccl-cu13==2.30.7"])
+    (f,) = requirement_findings(inv_of(site))
+    assert f.severity is Severity.ERROR
+    assert "NCCL libraries" in f.cause

@@ -147,3 +147,16 @@ def test_a_newer_cusparse_than_cuda_toolkits_pin_is_a_warning(tmp_path):
         == "cuda-toolkit 13.0.3.0 [extra cusolver] requires nvidia-cusparse==12.6.3.3.*; 12.9.4.2 is installed"
     )
     assert not [f for f in _findings(site, "symbols") if f.failing]
+
+
+def test_cuda_toolkit_uninstalled_is_a_warning_whose_fix_keeps_torchs_extras(tmp_path):
+    # pip uninstall cuda-toolkit (a meta package): torch still imports, pip check objects
+    site = _copy(tmp_path, "uninstall", "-q", "-y", "cuda-toolkit")
+    assert _imports(site).returncode == 0
+    found = _findings(site)
+    assert not [f for f in found if f.failing], "\n\n".join(f.render() for f in found)
+    (w,) = [f for f in found if f.severity is Severity.WARNING]
+    assert w.message.startswith("torch 2.14.1 requires cuda-toolkit[cublas,")
+    (spec,) = w.pip[0].specs
+    assert spec.startswith("cuda-toolkit[cublas,cudart,")
+    assert spec.endswith("]==13.0.3")

@@ -16,6 +16,9 @@ Findings:
   at once), each saying what it means for the libraries the wheel ships; a CUDA library wheel newer than every
   release the requirement accepts, in the same major, that no framework check of the requirer's refuses, is a
   WARNING (:func:`_newer_in_its_major`: nothing fails to load for its version; pip check still objects);
+* a missing CUDA meta package (cuda_compat.json's ``meta_packages``: cuda-toolkit, which ships no library): WARNING
+  (nothing loads from it; what its requirements ship is the closure and dlopen items'); its fix keeps the extras
+  asked for;
 * a missing requirement of a distribution nothing uses (no extension module, nothing requires it: a
   library wheel installed with ``--no-deps``): WARNING;
 * an unmet version through an extra that counts as installed only because its requirements all are (inferred,
@@ -36,7 +39,7 @@ from packaging.version import Version
 
 from pytest_cudastack.checks.frameworks import framework_findings
 from pytest_cudastack.checks.shadow import shadow_findings
-from pytest_cudastack.cuda.compat import soname_cuda_majors
+from pytest_cudastack.cuda.compat import load_compat, soname_cuda_majors
 from pytest_cudastack.cuda.flavour import wheel_cuda_flavour
 from pytest_cudastack.cuda.frameworks import LibraryRow, framework_says, load_rules, reported_version
 from pytest_cudastack.errors import CudaStackError
@@ -235,6 +238,14 @@ def _version_finding(fact: RequirementFact, reqs: Requirements, severity: Severi
     )
 
 
+def _meta_packages() -> frozenset[str]:
+    """The CUDA meta packages (cuda_compat.json's ``meta_packages``: cuda-toolkit), none when it cannot load."""
+    try:
+        return frozenset(load_compat().meta_packages)
+    except CudaStackError:
+        return frozenset()
+
+
 def _missing_finding(requirer: Distribution, facts: Sequence[RequirementFact], reqs: Requirements) -> Finding:
     texts = [f.text for f in facts]
     libs = [lib for f in facts if (lib := library_of(f.name)) is not None]
@@ -256,17 +267,30 @@ def _missing_finding(requirer: Distribution, facts: Sequence[RequirementFact], r
     unresolved: list[str] = []
     for f in facts:
         version, on = repair_version(reqs, f.name)
+        # the extras asked for come with the name: pip installs their requirements too
+        extras = f"[{','.join(sorted(f.requirement.extras))}]" if f.requirement.extras else ""
         if version is not None:
-            specs.append(f"{f.requirement.name}{version}")
+            specs.append(f"{f.requirement.name}{extras}{version}")
         elif all(g.pin is None for g in on):
             joined = ",".join(sorted({str(s) for g in on for s in g.requirement.specifier}))
-            specs.append(f"{f.requirement.name}{joined}")
+            specs.append(f"{f.requirement.name}{extras}{joined}")
         else:
             unresolved.append(f.text)
     why = f"{requirer.label} requires them"
     fix = (Pip("install", tuple(specs), pip_python(requirer), why=why),) if specs else ()
     severity = Severity.ERROR
-    if not used(requirer, reqs):
+    metas = _meta_packages()
+    if all(f.name in metas for f in facts):
+        # cuda-toolkit installs no file of its own: its absence fails no load (what its requirements ship, the
+        # closure and dlopen items check), only pip check and the next resolve see it
+        severity = Severity.WARNING
+        cause = (
+            f"{', '.join(sorted({f.requirement.name for f in facts}))}: a meta package that ships no library, only "
+            f"requirements on the library wheels; {requirer.name} loads nothing from it, and the libraries those "
+            "requirements name are the closure and dlopen items' to find (pip check reports it; pip's next resolve "
+            f"of {requirer.name} reinstalls it)"
+        )
+    elif not used(requirer, reqs):
         severity = Severity.WARNING
         cause += (
             f"; nothing installed requires {requirer.name} and it has no extension module (installed with "
