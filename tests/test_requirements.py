@@ -403,21 +403,32 @@ def toolkit_site(tmp_path: Path, cusparse: str | None) -> Path:
 
 
 @pytest.mark.parametrize(
-    ("cusparse", "severity"),
+    ("cusparse", "severity", "side"),
     [
         # pip install -U nvidia-cusparse in torch's venv: it imports and runs (tests/test_requirements_real.py)
-        pytest.param("12.9.4.2", Severity.WARNING, id="newer-in-its-major"),
-        pytest.param("12.5.10.65", Severity.ERROR, id="older"),  # may lack what torch binds
-        pytest.param("13.0.0.1", Severity.ERROR, id="another-major"),  # another soname (libcusparse.so.13)
+        pytest.param("12.9.4.2", Severity.WARNING, "newer", id="newer-in-its-major"),
+        # pip install nvidia-cublas==13.0.2.14 under cuda-toolkit's ==13.1.1.3.*: torch imports too; a symbol
+        # an older release lacks is the symbols item's error (tests/test_requirements_real.py)
+        pytest.param("12.5.10.65", Severity.WARNING, "older", id="older-in-its-major"),
+        pytest.param("13.0.0.1", Severity.ERROR, "", id="another-major"),  # another soname (libcusparse.so.13)
     ],
 )
-def test_an_unmet_pin_is_an_error_unless_newer_in_its_major(tmp_path, cusparse, severity):
+def test_an_unmet_pin_is_an_error_unless_in_its_major(tmp_path, cusparse, severity, side):
     (f,) = requirement_findings(inv_of(toolkit_site(tmp_path, cusparse)))
     assert f.message == (
         f"cuda-toolkit 13.0.3.0 [extra cusparse] requires nvidia-cusparse==12.6.3.3.*; {cusparse} is installed"
     )
     assert f.severity is severity
-    assert ("is newer than nvidia-cusparse==12.6.3.3.* accepts" in f.cause) is (severity is Severity.WARNING)
+    assert (f"is {side} than nvidia-cusparse==12.6.3.3.* accepts" in f.cause) is bool(side)
+
+
+def test_older_in_its_major_but_refused_by_the_frameworks_own_check_stays_an_error(tmp_path):
+    # torch's cuDNN check: runtime minor >= compile minor ("cuDNN version incompatibility")
+    site = torch_site(tmp_path)
+    shutil.rmtree(site / "nvidia_cudnn_cu13-9.24.0.43.dist-info")
+    write_dist(site, "nvidia-cudnn-cu13", "9.19.0.56")
+    (f,) = errors(inv_of(site))
+    assert "cuDNN version incompatibility: PyTorch was compiled against (9, 24, 0)" in f.cause
 
 
 def test_the_clean_twin_of_the_toolkit_pins_gives_no_finding(tmp_path):
@@ -427,6 +438,7 @@ def test_the_clean_twin_of_the_toolkit_pins_gives_no_finding(tmp_path):
 def test_newer_but_refused_by_the_frameworks_own_check_stays_an_error(tmp_path):
     # torch's cuDNN check refuses another major: 10.x for a 9.x build is no "newer in its major"
     site = torch_site(tmp_path)
+    shutil.rmtree(site / "nvidia_cudnn_cu13-9.24.0.43.dist-info")
     write_dist(site, "nvidia-cudnn-cu13", "10.0.0.1")
     (f,) = errors(inv_of(site))
     assert "10.0.0.1 is installed" in f.message

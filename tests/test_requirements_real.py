@@ -160,3 +160,36 @@ def test_cuda_toolkit_uninstalled_is_a_warning_whose_fix_keeps_torchs_extras(tmp
     (spec,) = w.pip[0].specs
     assert spec.startswith("cuda-toolkit[cublas,cudart,")
     assert spec.endswith("]==13.0.3")
+
+
+@pytest.mark.parametrize(
+    ("glob", "message"),
+    [
+        # cuDNN newer than torch's pin: torch's own check (runtime minor >= compile minor) accepts it
+        pytest.param(
+            "nvidia_cudnn_cu13-9.28.1.4-*.whl",
+            "torch 2.14.1 requires nvidia-cudnn-cu13==9.24.0.43; 9.28.1.4 is installed",
+            id="cudnn-newer",
+        ),
+        # cuBLAS older than cuda-toolkit's pin: every reference of torch's still binds (the symbols item's check)
+        pytest.param(
+            "nvidia_cublas-13.0.2.14-*.whl",
+            "cuda-toolkit 13.0.3.0 [extra cublas] requires nvidia-cublas==13.1.1.3.*; 13.0.2.14 is installed",
+            id="cublas-older",
+        ),
+    ],
+)
+def test_another_release_in_its_major_is_a_warning_where_torch_imports(tmp_path, glob, message):
+    wheels = Path(os.environ.get("CUDASTACK_WHEELS", "/opt/cudastack-wheels"))
+    found = sorted(wheels.glob(glob))
+    if not found:
+        pytest.skip(f"no {glob} in {wheels}")
+    site = _copy(tmp_path, "install", "-q", "--no-deps", "--no-index", str(found[0]))
+    python = Path(site).parents[2] / "bin/python"
+    code = "import torch; torch.backends.cudnn.version()"  # runs torch's cuDNN compatibility check
+    run = subprocess.run([str(python), "-c", code], capture_output=True, text=True, check=False)
+    assert run.returncode == 0, run.stderr
+    found_req = _findings(site)
+    assert not [f for f in found_req if f.failing], "\n\n".join(f.render() for f in found_req)
+    assert [f.message for f in found_req if f.severity is Severity.WARNING] == [message]
+    assert not [f for f in _findings(site, "symbols") if f.failing]

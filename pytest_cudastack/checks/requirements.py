@@ -13,9 +13,10 @@ Findings:
 
 * a CUDA requirement unmet: ERROR, one per required distribution whose version is wrong ("torch 2.14.1
   requires nvidia-nccl-cu13==2.30.7; 2.28.9 is installed"), one per requirer for those missing (all of them
-  at once), each saying what it means for the libraries the wheel ships; a CUDA library wheel newer than every
-  release the requirement accepts, in the same major, that no framework check of the requirer's refuses, is a
-  WARNING (:func:`_newer_in_its_major`: nothing fails to load for its version; pip check still objects);
+  at once), each saying what it means for the libraries the wheel ships; a CUDA library wheel newer (or older)
+  than every release the requirement accepts, in the same major, that no framework check of the requirer's
+  refuses, is a WARNING (:func:`_side_in_its_major`: nothing fails to load for its version itself, a symbol
+  it lacks is the symbols item's; pip check still objects);
 * a missing CUDA meta package (cuda_compat.json's ``meta_packages``: cuda-toolkit, which ships no library): WARNING
   (nothing loads from it; what its requirements ship is the closure and dlopen items'); its fix keeps the extras
   asked for;
@@ -152,46 +153,49 @@ def _framework_verdict(fact: RequirementFact, lib: LibraryRow | None) -> str:
     return framework_says(data, fact.requirer.name, fact.requirer.version, lib.library, build, runtime)
 
 
-def _newer_in_its_major(fact: RequirementFact) -> bool:
-    """Is the installed release of a CUDA library wheel newer than every release the requirement accepts, in
-    the same major release (its first component: ``nvidia-cusparse`` 12.9.4.2 for ``==12.6.3.3.*``), with no
-    failing check of the requirer's own on it? Then nothing fails for the version: the sonames are the
-    major's, a symbol the newer release lacked would be the symbols item's (it reads them from the files),
-    and the requirer's own version check (framework_rules.json) accepts it; only ``pip check`` objects.
-    Unmet only by an upper bound (``==``, ``==X.*``, ``<``, ``<=``); any failing lower bound or other operator
-    (``>=``, ``~=``, ``!=``) is not newer."""
+def _side_in_its_major(fact: RequirementFact) -> str:
+    """``"newer"`` or ``"older"`` when the installed release of a CUDA library wheel misses the requirement on
+    that one side only, in the same major release (its first component: ``nvidia-cusparse`` 12.9.4.2 for
+    ``==12.6.3.3.*``), with no failing check of the requirer's own on it; "" otherwise (another major, both
+    sides, ``!=``, ``===``, an unknown library or version). Then nothing fails for the version itself: the
+    sonames are the major's, a symbol the release lacks is the symbols item's to find (it reads every
+    reference and definition from the files), and the requirer's own version check (framework_rules.json:
+    torch's cuDNN, its NCCL floor, JAX's floors) accepts it; only ``pip check`` objects."""
     lib = library_of(fact.name)
     if lib is None or fact.installed is None or _framework_verdict(fact, lib):
-        return False
+        return ""
     try:
         have = Version(fact.installed.version)
         failing = [s for s in fact.requirement.specifier if not s.contains(have, prereleases=True)]
         bounds = [Version(s.version.removesuffix(".*")) for s in failing]
     except ValueError:  # InvalidVersion, or a number over the digit limit
-        return False
-    if not failing:
-        return False
+        return ""
+    sides: set[str] = set()
     for spec, bound in zip(failing, bounds, strict=True):
-        if spec.operator not in ("==", "<", "<=") or bound.release[:1] != have.release[:1]:
-            return False
-        if spec.operator == "==" and have.release[: len(bound.release)] <= bound.release:
-            return False  # an exact or wildcard pin the installed release is not above
-    return True
+        if bound.release[:1] != have.release[:1] or spec.operator in ("!=", "==="):
+            return ""
+        if spec.operator in ("<", "<="):
+            sides.add("newer")
+        elif spec.operator in (">", ">="):
+            sides.add("older")
+        else:  # == (exact or a wildcard's prefix), ~=: which side of the release it names
+            sides.add("newer" if have.release[: len(bound.release)] > bound.release else "older")
+    return sides.pop() if len(sides) == 1 else ""
 
 
-def _version_finding(fact: RequirementFact, reqs: Requirements, severity: Severity, *, newer: bool = False) -> Finding:
+def _version_finding(fact: RequirementFact, reqs: Requirements, severity: Severity, *, side: str = "") -> Finding:
     installed = fact.installed
     requirer = fact.requirer
     if installed is None or requirer is None:
         raise ValueError(f"not an installed version of a stated requirement: {fact}")
     lib = library_of(fact.name)
     who = requirer.name
-    if lib is not None and newer:
+    if lib is not None and side:
         cause = (
-            f"{lib.name} {installed.version} is newer than {fact.text} accepts, in the same major release (the "
+            f"{lib.name} {installed.version} is {side} than {fact.text} accepts, in the same major release (the "
             f"same sonames): what would fail at load is a symbol it lacks (the symbols item reads them from the "
-            f"files) or a framework's own version check (none refuses it); pip check reports the conflict, and "
-            f"pip's next resolve of {who} replaces it"
+            f"files and lists any) or a framework's own version check (none refuses it); pip check reports the "
+            f"conflict, and pip's next resolve of {who} replaces it"
         )
     elif lib is not None:
         cause = (
@@ -331,9 +335,9 @@ def requirement_findings(inv: Inventory, reqs: Requirements | None = None) -> tu
             found = "not installed" if fact.installed is None else f"{fact.installed.version} is installed"
             others.append(f"{fact.requester} requires {fact.text}; {found}")
         elif fact.status is Status.VERSION:
-            newer = _newer_in_its_major(fact)
-            severity = Severity.WARNING if fact.inferred or newer else Severity.ERROR
-            findings.append(_version_finding(fact, reqs, severity, newer=newer))
+            side = _side_in_its_major(fact)
+            severity = Severity.WARNING if fact.inferred or side else Severity.ERROR
+            findings.append(_version_finding(fact, reqs, severity, side=side))
         else:
             missing.setdefault(id(requirer), (requirer, []))[1].append(fact)
     findings[0:0] = [_missing_finding(d, facts, reqs) for d, facts in missing.values()]
