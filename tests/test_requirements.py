@@ -516,3 +516,15 @@ def test_a_missing_meta_package_beside_a_missing_library_wheel_is_an_error(tmp_p
     (f,) = requirement_findings(inv_of(site))
     assert f.severity is Severity.ERROR
     assert "NCCL libraries" in f.cause
+
+
+def test_the_missing_requirement_for_a_soname_is_the_one_of_its_cuda_major(tmp_path):
+    # both majors' runtimes required and missing: libcudart.so.13 is the wildcard pin's (13.0.96.* names CUDA 13)
+    site = site_packages(tmp_path / "venv")
+    write_dist(site, "app", "1.0", requires=["nvidia-cuda-runtime-cu12==12.9.79", "cuda-toolkit[cudart]==13.0.3"])
+    write_dist(site, "cuda-toolkit", "13.0.3.0", requires=['nvidia-cuda-runtime==13.0.96.*; extra == "cudart"'])
+    inv = inv_of(site)
+    got13 = requirement_for_soname(inv, "libcudart.so.13", [inv.get("app")])
+    got12 = requirement_for_soname(inv, "libcudart.so.12", [inv.get("app")])
+    assert (got13.text if got13 else None) == "nvidia-cuda-runtime==13.0.96.*"
+    assert (got12.text if got12 else None) == "nvidia-cuda-runtime-cu12==12.9.79"

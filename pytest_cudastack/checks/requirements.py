@@ -403,7 +403,7 @@ def requirement_for_soname(
 
     def major(f: RequirementFact) -> int | None:
         try:
-            return wheel_cuda_flavour(f.requirement.name, f.pin or "", (), ())[0]
+            return wheel_cuda_flavour(f.requirement.name, _named_version(f), (), ())[0]
         except CudaStackError:
             return None
 
