@@ -417,3 +417,34 @@ def test_a_name_the_import_opened_an_object_as_is_that_object(tmp_path: Path):
         },
     )
     assert not failing(check(site))
+
+
+def _other_venvs_cudnn(tmp_path: Path, *, same: bool) -> Path:
+    """Another venv's nvidia-cudnn wheel on LD_LIBRARY_PATH: files named by their soname only (libcudnn_X.so.9),
+    no dist-info this check reads; ``same``: byte-identical to the checked venv's copies."""
+    d = tmp_path / "other-venv/lib/python3.11/site-packages/nvidia/cudnn/lib"
+    for s in CUDNN9:
+        data = so(f"libcudnn_{s}.so.9", runpath="$ORIGIN") if same else so(f"libcudnn_{s}.so.9", names=("cu12",))
+        put(d / f"libcudnn_{s}.so.9", data)
+    return d
+
+
+def test_another_venvs_cudnn_on_ld_library_path_is_a_warning_naming_both_copies(tmp_path: Path):
+    # pytorch/pytorch#188892, #185512: cuDNN sub-libraries of another install through the loader path ->
+    # CUDNN_STATUS_SUBLIBRARY_VERSION_MISMATCH at the first convolution. Its file names give no release (a
+    # wheel's .so.9): it was taken for the same version ("9" agrees with 9.24.0.43) and nothing was said
+    site = _cudnn9_site(tmp_path)
+    other = _other_venvs_cudnn(tmp_path, same=False)
+    found = failing(check(site, llp=[str(other)]))
+    (f,) = [f for f in found if f.subject == "libcudnn_graph.so.9"]
+    assert f.severity is Severity.WARNING  # its release is unknown: not claimed to differ
+    assert f"is {other}/libcudnn_graph.so.9 (version unknown), not nvidia/cudnn/lib/libcudnn_graph.so.9" in f.message
+    assert "(nvidia-cudnn-cu13 9.24.0.43)" in f.message
+    (remedy,) = f.remedies
+    assert isinstance(remedy, SearchPath)
+    assert (remedy.directory, remedy.op) == (str(other), "remove")
+
+
+def test_another_path_to_identical_cudnn_copies_clean_twin(tmp_path: Path):
+    site = _cudnn9_site(tmp_path)
+    assert not failing(check(site, llp=[str(_other_venvs_cudnn(tmp_path, same=True))]))

@@ -78,3 +78,26 @@ def test_older_cudnn_on_ld_library_path_loses_to_the_shims_rpath(tmp_path, monke
     found = Stack(site_paths=(site,)).findings("dlopen")
     about = [f for f in found if f.subject.startswith("libcudnn_") and f.severity is not Severity.INFO]
     assert not about, "\n\n".join(f.render() for f in about)
+
+
+def test_another_venvs_cudnn_on_ld_library_path_reaches_the_graph_librarys_opens(monkeypatch):
+    # onnxruntime-gpu's venv ($CUDASTACK_HEALTHY) holds nvidia-cudnn-cu12's wheel: on LD_LIBRARY_PATH it comes
+    # before the RUNPATH of torch's libcudnn_graph.so.9, which opens the engine sub-libraries by soname: mixed
+    # cuDNN releases (pytorch/pytorch#188892, #185512: CUDNN_STATUS_SUBLIBRARY_VERSION_MISMATCH at the first
+    # convolution; loading them needs a GPU, so the resolver's glibc order, checked elsewhere against real
+    # dlopen, is the oracle here). Their release is unknown from their files: warnings, naming both copies
+    site = torch_site(torch_venv())
+    healthy = Path(os.environ.get("CUDASTACK_HEALTHY", "/opt/cudastack-healthy")) / "onnxruntime-gpu"
+    other = sorted(healthy.glob("lib/python3*/site-packages/nvidia/cudnn/lib"))
+    if not other:
+        pytest.skip(f"no nvidia-cudnn wheel in {healthy}")
+    monkeypatch.setenv("LD_LIBRARY_PATH", str(other[0]))
+    found = [f for f in Stack(site_paths=(site,)).findings("dlopen") if f.subject.startswith("libcudnn_")]
+    assert {f.subject for f in found} >= {"libcudnn_engines_precompiled.so.9", "libcudnn_heuristic.so.9"}
+    for f in found:
+        assert f.severity is Severity.WARNING
+        assert f"is {other[0]}/{f.subject} (version unknown)" in f.message
+    # the clean twin: torch's own cuDNN directory on LD_LIBRARY_PATH (the same files)
+    monkeypatch.setenv("LD_LIBRARY_PATH", os.path.join(site, "nvidia/cudnn/lib"))
+    again = [f for f in Stack(site_paths=(site,)).findings("dlopen") if f.severity is not Severity.INFO]
+    assert not again, "\n\n".join(f.render() for f in again)

@@ -3,6 +3,7 @@ unmet one means), on synthetic site directories; the closure hook and requires_w
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ from pytest_cudastack.findings import Pip, Severity
 from pytest_cudastack.linker.elf import read_elf
 from pytest_cudastack.linker.resolver import Resolver, SearchConfig
 from pytest_cudastack.markers import check_marker, evaluate
-from pytest_cudastack.model.repair import predict
+from pytest_cudastack.model.repair import plan_repairs, predict
 from pytest_cudastack.wheels.inventory import Inventory, installed_wheels
 from pytest_cudastack.wheels.ownership import active_requirements
 from pytest_cudastack.wheels.requirements import (
@@ -71,12 +72,17 @@ def test_unmet_pin_is_an_error_saying_what_it_means(tmp_path):
     assert f.distributions == ("nvidia-nccl-cu13", "torch")
 
 
-def test_newer_than_the_pin_is_unmet_too(tmp_path):
-    # an exact pin is exact: pip check reports 2.30.8 as well
+def test_newer_than_the_pin_is_unmet_but_a_warning(tmp_path):
+    # an exact pin is exact: pip check reports 2.30.8 as well; but torch's NCCL floor holds for a newer NCCL
+    # and libnccl.so.2 is the same soname, so nothing fails for the version: a warning, not an error
     inv = inv_of(torch_site(tmp_path, "2.30.8"))
-    (f,) = errors(inv)
+    assert errors(inv) == []
+    (f,) = requirement_findings(inv)
+    assert f.severity is Severity.WARNING
     assert "2.30.8 is installed" in f.message
-    assert "own check" not in f.cause  # torch's NCCL floor holds for a newer NCCL
+    assert "own check" not in f.cause
+    assert "NCCL 2.30.8 is newer than nvidia-nccl-cu13==2.30.7 accepts, in the same major release" in f.cause
+    assert f.pip[0].specs == ("nvidia-nccl-cu13==2.30.7",)  # what pip check wants, still given
 
 
 def test_torch_201_without_its_nvidia_wheels(tmp_path):
@@ -117,8 +123,9 @@ def test_conflicting_pins_give_no_fix(tmp_path):
     site = torch_site(tmp_path, "2.28.9")
     write_dist(site, "other", "1.0", requires=["nvidia-nccl-cu13==2.27.0"])
     inv = inv_of(site)
-    found = errors(inv)
-    assert len(found) == 2
+    found = requirement_findings(inv)
+    # torch's older NCCL is an error; other's newer one (in NCCL 2) a warning
+    assert sorted(f.severity.value for f in found) == ["error", "warning"]
     for f in found:
         assert f.fix == ""
         assert "no safe automatic repair is known" in f.cause
@@ -368,3 +375,156 @@ def test_one_requirement_stated_under_two_extras_is_reported_once(tmp_path):
     (f,) = requirement_findings(inv_of(site))
     assert f.message == "cuda-toolkit 13.0.3 [extra cublas] requires nvidia-cublas==13.1.1.3.*; 13.0.2.14 is installed"
     assert f.fix.endswith("install --no-deps 'nvidia-cublas==13.1.1.3.*'")  # pip picks the release
+
+
+# ------------------------------------------------------------------ unmet pins by direction; pins without ==X
+
+
+def toolkit_site(tmp_path: Path, cusparse: str | None) -> Path:
+    """torch 2.14.1's CUDA 13 wheels as pip resolves them: torch asks for cuda-toolkit's extras, and cuda-toolkit
+    (a meta package: no library of its own) pins each library wheel by a wildcard or a range."""
+    site = site_packages(tmp_path / "venv")
+    write_dist(site, "torch", "2.14.1", requires=["cuda-toolkit[cusparse,nvjitlink,nvrtc]==13.0.3"])
+    write_dist(
+        site,
+        "cuda-toolkit",
+        "13.0.3.0",
+        requires=[
+            'nvidia-cusparse==12.6.3.3.*; extra == "cusparse"',
+            'nvidia-nvjitlink<14,>=13.0.88; extra == "nvjitlink"',
+            'nvidia-cuda-nvrtc==13.0.88.*; extra == "nvrtc"',
+        ],
+    )
+    write_dist(site, "nvidia-nvjitlink", "13.5.37")
+    write_dist(site, "nvidia-cuda-nvrtc", "13.0.88")
+    if cusparse is not None:
+        write_dist(site, "nvidia-cusparse", cusparse)
+    return site
+
+
+@pytest.mark.parametrize(
+    ("cusparse", "severity", "side"),
+    [
+        # pip install -U nvidia-cusparse in torch's venv: it imports and runs (tests/test_requirements_real.py)
+        pytest.param("12.9.4.2", Severity.WARNING, "newer", id="newer-in-its-major"),
+        # pip install nvidia-cublas==13.0.2.14 under cuda-toolkit's ==13.1.1.3.*: torch imports too; a symbol
+        # an older release lacks is the symbols item's error (tests/test_requirements_real.py)
+        pytest.param("12.5.10.65", Severity.WARNING, "older", id="older-in-its-major"),
+        pytest.param("13.0.0.1", Severity.ERROR, "", id="another-major"),  # another soname (libcusparse.so.13)
+    ],
+)
+def test_an_unmet_pin_is_an_error_unless_in_its_major(tmp_path, cusparse, severity, side):
+    (f,) = requirement_findings(inv_of(toolkit_site(tmp_path, cusparse)))
+    assert f.message == (
+        f"cuda-toolkit 13.0.3.0 [extra cusparse] requires nvidia-cusparse==12.6.3.3.*; {cusparse} is installed"
+    )
+    assert f.severity is severity
+    assert (f"is {side} than nvidia-cusparse==12.6.3.3.* accepts" in f.cause) is bool(side)
+
+
+def test_older_in_its_major_but_refused_by_the_frameworks_own_check_stays_an_error(tmp_path):
+    # torch's cuDNN check: runtime minor >= compile minor ("cuDNN version incompatibility")
+    site = torch_site(tmp_path)
+    shutil.rmtree(site / "nvidia_cudnn_cu13-9.24.0.43.dist-info")
+    write_dist(site, "nvidia-cudnn-cu13", "9.19.0.56")
+    (f,) = errors(inv_of(site))
+    assert "cuDNN version incompatibility: PyTorch was compiled against (9, 24, 0)" in f.cause
+
+
+def test_the_clean_twin_of_the_toolkit_pins_gives_no_finding(tmp_path):
+    assert requirement_findings(inv_of(toolkit_site(tmp_path, "12.6.3.3"))) == ()
+
+
+def test_newer_but_refused_by_the_frameworks_own_check_stays_an_error(tmp_path):
+    # torch's cuDNN check refuses another major: 10.x for a 9.x build is no "newer in its major"
+    site = torch_site(tmp_path)
+    shutil.rmtree(site / "nvidia_cudnn_cu13-9.24.0.43.dist-info")
+    write_dist(site, "nvidia-cudnn-cu13", "10.0.0.1")
+    (f,) = errors(inv_of(site))
+    assert "10.0.0.1 is installed" in f.message
+
+
+def test_a_missing_wheel_pinned_by_a_wildcard_or_a_range_is_a_cuda_requirement(tmp_path):
+    # pip uninstall nvidia-cuda-nvrtc nvidia-nvjitlink in torch's venv: import torch fails on libnvrtc.so.13;
+    # the requirements saying which wheels ship them name no -cuNN and no exact version, yet are CUDA 13's
+    site = toolkit_site(tmp_path, "12.6.3.3")
+    for name in ("nvidia_cuda_nvrtc-13.0.88", "nvidia_nvjitlink-13.5.37"):
+        shutil.rmtree(site / f"{name}.dist-info")
+    (f,) = requirement_findings(inv_of(site))
+    assert f.severity is Severity.ERROR
+    assert f.message == (
+        "cuda-toolkit 13.0.3.0 requires 2 distributions that are not installed: nvidia-nvjitlink<14,>=13.0.88, "
+        "nvidia-cuda-nvrtc==13.0.88.*"
+    )
+    assert "the NVRTC libraries (libnvrtc.so.*" in f.cause
+
+
+@pytest.mark.skipif(not HAVE_CC, reason="needs a C compiler")
+def test_closure_follows_the_needers_requirements_through_a_requested_extra(tmp_path):
+    # torch needs libnvrtc.so.13; the wheel shipping it is torch's requirement only through cuda-toolkit[nvrtc]
+    site = toolkit_site(tmp_path, "12.6.3.3")
+    ext = compile_so(None, pyinit="_C", needed=["libnvrtc.so.13"], rpath="$ORIGIN/../nvidia/cu13/lib")
+    write_dist(
+        site,
+        "torch",
+        "2.14.1",
+        {"torch/_C.cpython-311-x86_64-linux-gnu.so": ext},
+        requires=["cuda-toolkit[cusparse,nvjitlink,nvrtc]==13.0.3"],
+    )
+    shutil.rmtree(site / "nvidia_cuda_nvrtc-13.0.88.dist-info")
+    inv = inv_of(site)
+    resolver = Resolver(SearchConfig.from_environment({}), reader=read_elf, owner=inv.owner)
+    found = (*extension_closures(inv, resolver), *requirement_findings(inv))
+    (f, g) = [f for f in found if f.failing]
+    assert (f.check, f.subject) == ("closure", "libnvrtc.so.13")
+    assert f.cause.startswith(
+        "cuda-toolkit 13.0.3.0 [extra nvrtc] requires nvidia-cuda-nvrtc==13.0.88.*, which is not installed; "
+    )
+    assert g.message == (
+        "cuda-toolkit 13.0.3.0 [extra nvrtc] requires nvidia-cuda-nvrtc==13.0.88.*, which is not installed"
+    )
+    # one step for both, by hand: which release the wildcard gets is pip's pick, not the model's (it was
+    # "would not be installed" and a generic step before); run on the real venv, the command repairs it
+    (plan,) = plan_repairs(found, inv)
+    (step,) = plan.steps
+    assert step.kind == "manual"
+    assert set(step.resolves) == {"closure: libnvrtc.so.13", "requirements: cuda-toolkit 13.0.3.0"}
+    assert "pip install 'nvidia-cuda-nvrtc==13.0.88.*' (pip picks the release)" in step.command
+    # the clean twin: the wheel installed with its library
+    write_dist(site, "nvidia-cuda-nvrtc", "13.0.88", {"nvidia/cu13/lib/libnvrtc.so.13": compile_so("libnvrtc.so.13")})
+    inv2 = inv_of(site)
+    resolver2 = Resolver(SearchConfig.from_environment({}), reader=read_elf, owner=inv2.owner)
+    assert not [f for f in (*extension_closures(inv2, resolver2), *requirement_findings(inv2)) if f.failing]
+
+
+def test_a_missing_meta_package_is_a_warning_and_its_fix_keeps_the_extras(tmp_path):
+    # pip uninstall cuda-toolkit in torch's venv: torch imports (every library wheel is still there); pip check
+    # objects. Its reinstall must ask for the extras torch asks for (pip installs their requirements)
+    site = toolkit_site(tmp_path, "12.6.3.3")
+    shutil.rmtree(site / "cuda_toolkit-13.0.3.0.dist-info")
+    (f,) = requirement_findings(inv_of(site))
+    assert f.severity is Severity.WARNING
+    assert f.message == "torch 2.14.1 requires cuda-toolkit[cusparse,nvjitlink,nvrtc]==13.0.3, which is not installed"
+    assert f.cause.startswith("cuda-toolkit: a meta package that ships no library")
+    assert f.pip[0].specs == ("cuda-toolkit[cusparse,nvjitlink,nvrtc]==13.0.3",)
+
+
+def test_a_missing_meta_package_beside_a_missing_library_wheel_is_an_error(tmp_path):
+    site = toolkit_site(tmp_path, "12.6.3.3")
+    shutil.rmtree(site / "cuda_toolkit-13.0.3.0.dist-info")
+    write_dist(site, "torch", "2.14.1", requires=["cuda-toolkit[nvrtc]==13.0.3", "nvidia-nccl-cu13==2.30.7"])
+    (f,) = requirement_findings(inv_of(site))
+    assert f.severity is Severity.ERROR
+    assert "NCCL libraries" in f.cause
+
+
+def test_the_missing_requirement_for_a_soname_is_the_one_of_its_cuda_major(tmp_path):
+    # both majors' runtimes required and missing: libcudart.so.13 is the wildcard pin's (13.0.96.* names CUDA 13)
+    site = site_packages(tmp_path / "venv")
+    write_dist(site, "app", "1.0", requires=["nvidia-cuda-runtime-cu12==12.9.79", "cuda-toolkit[cudart]==13.0.3"])
+    write_dist(site, "cuda-toolkit", "13.0.3.0", requires=['nvidia-cuda-runtime==13.0.96.*; extra == "cudart"'])
+    inv = inv_of(site)
+    got13 = requirement_for_soname(inv, "libcudart.so.13", [inv.get("app")])
+    got12 = requirement_for_soname(inv, "libcudart.so.12", [inv.get("app")])
+    assert (got13.text if got13 else None) == "nvidia-cuda-runtime==13.0.96.*"
+    assert (got12.text if got12 else None) == "nvidia-cuda-runtime-cu12==12.9.79"

@@ -98,3 +98,98 @@ def test_the_plan_for_a_missing_pinned_wheel_repairs_it(tmp_path):
     """The closure finding (libnvshmem_host.so.3 not found) and the requirements finding are repaired by one
     install: the model knows what the pinned wheel adds to the search (the library table)."""
     _apply_plan(_copy(tmp_path, "uninstall", "-q", "-y", "nvidia-nvshmem-cu13"))
+
+
+# -- failures no issue of ours described, reproduced on the real venv (each with its real import as the oracle)
+
+
+def _imports(site: str) -> subprocess.CompletedProcess[str]:
+    python = Path(site).parents[2] / "bin/python"
+    return subprocess.run([str(python), "-c", "import torch"], capture_output=True, text=True, check=False)
+
+
+def test_a_wheel_only_cuda_toolkits_extra_requires_uninstalled(tmp_path):
+    # pip uninstall nvidia-cuda-nvrtc: torch requires it only through cuda-toolkit[nvrtc]==13.0.3, whose pin
+    # (==13.0.88.*) names no -cuNN and no exact version; it was "outside the CUDA stack" and the plan generic
+    site = _copy(tmp_path, "uninstall", "-q", "-y", "nvidia-cuda-nvrtc")
+    run = _imports(site)
+    assert run.returncode != 0
+    assert "libnvrtc.so.13: cannot open shared object file" in run.stderr
+    (f,) = [f for f in _findings(site) if f.failing]
+    assert f.message.endswith("requires nvidia-cuda-nvrtc==13.0.88.*, which is not installed")
+    (g,) = [g for g in _findings(site, "closure") if g.failing]
+    assert g.subject == "libnvrtc.so.13"
+    assert "requires nvidia-cuda-nvrtc==13.0.88.*, which is not installed; " in g.cause
+    # the command the plan gives by hand repairs it (the wheel from the local store, as pip would pick it)
+    store = [d for d in ("/opt/pypi-more/files", os.environ.get("CUDASTACK_WHEELS", "")) if d and os.path.isdir(d)]
+    if not any(Path(d).glob("nvidia_cuda_nvrtc-13.0.88-*.whl") for d in store):
+        pytest.skip("no nvidia_cuda_nvrtc 13.0.88 wheel in a local store")
+    pip = [str(Path(site).parents[2] / "bin/python"), "-m", "pip", "install", "-q", "--no-index"]
+    subprocess.run([*pip, *(f"--find-links={d}" for d in store), "nvidia-cuda-nvrtc==13.0.88.*"], check=True)
+    assert _imports(site).returncode == 0
+    assert not [f for f in _findings(site) if f.failing]
+
+
+def test_a_newer_cusparse_than_cuda_toolkits_pin_is_a_warning(tmp_path):
+    # pip install -U nvidia-cusparse: pip check objects to cuda-toolkit's ==12.6.3.3.*, but torch imports (a
+    # newer cuSPARSE 12 keeps libcusparse.so.12 and what torch binds): it was an error, a false alarm
+    wheels = Path(os.environ.get("CUDASTACK_WHEELS", "/opt/cudastack-wheels"))
+    found = sorted(wheels.glob("nvidia_cusparse-12.9.4.2-*.whl"))
+    if not found:
+        pytest.skip(f"no nvidia_cusparse 12.9.4.2 wheel in {wheels}")
+    site = _copy(tmp_path, "install", "-q", "--no-deps", "--no-index", str(found[0]))
+    assert _imports(site).returncode == 0
+    found_req = _findings(site)
+    assert not [f for f in found_req if f.failing], "\n\n".join(f.render() for f in found_req)
+    (w,) = [f for f in found_req if f.severity is Severity.WARNING]
+    assert (
+        w.message
+        == "cuda-toolkit 13.0.3.0 [extra cusolver] requires nvidia-cusparse==12.6.3.3.*; 12.9.4.2 is installed"
+    )
+    assert not [f for f in _findings(site, "symbols") if f.failing]
+
+
+def test_cuda_toolkit_uninstalled_is_a_warning_whose_fix_keeps_torchs_extras(tmp_path):
+    # pip uninstall cuda-toolkit (a meta package): torch still imports, pip check objects
+    site = _copy(tmp_path, "uninstall", "-q", "-y", "cuda-toolkit")
+    assert _imports(site).returncode == 0
+    found = _findings(site)
+    assert not [f for f in found if f.failing], "\n\n".join(f.render() for f in found)
+    (w,) = [f for f in found if f.severity is Severity.WARNING]
+    assert w.message.startswith("torch 2.14.1 requires cuda-toolkit[cublas,")
+    (spec,) = w.pip[0].specs
+    assert spec.startswith("cuda-toolkit[cublas,cudart,")
+    assert spec.endswith("]==13.0.3")
+
+
+@pytest.mark.parametrize(
+    ("glob", "message"),
+    [
+        # cuDNN newer than torch's pin: torch's own check (runtime minor >= compile minor) accepts it
+        pytest.param(
+            "nvidia_cudnn_cu13-9.28.1.4-*.whl",
+            "torch 2.14.1 requires nvidia-cudnn-cu13==9.24.0.43; 9.28.1.4 is installed",
+            id="cudnn-newer",
+        ),
+        # cuBLAS older than cuda-toolkit's pin: every reference of torch's still binds (the symbols item's check)
+        pytest.param(
+            "nvidia_cublas-13.0.2.14-*.whl",
+            "cuda-toolkit 13.0.3.0 [extra cublas] requires nvidia-cublas==13.1.1.3.*; 13.0.2.14 is installed",
+            id="cublas-older",
+        ),
+    ],
+)
+def test_another_release_in_its_major_is_a_warning_where_torch_imports(tmp_path, glob, message):
+    wheels = Path(os.environ.get("CUDASTACK_WHEELS", "/opt/cudastack-wheels"))
+    found = sorted(wheels.glob(glob))
+    if not found:
+        pytest.skip(f"no {glob} in {wheels}")
+    site = _copy(tmp_path, "install", "-q", "--no-deps", "--no-index", str(found[0]))
+    python = Path(site).parents[2] / "bin/python"
+    code = "import torch; torch.backends.cudnn.version()"  # runs torch's cuDNN compatibility check
+    run = subprocess.run([str(python), "-c", code], capture_output=True, text=True, check=False)
+    assert run.returncode == 0, run.stderr
+    found_req = _findings(site)
+    assert not [f for f in found_req if f.failing], "\n\n".join(f.render() for f in found_req)
+    assert [f.message for f in found_req if f.severity is Severity.WARNING] == [message]
+    assert not [f for f in _findings(site, "symbols") if f.failing]

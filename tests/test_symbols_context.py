@@ -182,3 +182,76 @@ def test_an_already_loaded_dependency_brings_its_own_dependencies(tmp_path: Path
     assert _findings(site) == ""
     assert "undefined symbol" not in _real_import(site, "kernelish")
     assert "initialization of ops" in _real_import(site, "kernelish")  # dlopen bound it; only the stub init fails
+
+
+def _preloaded_needs_newer(tmp_path: Path, *, lt_has_new: bool) -> Path:
+    """cupy-cuda12x + nvidia-cusparse-cu12 12.5 + nvidia-nvjitlink-cu12 12.1 in small: the preload opens
+    libcublas.so.13 by path (RTLD_GLOBAL), whose DT_NEEDED libcublasLt.so.13 (another wheel, found by
+    libcublas's RUNPATH) is an older release lacking ``lt_fn2``, which libcublas binds."""
+    site = site_packages(tmp_path / "venv")
+    build = tmp_path / "build"
+    new_lt = "int lt_fn(void) { return 1; }\nint lt_fn2(void) { return 2; }\n"
+    old_lt = new_lt if lt_has_new else "int lt_fn(void) { return 1; }\n"
+    _so(build / "new", "libcublasLt.so.13", new_lt, ["-Wl,-soname,libcublasLt.so.13"])
+    write_dist(
+        site,
+        "nvidia-cublaslt-stand-in",
+        "13.0.0",
+        {
+            "nvidia/cu13/lib/libcublasLt.so.13": _so(
+                build, "libcublasLt.so.13", old_lt, ["-Wl,-soname,libcublasLt.so.13"]
+            )
+        },
+    )
+    cublas = _so(
+        build,
+        "libcublas.so.13",
+        "int lt_fn2(void);\nint cublas_fn(void) { return lt_fn2(); }\n",
+        [
+            "-Wl,-soname,libcublas.so.13",
+            str(build / "new" / "libcublasLt.so.13"),
+            "-Wl,-z,now",
+            "-Wl,--enable-new-dtags",
+            "-Wl,-rpath,$ORIGIN",
+        ],
+    )
+    write_dist(site, "nvidia-cublas", "13.1.0", {"nvidia/cu13/lib/libcublas.so.13": cublas})
+    # the module needs libcublas.so.13 by DT_NEEDED: the preload has mapped it, so it binds as already loaded
+    module = _so(
+        build,
+        f"cublas{SUFFIX}",
+        "int cublas_fn(void);\nint PyInit_cublas(void) { return cublas_fn() - 2; }\n",
+        [str(build / "libcublas.so.13")],
+    )
+    write_dist(
+        site,
+        "cupy-cuda13x",
+        "14.0.0",
+        {
+            "cupy/__init__.py": "from cupy_backends.cuda.libs import cublas\n",
+            "cupy_backends/__init__.py": "",
+            "cupy_backends/cuda/__init__.py": "",
+            "cupy_backends/cuda/libs/__init__.py": GETATTR,
+            f"cupy_backends/cuda/libs/cublas{SUFFIX}": module,
+        },
+    )
+    return site
+
+
+def test_a_preloaded_librarys_own_dependency_is_named_where_it_lacks_a_symbol(tmp_path: Path):
+    site = _preloaded_needs_newer(tmp_path, lt_has_new=False)
+    assert "undefined symbol: lt_fn2" in _real_import(site, "cupy")
+    text = _findings(site)
+    assert "undefined symbol: lt_fn2" in text
+    # the library that was to define it, where it resolved and whose it is (it was "no object in its lookup
+    # scope defines them": the preloaded library's own dependencies were not in the scope)
+    assert "are not defined: libcublasLt.so.13 (the needed library defining their nearest names) resolved to " in text
+    assert "resolved to nvidia/cu13/lib/libcublasLt.so.13 (runpath, runpath of nvidia/cu13/lib/libcublas.so.13" in text
+    assert "from nvidia-cublaslt-stand-in 13.0.0" in text
+    assert "install the release of nvidia-cublaslt-stand-in whose libcublasLt.so.13 defines lt_fn2" in text
+
+
+def test_a_preloaded_librarys_dependency_that_defines_it_is_clean(tmp_path: Path):
+    site = _preloaded_needs_newer(tmp_path, lt_has_new=True)
+    assert "undefined symbol" not in _real_import(site, "cupy")
+    assert _findings(site) == ""

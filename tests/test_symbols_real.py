@@ -110,3 +110,30 @@ def test_static_prediction_of_the_cu11_nccl_import_names_the_symbol_the_loader_r
     assert cuda
     assert cuda[0].details[0] == f"undefined symbol: {real}"
     assert (loader_message(cuda[0]) or "").endswith(f"undefined symbol: {real}")
+
+
+def test_cusparse_cu12_over_an_older_nvjitlink_names_the_nvjitlink_wheel(tmp_path: Path):
+    # pip resolving nvidia-nvjitlink-cu12 older than nvidia-cusparse-cu12 needs (NVIDIA/cuvs#1794, pytorch#111469)
+    # beside cupy-cuda12x, whose cuda-pathfinder opens libcusparse.so.12 by path: the real import fails with
+    # "undefined symbol: __nvJitLinkGetErrorLogSize_12_9, version libnvJitLink.so.12"
+    healthy = Path(os.environ.get("CUDASTACK_HEALTHY", "/opt/cudastack-healthy")) / "cupy12"
+    wheels = Path(os.environ.get("CUDASTACK_WHEELS", "/opt/cudastack-wheels"))
+    found = [
+        sorted(wheels.glob(g))
+        for g in ("nvidia_cusparse_cu12-12.5.10.65-*.whl", "nvidia_nvjitlink_cu12-12.1.105-*.whl")
+    ]
+    if not (healthy / "bin/python").exists() or not all(found):
+        pytest.skip(f"needs {healthy} and the nvidia-cusparse-cu12 12.5.10.65 / nvidia-nvjitlink-cu12 12.1.105 wheels")
+    copy = tmp_path / "venv"
+    subprocess.run(["cp", "-al", str(healthy), str(copy)], check=True)
+    pip = [str(copy / "bin/python"), "-m", "pip", "install", "-q", "--no-deps", "--no-index"]
+    subprocess.run([*pip, str(found[0][0]), str(found[1][0])], check=True, capture_output=True)
+    code = "import cupy\nfrom cupy_backends.cuda.libs import cusparse\n"
+    env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
+    run = subprocess.run([str(copy / "bin/python"), "-c", code], capture_output=True, text=True, check=False, env=env)
+    assert "undefined symbol: __nvJitLinkGetErrorLogSize_12_9, version libnvJitLink.so.12" in run.stderr
+    (f,) = [f for f in _findings(copy, tmp_path / "cache") if "libcusparse.so.12" in f.subject]
+    assert "resolved to nvidia/nvjitlink/lib/libnvJitLink.so.12" in f.message
+    assert "from nvidia-nvjitlink-cu12 12.1.105" in f.message
+    assert f.details[0] == "undefined symbol: __nvJitLinkGetErrorLogSize_12_9, version libnvJitLink.so.12"
+    assert "install the release of nvidia-nvjitlink-cu12 whose libnvJitLink.so.12 defines" in f.render()

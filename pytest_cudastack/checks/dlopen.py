@@ -23,7 +23,9 @@ fails only when none of its names resolves, and is on a wrong copy only when non
   copy of another version than the one the caller's own distribution, or a distribution it requires, ships
   under that name (another wheel, ``LD_LIBRARY_PATH``, ld.so.cache, a default directory): ERROR naming both
   copies, both versions and the route for a table row (a WARNING when the version of the copy found is
-  unknown), INFO for a name found in the data (it may be opened by a full path instead);
+  unknown: no distribution here owns it and its file name stops at the soname, as another venv's wheel; none
+  when its bytes are the caller's own copy's), INFO for a name found in the data (it may be opened by a full
+  path instead);
 * an object a run-time load maps whose own DT_NEEDED are missing: its load fails, at that load's severity
   (INFO for a name found in the data).
 
@@ -415,12 +417,31 @@ _FILE_VERSION = re.compile(r"\.so\.([0-9]+(?:\.[0-9]+)*)$")
 
 
 def _version(path: str, inv: Inventory) -> tuple[str | None, Distribution | None]:
-    """A copy's version: its distribution's, else the numbers after ``.so.`` in its real file name."""
+    """A copy's version: its distribution's, else the numbers after ``.so.`` in its real file name when they
+    name a release (``libcudnn_graph.so.9.19.0``); a file named by its soname alone (``.so.9``, as every wheel
+    ships it: another venv's cuDNN on LD_LIBRARY_PATH) says its major, not its release: None."""
     owners = inv.owners(path)
     if owners:
         return owners[0].version, owners[0]
     m = _FILE_VERSION.search(os.path.basename(os.path.realpath(path)))
-    return (m.group(1) if m else None), None
+    return (m.group(1) if m and "." in m.group(1) else None), None
+
+
+def _same_bytes(a: str, b: str) -> bool:
+    """Whether two files hold the same bytes (sizes first; read in blocks, stopping at the first difference):
+    another path to an identical copy is not another library."""
+    try:
+        if os.path.getsize(a) != os.path.getsize(b):
+            return False
+        with open(a, "rb") as fa, open(b, "rb") as fb:
+            while True:
+                x, y = fa.read(1 << 20), fb.read(1 << 20)
+                if x != y:
+                    return False
+                if not x:
+                    return True
+    except OSError:
+        return False
 
 
 def _same_version(a: str, b: str) -> bool:
@@ -469,6 +490,8 @@ def _copy_finding(w: Want, r: Reached, inv: Inventory, read: Callable[[str], Elf
     v_exp, d_exp = _version(exp, inv)
     other_major = d_found is not None and d_exp is not None and d_found.cuda_major != d_exp.cuda_major
     if v_found is not None and v_exp is not None and _same_version(v_found, v_exp) and not other_major:
+        return None
+    if v_found is None and _same_bytes(real, os.path.realpath(exp)):
         return None
     return _wrong_copy(w, r, inv, (lib, lib.path, v_found, d_found), (exp, v_exp, d_exp))
 

@@ -6,12 +6,20 @@ One item (design.md's ``cudastack::requirements``) over three concerns, each its
 :mod:`~pytest_cudastack.checks.shadow` (a copy other than the one the consumer's own wheel provides wins).
 
 A requirement *matters for the CUDA stack* (:func:`cuda_relevant`) when the required distribution is a CUDA
-wheel (by its name and pinned version, :mod:`pytest_cudastack.cuda.flavour`, or by the installed copy), or
-when a CUDA distribution requires a distribution that ships shared libraries (torch and triton). Findings:
+wheel (by its name and the version the requirement names: an exact pin, a wildcard's release or a bound, as
+cuda-toolkit's ``nvidia-cuda-nvrtc==13.0.88.*``; :mod:`pytest_cudastack.cuda.flavour`, or by the installed
+copy), or when a CUDA distribution requires a distribution that ships shared libraries (torch and triton).
+Findings:
 
 * a CUDA requirement unmet: ERROR, one per required distribution whose version is wrong ("torch 2.14.1
   requires nvidia-nccl-cu13==2.30.7; 2.28.9 is installed"), one per requirer for those missing (all of them
-  at once), each saying what it means for the libraries the wheel ships;
+  at once), each saying what it means for the libraries the wheel ships; a CUDA library wheel newer (or older)
+  than every release the requirement accepts, in the same major, that no framework check of the requirer's
+  refuses, is a WARNING (:func:`_side_in_its_major`: nothing fails to load for its version itself, a symbol
+  it lacks is the symbols item's; pip check still objects);
+* a missing CUDA meta package (cuda_compat.json's ``meta_packages``: cuda-toolkit, which ships no library): WARNING
+  (nothing loads from it; what its requirements ship is the closure and dlopen items'); its fix keeps the extras
+  asked for;
 * a missing requirement of a distribution nothing uses (no extension module, nothing requires it: a
   library wheel installed with ``--no-deps``): WARNING;
 * an unmet version through an extra that counts as installed only because its requirements all are (inferred,
@@ -32,7 +40,7 @@ from packaging.version import Version
 
 from pytest_cudastack.checks.frameworks import framework_findings
 from pytest_cudastack.checks.shadow import shadow_findings
-from pytest_cudastack.cuda.compat import soname_cuda_majors
+from pytest_cudastack.cuda.compat import load_compat, soname_cuda_majors
 from pytest_cudastack.cuda.flavour import wheel_cuda_flavour
 from pytest_cudastack.cuda.frameworks import LibraryRow, framework_says, load_rules, reported_version
 from pytest_cudastack.errors import CudaStackError
@@ -67,12 +75,23 @@ def library_of(name: str) -> LibraryRow | None:
         return None
 
 
+def _named_version(fact: RequirementFact) -> str:
+    """The release a requirement names: its exact pin, else a wildcard pin's release (cuda-toolkit's
+    ``nvidia-cuda-nvrtc==13.0.88.*``), else a bound's version (``nvidia-nvjitlink<14,>=13.0.88``); "" for
+    none. The unsuffixed CUDA 13 wheels say their CUDA only by their version, so a requirement without an
+    exact pin still says which CUDA it asks for through the release it names."""
+    if fact.pin is not None:
+        return fact.pin
+    specs = sorted(fact.requirement.specifier, key=lambda s: (s.operator != "==", s.operator not in (">=", ">")))
+    return next((s.version.removesuffix(".*") for s in specs if s.operator not in ("!=", "<", "<=")), "")
+
+
 def cuda_relevant(fact: RequirementFact) -> bool:
     """Does this requirement matter for the CUDA stack (see the module docstring)?"""
     if fact.installed is not None and fact.installed.cuda_major is not None:
         return True
     try:
-        major, _ = wheel_cuda_flavour(fact.requirement.name, fact.pin or "", (), ())
+        major, _ = wheel_cuda_flavour(fact.requirement.name, _named_version(fact), (), ())
     except CudaStackError:
         major = None
     if major is not None:
@@ -134,14 +153,51 @@ def _framework_verdict(fact: RequirementFact, lib: LibraryRow | None) -> str:
     return framework_says(data, fact.requirer.name, fact.requirer.version, lib.library, build, runtime)
 
 
-def _version_finding(fact: RequirementFact, reqs: Requirements, severity: Severity) -> Finding:
+def _side_in_its_major(fact: RequirementFact) -> str:
+    """``"newer"`` or ``"older"`` when the installed release of a CUDA library wheel misses the requirement on
+    that one side only, in the same major release (its first component: ``nvidia-cusparse`` 12.9.4.2 for
+    ``==12.6.3.3.*``), with no failing check of the requirer's own on it; "" otherwise (another major, both
+    sides, ``!=``, ``===``, an unknown library or version). Then nothing fails for the version itself: the
+    sonames are the major's, a symbol the release lacks is the symbols item's to find (it reads every
+    reference and definition from the files), and the requirer's own version check (framework_rules.json:
+    torch's cuDNN, its NCCL floor, JAX's floors) accepts it; only ``pip check`` objects."""
+    lib = library_of(fact.name)
+    if lib is None or fact.installed is None or _framework_verdict(fact, lib):
+        return ""
+    try:
+        have = Version(fact.installed.version)
+        failing = [s for s in fact.requirement.specifier if not s.contains(have, prereleases=True)]
+        bounds = [Version(s.version.removesuffix(".*")) for s in failing]
+    except ValueError:  # InvalidVersion, or a number over the digit limit
+        return ""
+    sides: set[str] = set()
+    for spec, bound in zip(failing, bounds, strict=True):
+        if bound.release[:1] != have.release[:1] or spec.operator in ("!=", "==="):
+            return ""
+        if spec.operator in ("<", "<="):
+            sides.add("newer")
+        elif spec.operator in (">", ">="):
+            sides.add("older")
+        else:  # == (exact or a wildcard's prefix), ~=: which side of the release it names
+            sides.add("newer" if have.release[: len(bound.release)] > bound.release else "older")
+    return sides.pop() if len(sides) == 1 else ""
+
+
+def _version_finding(fact: RequirementFact, reqs: Requirements, severity: Severity, *, side: str = "") -> Finding:
     installed = fact.installed
     requirer = fact.requirer
     if installed is None or requirer is None:
         raise ValueError(f"not an installed version of a stated requirement: {fact}")
     lib = library_of(fact.name)
     who = requirer.name
-    if lib is not None:
+    if lib is not None and side:
+        cause = (
+            f"{lib.name} {installed.version} is {side} than {fact.text} accepts, in the same major release (the "
+            f"same sonames): what would fail at load is a symbol it lacks (the symbols item reads them from the "
+            f"files and lists any) or a framework's own version check (none refuses it); pip check reports the "
+            f"conflict, and pip's next resolve of {who} replaces it"
+        )
+    elif lib is not None:
         cause = (
             f"{who} was built against {lib.name} {fact.pin or fact.requirement.specifier} and loads {lib.name} "
             f"{installed.version} instead: a release older than its build can lack symbols {who} binds (an "
@@ -186,6 +242,14 @@ def _version_finding(fact: RequirementFact, reqs: Requirements, severity: Severi
     )
 
 
+def _meta_packages() -> frozenset[str]:
+    """The CUDA meta packages (cuda_compat.json's ``meta_packages``: cuda-toolkit), none when it cannot load."""
+    try:
+        return frozenset(load_compat().meta_packages)
+    except CudaStackError:
+        return frozenset()
+
+
 def _missing_finding(requirer: Distribution, facts: Sequence[RequirementFact], reqs: Requirements) -> Finding:
     texts = [f.text for f in facts]
     libs = [lib for f in facts if (lib := library_of(f.name)) is not None]
@@ -207,17 +271,30 @@ def _missing_finding(requirer: Distribution, facts: Sequence[RequirementFact], r
     unresolved: list[str] = []
     for f in facts:
         version, on = repair_version(reqs, f.name)
+        # the extras asked for come with the name: pip installs their requirements too
+        extras = f"[{','.join(sorted(f.requirement.extras))}]" if f.requirement.extras else ""
         if version is not None:
-            specs.append(f"{f.requirement.name}{version}")
+            specs.append(f"{f.requirement.name}{extras}{version}")
         elif all(g.pin is None for g in on):
             joined = ",".join(sorted({str(s) for g in on for s in g.requirement.specifier}))
-            specs.append(f"{f.requirement.name}{joined}")
+            specs.append(f"{f.requirement.name}{extras}{joined}")
         else:
             unresolved.append(f.text)
     why = f"{requirer.label} requires them"
     fix = (Pip("install", tuple(specs), pip_python(requirer), why=why),) if specs else ()
     severity = Severity.ERROR
-    if not used(requirer, reqs):
+    metas = _meta_packages()
+    if all(f.name in metas for f in facts):
+        # cuda-toolkit installs no file of its own: its absence fails no load (what its requirements ship, the
+        # closure and dlopen items check), only pip check and the next resolve see it
+        severity = Severity.WARNING
+        cause = (
+            f"{', '.join(sorted({f.requirement.name for f in facts}))}: a meta package that ships no library, only "
+            f"requirements on the library wheels; {requirer.name} loads nothing from it, and the libraries those "
+            "requirements name are the closure and dlopen items' to find (pip check reports it; pip's next resolve "
+            f"of {requirer.name} reinstalls it)"
+        )
+    elif not used(requirer, reqs):
         severity = Severity.WARNING
         cause += (
             f"; nothing installed requires {requirer.name} and it has no extension module (installed with "
@@ -258,7 +335,9 @@ def requirement_findings(inv: Inventory, reqs: Requirements | None = None) -> tu
             found = "not installed" if fact.installed is None else f"{fact.installed.version} is installed"
             others.append(f"{fact.requester} requires {fact.text}; {found}")
         elif fact.status is Status.VERSION:
-            findings.append(_version_finding(fact, reqs, Severity.WARNING if fact.inferred else Severity.ERROR))
+            side = _side_in_its_major(fact)
+            severity = Severity.WARNING if fact.inferred or side else Severity.ERROR
+            findings.append(_version_finding(fact, reqs, severity, side=side))
         else:
             missing.setdefault(id(requirer), (requirer, []))[1].append(fact)
     findings[0:0] = [_missing_finding(d, facts, reqs) for d, facts in missing.values()]
@@ -278,6 +357,24 @@ def requirement_findings(inv: Inventory, reqs: Requirements | None = None) -> tu
     return tuple(findings)
 
 
+def _required_closure(reqs: Requirements, keys: set[str]) -> set[str]:
+    """``keys`` and every distribution their met requirements install, transitively (pip's resolve: torch's
+    ``cuda-toolkit[nvrtc,...]==13.0.3`` brings ``nvidia-cuda-nvrtc==13.0.88.*``, so the wheel that ships
+    torch's ``libnvrtc.so.13`` is torch's requirement through cuda-toolkit's requested extra)."""
+    if not keys:
+        return keys
+    out = set(keys)
+    grown = True
+    while grown:
+        grown = False
+        for f in reqs.facts:
+            got = f.installed
+            if f.met and got is not None and f.requirer is not None and f.requirer.key in out and got.key not in out:
+                out.add(got.key)
+                grown = True
+    return out
+
+
 def requirement_for_soname(
     inv: Inventory, soname: str, requirers: Sequence[Distribution] = (), reqs: Requirements | None = None
 ) -> RequirementFact | None:
@@ -292,7 +389,7 @@ def requirement_for_soname(
     if lib is None:
         return None
     reqs = reqs if reqs is not None else requirement_facts(inv)
-    keys = {d.key for d in requirers}
+    keys = _required_closure(reqs, {d.key for d in requirers})
     hits = [
         f
         for f in reqs.unmet
@@ -306,7 +403,7 @@ def requirement_for_soname(
 
     def major(f: RequirementFact) -> int | None:
         try:
-            return wheel_cuda_flavour(f.requirement.name, f.pin or "", (), ())[0]
+            return wheel_cuda_flavour(f.requirement.name, _named_version(f), (), ())[0]
         except CudaStackError:
             return None
 

@@ -752,7 +752,7 @@ def extension_symbol_findings(
 
         trees = module_trees(inv, resolver)
     for mt in trees:
-        local = _scope([mt.tree], dirs)
+        local = _scope(_with_loaded_closures(mt.tree, resolver), dirs)
         both = Scope(
             glob.objects + local.objects,
             {**local.sonames, **glob.sonames},
@@ -829,6 +829,18 @@ def _in_context(
     return out
 
 
+def _with_loaded_closures(tree: Tree, resolver: Resolver, loaded: Sequence[str] = ()) -> list[Tree]:
+    """``tree`` and the closure of each library it finds already loaded: an already-loaded dependency brings
+    its own dependencies into the search list, as the dlopen that mapped it mapped them (cupy's
+    cuda-pathfinder opens libcusparse.so.12 by path before the module that needs it: libcusparse's
+    libnvJitLink.so.12 is in that module's scope, and where it lacks a symbol it is the library to name)."""
+    out = [tree]
+    for lib in tree.libraries:
+        if lib.route is Route.ALREADY_LOADED and lib.path is not None:
+            out.append(resolver.tree(lib.path, loaded=loaded))
+    return out
+
+
 def _context_scope(path: str, ctx: ImportScope, resolver: Resolver, interp_scope: Scope, dirs: dict[str, str]) -> Scope:
     """[global scope when the module is opened] + its own search list (dl_open_worker's lookup scopes)."""
     return _context_scopes(path, ctx, resolver, interp_scope, dirs)[0]
@@ -838,12 +850,7 @@ def _context_scopes(
     path: str, ctx: ImportScope, resolver: Resolver, interp_scope: Scope, dirs: dict[str, str]
 ) -> tuple[Scope, Scope]:
     """:func:`_context_scope`, and the opened object's own search list alone (``l_searchlist``)."""
-    tree = resolver.tree(path, loaded=ctx.loaded)
-    trees = [tree]
-    for lib in tree.libraries:  # an already-loaded dependency brings its own dependencies into the list
-        if lib.route is Route.ALREADY_LOADED and lib.path is not None:
-            trees.append(resolver.tree(lib.path, loaded=ctx.loaded))
-    local = _scope(trees, dirs)
+    local = _scope(_with_loaded_closures(resolver.tree(path, loaded=ctx.loaded), resolver, ctx.loaded), dirs)
     head = tuple(dict.fromkeys(real_path(g, dirs) for g in ctx.global_scope))
     both = Scope(
         head + local.objects,

@@ -1055,6 +1055,12 @@ def _no_safe_repair(
     """The manual step for a finding no verified pip command repairs: the model's reason, and what to do."""
     own = f.pip
     reason = ""
+    if own and not all(_exact(p) for p in own):
+        # the model applies exact versions only; a range or wildcard is pip's pick from the index, so the
+        # command itself is the step, by hand (predicting it as "not installed" would be untrue)
+        shown = " && ".join(r.render() for r in own)
+        why = f"{NO_SAFE_REPAIR}: the model checks pip commands of exact versions only (a range's pick is pip's)"
+        return Manual((f"run {shown} (pip picks the release), then re-run cudastack check",), why=why)
     if own:
         left = predict(_actions(own), inv, facts=facts, findings=[f], reqs=reqs)
         if left:
