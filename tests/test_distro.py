@@ -191,6 +191,17 @@ def test_file_dpkg_lists_but_gone(tmp_path: Path):
     assert [r.render() for r in f.remedies] == ["apt-get install --reinstall python3-yaml"]
 
 
+def test_fifo_where_dpkg_lists_a_library_is_unreadable_not_a_hang(tmp_path: Path):
+    # a FIFO named like the package's library: its md5 is never read (it would block), the file is "altered"
+    site = _debian_site(tmp_path)
+    lib = site / "yaml/_yaml.cpython-311-x86_64-linux-gnu.so"
+    lib.unlink()
+    os.mkfifo(lib)
+    inv = installed_wheels([str(site)], reader=read_elf, dpkg_root=str(tmp_path))
+    (f,) = _errors(inv)
+    assert "md5 unreadable" in " ".join(f.details) + f.message
+
+
 @pytest.mark.parametrize(
     "sums",
     [

@@ -53,6 +53,7 @@ from pytest_cudastack.wheels.ownership import (
     attribute,
     deb_overlaps,
     exact_pin,
+    file_digest,
     in_dist_info,
     inside_site,
     pip_command,
@@ -582,21 +583,6 @@ def _placeholders(inv: Inventory, required: _Required) -> list[Finding]:
     return findings
 
 
-_MD5_BLOCK = 1 << 20
-
-
-def _md5(path: str) -> str | None:
-    """md5 hex digest of a regular file, None when it cannot be read."""
-    h = hashlib.md5(usedforsecurity=False)
-    try:
-        with open(path, "rb") as f:
-            while block := f.read(_MD5_BLOCK):
-                h.update(block)
-    except OSError:
-        return None
-    return h.hexdigest()
-
-
 def _os_package_findings(inv: Inventory, wheel_bytes: frozenset[str] | set[str] = frozenset()) -> list[Finding]:
     """Per OS-owned distribution: its package's shared libraries under its site directory that are gone, and
     those whose md5 is not the one dpkg recorded (a package without md5sums is not judged); those whose
@@ -620,7 +606,8 @@ def _os_package_findings(inv: Inventory, wheel_bytes: frozenset[str] | set[str] 
             if not os.path.lexists(path):
                 missing.append(rel)
                 continue
-            got = _md5(path)
+            raw = file_digest(path, hashlib.md5(usedforsecurity=False))
+            got = None if raw is None else raw.hex()
             if got != digest:
                 altered.append(f"{rel}: md5 {got or 'unreadable'}, dpkg's md5sums: {digest}")
         if missing:

@@ -21,6 +21,7 @@ import re
 import stat
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
@@ -47,6 +48,7 @@ __all__ = [
     "bytes_on_disk",
     "deb_overlaps",
     "exact_pin",
+    "file_digest",
     "in_dist_info",
     "inside_site",
     "pip_command",
@@ -120,6 +122,24 @@ def uninstall(dists: Sequence[Distribution], why: str = "") -> Pip:
 FORCE = ("--force-reinstall", "--no-deps")  # reinstall exactly these files, touching nothing else
 
 
+def file_digest(path: str, h: Any) -> bytes | None:
+    """The digest ``h`` (a fresh hashlib object) of the regular file at ``path``, None when it cannot be read;
+    opened without blocking, so a FIFO named in a RECORD or md5sums never hangs the run."""
+    try:
+        fd, _st = open_regular(path)
+    except ElfError:
+        return None
+    try:
+        while chunk := os.read(fd, 1 << 20):
+            h.update(chunk)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    digest: bytes = h.digest()
+    return digest
+
+
 class Disk:
     """Memoised stat and hashes; hashes only regular files inside a site directory."""
 
@@ -148,20 +168,12 @@ class Disk:
         site_n = os.path.realpath(site).rstrip(os.sep) + os.sep
         if os.path.realpath(path).startswith(site_n) and algorithm in hashlib.algorithms_available:
             try:
-                fd, _st = open_regular(path)
-            except ElfError:
-                fd = -1
-            if fd >= 0:
-                try:
-                    h = hashlib.new(algorithm)
-                    while chunk := os.read(fd, 1 << 20):
-                        h.update(chunk)
-                    result = algorithm + "=" + base64.urlsafe_b64encode(h.digest()).rstrip(b"=").decode()
-                    self.hashed.append(path)
-                except (OSError, TypeError, ValueError):  # TypeError: SHAKE's digest() needs a length
-                    result = None
-                finally:
-                    os.close(fd)
+                raw = file_digest(path, hashlib.new(algorithm))
+            except (TypeError, ValueError):  # TypeError: SHAKE's digest() needs a length
+                raw = None
+            if raw is not None:
+                result = algorithm + "=" + base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+                self.hashed.append(path)
         self._hash[key] = result
         return result
 
@@ -170,22 +182,10 @@ class Disk:
         be read. Asked only of a file a ``.deb`` and a RECORD both list (:func:`deb_overlaps`)."""
         key = (path, "md5")
         if key not in self._hash:
-            result: str | None = None
-            try:
-                fd, _st = open_regular(path)
-            except ElfError:
-                fd = -1
-            if fd >= 0:
-                try:
-                    h = hashlib.md5(usedforsecurity=False)
-                    while chunk := os.read(fd, 1 << 20):
-                        h.update(chunk)
-                    result = h.hexdigest()
-                    self.hashed.append(path)
-                except OSError:
-                    result = None
-                finally:
-                    os.close(fd)
+            raw = file_digest(path, hashlib.md5(usedforsecurity=False))
+            result = None if raw is None else raw.hex()
+            if raw is not None:
+                self.hashed.append(path)
             self._hash[key] = result
         return self._hash[key]
 
