@@ -20,12 +20,10 @@ from pytest_cudastack.linker.resolver import Resolver, SearchConfig
 from pytest_cudastack.model.modules import module_trees
 from pytest_cudastack.model.process import Interpreter, predict_import
 from pytest_cudastack.wheels.inventory import installed_wheels
-from tests.helpers.sitebuild import CUPY_LIBS_GETATTR, HAVE_CC, compile_so, site_packages, write_dist
+from tests.helpers.sitebuild import HAVE_CC, compile_so, site_packages, write_cupy_stand_in, write_dist
 
 pytestmark = pytest.mark.skipif(not HAVE_CC, reason="needs a C compiler")
 SUFFIX = importlib.machinery.EXTENSION_SUFFIXES[0]
-
-GETATTR = CUPY_LIBS_GETATTR
 
 
 def _cupy(tmp_path: Path, *, cublas: bool = True) -> Path:
@@ -36,19 +34,8 @@ def _cupy(tmp_path: Path, *, cublas: bool = True) -> Path:
             "libcublas.so.13", needed=["libcublasLt.so.13"], runpath="$ORIGIN"
         )
     write_dist(site, "nvidia-cublas", "13.1.0", files)
-    write_dist(
-        site,
-        "cupy-cuda13x",
-        "14.0.0",
-        {
-            "cupy/__init__.py": "from cupy_backends.cuda.libs import cublas\n",
-            "cupy_backends/__init__.py": "",
-            "cupy_backends/cuda/__init__.py": "",
-            "cupy_backends/cuda/libs/__init__.py": GETATTR,
-            # links libcublas.so.13 by soname, no RUNPATH to nvidia/cu13/lib: as cupy's wheels
-            f"cupy_backends/cuda/libs/cublas{SUFFIX}": compile_so(None, pyinit="cublas", needed=["libcublas.so.13"]),
-        },
-    )
+    # links libcublas.so.13 by soname, no RUNPATH to nvidia/cu13/lib: as cupy's wheels
+    write_cupy_stand_in(site, compile_so(None, pyinit="cublas", needed=["libcublas.so.13"]))
     return site
 
 

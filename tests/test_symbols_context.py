@@ -18,12 +18,10 @@ from pytest_cudastack.linker.resolver import Resolver, SearchConfig
 from pytest_cudastack.linker.symbols import read_symbols
 from pytest_cudastack.wheels.inventory import installed_wheels
 from tests.helpers.elfbuild import CC, needs_cc
-from tests.helpers.sitebuild import CUPY_LIBS_GETATTR, site_packages, write_dist
+from tests.helpers.sitebuild import site_packages, write_cupy_stand_in, write_dist
 
 pytestmark = needs_cc
 SUFFIX = importlib.machinery.EXTENSION_SUFFIXES[0]
-
-GETATTR = CUPY_LIBS_GETATTR
 
 
 def _so(build: Path, name: str, source: str, args: Sequence[str] = ()) -> bytes:
@@ -75,18 +73,7 @@ def _cupy(tmp_path: Path, *, cublas: bool) -> Path:
     module = _so(
         build, f"cublas{SUFFIX}", "int cublas_fn(void);\nint PyInit_cublas(void) { return cublas_fn() - 1; }\n"
     )
-    write_dist(
-        site,
-        "cupy-cuda13x",
-        "14.0.0",
-        {
-            "cupy/__init__.py": "from cupy_backends.cuda.libs import cublas\n",
-            "cupy_backends/__init__.py": "",
-            "cupy_backends/cuda/__init__.py": "",
-            "cupy_backends/cuda/libs/__init__.py": GETATTR,
-            f"cupy_backends/cuda/libs/cublas{SUFFIX}": module,
-        },
-    )
+    write_cupy_stand_in(site, module)
     return site
 
 
@@ -223,18 +210,7 @@ def _preloaded_needs_newer(tmp_path: Path, *, lt_has_new: bool) -> Path:
         "int cublas_fn(void);\nint PyInit_cublas(void) { return cublas_fn() - 2; }\n",
         [str(build / "libcublas.so.13")],
     )
-    write_dist(
-        site,
-        "cupy-cuda13x",
-        "14.0.0",
-        {
-            "cupy/__init__.py": "from cupy_backends.cuda.libs import cublas\n",
-            "cupy_backends/__init__.py": "",
-            "cupy_backends/cuda/__init__.py": "",
-            "cupy_backends/cuda/libs/__init__.py": GETATTR,
-            f"cupy_backends/cuda/libs/cublas{SUFFIX}": module,
-        },
-    )
+    write_cupy_stand_in(site, module)
     return site
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import atexit
 import base64
 import hashlib
+import importlib.machinery
 import os
 import shutil
 import subprocess
@@ -186,6 +187,24 @@ def __getattr__(name):
                 break
     return importlib.import_module(f"cupy_backends.cuda.libs.{name}")
 """
+
+
+def write_cupy_stand_in(site: Path, cublas_module: bytes) -> None:
+    """A stand-in ``cupy-cuda13x`` 14.0.0 in ``site``: ``import cupy`` imports ``cupy_backends.cuda.libs.cublas``
+    (the extension ``cublas_module``) through :data:`CUPY_LIBS_GETATTR`'s preloads, as cupy's own package does."""
+    suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
+    write_dist(
+        site,
+        "cupy-cuda13x",
+        "14.0.0",
+        {
+            "cupy/__init__.py": "from cupy_backends.cuda.libs import cublas\n",
+            "cupy_backends/__init__.py": "",
+            "cupy_backends/cuda/__init__.py": "",
+            "cupy_backends/cuda/libs/__init__.py": CUPY_LIBS_GETATTR,
+            f"cupy_backends/cuda/libs/cublas{suffix}": cublas_module,
+        },
+    )
 
 
 def isolate_search(monkeypatch: Any, tmp_path: Path) -> Path:
