@@ -28,7 +28,7 @@ from pytest_cudastack.checks.integrity import integrity_findings
 from pytest_cudastack.checks.scan import scan_walk
 from pytest_cudastack.cuda.driver import declared_driver, linker_finder, probe_driver
 from pytest_cudastack.errors import DataError, UnreadableFile
-from pytest_cudastack.findings import Finding, Pip, Provenance, Remedy, UseBuild
+from pytest_cudastack.findings import Env, Finding, Manual, Pip, Provenance, Remedy, SearchPath, UseBuild
 from pytest_cudastack.image.pythons import image_interpreter, image_site_dirs
 from pytest_cudastack.image.rootfs import ImageRoot, open_image
 from pytest_cudastack.image.targets import image_binaries
@@ -363,17 +363,31 @@ class Stack:
         def logical(path: str) -> str:
             return image.image_path(path) or path
 
-        def inside(r: Remedy) -> Remedy:  # a pip command runs in the image's interpreter, by its image path
+        root = image.root.rstrip("/") + "/"
+
+        def unrooted(text: str) -> str:  # a text naming files of the image names them by their image paths
+            return text.replace(root, "/") if len(root) > 1 else text
+
+        def inside(r: Remedy) -> Remedy:  # each step runs in the container: by image paths
             if isinstance(r, Pip) and r.python:
                 return replace(r, python=logical(r.python))
             if isinstance(r, UseBuild) and r.install is not None:
                 return replace(r, install=replace(r.install, python=logical(r.install.python)))
+            if isinstance(r, SearchPath):
+                return replace(r, directory=logical(r.directory), why=unrooted(r.why))
+            if isinstance(r, Env) and r.value is not None:
+                return replace(r, value=unrooted(r.value), why=unrooted(r.why))
+            if isinstance(r, Manual):
+                return replace(r, steps=tuple(unrooted(step) for step in r.steps), why=unrooted(r.why))
             return r
 
         facts = replace(finding.facts, objects=tuple(logical(p) for p in finding.facts.objects))
         finding = replace(
             finding,
             remedies=tuple(inside(r) for r in finding.remedies),
+            message=unrooted(finding.message),
+            cause=unrooted(finding.cause),
+            details=tuple(unrooted(d) for d in finding.details),
             subject=logical(finding.subject),
             chain=tuple(logical(p) for p in finding.chain),
             where=tuple(logical(p) for p in finding.where),

@@ -1,6 +1,6 @@
 """Every shipped data file is checked by the one header rule (``cuda/datafile.check_data``) and its schema.
 
-For each of the seven files: an unknown top-level key, an empty ``sources`` (or an empty citation in it) and a
+For each of the nine files: an unknown top-level key, an empty ``sources`` (or an empty citation in it) and a
 duplicated row each raise ``DataError`` naming the file; the shipped file itself passes, and its schema is a
 valid draft 2020-12 schema that jsonschema agrees with.
 """
@@ -17,7 +17,7 @@ import jsonschema
 import pytest
 
 import pytest_cudastack
-from pytest_cudastack.cuda import compat, container, dlopen, driversyms, frameworks, gpucode, toolchain
+from pytest_cudastack.cuda import compat, container, dlopen, driverlookup, driversyms, frameworks, gpucode, toolchain
 from pytest_cudastack.errors import DataError
 from pytest_cudastack.model import torchindex
 
@@ -35,6 +35,7 @@ FILES: list[tuple[str, Callable[[Any, str], object], str, str]] = [
     ("cuda/data/driver_symbols.json", driversyms.validate_entry_points, "rows", "source"),
     ("model/data/torch_indexes.json", torchindex.validate_indexes, "indexes", "sources"),
     ("cuda/data/container_runtime.json", container.validate_runtime, "driver_libraries", "sources"),
+    ("cuda/data/driver_lookups.json", driverlookup.validate_driver_lookups, "lookups", "sources"),
 ]
 IDS = [f"{Path(f).stem}:{table}" for f, _, table, _ in FILES]
 
@@ -101,4 +102,4 @@ def test_schemas_load_once_on_first_use() -> None:
     datafile._schema.cache_clear()
     for name, validate, _, _ in FILES:
         validate(_raw(name), name)
-    assert datafile._schema.cache_info().misses == 8
+    assert datafile._schema.cache_info().misses == 9

@@ -734,3 +734,59 @@ def test_apk_installed_database_paths(tmp_path: Path) -> None:
         "/usr/lib/libz.so.1": "musl",
     }
     assert dict(file_packages(str(tmp_path / "nothing"))) == {}
+
+
+@needs_glibc
+def test_an_image_names_its_own_paths_and_tritons_lookup_runs_inside_it(
+    parts: Parts, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """triton (a 3.x stand-in: its driver.py and knobs.py, its bundled ptxas) in an image without
+    /sbin/ldconfig: its first compile fails (the runtime's injected libcuda.so.1 is in the cache, the program
+    that lists it is not); every text and step of every finding names image paths, never the cache's root."""
+    from tests.helpers.sitebuild import site_packages, write_dist
+    from tests.test_driverlookup import DRIVER_3X, KNOBS_3X
+
+    site = site_packages(tmp_path / "prefix")
+    ptxas = "#!/bin/sh\necho 'Cuda compilation tools, release 12.9, V12.9.86'\n"
+    files: dict[str, str | bytes] = {
+        "triton/__init__.py": "",
+        "triton/knobs.py": KNOBS_3X,
+        "triton/backends/nvidia/driver.py": DRIVER_3X,
+        "triton/backends/nvidia/compiler.py": "def get_ptxas(arch): ...\n",
+        "triton/backends/nvidia/bin/ptxas": ptxas,
+    }
+    write_dist(site, "triton", "3.8.0", files)
+    tools = "usr/local/lib/python3.11/site-packages/triton/backends/nvidia/bin/ptxas"
+    python = [
+        Entry("usr/local/bin/python3.11", data=parts.train12),
+        Entry("usr/local/bin/python3", "symlink", target="python3.11"),
+        *(e for e in _tree_entries(site, "usr/local/lib/python3.11/site-packages") if e.name != tools),
+        Entry(tools, data=ptxas.encode(), mode=0o755),
+    ]
+    env = ["PATH=/usr/local/bin:/usr/bin", "NVIDIA_REQUIRE_CUDA=cuda>=12.4"]
+    args = ("--cuda-driver=550.54.15", "--cuda-arch=sm_90")
+    _rc, payload = _check(tmp_path, capsys, [_base(parts), python], *args, env=env, history=("COPY", "RUN pip"))
+    toolchain = _findings(payload, "toolchain")
+    lookup = [f for f in toolchain if f["message"].startswith("triton cannot find libcuda.so.1")]
+    assert len(lookup) == 1
+    assert "No such file or directory: '/sbin/ldconfig'" in lookup[0]["message"]
+    assert any(
+        "triton runs ptxas 12.9.86 (/usr/local/lib/python3.11/site-packages/triton" in f["message"] for f in toolchain
+    )
+    cache = str(tmp_path / "cache")
+    for item in payload["items"].values():
+        for f in item:
+            shown = [f["message"], f["cause"], *f["details"], f["fix"], json.dumps(f["remedies"])]
+            assert not [text for text in shown if cache in (text or "")], f["message"]
+    # its clean twin: the image has ldconfig (Debian's libc-bin; merged /usr, /sbin a link inside the root)
+    system = [Entry("usr/sbin/ldconfig", data=b"#!/bin/sh\n"), Entry("sbin", "symlink", target="usr/sbin")]
+    _rc, payload = _check(
+        tmp_path,
+        capsys,
+        [_base(parts), python, system],
+        *args,
+        env=env,
+        history=("COPY", "RUN pip", "RUN apt"),
+        name="twin",
+    )
+    assert not [f for f in _findings(payload, "toolchain") if f["message"].startswith("triton cannot find")]

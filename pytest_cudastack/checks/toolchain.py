@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from pytest_cudastack._sysio import open_regular
+from pytest_cudastack.checks import driverlookups
 from pytest_cudastack.cuda.gpucode import arch_first_cuda
 from pytest_cudastack.cuda.toolchain import (
     Candidate,
@@ -410,7 +411,7 @@ def arch_tool_findings(
 
 def run(stack: StackView, target: Target | None = None) -> tuple[Finding, ...]:
     """The ``toolchain`` item, over this process's environment and the target GPU archs, when known."""
-    found = toolchain_findings(stack.inventory, os.environ, stack.cache.tool_version)
+    found = toolchain_findings(stack.inventory, os.environ, stack.cache.tool_version) + driverlookups.run(stack)
     archs = stack.driver.archs
     if not archs:
         return found
