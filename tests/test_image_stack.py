@@ -790,3 +790,34 @@ def test_an_image_names_its_own_paths_and_tritons_lookup_runs_inside_it(
         name="twin",
     )
     assert not [f for f in _findings(payload, "toolchain") if f["message"].startswith("triton cannot find")]
+
+
+@needs_glibc
+def test_an_images_tools_are_found_by_its_own_environment_inside_it(
+    parts: Parts, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``TRITON_PTXAS_PATH`` in the image's Env names an image path: triton runs that ptxas, and this
+    machine's own ``TRITON_PTXAS_PATH`` (another ptxas) plays no part."""
+    from tests.helpers.sitebuild import site_packages, write_dist
+
+    def tool(version: str) -> bytes:
+        major, minor = version.split(".")[:2]
+        return f"#!/bin/sh\necho 'Cuda compilation tools, release {major}.{minor}, V{version}'\n".encode()
+
+    host_tool = tmp_path / "host" / "ptxas"
+    host_tool.parent.mkdir()
+    host_tool.write_bytes(tool("12.8.93"))
+    host_tool.chmod(0o755)
+    monkeypatch.setenv("TRITON_PTXAS_PATH", str(host_tool))
+    site = site_packages(tmp_path / "prefix")
+    write_dist(site, "triton", "3.8.0", {"triton/__init__.py": "", "triton/backends/nvidia/compiler.py": "ptxas\n"})
+    python = [
+        Entry("usr/local/bin/python3.11", data=parts.train12),
+        Entry("usr/local/bin/python3", "symlink", target="python3.11"),
+        *_tree_entries(site, "usr/local/lib/python3.11/site-packages"),
+        Entry("opt/old/bin/ptxas", data=tool("12.2.140"), mode=0o755),
+    ]
+    env = ["PATH=/usr/local/bin:/usr/bin", "TRITON_PTXAS_PATH=/opt/old/bin/ptxas"]
+    _rc, payload = _check(tmp_path, capsys, [_base(parts), python], "--cuda-driver=550.54.15", env=env)
+    shown = [f["message"] for f in _findings(payload, "toolchain") if f["message"].startswith("triton runs")]
+    assert shown == ["triton runs ptxas 12.2.140 (/opt/old/bin/ptxas, via $TRITON_PTXAS_PATH)"]

@@ -159,9 +159,10 @@ def _emitter(framework: Framework, dist: Distribution, inventory: Inventory) -> 
     return None
 
 
-def _context(inventory: Inventory, environ: Mapping[str, str], root: str) -> Context:
+def _context(inventory: Inventory, environ: Mapping[str, str], root: str, image: bool = False) -> Context:
     locations = {d.key: d.location for d in reversed(inventory.distributions)}  # the first in search order wins
-    return Context(environ=dict(environ), site_dirs=tuple(inventory.site_dirs), locations=locations, root=root)
+    dirs = tuple(inventory.site_dirs)
+    return Context(environ=dict(environ), site_dirs=dirs, locations=locations, root=root, image=image)
 
 
 def framework_lookups(
@@ -249,12 +250,16 @@ def _where(lookup: Lookup) -> tuple[str, ...]:
 
 
 def toolchain_findings(
-    inventory: Inventory, environ: Mapping[str, str], read: Callable[[str], ToolVersion], root: str = ""
+    inventory: Inventory,
+    environ: Mapping[str, str],
+    read: Callable[[str], ToolVersion],
+    root: str = "",
+    image: bool = False,
 ) -> tuple[Finding, ...]:
     """One finding per installed framework whose first-found tools are older than (jax) or of another CUDA
     major than (torch) what the stack emits, with the fix the model verifies; an INFO per framework
-    listing the tools it would run."""
-    ctx = _context(inventory, environ, root)
+    listing the tools it would run (``image``: ``environ`` is an image's, its paths under ``root``)."""
+    ctx = _context(inventory, environ, root, image)
     safe = _reader(read)
     findings: list[Finding] = []
     for row in load_toolchain():
@@ -351,6 +356,7 @@ def arch_tool_findings(
     read: Callable[[str], ToolVersion],
     archs: Sequence[str],
     root: str = "",
+    image: bool = False,
 ) -> tuple[Finding, ...]:
     """One finding per installed framework whose first-found ptxas (nvcc for torch) is of a CUDA older than the
     first whose tools accept a target GPU arch (``gpu_code.json``'s ``arch_cuda``, from the PTX ISA release
@@ -364,7 +370,7 @@ def arch_tool_findings(
             continue
     if not targets:
         return ()
-    ctx = _context(inventory, environ, root)
+    ctx = _context(inventory, environ, root, image)
     safe = _reader(read)
     findings: list[Finding] = []
     for row in load_toolchain():
@@ -411,11 +417,16 @@ def arch_tool_findings(
 
 def run(stack: StackView, target: Target | None = None) -> tuple[Finding, ...]:
     """The ``toolchain`` item, over this process's environment and the target GPU archs, when known."""
-    found = toolchain_findings(stack.inventory, os.environ, stack.cache.tool_version) + driverlookups.run(stack)
+    image = stack.image
+    # an image's tools are found by its own environment, inside its root; never this machine's
+    environ, root = (image.env, image.root) if image is not None else (os.environ, "")
+    read = stack.cache.tool_version
+    inside = image is not None
+    found = toolchain_findings(stack.inventory, environ, read, root, inside) + driverlookups.run(stack)
     archs = stack.driver.archs
     if not archs:
         return found
-    return found + arch_tool_findings(stack.inventory, os.environ, stack.cache.tool_version, archs)
+    return found + arch_tool_findings(stack.inventory, environ, read, archs, root, inside)
 
 
 def nothing_to_check(stack: StackView, target: Target | None = None) -> str | None:

@@ -94,13 +94,15 @@ class Framework:
 @dataclass(frozen=True)
 class Context:
     """What a lookup reads: the environment, the site directories in import order, each installed
-    framework distribution's site directory, and a root the fixed directories are taken under."""
+    framework distribution's site directory, and a root the fixed directories are taken under (a test's
+    empty root, or an image's, under which the environment's paths are taken too)."""
 
     environ: Mapping[str, str]
     site_dirs: tuple[str, ...]
     locations: Mapping[str, str]
     root: str = ""
     hidden: frozenset[str] = frozenset()  # paths modelled as removed (a fix's "after" state)
+    image: bool = False  # the environment's paths are the image's, under root too (else this machine's)
 
 
 @dataclass(frozen=True)
@@ -251,7 +253,16 @@ def _tool_name(tool: str) -> str:
 
 
 def _rooted(root: str, path: str) -> str:
-    return os.path.join(root, path.lstrip("/")) if root else path
+    """A path of the modelled system (a fixed directory, an image's environment) as its host path under
+    ``root``; one already under it (a site directory, a modelled fix's value) as it is."""
+    if not root or path == root or path.startswith(root.rstrip("/") + "/"):
+        return path
+    return os.path.join(root, path.lstrip("/"))
+
+
+def _env_path(ctx: Context, path: str) -> str:
+    """A path the environment names: the image's under its root, this machine's as it is."""
+    return _rooted(ctx.root, path) if ctx.image else path
 
 
 def _wheel_dir(rel: str, ctx: Context) -> str | None:
@@ -272,7 +283,7 @@ def _which(tool: str, ctx: Context) -> str | None:
     """``shutil.which``'s answer over the context's PATH (an executable regular file; one a modelled fix
     removed, ``ctx.hidden``, is not there)."""
     for d in ctx.environ.get("PATH", "").split(os.pathsep):
-        p = os.path.join(d, tool)
+        p = os.path.join(_env_path(ctx, d), tool)
         if d and p not in ctx.hidden and os.path.isfile(p) and os.access(p, os.X_OK):
             return p
     return None
@@ -282,13 +293,13 @@ def _dir_of(step: Step, tool: str, ctx: Context) -> tuple[str, str] | None:
     """(directory, how it was chosen) for one step of ``first_dir_of``, None when it gives none."""
     if step.kind == "env":
         value = ctx.environ.get(step.value)
-        return (value, f"${step.value}") if value else None
+        return (_env_path(ctx, value), f"${step.value}") if value else None
     if step.kind == "wheel":
         d = _wheel_dir(step.value, ctx)
         return (d, f"the {step.value} wheel directory") if d is not None else None
     if step.kind == "xla_flag":
         value = _xla_flag(step.value, ctx)
-        return (value, f"XLA_FLAGS {step.value}") if value else None
+        return (_env_path(ctx, value), f"XLA_FLAGS {step.value}") if value else None
     if step.kind == "which":
         found = _which(tool, ctx)
         return (os.path.dirname(os.path.dirname(found)), "PATH") if found is not None else None
@@ -310,9 +321,10 @@ def _paths(framework: Framework, tool: str, ctx: Context) -> list[tuple[str, str
             name = step.value.replace("{TOOL}", _tool_name(tool))
             value = ctx.environ.get(name)
             if value:
-                out.append((value, f"${name}"))
+                out.append((_env_path(ctx, value), f"${name}"))
         elif step.kind == "path":
-            out.extend((os.path.join(d, tool), "PATH") for d in ctx.environ.get("PATH", "").split(os.pathsep) if d)
+            dirs = ctx.environ.get("PATH", "").split(os.pathsep)
+            out.extend((os.path.join(_env_path(ctx, d), tool), "PATH") for d in dirs if d)
         elif step.kind == "bundled":
             for dist in framework.distributions:
                 location = ctx.locations.get(dist)
