@@ -821,3 +821,34 @@ def test_an_images_tools_are_found_by_its_own_environment_inside_it(
     _rc, payload = _check(tmp_path, capsys, [_base(parts), python], "--cuda-driver=550.54.15", env=env)
     shown = [f["message"] for f in _findings(payload, "toolchain") if f["message"].startswith("triton runs")]
     assert shown == ["triton runs ptxas 12.2.140 (/opt/old/bin/ptxas, via $TRITON_PTXAS_PATH)"]
+
+
+@needs_glibc
+@pytest.mark.parametrize("skipped", [True, False], ids=["image-skips-the-check", "host-variable-plays-no-part"])
+def test_a_frameworks_skip_variable_is_read_from_the_images_environment(
+    parts: Parts, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, skipped: bool
+) -> None:
+    """JAX's cuBLAS floor (jax-cuda12-plugin 0.4.30 over cuBLAS 12.0.2) is skipped where the image's Env sets
+    JAX_SKIP_CUDA_CONSTRAINTS_CHECK; this machine's setting of it is not the image's."""
+    from tests.helpers.sitebuild import site_packages, write_dist
+
+    monkeypatch.setenv("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "0" if skipped else "1")
+    site = site_packages(tmp_path / "prefix")
+    write_dist(site, "jax-cuda12-plugin", "0.4.30", requires=["nvidia-cublas-cu12"])
+    write_dist(site, "nvidia-cublas-cu12", "12.0.2.224")
+    python = [
+        Entry("usr/local/bin/python3.11", data=parts.train12),
+        Entry("usr/local/bin/python3", "symlink", target="python3.11"),
+        *_tree_entries(site, "usr/local/lib/python3.11/site-packages"),
+    ]
+    env = ["PATH=/usr/local/bin:/usr/bin", *(["JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1"] if skipped else [])]
+    _rc, payload = _check(tmp_path, capsys, [_base(parts), python], "--cuda-driver=550.54.15", env=env)
+    rules = [f for f in _findings(payload, "requirements") if f["subject"] == "jax-cuda12-plugin cuBLAS"]
+    failing = [f for f in rules if f["severity"] in ("error", "warning")]
+    if skipped:
+        assert not failing
+        said = [f["cause"] for f in _findings(payload, "requirements")]
+        assert any("skips its check (JAX_SKIP_CUDA_CONSTRAINTS_CHECK is set)" in cause for cause in said)
+    else:
+        assert failing
+        assert "Outdated cuBLAS installation found" in failing[0]["message"]

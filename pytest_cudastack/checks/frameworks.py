@@ -281,6 +281,7 @@ def framework_findings(stack: StackView) -> tuple[Finding, ...]:
     findings: list[Finding] = []
     silent: list[tuple[Distribution, Finding]] = []
     seen: set[tuple[str, str]] = set()
+    environ = stack.image.env if stack.image is not None else os.environ  # where the framework runs
     for dist in inv.distributions:
         if inv.get(dist.name) is not dist:
             continue
@@ -296,7 +297,7 @@ def framework_findings(stack: StackView) -> tuple[Finding, ...]:
                 got = _by_name(stack, dist, rule, row)
             elif rule.kind == "wheel_floor":
                 got = _wheel_floor(stack, dist, rule, row)
-            elif rule.skip_env and os.environ.get(rule.skip_env, "") not in ("", "0"):
+            elif rule.skip_env and environ.get(rule.skip_env, "") not in ("", "0"):
                 got = f"{row.name}: {dist.name} skips its check ({rule.skip_env} is set)"
             else:
                 got = _version_rule(stack, dist, rule, row)
