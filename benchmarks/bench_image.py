@@ -5,15 +5,16 @@ Usage: python benchmarks/bench_image.py [DIR] [--json] [--keep WORKDIR]
 (default DIR: $CUDASTACK_TORCH_VENV). Targets (issue #21): cold <= 0.7x the time ``tar -x`` takes to unpack
 the image's layers (same run), warm after a one-layer change <= 0.1x cold.
 
-Last figures (the 5.4 GB torch venv, 22,000 files; a 2-core VM shared with other sessions, whose disk makes
-every figure vary by up to 2x from run to run): ``tar -x`` 16.1 s, cold 21.5 s = 1.34x (not met; 1.08x to
-1.6x over five runs), its root alone 10.0 s = 0.62x (0.6x to 0.95x), warm 1.53 s = 0.071x cold (met; 0.047x
-to 0.087x). The cold run's floor is its root's: the same files created and bytes written as ``tar -x``
-writes them (here the files are filled by the kernel from writer threads, the digest computed in a thread
-beside them, the headers read in place), plus the items' first reading of the image (ELF facts of ~320
-files, ~1,200 Python sources for the import model, lookups, symbols: 5 to 10 s). Below 0.7x the layers'
-bytes must not be written at all: the items would read the layer blobs in place, which every reader of a
-file (ELF, fatbin, strings, lookups, hashes) would have to do.
+Last figures (the 5.4 GB torch venv, 22,000 files; a 2-core VM, nothing else running, whose disk makes a
+figure vary by up to 2.5x from run to run: the root alone took 6.7 s to 17.6 s over seven runs), two runs:
+``tar -x`` 20.5 s / 16.7 s; cold 21.1 s / 16.7 s = 1.03x / 1.00x (not met); the root alone 0.33x / 0.47x;
+the items alone 0.23x / 0.31x; warm 1.50 s / 1.44 s = 0.071x / 0.086x cold (met). The cold run's floor is
+its root's: the same files created and bytes written as ``tar -x`` writes them (here the files are filled by
+the kernel from writer threads, the digest computed in a thread beside them, the headers read in place), so
+it pays the same writeback of 5.4 GB to this disk that ``tar -x`` pays; the items' first reading (ELF facts
+of ~320 files, ~1,200 Python sources for the import model, lookups, symbols) comes on top. Below 0.7x the
+layers' bytes must not be written at all: the items would read the layer blobs in place, which every
+reader of a file (ELF, fatbin, strings, lookups, hashes) would have to do.
 
 The image is an OCI layout built here with ``tarfile`` (uncompressed layers, so that building it stays
 cheap): layer 1 is DIR under /opt/venv (its Python on the image's PATH: the wheels are the image's), with

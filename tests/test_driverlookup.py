@@ -316,3 +316,21 @@ def test_the_real_tritons_lookup_is_read_and_replayed_as_it_runs(tmp_path: Path)
         got = replay_lookup(code, env, read_ld_cache(str(cache)), _exists(True))
         assert got.ok == real["ok"], (cache, env, real)
         assert got.ok or got.error == real["error"]
+
+
+@needs_tools
+def test_no_cache_fails_the_lookup_but_an_unreadable_one_is_not_judged(tmp_path: Path) -> None:
+    inventory, _ = _stack(tmp_path)
+    root = tmp_path / "root"
+    (root / "sbin").mkdir(parents=True)
+    (root / "sbin/ldconfig").write_text("")
+    machine = Machine(str(root), {}, None, "/usr/lib/x86_64-linux-gnu")
+    [f] = driver_lookup_findings(inventory, machine)
+    assert (
+        "subprocess.CalledProcessError: Command '['/sbin/ldconfig', '-p']' returned non-zero exit status 1."
+        in f.message
+    )
+    assert "which fails without an /etc/ld.so.cache" in f.cause
+    (root / "etc").mkdir()
+    (root / "etc/ld.so.cache").write_bytes(b"not a cache")  # there, but not read: ldconfig's output unknown
+    assert driver_lookup_findings(inventory, machine) == ()
