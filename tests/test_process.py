@@ -237,3 +237,37 @@ def test_top_level_scan_equals_the_interpreter_on_tricky_text(tmp_path: Path):
     _put(site_packages(crlf), {"pkg/__init__.py": ("import sys\n" + TRICKY).replace("\n", "\r\n")})
     _put(site_packages(crlf), {f"{m}.py": "" for m in names + others})
     assert predict(crlf, site_packages(crlf), "pkg").modules == p.modules
+
+
+@pytest.mark.parametrize("other", [True, False], ids=["another-minor", "this-minor"])
+def test_version_tests_are_decided_for_the_python_owning_the_site(tmp_path: Path, other: bool) -> None:
+    """``if sys.version_info >= (3, N + 1)`` (N: this interpreter's minor) in a site of Python 3.N+1 (a venv's
+    ``lib/python3.N+1/site-packages``, its pyvenv.cfg saying 3.N+1.2) is decided for that Python, not for
+    the interpreter running the check; its clean twin, a site of this minor, takes the other branch. Each
+    branch imports an extension of its own, so the mapped objects say which branch the model took."""
+    newer = sys.version_info[1] + 1
+    minor = newer if other else sys.version_info[1]
+    venv = tmp_path / "venv"
+    site = venv / "lib" / f"python3.{minor}" / "site-packages"
+    site.mkdir(parents=True)
+    (venv / "pyvenv.cfg").write_text(f"home = /usr/bin\nversion = 3.{minor}.2\n")
+    init = (
+        f"import sys\nif sys.version_info >= (3, {newer}):\n    from pkg import _new\nelse:\n    from pkg import _old\n"
+    )
+    _put(
+        site,
+        {
+            "pkg/__init__.py": init,
+            f"pkg/_new{SUFFIX}": compile_so(None, pyinit="_new"),
+            f"pkg/_old{SUFFIX}": compile_so(None, pyinit="_old"),
+        },
+    )
+    interp = Interpreter.for_sites([str(site)], _exe(tmp_path))
+    # another minor's extension suffix is its own (.cpython-3N-...): this interpreter's stands for both here
+    interp = Interpreter(interp.path, interp.executable, (SUFFIX, ".so"), interp.startup, interp.target)
+    resolver = Resolver(SearchConfig(), reader=read_elf)
+    got = predict_import("pkg", interp, resolver, read_elf, lambda p: None, read_strings)
+    names = {Path(o.path).name for o in got.objects}
+    taken, other_branch = (f"_new{SUFFIX}", f"_old{SUFFIX}") if other else (f"_old{SUFFIX}", f"_new{SUFFIX}")
+    assert taken in names
+    assert other_branch not in names

@@ -30,11 +30,19 @@ import importlib.machinery
 import os
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from pytest_cudastack.model.pysource import HOST, PyTarget
 from pytest_cudastack.wheels.requirements import site_python
 
-__all__ = ["PythonAbi", "extension_suffixes", "importable_suffix", "inspected_suffixes", "site_abi"]
+__all__ = [
+    "PythonAbi",
+    "extension_suffixes",
+    "importable_suffix",
+    "inspected_suffixes",
+    "inspected_target",
+    "site_abi",
+]
 
 _SOABI = re.compile(r"\.cpython-(\d)(\d+)([a-z]*)(-[^.]+)?\.so")  # ".cpython-311-x86_64-linux-gnu.so"
 _THREADED_DIR = re.compile(r"^python\d+\.\d+t$")  # LIBDEST: lib/python$(VERSION)$(ABI_THREAD)
@@ -64,6 +72,22 @@ def site_abi(site_dirs: Sequence[str]) -> PythonAbi | None:
         parts = os.path.normpath(site).split(os.sep)[-3:]
         return PythonAbi((major, minor), any(_THREADED_DIR.match(p) for p in parts))
     return None
+
+
+def inspected_target(site_dirs: Sequence[str]) -> PyTarget:
+    """The interpreter whose ``if sys.version_info`` tests the import model decides for ``site_dirs``: the
+    version their layout names (:func:`site_python`) when its minor is not this interpreter's (the micro
+    from ``pyvenv.cfg``, else 0); this interpreter otherwise (a site of its own minor: its micro is the
+    best evidence there is)."""
+    for site in site_dirs:
+        full = site_python(site)
+        if full is None:
+            continue
+        parts = [int(p) for p in full.split(".")[:3] if p.isdigit()]
+        if len(parts) < 2 or tuple(parts[:2]) == HOST.version[:2]:
+            return HOST
+        return replace(HOST, version=(parts[0], parts[1], parts[2] if len(parts) > 2 else 0))
+    return HOST
 
 
 def extension_suffixes(abi: PythonAbi | None, base: Sequence[str] | None = None) -> tuple[str, ...]:

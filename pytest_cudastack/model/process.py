@@ -8,7 +8,8 @@ The model:
   each ``import X`` / ``from X import a`` is followed depth first, in statement order, as the interpreter
   executes them (``from P import a`` imports ``P.a`` when that is a submodule; class bodies run, function
   bodies do not); ``if`` tests on
-  ``TYPE_CHECKING``, ``sys.platform``, ``sys.version_info`` and ``os.name`` are evaluated, others take
+  ``TYPE_CHECKING``, ``sys.platform``, ``sys.version_info`` and ``os.name`` are evaluated (for the Python
+  owning the site: ``Interpreter.target``), others take
   both branches; a ``try`` takes its body, and its ``except`` handlers only when an import of the body is
   not found. Code in functions and classes runs later (or never) and is not followed. Modules are found
   the way ``importlib``'s path finder does: packages (a directory with ``__init__.py``), then extension
@@ -74,8 +75,8 @@ from pytest_cudastack.linker.elfcache import ElfCache
 from pytest_cudastack.linker.lookups import Lookups, cached_lookups
 from pytest_cudastack.linker.resolver import Resolver, Route
 from pytest_cudastack.linker.strings import StringFacts
-from pytest_cudastack.model.abi import inspected_suffixes
-from pytest_cudastack.model.pysource import Items, module_imports, string_constant
+from pytest_cudastack.model.abi import inspected_suffixes, inspected_target
+from pytest_cudastack.model.pysource import HOST, Items, PyTarget, module_imports, string_constant
 from pytest_cudastack.model.runtime import loads_of
 
 __all__ = [
@@ -105,6 +106,7 @@ class Interpreter:
     executable: str
     suffixes: tuple[str, ...] = tuple(importlib.machinery.EXTENSION_SUFFIXES)
     startup: frozenset[str] = frozenset(sys.builtin_module_names)
+    target: PyTarget = HOST  # the version its modules' ``if sys.version_info`` tests are decided for
 
     @classmethod
     def for_sites(cls, site_dirs: Sequence[str], executable: str | None = None) -> Interpreter:
@@ -122,6 +124,7 @@ class Interpreter:
             os.path.realpath(executable or sys.executable),
             suffixes=inspected_suffixes(site_dirs),
             startup=frozenset(sys.builtin_module_names) | _FROZEN_AT_STARTUP,
+            target=inspected_target(site_dirs),
         )
 
 
@@ -440,7 +443,8 @@ def _import(st: _State, finder: _Finder, name: str, depth: int = 0) -> bool:
         return True
     is_package = os.path.basename(file) == "__init__.py"
     rows = [r for r in st.preloads if r.module == name and not r.before_import]
-    _run_body(st, finder, module_imports(file, name, is_package, st.cache), name, os.path.dirname(file), rows, depth)
+    items = module_imports(file, name, is_package, st.cache, st.interp.target)
+    _run_body(st, finder, items, name, os.path.dirname(file), rows, depth)
     return True
 
 

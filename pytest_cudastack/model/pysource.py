@@ -1,14 +1,14 @@
 """Python sources read statically: the imports a module's top-level code performs, in execution order.
 
-Never runs or imports anything: a string-aware line scan keeps only the top-level statements the import model
-reads (imports, ``if``/``try``/``with``/``class`` blocks and top-level calls), :mod:`ast` parses them, and
-``if`` tests on ``TYPE_CHECKING``, ``sys.platform``, ``sys.version_info`` and ``os.name`` are decided for this
-interpreter. A module one of whose functions imports something and is named outside its own body (a cheap
-textual gate) is parsed whole, and the calls its top level makes of its own functions are followed
-(:func:`_top_calls`: arguments and module-level names bound to literals are known, ``x in {...}`` and
-``x == c`` tests on them are decided, ``__name__`` is the module's, a ``for`` over a constant sequence calls
-once per value). The result (:data:`Items`) is JSON-able and cached in the ELF cache's extras under the file's
-identity. :mod:`pytest_cudastack.model.process` follows these lists to predict an import.
+Never runs or imports anything: a string-aware line scan keeps only the top-level statements the import model reads
+(imports, ``if``/``try``/``with``/``class`` blocks and top-level calls), :mod:`ast` parses them, and ``if`` tests on
+``TYPE_CHECKING``, ``sys.platform``, ``sys.version_info`` and ``os.name`` are decided for the interpreter owning the
+inspected site (:class:`PyTarget`: this one, or another minor its layout names). A module one of whose functions imports
+something and is named outside its own body (a cheap textual gate) is parsed whole, and the calls its top level makes of
+its own functions are followed (:func:`_top_calls`: arguments and module-level names bound to literals are known, ``x in
+{...}`` and ``x == c`` tests on them are decided, ``__name__`` is the module's, a ``for`` over a constant sequence calls
+once per value). The result (:data:`Items`) is JSON-able and cached in the ELF cache's extras under the file's identity.
+:mod:`pytest_cudastack.model.process` follows these lists to predict an import.
 """
 
 from __future__ import annotations
@@ -26,36 +26,64 @@ from typing import Any
 from pytest_cudastack._sysio import read_text
 from pytest_cudastack.linker.elfcache import ElfCache
 
-__all__ = ["Items", "module_imports", "read_module_source", "resolve_from", "string_constant"]
+__all__ = [
+    "HOST",
+    "Items",
+    "PyTarget",
+    "module_imports",
+    "read_module_source",
+    "resolve_from",
+    "string_constant",
+]
 
 _MODEL = 4  # the version of the import-list rules, part of each cached list's key
 _MAX_SOURCE = 16 << 20
 
 
+@dataclass(frozen=True)
+class PyTarget:
+    """The interpreter an ``if`` on ``sys.version_info``, ``sys.platform`` or ``os.name`` is decided for:
+    this one by default; the Python that owns the inspected site (a 3.12 venv, an image's interpreter)
+    when another (:meth:`pytest_cudastack.model.process.Interpreter.for_sites`)."""
+
+    version: tuple[int, int, int] = (sys.version_info[0], sys.version_info[1], sys.version_info[2])
+    platform: str = sys.platform
+    os_name: str = os.name
+
+    def value(self, key: str) -> Any:
+        """What ``sys.platform``, ``os.name`` or ``sys.version_info`` (a final release's) evaluates to."""
+        if key == "sys.version_info":
+            return (*self.version, "final", 0)
+        return {"sys.platform": self.platform, "os.name": self.os_name}.get(key, _UNKNOWN)
+
+
+HOST = PyTarget()
+
+
 # --------------------------------------------------------------------------------------------- reading imports
 
 
-def _truth(test: ast.expr) -> bool | None:
-    """The value of an ``if`` test the model can decide statically, else None."""
+def _truth(test: ast.expr, target: PyTarget) -> bool | None:
+    """The value of an ``if`` test the model can decide statically for ``target``, else None."""
     if isinstance(test, ast.Name) and test.id == "TYPE_CHECKING":
         return False
     if isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING":
         return False
     if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
-        inner = _truth(test.operand)
+        inner = _truth(test.operand, target)
         return None if inner is None else not inner
     if isinstance(test, ast.BoolOp):
-        return _bool_truth(test)
+        return _bool_truth(test, target)
     if isinstance(test, ast.Compare):
-        return _compare_truth(test)
+        return _compare_truth(test, target)
     if isinstance(test, ast.Call):
-        return _startswith_truth(test)
+        return _startswith_truth(test, target)
     return None
 
 
-def _bool_truth(test: ast.BoolOp) -> bool | None:
+def _bool_truth(test: ast.BoolOp, target: PyTarget) -> bool | None:
     """An ``and``/``or`` of tests: decided where one operand decides it or every operand is decided."""
-    vals = [_truth(v) for v in test.values]
+    vals = [_truth(v, target) for v in test.values]
     if isinstance(test.op, ast.And):
         return False if False in vals else (None if None in vals else True)
     return True if True in vals else (None if None in vals else False)
@@ -71,16 +99,16 @@ _COMPARISONS: dict[type[ast.cmpop], Callable[[object, object], bool]] = {
 }
 
 
-def _compare_truth(test: ast.Compare) -> bool | None:
+def _compare_truth(test: ast.Compare, target: PyTarget) -> bool | None:
     """One comparison of ``sys.platform``, ``os.name`` or ``sys.version_info`` with a literal, decided
-    for this interpreter; None for any other comparison."""
+    for ``target``; None for any other comparison."""
     if len(test.ops) != 1 or len(test.comparators) != 1:
         return None
     left, right, op = test.left, test.comparators[0], test.ops[0]
     if not (isinstance(left, ast.Attribute) and isinstance(left.value, ast.Name)):
         return None
     key = f"{left.value.id}.{left.attr}"
-    value = {"sys.platform": sys.platform, "os.name": os.name, "sys.version_info": sys.version_info}.get(key, _UNKNOWN)
+    value = target.value(key)
     if value is _UNKNOWN:
         return None
     try:
@@ -91,13 +119,13 @@ def _compare_truth(test: ast.Compare) -> bool | None:
     if fn is None:
         return None
     try:
-        return bool(fn(tuple(value) if key == "sys.version_info" else value, other))  # type: ignore[arg-type]
+        return bool(fn(tuple(value) if key == "sys.version_info" else value, other))
     except TypeError:
         return None
 
 
-def _startswith_truth(test: ast.Call) -> bool | None:
-    """``sys.platform.startswith("<literal>")``, decided for this interpreter; None for any other call."""
+def _startswith_truth(test: ast.Call, target: PyTarget) -> bool | None:
+    """``sys.platform.startswith("<literal>")``, decided for ``target``; None for any other call."""
     func = test.func
     if (
         isinstance(func, ast.Attribute)
@@ -109,7 +137,7 @@ def _startswith_truth(test: ast.Call) -> bool | None:
         and isinstance(test.args[0], ast.Constant)
         and isinstance(test.args[0].value, str)
     ):
-        return sys.platform.startswith(test.args[0].value)
+        return target.platform.startswith(test.args[0].value)
     return None
 
 
@@ -148,6 +176,7 @@ class _Calls:
     env: dict[str, Any] = field(default_factory=dict)
     active: set[str] = field(default_factory=set)
     done: set[str] = field(default_factory=set)  # calls already followed (function and arguments)
+    target: PyTarget = HOST
 
 
 @dataclass(frozen=True)
@@ -181,9 +210,9 @@ def _value(node: ast.expr | None, env: dict[str, Any]) -> Any:
     return _UNKNOWN
 
 
-def _decide(test: ast.expr, env: dict[str, Any]) -> bool | None:
+def _decide(test: ast.expr, env: dict[str, Any], target: PyTarget) -> bool | None:
     """:func:`_truth`, and ``x in C`` / ``x == c`` (and their negations) between values known in ``env``."""
-    truth = _truth(test)
+    truth = _truth(test, target)
     if truth is not None or not isinstance(test, ast.Compare) or len(test.ops) != 1:
         return truth
     left, right, op = _value(test.left, env), _value(test.comparators[0], env), test.ops[0]
@@ -250,10 +279,10 @@ def _body_items(body: Sequence[ast.stmt], ctx: _Calls, env: dict[str, Any], dept
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             continue
         if isinstance(node, (ast.Import, ast.ImportFrom)):
-            out.extend(_imports([node], ctx.module, ctx.is_package))
+            out.extend(_imports([node], ctx.module, ctx.is_package, target=ctx.target))
             continue
         if isinstance(node, ast.If):
-            truth = _decide(node.test, env)
+            truth = _decide(node.test, env, ctx.target)
             for fn, bound in _called(ast.Expr(node.test), ctx, env):
                 out.extend(_call_items(fn, bound, ctx, depth))
             if truth is not False:
@@ -305,7 +334,11 @@ def _unique(items: Items) -> Items:
     return out
 
 
-def _imports(body: Sequence[ast.stmt], module: str, is_package: bool, ctx: _Calls | None = None) -> Items:
+def _imports(
+    body: Sequence[ast.stmt], module: str, is_package: bool, ctx: _Calls | None = None, target: PyTarget = HOST
+) -> Items:
+    if ctx is not None:
+        target = ctx.target
     out: Items = []
     for node in body:
         if isinstance(node, ast.Import):
@@ -315,30 +348,30 @@ def _imports(body: Sequence[ast.stmt], module: str, is_package: bool, ctx: _Call
             if base is not None:
                 out.append(["i", [base] + [f"{base}.{a.name}" for a in node.names if a.name != "*"]])
         elif isinstance(node, ast.If):
-            truth = _truth(node.test) if ctx is None else _decide(node.test, ctx.env)
+            truth = _truth(node.test, target) if ctx is None else _decide(node.test, ctx.env, target)
             if truth is not False:
-                out.extend(_imports(node.body, module, is_package, ctx))
+                out.extend(_imports(node.body, module, is_package, ctx, target))
             if truth is not True:
-                out.extend(_imports(node.orelse, module, is_package, ctx))
+                out.extend(_imports(node.orelse, module, is_package, ctx, target))
         elif isinstance(node, ast.Try) or type(node).__name__ == "TryStar":
             t: ast.Try = node  # type: ignore[assignment]
             saved = dict(ctx.env) if ctx is not None else {}
-            body_items = _imports(t.body, module, is_package, ctx)
+            body_items = _imports(t.body, module, is_package, ctx, target)
             after = dict(ctx.env) if ctx is not None else {}
             handlers = []
             for h in t.handlers:  # a handler's bindings hold only when it runs: the body's are kept
                 if ctx is not None:
                     ctx.env.clear()
                     ctx.env.update(saved)
-                handlers.append(_imports(h.body, module, is_package, ctx))
+                handlers.append(_imports(h.body, module, is_package, ctx, target))
             if ctx is not None:
                 ctx.env.clear()
                 ctx.env.update(after)
             out.append(["t", body_items, handlers])
-            out.extend(_imports(t.orelse, module, is_package, ctx))
-            out.extend(_imports(t.finalbody, module, is_package, ctx))
+            out.extend(_imports(t.orelse, module, is_package, ctx, target))
+            out.extend(_imports(t.finalbody, module, is_package, ctx, target))
         elif isinstance(node, (ast.With, ast.ClassDef)):  # a class body runs when the class statement does
-            out.extend(_imports(node.body, module, is_package, ctx))
+            out.extend(_imports(node.body, module, is_package, ctx, target))
         elif isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) and isinstance(node.value.func, ast.Name):
             out.append(["c", node.value.func.id])
         if ctx is not None:
@@ -420,20 +453,20 @@ def _valid_items(items: Any, depth: int = 0) -> bool:
     return True
 
 
-def module_imports(path: str, module: str, is_package: bool, cache: ElfCache | None) -> Items:
-    """The imports of a module's top-level code: parsed once per run (the run's cache memo: each model
-    process of the run asks again), and cached in the ELF cache's extras under the file's (dev, inode, size,
-    mtime) and this interpreter's version and platform, which decide ``if``s."""
+def module_imports(path: str, module: str, is_package: bool, cache: ElfCache | None, target: PyTarget = HOST) -> Items:
+    """The imports of a module's top-level code, its ``if``s decided for ``target``: parsed once per run (the
+    run's cache memo: each model process of the run asks again), and cached in the ELF cache's extras under
+    the file's (dev, inode, size, mtime) and the target's version and platform."""
     if cache is None:
-        return _module_imports(path, module, is_package, None)
-    memo = f"pyimports:{path}\0{module}\0{is_package}"
+        return _module_imports(path, module, is_package, None, target)
+    memo = f"pyimports:{path}\0{module}\0{is_package}\0{target}"
     if memo not in cache.memo:
-        cache.memo[memo] = _module_imports(path, module, is_package, cache)
+        cache.memo[memo] = _module_imports(path, module, is_package, cache, target)
     items: Items = cache.memo[memo]
     return items
 
 
-def _module_imports(path: str, module: str, is_package: bool, cache: ElfCache | None) -> Items:
+def _module_imports(path: str, module: str, is_package: bool, cache: ElfCache | None, target: PyTarget) -> Items:
     key: list[Any] | None = None
     if cache is not None:
         try:
@@ -447,21 +480,23 @@ def _module_imports(path: str, module: str, is_package: bool, cache: ElfCache | 
             st.st_size,
             st.st_mtime_ns,
             module,
-            sys.platform,
-            list(sys.version_info[:3]),
+            target.platform,
+            list(target.version),
+            target.os_name,
         ]
         hit = cache.get_extra(f"pyimports:{cache.file_slot(path)}")
         if isinstance(hit, dict) and hit.get("key") == key and _valid_items(hit.get("items")):
             items: Items = hit["items"]
             return items
     tree = read_module_source(path, strip=True)
-    items = [] if tree is None else _imports(tree.body, module, is_package)
+    items = [] if tree is None else _imports(tree.body, module, is_package, target=target)
     text = read_text(path, _MAX_SOURCE) if tree is not None else None
     if text is not None and _calls_importing_function(text):
         full = read_module_source(path)  # the function bodies the stripped parse dropped
         if full is not None:
             # imported, never run as a script: ``if __name__ == "__main__":`` blocks stay out
-            items = _imports(full.body, module, is_package, _Calls(module, is_package, env={"__name__": module}))
+            calls = _Calls(module, is_package, env={"__name__": module}, target=target)
+            items = _imports(full.body, module, is_package, calls)
     if cache is not None and key is not None:
         cache.put_extra(f"pyimports:{cache.file_slot(path)}", {"key": key, "items": items})
     return items
