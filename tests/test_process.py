@@ -271,3 +271,35 @@ def test_version_tests_are_decided_for_the_python_owning_the_site(tmp_path: Path
     taken, other_branch = (f"_new{SUFFIX}", f"_old{SUFFIX}") if other else (f"_old{SUFFIX}", f"_new{SUFFIX}")
     assert taken in names
     assert other_branch not in names
+
+
+def test_an_images_standard_library_is_its_own_never_this_machines(tmp_path: Path) -> None:
+    """In an image (a site under another root), the standard library is the one its files show: a venv's base
+    (``pyvenv.cfg``'s ``home``, an image path taken under the root), Debian's ``/usr/lib/python3.X`` for its
+    ``dist-packages``; where they show none, none (the real import would not find ``os`` either)."""
+    minor = sys.version_info[1]
+    root = tmp_path / "rootfs"
+    venv_site = root / f"opt/venv/lib/python3.{minor}/site-packages"
+    venv_site.mkdir(parents=True)
+    (root / "opt/venv/pyvenv.cfg").write_text(f"home = /usr/local/bin\nversion = 3.{minor}.4\n")
+    stdlib = root / f"usr/local/lib/python3.{minor}"
+    (stdlib / "lib-dynload").mkdir(parents=True)
+    (stdlib / "os.py").write_text("")
+    got = Interpreter.for_sites([str(venv_site)], root=str(root))
+    assert got.path == (str(stdlib), str(stdlib / "lib-dynload"), str(venv_site))
+    debian = root / "usr/lib/python3/dist-packages"
+    debian.mkdir(parents=True)
+    system = root / f"usr/lib/python3.{minor}"
+    system.mkdir(parents=True)
+    (system / "os.py").write_text("")
+    got = Interpreter.for_sites([str(debian)], root=str(root))
+    assert got.path[:2] == (str(system), str(system / "lib-dynload"))
+    (stdlib / "os.py").unlink()
+    (system / "os.py").unlink()
+    (system / "lib-dynload").mkdir()
+    assert Interpreter.for_sites([str(venv_site)], root=str(root)).path == (str(venv_site),)
+    # this machine's site of this minor: this interpreter's own standard library, as before
+    import sysconfig
+
+    host = Interpreter.for_sites([str(tmp_path / f"v/lib/python3.{minor}/site-packages")])
+    assert host.path[0] == sysconfig.get_paths()["stdlib"]

@@ -776,7 +776,7 @@ def extension_symbol_findings(
     needy = {p.needer for p in problems.values()} & set(loaders)
     if needy:
         interp_scope = _scope([itree], dirs)
-        interp = Interpreter.for_sites(inv.site_dirs, exe)
+        interp = Interpreter.for_sites(inv.site_dirs, exe, root=inv.root)
         read_info = elf_read or read_elf
         again = _in_context(needy, loaders, scopes_of, inv, resolver, interp, interp_scope, dirs, read_info, pycache)
         if again:

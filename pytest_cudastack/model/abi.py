@@ -32,13 +32,16 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from pytest_cudastack._sysio import read_text
 from pytest_cudastack.model.pysource import HOST, PyTarget
 from pytest_cudastack.wheels.requirements import site_python
+from pytest_cudastack.wheels.sitepaths import install_prefix
 
 __all__ = [
     "PythonAbi",
     "extension_suffixes",
     "importable_suffix",
+    "inspected_stdlib",
     "inspected_suffixes",
     "inspected_target",
     "site_abi",
@@ -88,6 +91,42 @@ def inspected_target(site_dirs: Sequence[str]) -> PyTarget:
             return HOST
         return replace(HOST, version=(parts[0], parts[1], parts[2] if len(parts) > 2 else 0))
     return HOST
+
+
+_HOME = re.compile(r"^[ \t]*home[ \t]*=[ \t]*(.*?)[ \t]*$", re.M)  # pyvenv.cfg: the base interpreter's bin
+
+
+def _rooted(root: str | None, path: str) -> str:
+    return os.path.join(root, path.lstrip("/")) if root else path
+
+
+def inspected_stdlib(site_dirs: Sequence[str], root: str | None = None) -> tuple[str, ...] | None:
+    """The standard library and ``lib-dynload`` of the interpreter owning ``site_dirs`` (host paths; ``root``:
+    the other system's root they are in, an image's), where its files show them: the prefix's own
+    ``lib/python3.X`` (a CPython installed there, conda), a venv's base (``pyvenv.cfg``'s ``home``, an image's
+    path taken under ``root``), else Debian's ``/usr/lib/python3.X`` (its ``dist-packages`` directories'
+    interpreter); each only where it holds ``os.py``. None when no site says (a ``--target`` folder)."""
+    abi = site_abi(site_dirs)
+    if abi is None:
+        return None
+    pydir = f"python{abi.version[0]}.{abi.version[1]}{'t' if abi.threaded else ''}"
+    for site in site_dirs:
+        prefix = install_prefix(site)
+        parts = os.path.normpath(site).split(os.sep)
+        if parts[-3:] == ["lib", "python3", "dist-packages"]:
+            prefix = os.sep.join(parts[:-3]) or os.sep
+        elif prefix == os.path.normpath(site):
+            continue  # not a prefix's site directory
+        candidates = [os.path.join(prefix, "lib", pydir)]
+        text = read_text(os.path.join(prefix, "pyvenv.cfg"), 1 << 16)
+        home = _HOME.search(text) if text else None
+        if home is not None and home[1].startswith("/"):
+            candidates.append(os.path.join(os.path.dirname(_rooted(root, home[1].rstrip("/"))), "lib", pydir))
+        candidates.append(_rooted(root, f"/usr/lib/{pydir}"))
+        for stdlib in candidates:
+            if os.path.isfile(os.path.join(stdlib, "os.py")):
+                return stdlib, os.path.join(stdlib, "lib-dynload")
+    return None
 
 
 def extension_suffixes(abi: PythonAbi | None, base: Sequence[str] | None = None) -> tuple[str, ...]:

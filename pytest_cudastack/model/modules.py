@@ -109,7 +109,7 @@ def module_trees(
         if any(not is_driver_soname(x.soname) for x in t.missing)
     ]
     if needy:
-        interp = Interpreter.for_sites(inv.site_dirs)
+        interp = Interpreter.for_sites(inv.site_dirs, root=inv.root)
         contexts = import_contexts(needy, interp, resolver, read or read_elf, inv.owner, cache)
         trees = [
             resolver.tree(lib.path, loaded=contexts[lib.path]) if lib.path in contexts else t

@@ -75,7 +75,7 @@ from pytest_cudastack.linker.elfcache import ElfCache
 from pytest_cudastack.linker.lookups import Lookups, cached_lookups
 from pytest_cudastack.linker.resolver import Resolver, Route
 from pytest_cudastack.linker.strings import StringFacts
-from pytest_cudastack.model.abi import inspected_suffixes, inspected_target
+from pytest_cudastack.model.abi import inspected_stdlib, inspected_suffixes, inspected_target
 from pytest_cudastack.model.pysource import HOST, Items, PyTarget, module_imports, string_constant
 from pytest_cudastack.model.runtime import loads_of
 
@@ -109,22 +109,29 @@ class Interpreter:
     target: PyTarget = HOST  # the version its modules' ``if sys.version_info`` tests are decided for
 
     @classmethod
-    def for_sites(cls, site_dirs: Sequence[str], executable: str | None = None) -> Interpreter:
-        """This interpreter's standard library and ``lib-dynload`` (its version is the target's), then
-        ``site_dirs``: the ``sys.path`` of a venv of this Python; the extension suffixes of the interpreter
-        owning ``site_dirs`` (:func:`~pytest_cudastack.model.abi.inspected_suffixes`: a 3.12 venv's
-        ``.cpython-312-...so``, never this 3.11's)."""
-        # lazy: sysconfig parses the build configuration; only the import model needs it
-        import sysconfig
+    def for_sites(cls, site_dirs: Sequence[str], executable: str | None = None, root: str | None = None) -> Interpreter:
+        """The standard library and ``lib-dynload`` of the interpreter owning ``site_dirs``, then ``site_dirs``:
+        the ``sys.path`` of a venv; the extension suffixes of that interpreter
+        (:func:`~pytest_cudastack.model.abi.inspected_suffixes`: a 3.12 venv's ``.cpython-312-...so``, never
+        this 3.11's). Its standard library is this interpreter's for a site of this minor on this machine;
+        the one the site's files show (:func:`~pytest_cudastack.model.abi.inspected_stdlib`) for another
+        minor, or for a site inside another system's ``root`` (an image's: none where its files show none,
+        never this machine's)."""
+        target = inspected_target(site_dirs)
+        shown = inspected_stdlib(site_dirs, root)
+        head: tuple[str, ...] = shown or ()
+        if root is None and (shown is None or target.version[:2] == HOST.version[:2]):
+            # lazy: sysconfig parses the build configuration; only the import model needs it
+            import sysconfig
 
-        stdlib = sysconfig.get_paths()["stdlib"]
-        head = (stdlib, os.path.join(stdlib, "lib-dynload"))
+            stdlib = sysconfig.get_paths()["stdlib"]
+            head = (stdlib, os.path.join(stdlib, "lib-dynload"))
         return cls(
             tuple(dict.fromkeys((*head, *site_dirs))),
             os.path.realpath(executable or sys.executable),
             suffixes=inspected_suffixes(site_dirs),
             startup=frozenset(sys.builtin_module_names) | _FROZEN_AT_STARTUP,
-            target=inspected_target(site_dirs),
+            target=target,
         )
 
 

@@ -218,7 +218,7 @@ class Reachability:
     @property
     def interp(self) -> Interpreter:
         if self._interp is None:
-            self._interp = Interpreter.for_sites(self._inv.site_dirs)
+            self._interp = Interpreter.for_sites(self._inv.site_dirs, root=self._inv.root)
         return self._interp
 
     @property
