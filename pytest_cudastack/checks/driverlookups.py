@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from pytest_cudastack.cuda.driverlookup import (
@@ -24,6 +24,7 @@ from pytest_cudastack.cuda.driverlookup import (
 )
 from pytest_cudastack.findings import Env, Finding, Manual, Remedy, Severity
 from pytest_cudastack.linker.ldcache import LdCache, LdCacheEntry, read_ld_so_conf, required_flags
+from pytest_cudastack.linker.resolver import DEBIAN_DEFAULT_DIRS
 from pytest_cudastack.model.reach import top_level_names
 
 if TYPE_CHECKING:
@@ -31,9 +32,6 @@ if TYPE_CHECKING:
     from pytest_cudastack.wheels.inventory import Distribution, Inventory
 
 __all__ = ["Machine", "driver_lookup_findings", "run"]
-
-# ldconfig adds these to its cache without a line in ld.so.conf (glibc's SYSTEM_DIRS on Debian's multiarch)
-_LDCONFIG_DIRS = ("/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib64", "/usr/lib64", "/lib", "/usr/lib")
 
 
 @dataclass(frozen=True)
@@ -48,6 +46,8 @@ class Machine:
     libcuda_dir: str | None
     image: bool = False
     imports: tuple[str, ...] = ()  # the project's imports (top-level names), for severity
+    # glibc's SYSTEM_DIRS: the loader's default directories, which ldconfig caches without an ld.so.conf line
+    default_dirs: tuple[str, ...] = DEBIAN_DEFAULT_DIRS
 
     def exists(self, path: str) -> bool:
         return os.path.exists(os.path.join(self.root, path.lstrip("/")) if path.startswith("/") else path)
@@ -76,14 +76,22 @@ def _replay(code: LookupCode, machine: Machine) -> LookupResult:
     return LookupResult(True, "cache")
 
 
+def _env_fix(code: LookupCode, row: LookupRow, machine: Machine) -> Remedy | None:
+    """The framework's own variable set to the directory the loader finds the driver in, where that passes."""
+    found = machine.libcuda_dir
+    if found is None or not code.env:
+        return None
+    after = replace(machine, environ={**machine.environ, code.env: found})
+    if not _replay(code, after).ok:
+        return None
+    return Env(code.env, found, why=f"{row.framework} takes the directory as given")
+
+
 def _fixes(code: LookupCode, row: LookupRow, result: LookupResult, machine: Machine) -> tuple[Remedy, ...]:
     """Each fix is checked by replaying the lookup on the machine it leaves."""
     found = machine.libcuda_dir
-    fixes: list[Remedy] = []
-    if found is not None and code.env:
-        after = Machine(machine.root, {**machine.environ, code.env: found}, machine.cache, found, machine.image)
-        if _replay(code, after).ok:
-            fixes.append(Env(code.env, found, why=f"{row.framework} takes the directory as given"))
+    env_fix = _env_fix(code, row, machine)
+    fixes: list[Remedy] = [env_fix] if env_fix is not None else []
     if result.how == "no-program":
         where = "the image" if machine.image else "this machine"
         fixes.append(Manual((f"install {code.argv[0]} in {where} (Debian and Ubuntu: libc-bin)",)))
@@ -101,7 +109,7 @@ def _fixes(code: LookupCode, row: LookupRow, result: LookupResult, machine: Mach
 
 def _ldconfig_lists(directory: str, machine: Machine) -> bool:
     """Whether ``ldconfig`` would put ``directory`` in the cache: a system directory, or one ld.so.conf names."""
-    if directory in _LDCONFIG_DIRS:
+    if directory in machine.default_dirs:
         return True
     return directory in read_ld_so_conf("/etc/ld.so.conf", root=machine.root)
 
@@ -176,7 +184,9 @@ def _machine(stack: StackView) -> Machine | None:
     if driver.source == "declared" or driver.libcuda is None:
         return None  # the deployment's layout is not this machine's; no driver is the driver item's
     libcuda_dir = os.path.dirname(driver.libcuda)
-    return Machine(config.root, os.environ, config.ld_cache, libcuda_dir, imports=imports)
+    return Machine(
+        config.root, os.environ, config.ld_cache, libcuda_dir, imports=imports, default_dirs=config.default_dirs
+    )
 
 
 def run(stack: StackView) -> tuple[Finding, ...]:

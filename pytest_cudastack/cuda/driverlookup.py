@@ -173,9 +173,11 @@ def _first_env(body: ast.AST, settings: Sequence[ast.Module]) -> str | None:
 
 
 def _bound_env(body: ast.AST, name: str) -> str | None:
+    """The variable read into ``name`` (``name = os.getenv("X")``)."""
     for node in ast.walk(body):
-        named = isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets)
-        if named and isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
+        if not (isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)):
+            continue
+        if any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
             return _env_name(node.value)
     return None
 
@@ -183,8 +185,9 @@ def _bound_env(body: ast.AST, name: str) -> str | None:
 def _joined_name(node: ast.AST) -> str | None:
     """``NAME`` of the first ``os.path.join(x, "NAME")`` under ``node``."""
     for sub in ast.walk(node):
-        joins = isinstance(sub, ast.Call) and isinstance(sub.func, ast.Attribute) and sub.func.attr == "join"
-        if joins and isinstance(sub, ast.Call) and len(sub.args) == 2 and (text := _const(sub.args[1])):
+        if not (isinstance(sub, ast.Call) and isinstance(sub.func, ast.Attribute) and sub.func.attr == "join"):
+            continue
+        if len(sub.args) == 2 and (text := _const(sub.args[1])):
             return text
     return None
 

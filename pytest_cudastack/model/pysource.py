@@ -119,7 +119,7 @@ def _compare_truth(test: ast.Compare, target: PyTarget) -> bool | None:
     if fn is None:
         return None
     try:
-        return bool(fn(tuple(value) if key == "sys.version_info" else value, other))
+        return bool(fn(value, other))
     except TypeError:
         return None
 
