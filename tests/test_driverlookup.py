@@ -33,57 +33,11 @@ from pytest_cudastack.linker.ldcache import read_ld_cache
 from pytest_cudastack.wheels.inventory import Inventory, installed_wheels
 from tests.helpers.realenv import torch_site, torch_venv
 from tests.helpers.sitebuild import HAVE_CC, compile_so, site_packages, write_dist
+from tests.helpers.tritonbuild import BUILD_2X, DRIVER_3X, KNOBS_3X
 
 LDCONFIG = shutil.which("ldconfig") or ("/sbin/ldconfig" if os.path.exists("/sbin/ldconfig") else None)
 needs_tools = pytest.mark.skipif(not HAVE_CC or LDCONFIG is None, reason="needs a C compiler and ldconfig")
 
-DRIVER_3X = """\
-import functools
-import os
-import subprocess
-
-from triton import knobs
-
-
-@functools.lru_cache()
-def libcuda_dirs():
-    if env_libcuda_path := knobs.nvidia.libcuda_path:
-        return [env_libcuda_path]
-
-    libs = subprocess.check_output(["/sbin/ldconfig", "-p"]).decode(errors="ignore")
-    locs = [line.split()[-1] for line in libs.splitlines() if "libcuda.so.1" in line]
-    dirs = [os.path.dirname(loc) for loc in locs]
-    env_ld_library_path = os.getenv("LD_LIBRARY_PATH")
-    if env_ld_library_path and not dirs:
-        dirs = [dir for dir in env_ld_library_path.split(":") if os.path.exists(os.path.join(dir, "libcuda.so.1"))]
-    msg = 'libcuda.so cannot found!\\n'
-    if locs:
-        msg += 'Possible files are located at %s.' % str(locs)
-    assert any(os.path.exists(os.path.join(path, 'libcuda.so.1')) for path in dirs), msg
-    return dirs
-"""
-KNOBS_3X = """\
-class nvidia_knobs:
-    libcuda_path: env_opt_str = env_opt_str("TRITON_LIBCUDA_PATH")
-"""
-BUILD_2X = """\
-import functools
-import os
-import subprocess
-
-
-@functools.lru_cache()
-def libcuda_dirs():
-    env_libcuda_path = os.getenv("TRITON_LIBCUDA_PATH")
-    if env_libcuda_path:
-        return [env_libcuda_path]
-    libs = subprocess.check_output(["/sbin/ldconfig", "-p"]).decode()
-    locs = [line.split()[-1] for line in libs.splitlines() if "libcuda.so" in line]
-    dirs = [os.path.dirname(loc) for loc in locs]
-    msg = 'libcuda.so cannot found!\\n'
-    assert any(os.path.exists(os.path.join(path, 'libcuda.so')) for path in dirs), msg
-    return dirs
-"""
 LAYOUTS = {
     "3.x": {"triton/backends/nvidia/driver.py": DRIVER_3X, "triton/knobs.py": KNOBS_3X},
     "2.x": {"triton/common/build.py": BUILD_2X},
@@ -223,14 +177,13 @@ def _exists(program: bool) -> Callable[[str], bool]:
     return lambda p: program if p == "/sbin/ldconfig" else os.path.exists(p)
 
 
-def _stack(tmp_path: Path, layout: str = "3.x") -> tuple[Inventory, Path]:
-    site = _site(tmp_path, layout)
-    return installed_wheels([str(site)]), site
+def _inventory(tmp_path: Path, layout: str = "3.x") -> Inventory:
+    return installed_wheels([str(_site(tmp_path, layout))])
 
 
 @needs_tools
 def test_a_driver_the_cache_does_not_list_fails_tritons_lookup_with_a_verified_fix(tmp_path: Path) -> None:
-    inventory, _ = _stack(tmp_path)
+    inventory = _inventory(tmp_path)
     cases = _layouts(tmp_path)
     none, b, _ = cases["none"]
     machine = Machine("/", {}, read_ld_cache(str(none)), str(b))
@@ -247,7 +200,7 @@ def test_a_driver_the_cache_does_not_list_fails_tritons_lookup_with_a_verified_f
 
 @needs_tools
 def test_clean_twins_listed_driver_or_its_variable_set(tmp_path: Path) -> None:
-    inventory, _ = _stack(tmp_path)
+    inventory = _inventory(tmp_path)
     cases = _layouts(tmp_path)
     listed, a, _ = cases["listed"]
     none, b, _ = cases["none"]
@@ -262,7 +215,7 @@ def test_clean_twins_listed_driver_or_its_variable_set(tmp_path: Path) -> None:
 
 @needs_tools
 def test_an_older_release_asks_for_the_unversioned_name_and_the_fix_is_its_link(tmp_path: Path) -> None:
-    inventory, _ = _stack(tmp_path, "2.x")
+    inventory = _inventory(tmp_path, "2.x")
     lib = tmp_path / "drv"
     lib.mkdir()
     (lib / "libcuda.so.1").write_bytes(compile_so("libcuda.so.1"))
@@ -275,7 +228,7 @@ def test_an_older_release_asks_for_the_unversioned_name_and_the_fix_is_its_link(
 
 
 def test_an_image_without_ldconfig_fails_at_the_first_compile_and_one_with_it_does_not(tmp_path: Path) -> None:
-    inventory, _ = _stack(tmp_path)
+    inventory = _inventory(tmp_path)
     root = tmp_path / "rootfs"
     (root / "usr/sbin").mkdir(parents=True)
     machine = Machine(str(root), {"PATH": "/usr/bin"}, None, None, image=True)
@@ -320,7 +273,7 @@ def test_the_real_tritons_lookup_is_read_and_replayed_as_it_runs(tmp_path: Path)
 
 @needs_tools
 def test_no_cache_fails_the_lookup_but_an_unreadable_one_is_not_judged(tmp_path: Path) -> None:
-    inventory, _ = _stack(tmp_path)
+    inventory = _inventory(tmp_path)
     root = tmp_path / "root"
     (root / "sbin").mkdir(parents=True)
     (root / "sbin/ldconfig").write_text("")

@@ -744,7 +744,7 @@ def test_an_image_names_its_own_paths_and_tritons_lookup_runs_inside_it(
     /sbin/ldconfig: its first compile fails (the runtime's injected libcuda.so.1 is in the cache, the program
     that lists it is not); every text and step of every finding names image paths, never the cache's root."""
     from tests.helpers.sitebuild import site_packages, write_dist
-    from tests.test_driverlookup import DRIVER_3X, KNOBS_3X
+    from tests.helpers.tritonbuild import DRIVER_3X, KNOBS_3X
 
     site = site_packages(tmp_path / "prefix")
     ptxas = "#!/bin/sh\necho 'Cuda compilation tools, release 12.9, V12.9.86'\n"
