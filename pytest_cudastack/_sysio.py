@@ -3,21 +3,37 @@
 Inspected files are hostile until proven otherwise: a FIFO named like a library must not hang a run, a
 device must not be read forever, and a cache must never be half written. So every read opens with
 ``O_NONBLOCK`` and insists on a regular file, reads are size-capped, and writes go to a private temporary
-file that replaces the target in one ``os.replace``. This module imports nothing but ``os``, ``stat`` and ``errno``
-(``cudastack tree``'s warm path imports it), and it never logs: callers decide what a failure means.
+file that replaces the target in one ``os.replace``. This module imports nothing but what the interpreter's
+start has loaded already and ``mmap`` (``cudastack tree``'s warm path imports it), and it never logs: callers
+decide what a failure means.
+
+A file of an image's cached root may be a *layer-backed placeholder*: an image's multi-GB libraries are not
+copied out of its layer tars (that write, the same as ``tar -x``'s, would be most of a cold check's cost), so
+the file is created sparse, at its size, with the extended attribute :data:`LAYER_XATTR` naming where its
+bytes lie in a layer blob the cache holds a hard link to. :func:`open_span` reads such a file in place: its
+:class:`Span` is the blob's descriptor and the file's range in it, so the byte readers (ELF, fatbin, strings,
+hashes) read the same bytes at the same offsets as from the file itself. :func:`open_regular`, for readers that
+need a plain descriptor, fills the placeholder from its blob first (once: the attribute is removed after).
 """
 
 from __future__ import annotations
 
 import errno
+import io
+import mmap
 import os
 import stat
+from collections.abc import Iterator
 
 from pytest_cudastack.errors import ElfError, UnreadableFile
 
 __all__ = [
+    "LAYER_XATTR",
+    "Span",
     "append_text",
+    "make_placeholder",
     "open_regular",
+    "open_span",
     "output_problem",
     "read_cpuinfo_block",
     "read_owned",
@@ -30,12 +46,177 @@ __all__ = [
 
 _OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
 
+# "OFFSET SIZE MTIME_NS PATH": the file's bytes are PATH's [OFFSET, OFFSET + st_size), PATH being a layer blob
+# of SIZE bytes last modified at MTIME_NS (a blob changed since, e.g. an archive saved again over the same
+# inode, is refused, never read as the file)
+LAYER_XATTR = "user.cudastack.layer"
+_MAX_XATTR = 4096
 
-def open_regular(path: str, error: type[UnreadableFile] = ElfError) -> tuple[int, os.stat_result]:
+
+class Span:
+    """A regular file's bytes: ``size`` of them from ``base`` of the descriptor ``fd`` (0 for a file read
+    directly, the file's offset in its blob for a layer-backed placeholder). Reads never go past the file's
+    end, so a reader that reads to EOF stops where the file stops, not in the next tar member."""
+
+    __slots__ = ("base", "fd", "size")
+
+    def __init__(self, fd: int, base: int, size: int) -> None:
+        self.fd = fd
+        self.base = base
+        self.size = size
+
+    def pread(self, n: int, offset: int) -> bytes:
+        """At most ``n`` bytes from ``offset`` of the file (fewer at its end, none past it)."""
+        n = min(n, self.size - offset)
+        if n <= 0 or offset < 0:
+            return b""
+        return os.pread(self.fd, n, self.base + offset)
+
+    def chunks(self, n: int = 1 << 20) -> Iterator[bytes]:
+        """The file's bytes in order, ``n`` at a time."""
+        offset = 0
+        while chunk := self.pread(n, offset):
+            offset += len(chunk)
+            yield chunk
+
+    def stream(self) -> io.BufferedReader:
+        """A buffered, seekable binary stream of the file, for readers that take a file object (pyelftools);
+        closing it leaves ``fd`` open."""
+        return io.BufferedReader(_SpanRaw(self), 4096)
+
+    def map(self) -> tuple[mmap.mmap, int]:
+        """The file mapped read-only, and where the file starts in the mapping: 0 for a file, the offset of
+        ``base`` in its page for a placeholder (a mapping starts on a page boundary, a tar member on a
+        512-byte one). The caller closes the mapping."""
+        shift = self.base % mmap.ALLOCATIONGRANULARITY
+        view = mmap.mmap(self.fd, self.size + shift, access=mmap.ACCESS_READ, offset=self.base - shift)
+        return view, shift
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+class _SpanRaw(io.RawIOBase):
+    def __init__(self, span: Span) -> None:
+        super().__init__()
+        self._span = span
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: memoryview | bytearray) -> int:  # type: ignore[override]
+        data = self._span.pread(len(buffer), self._pos)
+        buffer[: len(data)] = data
+        self._pos += len(data)
+        return len(data)
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        base = {os.SEEK_SET: 0, os.SEEK_CUR: self._pos, os.SEEK_END: self._span.size}[whence]
+        if base + offset < 0:
+            raise OSError(errno.EINVAL, "negative seek position")
+        self._pos = base + offset
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+
+def make_placeholder(fd: int, size: int, offset: int, blob: str, blob_st: os.stat_result) -> bool:
+    """Make the new, empty file ``fd`` a placeholder of ``size`` bytes lying at ``offset`` of ``blob`` (whose
+    status is ``blob_st``); False (nothing done) where the file system takes no extended attribute."""
+    value = f"{offset} {blob_st.st_size} {blob_st.st_mtime_ns} {blob}".encode()
+    if len(value) > _MAX_XATTR:
+        return False
+    try:
+        os.setxattr(fd, LAYER_XATTR, value)
+    except OSError:
+        return False
+    os.ftruncate(fd, size)
+    return True
+
+
+def _sparse(st: os.stat_result) -> bool:
+    """Fewer bytes allocated than the file holds: a placeholder (its blocks, if any, are its attribute's)."""
+    return st.st_blocks * 512 < st.st_size
+
+
+def _backing(fd: int, st: os.stat_result) -> tuple[int, int, int, str] | None:
+    """``(offset, blob size, blob mtime_ns, blob)`` of a layer-backed placeholder (see the module's
+    docstring), None for any other file. Only a sparse file is asked (one ``fgetxattr``; a file whose bytes
+    are allocated never is), and only one this user owns: an attribute on anyone else's file is ignored."""
+    if not _sparse(st) or st.st_uid != os.geteuid():
+        return None
+    try:
+        value = os.getxattr(fd, LAYER_XATTR)
+    except OSError:  # no attribute, or a file system without them
+        return None
+    try:
+        offset, size, mtime, blob = value[:_MAX_XATTR].decode().split(" ", 3)
+        return int(offset), int(size), int(mtime), blob
+    except (UnicodeDecodeError, ValueError):
+        return None
+
+
+def _open_blob(path: str, backing: tuple[int, int, int, str], st: os.stat_result, error: type[UnreadableFile]) -> int:
+    """The blob's descriptor, checked: this user's regular file, of the size and time recorded, holding the
+    placeholder's whole range."""
+    offset, size, mtime, blob = backing
+    bfd, bst = open_regular(blob, error, fill=False)
+    same = bst.st_uid == os.geteuid() and bst.st_size == size and bst.st_mtime_ns == mtime
+    if not same or offset < 0 or offset + st.st_size > size:
+        os.close(bfd)
+        raise error(f"{path}: the image layer it lies in ({blob}) changed since it was read: check with --no-cache")
+    return bfd
+
+
+def open_span(path: str, error: type[UnreadableFile] = ElfError) -> tuple[Span, os.stat_result]:
+    """:func:`open_regular`, read in place where the file is a layer-backed placeholder: the file's bytes as a
+    :class:`Span` and the file's own status (its size, identity and times). The caller closes the span."""
+    fd, st = open_regular(path, error, fill=False)
+    backing = _backing(fd, st)
+    if backing is None:
+        return Span(fd, 0, st.st_size), st
+    os.close(fd)
+    return Span(_open_blob(path, backing, st, error), backing[0], st.st_size), st
+
+
+def _fill(path: str, fd: int, st: os.stat_result, error: type[UnreadableFile]) -> None:
+    """Write a placeholder's bytes from its blob (then drop the attribute), for a reader that needs a plain
+    descriptor. Two runs filling one file write the same bytes."""
+    backing = _backing(fd, st)
+    if backing is None:
+        return
+    bfd = _open_blob(path, backing, st, error)
+    try:
+        wfd = os.open(path, os.O_WRONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0))
+    except OSError as e:
+        os.close(bfd)
+        raise error(f"{path}: cannot fill from its image layer: {e.strerror or e}") from e
+    try:
+        done = 0
+        while done < st.st_size:
+            data = os.pread(bfd, min(1 << 20, st.st_size - done), backing[0] + done)
+            if not data:
+                raise OSError(errno.EIO, "the layer ends early")
+            done += os.pwrite(wfd, data, done)
+        os.removexattr(wfd, LAYER_XATTR)
+    except OSError as e:
+        raise error(f"{path}: cannot fill from its image layer: {e.strerror or e}") from e
+    finally:
+        os.close(wfd)
+        os.close(bfd)
+
+
+def open_regular(path: str, error: type[UnreadableFile] = ElfError, fill: bool = True) -> tuple[int, os.stat_result]:
     """Open without blocking (a FIFO named like a library must not hang us) and insist on a regular
     file; returns (fd, stat). The caller closes fd. Raises *error* naming the file: by default ElfError,
     for the ELF readers (each inspects a file it was pointed at, and says so in its own terms); this
-    module's readers of snapshots, caches and ``/proc`` files pass :class:`UnreadableFile`."""
+    module's readers of snapshots, caches and ``/proc`` files pass :class:`UnreadableFile`. A layer-backed
+    placeholder is filled first (``fill``), so that the descriptor reads the file's bytes."""
     try:
         fd = os.open(path, _OPEN_FLAGS)
     except OSError as e:
@@ -51,6 +232,12 @@ def open_regular(path: str, error: type[UnreadableFile] = ElfError) -> tuple[int
         os.close(fd)
         kind = "is a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file"
         raise error(f"{path}: {kind}")
+    if fill and _sparse(st):
+        try:
+            _fill(path, fd, st, error)
+        except BaseException:
+            os.close(fd)
+            raise
     return fd, st
 
 

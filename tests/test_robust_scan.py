@@ -92,14 +92,14 @@ def test_file_that_cannot_be_opened_is_reported(tmp_path, monkeypatch):
     d = tmp_path / "bin"
     d.mkdir()
     (d / "secret").write_bytes(b"\x7fELF")
-    real = scan.open_regular
+    real = scan.open_span
 
     def refuse(path: str):  # type: ignore[no-untyped-def]
         if path.endswith("secret"):
             raise ElfError(f"{path}: cannot open: Permission denied")
         return real(path)
 
-    monkeypatch.setattr(scan, "open_regular", refuse)
+    monkeypatch.setattr(scan, "open_span", refuse)
     assert skipped_files(str(d)) == ((str(d / "secret"), "cannot be read: cannot open: Permission denied"),)
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from pytest_cudastack._sysio import Span
 from pytest_cudastack.checks.integrity import check_integrity
 from pytest_cudastack.wheels import ownership
 from pytest_cudastack.wheels.distinfo import parse_record
@@ -65,13 +66,13 @@ def test_symlink_out_of_the_site_dir_is_never_hashed(tmp_path: Path, monkeypatch
     os.unlink(site / "p" / "libp.so.1")
     os.symlink(outside, site / "p" / "libp.so.1")
     opened: list[str] = []
-    real_open = ownership.open_regular
+    real_open = ownership.open_span
 
-    def spy(path: str) -> tuple[int, os.stat_result]:
+    def spy(path: str) -> tuple[Span, os.stat_result]:
         opened.append(path)
         return real_open(path)
 
-    monkeypatch.setattr(ownership, "open_regular", spy)
+    monkeypatch.setattr(ownership, "open_span", spy)
     check_integrity(installed_wheels([str(site)]), verify_hashes=True)
     assert opened == []
     # a symlink that stays inside the site directory is still hashed

@@ -38,6 +38,7 @@ happen loads it.
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -47,8 +48,10 @@ from typing import TYPE_CHECKING
 
 from packaging.requirements import InvalidRequirement, Requirement
 
+from pytest_cudastack._sysio import open_span
 from pytest_cudastack.cuda.compat import is_driver_soname
 from pytest_cudastack.cuda.dlopen import Miss
+from pytest_cudastack.errors import ElfError
 from pytest_cudastack.findings import Facts, Finding, Manual, Remedy, SearchPath, Severity, manual
 from pytest_cudastack.linker.elf import ElfInfo
 from pytest_cudastack.linker.resolver import Library, Resolver, Route, Tree
@@ -433,15 +436,21 @@ def _same_bytes(a: str, b: str) -> bool:
     try:
         if os.path.getsize(a) != os.path.getsize(b):
             return False
-        with open(a, "rb") as fa, open(b, "rb") as fb:
-            while True:
-                x, y = fa.read(1 << 20), fb.read(1 << 20)
-                if x != y:
-                    return False
-                if not x:
-                    return True
+        fa, _sa = open_span(a)
+    except (OSError, ElfError):
+        return False
+    try:
+        fb, _sb = open_span(b)
+    except ElfError:
+        fa.close()
+        return False
+    try:
+        return all(x == y for x, y in itertools.zip_longest(fa.chunks(), fb.chunks()))
     except OSError:
         return False
+    finally:
+        fa.close()
+        fb.close()
 
 
 def _same_version(a: str, b: str) -> bool:

@@ -14,12 +14,13 @@ import stat
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from pytest_cudastack._sysio import open_regular
+from pytest_cudastack._sysio import open_span
 from pytest_cudastack.cuda.compat import is_driver_soname
 from pytest_cudastack.errors import ElfError
 from pytest_cudastack.escape import printable
 from pytest_cudastack.findings import Facts, Finding, Severity, manual
 from pytest_cudastack.wheels.dpkg import library_packages, recorded_md5, reinstall_command
+from pytest_cudastack.wheels.ownership import file_digest
 
 if TYPE_CHECKING:
     from pytest_cudastack.checks.facts import StackView, Target
@@ -105,15 +106,15 @@ def _classify(path: str, library_name: bool) -> str:
     if not stat.S_ISREG(mode):  # pragma: no cover - os.walk lists directories apart
         return "not a regular file"
     try:
-        fd, _st = open_regular(path)
+        span, _st = open_span(path)
     except ElfError as e:
         return f"cannot be read: {str(e).removeprefix(path + ': ')}"
     try:
-        head = os.read(fd, 512)
+        head = span.pread(512, 0)
     except OSError as e:
         return f"cannot be read: {e.strerror or e}"
     finally:
-        os.close(fd)
+        span.close()
     if head[:4] == b"\x7fELF":
         return "elf"
     if not library_name or _linker_script(head):
@@ -238,14 +239,8 @@ def binary_findings(
 
 
 def _file_md5(path: str) -> str | None:
-    h = hashlib.md5(usedforsecurity=False)
-    try:
-        with open(path, "rb") as f:
-            while block := f.read(1 << 20):
-                h.update(block)
-    except OSError:
-        return None
-    return h.hexdigest()
+    digest = file_digest(path, hashlib.md5(usedforsecurity=False))
+    return None if digest is None else digest.hex()
 
 
 def _altered(tree: Tree, subject: str, debs: Mapping[str, tuple[tuple[str, str], ...]], root: str) -> list[Finding]:

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from pytest_cudastack._sysio import open_regular
+from pytest_cudastack._sysio import open_span
 from pytest_cudastack.checks import driverlookups
 from pytest_cudastack.cuda.gpucode import arch_first_cuda
 from pytest_cudastack.cuda.toolchain import (
@@ -83,7 +83,7 @@ def _contains(path: str, needle: bytes) -> bool:
     """Whether the file at ``path`` holds ``needle``: streamed in 1 MiB chunks, never more than
     ``_SCAN_LIMIT`` bytes (an XLA plugin is a few hundred MB); False when it cannot be read."""
     try:
-        fd, _ = open_regular(path)
+        span, _ = open_span(path)
     except ElfError:
         return False
     keep = len(needle) - 1
@@ -91,7 +91,7 @@ def _contains(path: str, needle: bytes) -> bool:
     done = 0
     try:
         while done < _SCAN_LIMIT:
-            chunk = os.read(fd, 1 << 20)
+            chunk = span.pread(1 << 20, done)
             if not chunk:
                 return False
             done += len(chunk)
@@ -102,7 +102,7 @@ def _contains(path: str, needle: bytes) -> bool:
     except OSError:
         return False
     finally:
-        os.close(fd)
+        span.close()
     return False
 
 

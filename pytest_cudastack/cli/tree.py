@@ -297,7 +297,7 @@ def cmd_tree(args: argparse.Namespace) -> int:
 def _unreadable(path: str) -> str | None:
     """Why ``path`` cannot be read as a file (missing, unreadable, a directory, a FIFO), or None."""
     try:
-        fd, _st = open_regular(path, UnreadableFile)
+        fd, _st = open_regular(path, UnreadableFile, fill=False)
     except UnreadableFile as e:
         return str(e)
     os.close(fd)

@@ -10,6 +10,8 @@ import os
 import stat
 from collections.abc import Iterable, Mapping
 
+from pytest_cudastack._sysio import open_span
+from pytest_cudastack.errors import UnreadableFile
 from pytest_cudastack.image.rootfs import ImageRoot
 
 __all__ = ["image_binaries"]
@@ -20,10 +22,15 @@ def _elf_executable(host: str) -> bool:
         st = os.stat(host)
         if not stat.S_ISREG(st.st_mode) or not st.st_mode & 0o111:
             return False
-        with open(host, "rb") as f:
-            return f.read(4) == b"\x7fELF"
+        span, _st = open_span(host, UnreadableFile)  # a large file of a plain layer is read where it lies
+    except (OSError, UnreadableFile):
+        return False
+    try:
+        return span.pread(4, 0) == b"\x7fELF"
     except OSError:
         return False
+    finally:
+        span.close()
 
 
 def _program(image: ImageRoot) -> str | None:

@@ -51,7 +51,7 @@ import struct
 import zlib
 from typing import NamedTuple
 
-from pytest_cudastack._sysio import open_regular
+from pytest_cudastack._sysio import Span, open_span
 from pytest_cudastack.errors import ElfError
 
 __all__ = ["MAX_FILE", "MAX_INFLATE", "MAX_SLOTS", "init_names"]
@@ -604,24 +604,24 @@ def _decode(data: bytes) -> tuple[str, ...] | None:
     return tuple(dict.fromkeys(names))
 
 
-def _may_hold_table(fd: int, size: int) -> bool:
+def _may_hold_table(span: Span, size: int) -> bool:
     """Whether the file's dynamic string table names both a ``PyInit_`` and ``PyUnicode_DecodeUTF8`` (the
     table's init): read first, so that a large library that is no such module is never read whole."""
-    head = os.pread(fd, _EHDR.size, 0)
+    head = span.pread(_EHDR.size, 0)
     if len(head) < _EHDR.size or head[:4] != b"\x7fELF" or head[4] != 2 or head[5] != 1:
         return False
     h = _EHDR.unpack(head)
     shoff, shentsize, shnum = h[6], h[11], h[12]
     if shentsize != _SHDR.size or not 0 < shnum < 0xFF00 or shoff + shnum * shentsize > size:
         return False
-    table = os.pread(fd, shnum * shentsize, shoff)
+    table = span.pread(shnum * shentsize, shoff)
     headers = [_SHDR.unpack_from(table, i * shentsize) for i in range(len(table) // shentsize)]
     for sh in headers:
         if sh[1] == 11 and sh[6] < len(headers):  # SHT_DYNSYM, its sh_link: .dynstr
             strtab = headers[sh[6]]
             if strtab[5] > MAX_FILE or strtab[4] + strtab[5] > size:
                 return False
-            names = os.pread(fd, strtab[5], strtab[4])
+            names = span.pread(strtab[5], strtab[4])
             return b"\0PyInit_" in names and b"\0PyUnicode_DecodeUTF8\0" in names
     return False
 
@@ -632,20 +632,20 @@ def init_names(path: str | os.PathLike[str]) -> tuple[str, ...] | None:
     Cython >= 3.1 with a static module state on x86-64, or anything not decoded). ElfError only when the
     file cannot be read."""
     p = os.fspath(path)
-    fd, st = open_regular(p)
+    span, st = open_span(p)
     try:
-        if st.st_size > MAX_FILE or not _may_hold_table(fd, st.st_size):
+        if st.st_size > MAX_FILE or not _may_hold_table(span, st.st_size):
             return None
         data = b""
         while len(data) < st.st_size:
-            chunk = os.pread(fd, st.st_size - len(data), len(data))
+            chunk = span.pread(st.st_size - len(data), len(data))
             if not chunk:
                 break
             data += chunk
     except OSError as e:
         raise ElfError(f"{p}: cannot read: {e.strerror or e}") from e
     finally:
-        os.close(fd)
+        span.close()
     try:
         return _decode(data)
     except (ValueError, IndexError, struct.error, KeyError):

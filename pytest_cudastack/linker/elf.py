@@ -28,7 +28,7 @@ import struct
 from dataclasses import dataclass, fields
 from typing import IO, Any, NamedTuple
 
-from pytest_cudastack._sysio import open_regular
+from pytest_cudastack._sysio import Span, open_span
 from pytest_cudastack.errors import ElfError
 
 __all__ = [
@@ -185,50 +185,50 @@ def _strs(v: Any, key: str) -> tuple[str, ...]:
 def looks_like_elf(path: str | os.PathLike[str]) -> bool:
     """True when *path* is a regular file starting with ``\\x7fELF``; never blocks, never raises."""
     try:
-        fd, _st = open_regular(os.fspath(path))
+        span, _st = open_span(os.fspath(path))
     except (ElfError, TypeError, ValueError):
         return False
     try:
-        return os.read(fd, 4) == b"\x7fELF"
+        return span.pread(4, 0) == b"\x7fELF"
     except OSError:
         return False
     finally:
-        os.close(fd)
+        span.close()
 
 
 def exports(path: str | os.PathLike[str], symbol: str) -> bool:
     """Whether the ELF file at *path* defines the dynamic symbol *symbol* (hash-table lookup, a few reads;
     False when it has no hash table). Raises :class:`ElfError` naming the file."""
     p = os.fspath(path)
-    fd, st = open_regular(p)
+    span, st = open_span(p)
     try:
         try:
-            head = os.pread(fd, 64, 0)
+            head = span.pread(64, 0)
         except OSError as e:
             raise ElfError(f"{p}: cannot read: {e.strerror or e}") from e
         elf_class, little = _check_ident(p, head[:16], st.st_size)
         try:
-            fast = _Fast(p, fd, st.st_size, elf_class, little, head)
+            fast = _Fast(p, span, st.st_size, elf_class, little, head)
             fast.sections()
             gnu = fast.first_of(_SHT_GNU_HASH)
             idx = gnu if gnu >= 0 else fast.first_of(_SHT_HASH)
             if idx < 0:
                 return False
-            return _hash_lookup(p, fd, elf_class, little, fast.secs, idx, gnu >= 0, symbol.encode())
+            return _hash_lookup(p, span, elf_class, little, fast.secs, idx, gnu >= 0, symbol.encode())
         except _DECLINE:
             pass
-        return _exports_pyelftools(p, fd, st.st_size, symbol)
+        return _exports_pyelftools(p, span, st.st_size, symbol)
     except _EXHAUSTED as e:
         raise _exhausted(p, e) from e
     finally:
-        os.close(fd)
+        span.close()
 
 
-def _exports_pyelftools(p: str, fd: int, size: int, symbol: str) -> bool:
+def _exports_pyelftools(p: str, span: Span, size: int, symbol: str) -> bool:
     # lazy: pyelftools is the fallback and error-message path; the fast reader never needs it
     from elftools.elf.elffile import ELFFile
 
-    with os.fdopen(fd, "rb", buffering=4096, closefd=False) as stream:
+    with span.stream() as stream:
         try:
             elf_class, little = _check_ident(p, stream.read(16), size)
             stream.seek(0)
@@ -240,7 +240,7 @@ def _exports_pyelftools(p: str, fd: int, size: int, symbol: str) -> bool:
             idx = gnu[0] if gnu else (sysv[0] if sysv else -1)
             if idx < 0:
                 return False
-            return _hash_lookup(p, fd, elf_class, little, _sec_hdrs(headers), idx, bool(gnu), symbol.encode())
+            return _hash_lookup(p, span, elf_class, little, _sec_hdrs(headers), idx, bool(gnu), symbol.encode())
         except ElfError:
             raise
         except Exception as e:  # pyelftools raises many kinds on corrupt input
@@ -250,14 +250,14 @@ def _exports_pyelftools(p: str, fd: int, size: int, symbol: str) -> bool:
 def read_elf(path: str | os.PathLike[str]) -> ElfInfo:
     """Read the declared facts of the ELF file at *path*; raises :class:`ElfError` naming the file."""
     p = os.fspath(path)
-    fd, st = open_regular(p)
+    span, st = open_span(p)
     try:
-        info = _fast_read(p, fd, st.st_size)
-        return info if info is not None else _pyelftools_read(p, fd, st.st_size)
+        info = _fast_read(p, span, st.st_size)
+        return info if info is not None else _pyelftools_read(p, span, st.st_size)
     except _EXHAUSTED as e:
         raise _exhausted(p, e) from e
     finally:
-        os.close(fd)
+        span.close()
 
 
 # Input that exhausts memory or the stack is hostile input like any other: the caller gets ElfError.
@@ -271,35 +271,35 @@ def _exhausted(p: str, e: BaseException) -> ElfError:
 def _read_elf_fast(path: str | os.PathLike[str]) -> ElfInfo | None:
     """The fast reader alone: None where it declines (tests compare it with :func:`_read_elf_pyelftools`)."""
     p = os.fspath(path)
-    fd, st = open_regular(p)
+    span, st = open_span(p)
     try:
-        return _fast_read(p, fd, st.st_size)
+        return _fast_read(p, span, st.st_size)
     except _EXHAUSTED as e:
         raise _exhausted(p, e) from e
     finally:
-        os.close(fd)
+        span.close()
 
 
 def _read_elf_pyelftools(path: str | os.PathLike[str]) -> ElfInfo:
     """The pyelftools reader alone (the reference the fast reader must agree with)."""
     p = os.fspath(path)
-    fd, st = open_regular(p)
+    span, st = open_span(p)
     try:
-        return _pyelftools_read(p, fd, st.st_size)
+        return _pyelftools_read(p, span, st.st_size)
     except _EXHAUSTED as e:
         raise _exhausted(p, e) from e
     finally:
-        os.close(fd)
+        span.close()
 
 
-def _pyelftools_read(p: str, fd: int, size: int) -> ElfInfo:
+def _pyelftools_read(p: str, span: Span, size: int) -> ElfInfo:
     try:
-        stream = os.fdopen(fd, "rb", buffering=4096, closefd=False)
+        stream = span.stream()
     except OSError as e:
         raise ElfError(f"{p}: cannot open: {e}") from e
     with stream:
         try:
-            return _parse(p, stream, size)
+            return _parse(p, span, stream, size)
         except ElfError:
             raise
         except Exception as e:  # pyelftools raises many kinds on corrupt input
@@ -459,17 +459,17 @@ def _layout(elf_class: int, little: bool) -> _Layout:
 _LAYOUTS = {(c, le): _layout(c, le) for c in (32, 64) for le in (True, False)}
 
 
-def _fast_read(p: str, fd: int, size: int) -> ElfInfo | None:
+def _fast_read(p: str, span: Span, size: int) -> ElfInfo | None:
     """ElfInfo from positional reads of the headers and the few tables that hold the facts, or None where
     the file is unusual in any way (then pyelftools reads it). Raises ElfError only for a bad identification
     (the first check both readers make, with the same words)."""
     try:
-        head = os.pread(fd, 64, 0)
+        head = span.pread(64, 0)
     except OSError:
         return None
     elf_class, little = _check_ident(p, head[:16], size)
     try:
-        return _Fast(p, fd, size, elf_class, little, head).info()
+        return _Fast(p, span, size, elf_class, little, head).info()
     except _Capped as e:
         raise ElfError(str(e)) from None  # pyelftools would read the same entries: no fallback
     except _DECLINE as e:
@@ -480,9 +480,9 @@ def _fast_read(p: str, fd: int, size: int) -> ElfInfo | None:
 class _Fast:
     """One file, read with bounded ``os.pread`` calls; every irregularity raises _Fallback."""
 
-    def __init__(self, p: str, fd: int, size: int, elf_class: int, little: bool, head: bytes) -> None:
+    def __init__(self, p: str, span: Span, size: int, elf_class: int, little: bool, head: bytes) -> None:
         self.p = p
-        self.fd = fd
+        self.span = span
         self.size = size
         self.elf_class = elf_class
         self.little = little
@@ -515,7 +515,7 @@ class _Fast:
         """Exactly *n* bytes at *offset*, inside the file, else _Fallback."""
         if offset < 0 or n < 0 or offset + n > self.size:
             raise _Fallback(f"read of {n} bytes at {offset} leaves the file")
-        data = os.pread(self.fd, n, offset) if n else b""
+        data = self.span.pread(n, offset) if n else b""
         if len(data) != n:
             raise _Fallback("short read")
         return data
@@ -601,7 +601,7 @@ class _Fast:
         version_needs = self.verneeds(self.secs[vn_idx]) if vn_idx >= 0 else []
         gnu_idx = self.last_of(_SHT_GNU_HASH)
         hash_idx = gnu_idx if gnu_idx >= 0 else self.last_of(_SHT_HASH)
-        pyinit = _pyinit(self.p, self.fd, self.elf_class, self.little, self.secs, hash_idx, hash_idx == gnu_idx)
+        pyinit = _pyinit(self.p, self.span, self.elf_class, self.little, self.secs, hash_idx, hash_idx == gnu_idx)
         return ElfInfo(
             path=self.p,
             elf_class=self.elf_class,
@@ -745,7 +745,7 @@ class _Fast:
 
 
 # ------------------------------------------------------------------------------------------ pyelftools reader
-def _parse(p: str, stream: IO[bytes], size: int) -> ElfInfo:
+def _parse(p: str, span: Span, stream: IO[bytes], size: int) -> ElfInfo:
     """The facts of one file as pyelftools reads it; ElfError for anything malformed."""
     from elftools.elf.elffile import ELFFile  # lazy: keeps `import pytest_cudastack.linker.elf` cheap
 
@@ -768,7 +768,7 @@ def _parse(p: str, stream: IO[bytes], size: int) -> ElfInfo:
     version_needs = _pe_verneeds(p, verneed_sec, budget) if verneed_sec is not None else []
     hash_idx = secs.gnu_hash_idx if secs.gnu_hash_idx >= 0 else secs.sysv_hash_idx
     gnu = hash_idx == secs.gnu_hash_idx
-    pyinit = _pyinit(p, stream.fileno(), elf_class, little, _sec_hdrs(secs.headers), hash_idx, gnu)
+    pyinit = _pyinit(p, span, elf_class, little, _sec_hdrs(secs.headers), hash_idx, gnu)
     return ElfInfo(
         path=p,
         elf_class=elf_class,
@@ -947,14 +947,14 @@ def _sec_hdrs(headers: list[Any]) -> list[_SecHdr]:
 class _Reader:
     """Bounded positional reads of fixed-size integers; a read past the end raises ElfError."""
 
-    def __init__(self, p: str, fd: int, little: bool) -> None:
+    def __init__(self, p: str, span: Span, little: bool) -> None:
         self.p = p
-        self.fd = fd
+        self.span = span
         self.end = "<" if little else ">"
 
     def read(self, offset: int, n: int) -> bytes:
         try:
-            data = os.pread(self.fd, n, offset) if offset >= 0 else b""
+            data = self.span.pread(n, offset) if offset >= 0 else b""
         except (OSError, OverflowError) as e:
             raise ElfError(f"{self.p}: hash table or symbol past end of file") from e
         if len(data) != n:
@@ -967,7 +967,7 @@ class _Reader:
 
     def cstr(self, offset: int, limit: int) -> bytes:
         try:
-            data = os.pread(self.fd, min(limit, 4096), offset)
+            data = self.span.pread(min(limit, 4096), offset)
         except (OSError, OverflowError) as e:
             raise ElfError(f"{self.p}: hash table or symbol past end of file") from e
         end = data.find(b"\0")
@@ -975,7 +975,7 @@ class _Reader:
 
 
 def _pyinit(
-    p: str, fd: int, elf_class: int, little: bool, headers: list[_SecHdr], hash_idx: int, gnu: bool
+    p: str, span: Span, elf_class: int, little: bool, headers: list[_SecHdr], hash_idx: int, gnu: bool
 ) -> str | None:
     """``PyInit_<mod>`` when the GNU (or SysV) hash table of .dynsym finds it defined."""
     if hash_idx < 0:
@@ -984,12 +984,12 @@ def _pyinit(
     if not mod.isidentifier() or not mod.isascii():
         return None
     want = f"PyInit_{mod}".encode()
-    return want.decode() if _hash_lookup(p, fd, elf_class, little, headers, hash_idx, gnu, want) else None
+    return want.decode() if _hash_lookup(p, span, elf_class, little, headers, hash_idx, gnu, want) else None
 
 
 def _hash_lookup(
     p: str,
-    fd: int,
+    span: Span,
     elf_class: int,
     little: bool,
     headers: list[_SecHdr],
@@ -1008,7 +1008,7 @@ def _hash_lookup(
     if not 0 <= strlink < len(headers):
         raise ElfError(f"{p}: symbol table links to section {strlink}")
     strtab = headers[strlink]
-    r = _Reader(p, fd, little)
+    r = _Reader(p, span, little)
     sym_off, sym_size = symtab.offset, symtab.size
     entsize = symtab.entsize or (24 if elf_class == 64 else 16)
     str_off, str_size = strtab.offset, strtab.size

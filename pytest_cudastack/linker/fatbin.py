@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from pytest_cudastack._sysio import open_regular
+from pytest_cudastack._sysio import Span, open_span
 from pytest_cudastack.errors import ElfError
 
 __all__ = ["Fatbin", "FatbinEntry", "read_fatbin", "runs_on"]
@@ -193,7 +193,9 @@ def _standard(name: bytes) -> bool:
     return any(name == s or name.startswith(s + b".") for s in _STANDARD)
 
 
-def _section_ranges(fd: int, read: _Read, size: int, path: str) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+def _section_ranges(
+    span: Span, read: _Read, size: int, path: str
+) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
     """(offset, size) of the fatbin sections, and of the other data sections that may embed containers.
 
     A standalone .fatbin file is one range. Only a file with a fatbin section plausibly carries device code;
@@ -223,7 +225,7 @@ def _section_ranges(fd: int, read: _Read, size: int, path: str) -> tuple[list[tu
     segment = False
     sections = _elf64_sections(read, size)
     if sections is None:
-        sections = _pyelftools_sections(fd, path)
+        sections = _pyelftools_sections(span, path)
     wanted = {n.encode() for n in _SECTIONS}
     for name, kind, flags, offset, length in sections:
         segment = segment or name == _SEGMENT
@@ -241,26 +243,30 @@ def _section_ranges(fd: int, read: _Read, size: int, path: str) -> tuple[list[tu
     return named, [(offset, length) for offset, length in other if offset + length <= size and length]
 
 
-def _pyelftools_sections(fd: int, path: str) -> list[tuple[bytes, int, int, int, int]]:
+def _pyelftools_sections(span: Span, path: str) -> list[tuple[bytes, int, int, int, int]]:
     """:func:`_elf64_sections` for the files it leaves to pyelftools (32-bit, big-endian, odd headers)."""
     # lazy: pyelftools only for files the section scan cannot read directly
     from elftools.common.exceptions import ELFError as PyElfError
     from elftools.elf.elffile import ELFFile
 
     out: list[tuple[bytes, int, int, int, int]] = []
-    with os.fdopen(os.dup(fd), "rb") as stream:
+    with span.stream() as stream:
         try:
             for section in ELFFile(stream).iter_sections():
                 kind = _SHT_PROGBITS if section["sh_type"] == "SHT_PROGBITS" else 0
-                span = (int(section["sh_offset"]), int(section["sh_size"]))
-                out.append((section.name.encode(), kind, int(section["sh_flags"]), *span))
+                extent = (int(section["sh_offset"]), int(section["sh_size"]))
+                out.append((section.name.encode(), kind, int(section["sh_flags"]), *extent))
         except (PyElfError, struct.error, ValueError, IndexError, UnicodeDecodeError, OSError) as e:
             raise ElfError(f"{path}: corrupt ELF headers: {e}") from e
     return out
 
 
 def _embedded(
-    view: mmap.mmap, read: _Read, ranges: list[tuple[int, int]], memo: dict[tuple[int, ...], FatbinEntry]
+    view: mmap.mmap,
+    read: _Read,
+    ranges: list[tuple[int, int]],
+    memo: dict[tuple[int, ...], FatbinEntry],
+    shift: int = 0,
 ) -> list[FatbinEntry]:
     """Entries of well-formed containers found by their magic inside ``ranges``.
 
@@ -273,13 +279,20 @@ def _embedded(
     """
     found: list[FatbinEntry] = []
     magic = struct.pack("<I", CONTAINER_MAGIC)
-    for start, length in ranges:
-        end = start + length
-        pos = view.find(magic, start, end)
-        while pos != -1:
-            got, stop = _walk(read, pos, end, memo, data=True, view=view)
-            found.extend(got)
-            pos = view.find(magic, max(stop, pos + 1), end)
+    # the file's bytes start at ``shift`` in the mapping (a layer-backed file, mapped from its page): the
+    # search runs on the mapping, the walk on the file's offsets
+    data: mmap.mmap | memoryview = memoryview(view)[shift:] if shift else view
+    try:
+        for start, length in ranges:
+            end = start + length
+            pos = view.find(magic, start + shift, end + shift) - shift
+            while pos >= 0:
+                got, stop = _walk(read, pos, end, memo, data=True, view=data)
+                found.extend(got)
+                pos = view.find(magic, max(stop, pos + 1) + shift, end + shift) - shift
+    finally:
+        if isinstance(data, memoryview):
+            data.release()
     return found
 
 
@@ -291,7 +304,7 @@ def _walk(
     problems: list[str] | None = None,
     *,
     data: bool = False,
-    view: mmap.mmap | None = None,
+    view: mmap.mmap | memoryview | None = None,
 ) -> tuple[list[FatbinEntry], int]:
     """The entries of the containers from ``start``, header to header, and the offset where the walk stopped.
 
@@ -436,19 +449,17 @@ def read_fatbin(path: str | os.PathLike[str]) -> Fatbin:
     container is a problem of the result; only a file that cannot be read at all raises :class:`ElfError`.
     """
     name = os.fspath(path)
-    fd, st = open_regular(name)
+    span, st = open_span(name)
     try:
         if st.st_size == 0:
             raise ElfError(f"{name}: neither an ELF file nor a fatbinary (empty)")
-
-        def read(offset: int, n: int) -> bytes:
-            return os.pread(fd, n, offset)
+        read = _reader(span)
 
         problems: list[str] = []
         entries: list[FatbinEntry] = []
         memo: dict[tuple[int, ...], FatbinEntry] = {}
         try:
-            named, other = _section_ranges(fd, read, st.st_size, name)
+            named, other = _section_ranges(span, read, st.st_size, name)
             for start, length in named:
                 entries.extend(_walk(read, start, start + length, memo, problems)[0])
         except OSError as e:
@@ -459,14 +470,21 @@ def read_fatbin(path: str | os.PathLike[str]) -> Fatbin:
             raise ElfError(f"{name}: {e}") from e
         if other:  # mapped only to search other data: a page of it is faulted in only where the search runs
             try:
-                view = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+                view, shift = span.map()
             except (OSError, ValueError) as e:
                 raise ElfError(f"{name}: cannot map: {e}") from e
             with view:
-                entries.extend(_embedded(view, read, other, memo))
+                entries.extend(_embedded(view, read, other, memo, shift))
         return Fatbin(path=name, entries=tuple(dict.fromkeys(entries)), problems=tuple(problems))
     finally:
-        os.close(fd)
+        span.close()
+
+
+def _reader(span: Span) -> _Read:
+    def read(offset: int, n: int) -> bytes:
+        return span.pread(n, offset)
+
+    return read
 
 
 def runs_on(entry: FatbinEntry, cc: int) -> bool:

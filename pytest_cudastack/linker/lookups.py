@@ -32,7 +32,7 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from pytest_cudastack._sysio import open_regular
+from pytest_cudastack._sysio import Span, open_span
 from pytest_cudastack.errors import ElfError
 from pytest_cudastack.linker.cyinit import init_names
 from pytest_cudastack.linker.strings import read_only_ranges
@@ -98,25 +98,25 @@ def read_lookups(path: str | os.PathLike[str], modules: bool = True) -> Lookups:
     driver: dict[str, None] = {}
     budget = MAX_SCAN
     ranges = read_only_ranges(p)
-    fd, _st = open_regular(p)
+    span, _st = open_span(p)
     try:
         for offset, length in ranges:
             n = min(length, budget)
             if n <= 0:
                 break
             budget -= n
-            _driver_names(fd, offset, n, driver)
+            _driver_names(span, offset, n, driver)
             if not modules:
                 continue
             # whole: an extension module's read-only data is small
-            data = b"\0" + os.pread(fd, n, offset) + b"\0"
+            data = b"\0" + span.pread(n, offset) + b"\0"
             for m in _DOTTED.finditer(data):
                 if len(dotted) < MAX_NAMES:
                     dotted.setdefault(m.group(1).decode("ascii"), None)
     except OSError as e:
         raise ElfError(f"{p}: cannot read: {e.strerror or e}") from e
     finally:
-        os.close(fd)
+        span.close()
     proc = any(n.startswith("cuGetProcAddress") for n in driver)
     cython = None
     for name in dotted:
@@ -129,13 +129,13 @@ def read_lookups(path: str | os.PathLike[str], modules: bool = True) -> Lookups:
     return Lookups(p, modules_, cython, tuple(driver), proc, init)
 
 
-def _driver_names(fd: int, offset: int, length: int, found: dict[str, None]) -> None:
+def _driver_names(span: Span, offset: int, length: int, found: dict[str, None]) -> None:
     """Add the ``cu*`` strings of one range to ``found``, chunk by chunk (a multi-GB library is never read
     whole); the unfinished string after a chunk's last NUL is carried into the next one."""
     carry = b"\0"
     pos, end = offset, offset + length
     while pos < end and len(found) < MAX_NAMES:
-        chunk = os.pread(fd, min(_CHUNK, end - pos), pos)
+        chunk = span.pread(min(_CHUNK, end - pos), pos)
         if not chunk:
             break
         pos += len(chunk)

@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from pytest_cudastack._sysio import open_regular
+from pytest_cudastack._sysio import open_span
 from pytest_cudastack.errors import ElfError, LdCacheError
 from pytest_cudastack.linker.elf import ElfInfo, read_elf
 from pytest_cudastack.linker.hwcaps import host_search
@@ -501,15 +501,15 @@ class Resolver:
         if self._deps is not None:
             self._deps.add("s" + host)
         try:
-            fd, _st = open_regular(host)
+            span, _st = open_span(host)
         except ElfError:
             return None
         try:
-            head = os.read(fd, 20)
+            head = span.pread(20, 0)
         except OSError:
             return None
         finally:
-            os.close(fd)
+            span.close()
         if len(head) < 20 or head[:4] != b"\x7fELF" or head[4] not in (1, 2) or head[5] not in (1, 2):
             return None
         little = head[5] == 1

@@ -21,7 +21,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-from pytest_cudastack._sysio import open_regular
+from pytest_cudastack._sysio import Span, open_span
 from pytest_cudastack.errors import ElfError
 
 __all__ = ["MAX_NAMES", "MAX_SCAN", "StringFacts", "read_only_ranges", "read_strings"]
@@ -74,9 +74,9 @@ def _valid(name: str) -> bool:
     return _NAME.fullmatch(b"\0" + raw + b"\0") is not None
 
 
-def _ranges(fd: int, path: str, size: int) -> list[tuple[int, int]]:
+def _ranges(span: Span, path: str, size: int) -> list[tuple[int, int]]:
     """(offset, length) of the read-only data to scan: the .rodata sections, else the PF_R PT_LOADs."""
-    head = os.pread(fd, _EHDR.size, 0)
+    head = span.pread(_EHDR.size, 0)
     if len(head) < _EHDR.size or head[:4] != b"\x7fELF":
         raise ElfError(f"{path}: not an ELF file")
     if head[4:6] != b"\x02\x01":
@@ -91,10 +91,10 @@ def _ranges(fd: int, path: str, size: int) -> list[tuple[int, int]]:
         and shstrndx < shnum
         and shoff + shes * shnum <= size
     ):
-        table = os.pread(fd, shes * shnum, shoff)
+        table = span.pread(shes * shnum, shoff)
         headers = [_SHDR.unpack_from(table, i * shes) for i in range(shnum)]
         str_off, str_size = headers[shstrndx][4], headers[shstrndx][5]
-        names = os.pread(fd, min(str_size, 1 << 20), str_off) if str_off + str_size <= size else b""
+        names = span.pread(min(str_size, 1 << 20), str_off) if str_off + str_size <= size else b""
         for name_at, kind, _flags, _addr, offset, length, *_ in headers:
             if kind != _SHT_PROGBITS or name_at >= len(names) or not length or offset + length > size:
                 continue
@@ -104,7 +104,7 @@ def _ranges(fd: int, path: str, size: int) -> list[tuple[int, int]]:
         if out or names:
             return out
     if phoff and _PHDR.size <= phes <= _MAX_ENTRY and 0 < phnum < _MAX_TABLE and phoff + phes * phnum <= size:
-        table = os.pread(fd, phes * phnum, phoff)
+        table = span.pread(phes * phnum, phoff)
         for i in range(phnum):
             p_type, p_flags, offset, _va, _pa, filesz, _memsz, _align = _PHDR.unpack_from(table, i * phes)
             if p_type == _PT_LOAD and p_flags == _PF_R and filesz and offset + filesz <= size:
@@ -116,9 +116,9 @@ def read_strings(path: str | os.PathLike[str]) -> StringFacts:
     """The library names in ``path``'s read-only data (module docstring); ElfError when it cannot be read
     or is not an ELF file."""
     p = os.fspath(path)
-    fd, st = open_regular(p)
+    span, st = open_span(p)
     try:
-        ranges = _ranges(fd, p, st.st_size)
+        ranges = _ranges(span, p, st.st_size)
         found: dict[str, None] = {}
         budget = MAX_SCAN
         truncated = False
@@ -129,15 +129,15 @@ def read_strings(path: str | os.PathLike[str]) -> StringFacts:
             if length > budget:
                 length, truncated = budget, True
             budget -= length
-            truncated |= _scan(fd, offset, length, found)
+            truncated |= _scan(span, offset, length, found)
     except OSError as e:
         raise ElfError(f"{p}: cannot read: {e.strerror or e}") from e
     finally:
-        os.close(fd)
+        span.close()
     return StringFacts(p, tuple(found), truncated)
 
 
-def _scan(fd: int, offset: int, length: int, found: dict[str, None]) -> bool:
+def _scan(span: Span, offset: int, length: int, found: dict[str, None]) -> bool:
     """Add the names of one range to ``found``, chunk by chunk; True when MAX_NAMES cut it short.
 
     Each chunk is scanned up to its last NUL (every string it holds whole); the unfinished string after
@@ -147,7 +147,7 @@ def _scan(fd: int, offset: int, length: int, found: dict[str, None]) -> bool:
     end = offset + length
     pos = offset
     while pos < end:
-        chunk = os.pread(fd, min(_CHUNK, end - pos), pos)
+        chunk = span.pread(min(_CHUNK, end - pos), pos)
         if not chunk:
             break
         pos += len(chunk)
@@ -178,10 +178,10 @@ def read_only_ranges(path: str | os.PathLike[str]) -> list[tuple[int, int]]:
     """(offset, length) of the read-only data :func:`read_strings` scans (the ``.rodata`` sections, else the
     PF_R PT_LOADs), for other readers of that data; ElfError when the file cannot be read or is no ELF."""
     p = os.fspath(path)
-    fd, st = open_regular(p)
+    span, st = open_span(p)
     try:
-        return _ranges(fd, p, st.st_size)
+        return _ranges(span, p, st.st_size)
     except OSError as e:
         raise ElfError(f"{p}: cannot read: {e.strerror or e}") from e
     finally:
-        os.close(fd)
+        span.close()

@@ -54,7 +54,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pytest_cudastack._sysio import open_regular
+from pytest_cudastack._sysio import Span, open_span
 from pytest_cudastack.errors import ElfError
 
 __all__ = [
@@ -286,27 +286,27 @@ def _unpack(text: Any) -> tuple[int, ...]:
 def read_symbols(path: str | os.PathLike[str]) -> SymbolFacts:
     """The dynamic symbols of the ELF file at *path* (see the module docstring); raises ElfError."""
     p = os.fspath(path)
-    fd, st = open_regular(p)
+    span, st = open_span(p)
     try:
         try:
-            return _Reader(p, fd, st.st_size).facts()
+            return _Reader(p, span, st.st_size).facts()
         except (struct.error, OverflowError, IndexError, UnicodeDecodeError) as e:
             raise ElfError(f"{p}: corrupt dynamic symbol tables: {type(e).__name__}: {e}") from e
     finally:
-        os.close(fd)
+        span.close()
 
 
 class _Reader:
-    def __init__(self, p: str, fd: int, size: int) -> None:
+    def __init__(self, p: str, span: Span, size: int) -> None:
         self.p = p
-        self.fd = fd
+        self.span = span
         self.size = size
 
     def read(self, offset: int, n: int, what: str) -> bytes:
         if offset < 0 or n < 0 or offset + n > self.size or n > _MAX_TABLE:
             raise ElfError(f"{self.p}: {what} ({n} bytes at offset {offset}) is outside the file")
         try:
-            data = os.pread(self.fd, n, offset) if n else b""
+            data = self.span.pread(n, offset) if n else b""
         except OSError as e:
             raise ElfError(f"{self.p}: cannot read: {e.strerror or e}") from e
         if len(data) != n:
@@ -621,14 +621,14 @@ def relocation_order(path: str | os.PathLike[str], names: Iterable[str]) -> tupl
     the file cannot be read."""
     p = os.fspath(path)
     wanted = list(dict.fromkeys(names))
-    fd, st = open_regular(p)
+    span, st = open_span(p)
     try:
         try:
-            first = _Reader(p, fd, st.st_size).relocated(set(wanted))
+            first = _Reader(p, span, st.st_size).relocated(set(wanted))
         except (struct.error, OverflowError, IndexError, UnicodeDecodeError) as e:
             raise ElfError(f"{p}: corrupt relocation tables: {type(e).__name__}: {e}") from e
     finally:
-        os.close(fd)
+        span.close()
     rank = {n: i for i, n in enumerate(first)}
     return tuple(sorted(wanted, key=lambda n: rank.get(n, len(rank))))
 

@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from pytest_cudastack._sysio import open_regular
+from pytest_cudastack._sysio import open_span
 from pytest_cudastack.errors import ElfError
 
 __all__ = ["MAX_TOOL_FILE", "ToolVersion", "read_tool_version"]
@@ -61,7 +61,7 @@ def read_tool_version(path: str, *, follow: bool = True) -> ToolVersion:
     """The version line embedded in the file at ``path``, read in 1 MiB chunks (never executed; never more
     than ``MAX_TOOL_FILE`` bytes), or that of the file a wrapper script ``exec``s (``follow``: one hop).
     ElfError naming the file when it cannot be opened or read."""
-    fd, st = open_regular(path)
+    span, st = open_span(path)
     try:
         if st.st_size > MAX_TOOL_FILE:
             raise ElfError(f"{path}: {st.st_size} bytes, larger than any CUDA tool ({MAX_TOOL_FILE} read at most)")
@@ -69,7 +69,7 @@ def read_tool_version(path: str, *, follow: bool = True) -> ToolVersion:
         done = 0
         while done < MAX_TOOL_FILE:
             try:
-                chunk = os.read(fd, _CHUNK)
+                chunk = span.pread(_CHUNK, done)
             except OSError as e:
                 raise ElfError(f"{path}: cannot read: {e.strerror or e}") from e
             if not chunk:
@@ -92,4 +92,4 @@ def read_tool_version(path: str, *, follow: bool = True) -> ToolVersion:
                 return ToolVersion(path, got.release, got.version)
         return ToolVersion(path, None, None)
     finally:
-        os.close(fd)
+        span.close()

@@ -22,7 +22,7 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from pytest_cudastack._sysio import open_regular
+from pytest_cudastack._sysio import open_span
 from pytest_cudastack.errors import UnreadableFile
 
 if TYPE_CHECKING:
@@ -38,16 +38,17 @@ _CHUNK = 1 << 20
 def _digest(path: str) -> tuple[str | None, list[int] | None]:
     """``sha256=<urlsafe b64>`` of a regular file and its cache key; (None, None) when it cannot be read."""
     try:
-        fd, st = open_regular(path, UnreadableFile)
+        span, st = open_span(path, UnreadableFile)
     except UnreadableFile:
         return None, None
     h = hashlib.sha256()
     try:
-        with os.fdopen(fd, "rb") as f:
-            while chunk := f.read(_CHUNK):
-                h.update(chunk)
+        for chunk in span.chunks(_CHUNK):
+            h.update(chunk)
     except OSError:
         return None, None
+    finally:
+        span.close()
     text = "sha256=" + base64.urlsafe_b64encode(h.digest()).rstrip(b"=").decode("ascii")
     return text, [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns]
 

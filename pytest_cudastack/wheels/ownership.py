@@ -26,7 +26,7 @@ from typing import Any
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from pytest_cudastack._sysio import open_regular
+from pytest_cudastack._sysio import open_span
 from pytest_cudastack.errors import ElfError
 from pytest_cudastack.findings import Pip
 from pytest_cudastack.wheels.dpkg import INFO_DIR, listing_packages, md5sums
@@ -126,16 +126,16 @@ def file_digest(path: str, h: Any) -> bytes | None:
     """The digest ``h`` (a fresh hashlib object) of the regular file at ``path``, None when it cannot be read;
     opened without blocking, so a FIFO named in a RECORD or md5sums never hangs the run."""
     try:
-        fd, _st = open_regular(path)
+        span, _st = open_span(path)
     except ElfError:
         return None
     try:
-        while chunk := os.read(fd, 1 << 20):
+        for chunk in span.chunks():
             h.update(chunk)
     except OSError:
         return None
     finally:
-        os.close(fd)
+        span.close()
     digest: bytes = h.digest()
     return digest
 

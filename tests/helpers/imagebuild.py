@@ -19,6 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from pytest_cudastack._sysio import LAYER_XATTR, make_placeholder, open_span
+
 __all__ = ["FORMATS", "Entry", "blob_files", "build_image", "config_for", "layer_tar", "sha256", "walk"]
 
 FORMATS = ("oci-layout", "oci-archive", "docker-legacy", "docker-hybrid")
@@ -219,6 +223,52 @@ def walk(root: str) -> dict[str, str]:
             elif os.path.isdir(full):
                 out[rel] = "dir"
             else:
-                with open(full, "rb") as f:
-                    out[rel] = f.read().decode("latin-1")
+                out[rel] = read_root_file(full).decode("latin-1")
     return out
+
+
+def read_root_file(path: str) -> bytes:
+    """The bytes of a file of an image's cached root, as the readers see them: a layer-backed placeholder is
+    read from its layer in place (never filled), any other file directly."""
+    span, st = open_span(path)
+    try:
+        return span.pread(st.st_size, 0)
+    finally:
+        span.close()
+
+
+def placeholder(src: Path, dst: Path, shift: int) -> Path:
+    """``dst``: a sparse placeholder of ``src`` whose bytes lie at ``shift`` of a blob beside it, with other
+    bytes before and after them (the headers and members around a member in a layer tar)."""
+    data = src.read_bytes()
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    blob = dst.parent / f"{dst.name}.blob"
+    blob.write_bytes(b"\xa5" * shift + data + b"\x5a" * 8192)
+    fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o755)
+    try:
+        if not make_placeholder(fd, len(data), shift, str(blob), os.stat(blob)):
+            pytest.skip("this file system takes no user extended attribute")
+    finally:
+        os.close(fd)
+    return dst
+
+
+def is_placeholder(path: Path) -> bool:
+    try:
+        os.getxattr(path, LAYER_XATTR)
+    except OSError:
+        return False
+    return os.stat(path).st_blocks * 512 < os.stat(path).st_size
+
+
+def needs_user_xattrs(directory: Path) -> None:
+    """Skip where ``directory``'s file system takes no user extended attribute (tmpfs before Linux 6.6):
+    there every file of an image's root is a copy, and nothing is read in place."""
+    probe = directory / ".xattr-probe"
+    probe.write_bytes(b"")
+    try:
+        os.setxattr(probe, "user.cudastack.probe", b"1")
+    except OSError:
+        pytest.skip(f"{directory}: this file system takes no user extended attribute")
+    finally:
+        probe.unlink()
