@@ -4,6 +4,7 @@ container runtime's start on the declared host), in the four formats, each broke
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,8 +16,17 @@ import pytest
 import pytest_cudastack
 from pytest_cudastack.cli import main
 from pytest_cudastack.cuda.container import HostFacts, compare_version, evaluate, requirements
+from pytest_cudastack.image.rootfs import open_image
 from tests.helpers.elfbuild import build_exe, build_lib, needs_cc
-from tests.helpers.imagebuild import FORMATS, Entry, build_image
+from tests.helpers.imagebuild import (
+    FORMATS,
+    Entry,
+    blob_files,
+    build_image,
+    is_placeholder,
+    needs_user_xattrs,
+    read_root_file,
+)
 
 pytestmark = needs_cc
 
@@ -852,3 +862,36 @@ def test_a_frameworks_skip_variable_is_read_from_the_images_environment(
     else:
         assert failing
         assert "Outdated cuBLAS installation found" in failing[0]["message"]
+
+
+@needs_glibc
+def test_a_plain_layers_large_files_are_judged_in_place_and_a_layer_changed_since_is_read_again(
+    parts: Parts, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An uncompressed layer's large files (glibc here; torch's libraries in a real image) are not copied out:
+    every item reads them where they lie in the layer, with the verdicts of the gzip twin, whose files are
+    copies. A layer file that changes after (an archive saved again over it) is never read as the old one."""
+    needs_user_xattrs(tmp_path)
+    big = tmp_path / "train"  # the program too: found on PATH by its first bytes, read where it lies
+    big.write_bytes(parts.train13.read_bytes() + b"\1" * (300 << 10))
+    big.chmod(0o755)
+    layers = [_base(parts), [Entry("opt/app/bin/train", data=big, mode=0o755)]]
+    verdicts = {}
+    for name, gz in (("gz", True), ("plain", False)):
+        build_image(tmp_path / name, layers, env=ENV, gzip_layers=gz)
+        rc = main(["image", str(tmp_path / name), "--json", "--cuda-driver=550.54.15"])
+        verdicts[name] = (rc, _errors(json.loads(capsys.readouterr().out)))
+    assert verdicts["plain"] == verdicts["gz"]
+    assert verdicts["gz"] == (1, [("driver", "/opt/app/bin/train"), ("scan[/opt/app/bin/train]", "/opt/app/bin/train")])
+    libc = Path(open_image(str(tmp_path / "plain")).root) / "usr/lib/x86_64-linux-gnu/libc.so.6"
+    assert is_placeholder(libc)  # read by every item, filled by none
+    assert not is_placeholder(Path(open_image(str(tmp_path / "gz")).root) / "usr/lib/x86_64-linux-gnu/libc.so.6")
+    assert read_root_file(str(libc)) == LIBC.resolve().read_bytes()
+
+    blob = max(blob_files(tmp_path / "plain"), key=lambda p: p.stat().st_size)
+    st = blob.stat()
+    os.utime(blob, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+    root = open_image(str(tmp_path / "plain")).root  # the root is built again from the layer as it is now
+    assert read_root_file(os.path.join(root, "usr/lib/x86_64-linux-gnu/libc.so.6")) == LIBC.resolve().read_bytes()
+    rc = main(["image", str(tmp_path / "plain"), "--json", "--cuda-driver=550.54.15"])
+    assert (rc, _errors(json.loads(capsys.readouterr().out))) == verdicts["gz"]

@@ -4,10 +4,12 @@ Entries take effect in the archive's order. A compressed blob is read once as a 
 as it goes. A plain (uncompressed) tar that lies in a file is read in place: its headers where they lie
 (:mod:`~pytest_cudastack.image.tarheaders`), each new file created and filled by the kernel
 (``copy_file_range``) from writer threads, so that the file system's waits overlap, while another thread
-computes the digest; an entry that touches a path handed to the writers (the same path, a child of it, a
-hard link, a whiteout, a removal) waits for them first, which keeps the archive's order. The digest is
-checked before the layer counts, and a failure leaves nothing the caller keeps (its half-built root is
-removed). Either way:
+computes the digest. Where the layer's file can be hard-linked into the cache, a large file is not filled at
+all: it is a layer-backed placeholder (:mod:`pytest_cudastack._sysio`) that the readers read in place, so a
+multi-GB image's libraries are never written out again (that write was most of a cold check's cost). An
+entry that touches a path handed to the writers (the same path, a child of it, a hard link, a whiteout, a
+removal) waits for them first, which keeps the archive's order. The digest is checked before the layer
+counts, and a failure leaves nothing the caller keeps (its half-built root is removed). Either way:
 - ``.wh.NAME`` deletes NAME from the layers below, ``.wh..wh..opq`` hides everything the layers below put in
   its directory (what this layer puts there stays), as the OCI image spec's "Whiteouts" section says;
 - every path is taken from the image root: a leading ``/`` is dropped, a ``..`` component refuses the layer
@@ -32,13 +34,14 @@ import tarfile
 import threading
 import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import Any, NamedTuple
 
+from pytest_cudastack._sysio import make_placeholder
 from pytest_cudastack.image.manifest import Layer
 from pytest_cudastack.image.store import BlobStore, ImageError
 from pytest_cudastack.image.tarheaders import Handover, read_members
 
-__all__ = ["RootWriter", "link_text"]
+__all__ = ["KeptLayer", "RootWriter", "keep_layer", "link_text"]
 
 _MAX_LINKS = 40  # symbolic links followed in one path, Linux's MAXSYMLINKS
 _GZIP = b"\x1f\x8b"
@@ -47,6 +50,9 @@ _CHUNK = 1 << 20
 _TAR_BUFFER = 64 << 10
 _WRITERS = 4  # threads creating and filling a plain layer's files: each creation waits on the file system
 _PENDING = 512  # files handed to them before the reader waits for all (bounded memory for huge layers)
+# a file of a kept plain layer at least this large is a placeholder read in place, not a copy: the few large
+# libraries hold nearly all of an image's bytes, and a small file's copy costs less than its attribute
+_PLACEHOLDER_MIN = 256 << 10
 
 
 class _Hashing:
@@ -154,15 +160,57 @@ def _check_digests(layer: Layer, digest: str, size: int, plain_digest: str) -> N
         )
 
 
-def _write_new(host: str, src: int, offset: int, size: int, mode: int, name: str) -> None:
-    """Create the file ``host`` (which does not exist) with ``size`` bytes of ``src`` from ``offset``."""
+class KeptLayer(NamedTuple):
+    """A layer's file, hard-linked into the cache, that placeholders read from: its path and status."""
+
+    path: str
+    stat: os.stat_result
+    new: bool  # linked by this call (a failed build removes it), not by an earlier run
+
+
+def _write_new(host: str, src: int, offset: int, size: int, mode: int, name: str, kept: KeptLayer | None) -> None:
+    """Create the file ``host`` (which does not exist) with ``size`` bytes of ``src`` from ``offset``: a
+    layer-backed placeholder where the layer is ``kept`` and the file is large (see
+    :mod:`pytest_cudastack._sysio`), else a copy."""
     fd = os.open(host, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
-        if _copy_range(src, fd, offset, size) != size:
+        placed = kept is not None and size >= _PLACEHOLDER_MIN and _placeholder(fd, offset, size, kept)
+        if not placed and _copy_range(src, fd, offset, size) != size:
             raise EOFError(f"the layer ends inside {name}")
         os.fchmod(fd, mode)
     finally:
         os.close(fd)
+
+
+def _placeholder(fd: int, offset: int, size: int, kept: KeptLayer) -> bool:
+    """Make the new, empty file ``fd`` a placeholder of ``size`` bytes at ``offset`` of the kept layer; False
+    (nothing done) where the file system takes no extended attribute, or where the layer ends before it."""
+    return offset + size <= kept.stat.st_size and make_placeholder(fd, size, offset, kept.path, kept.stat)
+
+
+def keep_layer(path: str, directory: str) -> KeptLayer | None:
+    """A hard link to ``path`` (a blob, or an archive holding an uncompressed layer) in ``directory``, which
+    this user owns, so that the cached root's placeholders can read the layer's bytes whatever becomes of the
+    image. None where it cannot be linked (another file system, another user's file under
+    ``fs.protected_hardlinks``, a file that is not this user's): then the files are copied."""
+    try:
+        st = os.stat(path)
+        if st.st_uid != os.geteuid():
+            return None
+        key = f"{os.path.abspath(path)}\0{st.st_dev}\0{st.st_ino}\0{st.st_size}\0{st.st_mtime_ns}"
+        link = os.path.join(directory, hashlib.sha256(key.encode()).hexdigest()[:32])
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        new = True
+        try:
+            os.link(path, link)
+        except FileExistsError:  # kept by an earlier run
+            new = False
+        lst = os.stat(link)
+    except OSError:
+        return None
+    if (lst.st_dev, lst.st_ino) != (st.st_dev, st.st_ino):
+        return None
+    return KeptLayer(link, st, new)
 
 
 def _parts(name: str, layer: str) -> list[str]:
@@ -210,8 +258,14 @@ class RootWriter:
     """Applies layers, bottom first, to the directory ``root`` (empty at first); ``owner`` maps each file
     and link of the merged tree (``usr/lib/x``) to the index of the layer that wrote it."""
 
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str, layers: str | None = None) -> None:
         self.root = root
+        # where plain layers are hard-linked for placeholders to read (None: every file is a copy), and the
+        # links this root's placeholders read (path -> [size, mtime_ns]), for the cache to check they stand
+        self._layers = layers
+        self.kept: dict[str, list[int]] = {}
+        self.linked: list[str] = []  # links this writer made (removed when the build fails)
+        self._kept: KeptLayer | None = None
         self.owner: dict[str, int] = {}
         self.skipped = 0  # device nodes, FIFOs, sockets: not created
         self._touched: set[str] = set()
@@ -421,7 +475,7 @@ class RootWriter:
                 oldest = next(iter(self._pending))
                 self._pending.pop(oldest).result()
             self._pending["/".join(here)] = self._pool.submit(
-                _write_new, host, src, base + member.offset_data, member.size, mode, member.name
+                _write_new, host, src, base + member.offset_data, member.size, mode, member.name, self._kept
             )
             return
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
@@ -470,6 +524,11 @@ class RootWriter:
 
             worker = threading.Thread(target=hash_layer, daemon=True)
             worker.start()
+            self._kept = keep_layer(path, self._layers) if self._layers is not None else None
+            if self._kept is not None:
+                self.kept[self._kept.path] = [self._kept.stat.st_size, self._kept.stat.st_mtime_ns]
+                if self._kept.new:
+                    self.linked.append(self._kept.path)
             failure: ImageError | None = None
             self._source = (fd, base)
             self._pool = ThreadPoolExecutor(_WRITERS, thread_name_prefix="cudastack-layer")
@@ -498,6 +557,7 @@ class RootWriter:
                 self._pool = None
                 self._pending = {}
                 self._source = None
+                self._kept = None
                 worker.join()
         if not hashed or isinstance(hashed[0], OSError):
             reason = hashed[0].strerror if hashed and isinstance(hashed[0], OSError) else None

@@ -8,10 +8,17 @@ is mirrored the same way, keyed by its path and every entry's status (each regul
 the file system allows, else copied; its symbolic links rewritten to stay inside the root, as a layer's are;
 it has no layers, so its findings name none). A half-built root is never used: layers are applied in a
 private directory renamed into place once every digest has been checked; a failure removes it.
+
+The large files of an uncompressed layer are placeholders read from that layer in place (see
+:mod:`pytest_cudastack._sysio`): the layer's file is hard-linked into ``images/layers/``, so it stays what
+the root was built from whatever becomes of the image, and a root whose linked layer has changed since (an
+archive saved again over the same file) is not valid: it is built again. So the root is for this package's
+readers; a program given its path (``cp``, ``chroot``) sees such a file as zeros.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -137,8 +144,8 @@ def _link_copy(src: str, dst: str) -> None:
 def _install(work: str, final: str, replace: bool = False) -> None:
     """Rename the built directory ``work`` to ``final``. One already there (a concurrent run, an xdist worker
     beside this one) is kept and ``work`` dropped, since its reader may be using it; ``replace`` (--no-cache)
-    replaces it."""
-    if os.path.isdir(final) and replace:
+    replaces it, as is one that is no longer valid (a layer its placeholders read changed since)."""
+    if os.path.isdir(final) and (replace or _cached(final) is None):
         stale = final + f".stale-{os.getpid()}"
         os.rename(final, stale)
         shutil.rmtree(stale, ignore_errors=True)
@@ -152,7 +159,7 @@ def _install(work: str, final: str, replace: bool = False) -> None:
 
 def _write_facts(directory: str, writer: RootWriter) -> None:
     with open(os.path.join(directory, "image.json"), "w", encoding="utf-8") as f:
-        json.dump({"format": _FORMAT, "owner": writer.owner, "skipped": writer.skipped}, f)
+        json.dump({"format": _FORMAT, "owner": writer.owner, "skipped": writer.skipped, "kept": writer.kept}, f)
 
 
 def _base(source: ImageSource, images: str, no_cache: bool) -> tuple[int, str | None, dict[str, Any] | None]:
@@ -172,13 +179,15 @@ def _materialise(source: ImageSource, store: Any, images: str, key: str, no_cach
     applies only that layer to a copy of it."""
     os.makedirs(images, mode=0o700, exist_ok=True)
     work = tempfile.mkdtemp(prefix=".build-", dir=images)
+    writer: RootWriter | None = None
     try:
-        writer = RootWriter(os.path.join(work, "rootfs"))
+        writer = RootWriter(os.path.join(work, "rootfs"), os.path.join(images, "layers"))
         start, base, facts = _base(source, images, no_cache)
         if base is not None and facts is not None:
             _link_copy(os.path.join(base, "rootfs"), writer.root)
             writer.owner = {str(k): int(v) for k, v in facts["owner"].items() if isinstance(v, int)}
             writer.skipped = int(facts.get("skipped", 0))
+            writer.kept = dict(facts.get("kept", {}))
         else:
             os.mkdir(writer.root, 0o755)
         top = len(source.layers) - 1
@@ -192,11 +201,20 @@ def _materialise(source: ImageSource, store: Any, images: str, key: str, no_cach
         _write_facts(work, writer)
         _install(work, os.path.join(images, key), replace=no_cache)
     except OSError as e:
-        shutil.rmtree(work, ignore_errors=True)
+        _discard(work, writer)
         raise ImageError(f"{source.path}: cannot materialise the image under {images}: {e.strerror or e}") from e
     except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
+        _discard(work, writer)
         raise
+
+
+def _discard(work: str, writer: RootWriter | None) -> None:
+    """Remove a failed build: its directory and the layer links it made."""
+    shutil.rmtree(work, ignore_errors=True)
+    for link in writer.linked if writer is not None else ():
+        with contextlib.suppress(OSError):
+            os.unlink(link)
+            os.rmdir(os.path.dirname(link))  # when no other root keeps a layer there
 
 
 def _cached(directory: str) -> dict[str, Any] | None:
@@ -206,7 +224,27 @@ def _cached(directory: str) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     ok = isinstance(facts, dict) and facts.get("format") == _FORMAT and isinstance(facts.get("owner"), dict)
-    return facts if ok and os.path.isdir(os.path.join(directory, "rootfs")) else None
+    return (
+        facts
+        if ok and _kept_stand(facts.get("kept", {})) and os.path.isdir(os.path.join(directory, "rootfs"))
+        else None
+    )
+
+
+def _kept_stand(kept: Any) -> bool:
+    """Whether the layers a cached root's placeholders read are still the bytes they were (a kept link is
+    the image's own file: an archive saved again over the same inode changes it); a root whose layer changed
+    is built again."""
+    if not isinstance(kept, dict):
+        return False
+    for path, recorded in kept.items():
+        try:
+            st = os.stat(path)
+        except (OSError, TypeError, ValueError):
+            return False
+        if [st.st_size, st.st_mtime_ns] != recorded:
+            return False
+    return True
 
 
 def _walk(source: str) -> list[tuple[str, os.stat_result]]:
