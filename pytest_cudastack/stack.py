@@ -352,10 +352,10 @@ class Stack:
         return self._findings[key]
 
     def _with_provenance(self, finding: Finding) -> Finding:
-        """``finding`` as an image's finding: the paths of its path fields (subject, objects, chain, places
-        looked in) that name a file under the image's root (the wheel inventory lists those) named by their
-        image paths, and the layer and history step of each image file it names (for a link, also of the file
-        it leads to)."""
+        """``finding`` as an image's finding: the paths of its path fields (subject, objects, the files whose
+        versions it names, chain, places looked in) that name a file under the image's root (the wheel
+        inventory lists those) named by their image paths, and the layer and history step of each image file
+        it names (for a link, also of the file it leads to)."""
         image = self.image
         if image is None:
             return finding
@@ -381,7 +381,11 @@ class Stack:
                 return replace(r, steps=tuple(unrooted(step) for step in r.steps), why=unrooted(r.why))
             return r
 
-        facts = replace(finding.facts, objects=tuple(logical(p) for p in finding.facts.objects))
+        facts = replace(
+            finding.facts,
+            objects=tuple(logical(p) for p in finding.facts.objects),
+            versions=tuple((logical(name), version) for name, version in finding.facts.versions),
+        )
         finding = replace(
             finding,
             remedies=tuple(inside(r) for r in finding.remedies),

@@ -895,3 +895,31 @@ def test_a_plain_layers_large_files_are_judged_in_place_and_a_layer_changed_sinc
     assert read_root_file(os.path.join(root, "usr/lib/x86_64-linux-gnu/libc.so.6")) == LIBC.resolve().read_bytes()
     rc = main(["image", str(tmp_path / "plain"), "--json", "--cuda-driver=550.54.15"])
     assert (rc, _errors(json.loads(capsys.readouterr().out))) == verdicts["gz"]
+
+
+@needs_glibc
+def test_a_findings_facts_name_image_paths_never_the_caches(
+    parts: Parts, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A library the image installs out of its caller's reach (its dlopen'ed plugin in another wheel's
+    directory): the finding's facts, the copies and their versions included, name image paths."""
+    from tests.helpers.sitebuild import compile_so, site_packages, write_dist
+
+    site = site_packages(tmp_path / "prefix")
+    ext = "_C.cpython-311-x86_64-linux-gnu.so"
+    helper = compile_so("libhelper.so.1", runpath="$ORIGIN", payload="libfoo_plugin.so.2")
+    module = compile_so(None, pyinit="_C", needed=["libhelper.so.1"], rpath="$ORIGIN")
+    write_dist(site, "pkg", "1.0", {f"pkg/{ext}": module, "pkg/libhelper.so.1": helper})
+    write_dist(site, "fooplug", "2.3", {"fooplug/lib/libfoo_plugin.so.2": compile_so("libfoo_plugin.so.2")})
+    python = [
+        Entry("usr/local/bin/python3.11", data=parts.train12),
+        Entry("usr/local/bin/python3", "symlink", target="python3.11"),
+        *_tree_entries(site, "usr/local/lib/python3.11/site-packages"),
+    ]
+    env = ["PATH=/usr/local/bin:/usr/bin", "NVIDIA_REQUIRE_CUDA=cuda>=12.4"]
+    _rc, payload = _check(tmp_path, capsys, [_base(parts), python], "--cuda-driver=550.54.15", env=env)
+    (found,) = [f for f in _findings(payload, "dlopen") if f["subject"] == "libfoo_plugin.so.2"]
+    plugin = "/usr/local/lib/python3.11/site-packages/fooplug/lib/libfoo_plugin.so.2"
+    assert found["facts"]["versions"] == [[plugin, "2.3"]]
+    cache = str(tmp_path / "cache")
+    assert not [f for item in payload["items"].values() for f in item if cache in json.dumps(f)]
