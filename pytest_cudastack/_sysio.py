@@ -31,6 +31,7 @@ __all__ = [
     "LAYER_XATTR",
     "Span",
     "append_text",
+    "copy_range",
     "make_placeholder",
     "open_regular",
     "open_span",
@@ -127,9 +128,10 @@ class _SpanRaw(io.RawIOBase):
 
 def make_placeholder(fd: int, size: int, offset: int, blob: str, blob_st: os.stat_result) -> bool:
     """Make the new, empty file ``fd`` a placeholder of ``size`` bytes lying at ``offset`` of ``blob`` (whose
-    status is ``blob_st``); False (nothing done) where the file system takes no extended attribute."""
+    status is ``blob_st``); False (nothing done) where the blob ends before them or the file system takes no
+    extended attribute."""
     value = f"{offset} {blob_st.st_size} {blob_st.st_mtime_ns} {blob}".encode()
-    if len(value) > _MAX_XATTR:
+    if len(value) > _MAX_XATTR or offset + size > blob_st.st_size:
         return False
     try:
         os.setxattr(fd, LAYER_XATTR, value)
@@ -137,6 +139,22 @@ def make_placeholder(fd: int, size: int, offset: int, blob: str, blob_st: os.sta
         return False
     os.ftruncate(fd, size)
     return True
+
+
+def copy_range(src: int, dst: int, offset: int, count: int) -> int:
+    """Copy ``count`` bytes of ``src`` from ``offset`` to ``dst`` (at its position) in the kernel
+    (copy_file_range, else pread/write); the bytes copied (fewer: the source ends early)."""
+    done = 0
+    while done < count:
+        try:
+            n = os.copy_file_range(src, dst, count - done, offset + done)
+        except OSError:  # not on this file system or kernel: through user space
+            data = os.pread(src, min(1 << 20, count - done), offset + done)
+            n = os.write(dst, data) if data else 0
+        if n <= 0:
+            break
+        done += n
+    return done
 
 
 def _sparse(st: os.stat_result) -> bool:
@@ -197,12 +215,8 @@ def _fill(path: str, fd: int, st: os.stat_result, error: type[UnreadableFile]) -
         os.close(bfd)
         raise error(f"{path}: cannot fill from its image layer: {e.strerror or e}") from e
     try:
-        done = 0
-        while done < st.st_size:
-            data = os.pread(bfd, min(1 << 20, st.st_size - done), backing[0] + done)
-            if not data:
-                raise OSError(errno.EIO, "the layer ends early")
-            done += os.pwrite(wfd, data, done)
+        if copy_range(bfd, wfd, backing[0], st.st_size) != st.st_size:
+            raise OSError(errno.EIO, "the layer ends early")
         os.removexattr(wfd, LAYER_XATTR)
     except OSError as e:
         raise error(f"{path}: cannot fill from its image layer: {e.strerror or e}") from e

@@ -36,12 +36,12 @@ import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, NamedTuple
 
-from pytest_cudastack._sysio import make_placeholder
+from pytest_cudastack._sysio import copy_range, make_placeholder
 from pytest_cudastack.image.manifest import Layer
 from pytest_cudastack.image.store import BlobStore, ImageError
 from pytest_cudastack.image.tarheaders import Handover, read_members
 
-__all__ = ["KeptLayer", "RootWriter", "keep_layer", "link_text"]
+__all__ = ["RootWriter", "link_text"]
 
 _MAX_LINKS = 40  # symbolic links followed in one path, Linux's MAXSYMLINKS
 _GZIP = b"\x1f\x8b"
@@ -130,22 +130,6 @@ def _digest_range(fd: int, base: int, size: int, stop: threading.Event | None = 
     return "sha256:" + h.hexdigest(), done
 
 
-def _copy_range(src: int, dst: int, offset: int, count: int) -> int:
-    """Copy ``count`` bytes of ``src`` from ``offset`` to ``dst`` in the kernel (copy_file_range, else
-    pread/write); the bytes copied (fewer: the source ends early)."""
-    done = 0
-    while done < count:
-        try:
-            n = os.copy_file_range(src, dst, count - done, offset + done)
-        except OSError:  # not on this file system or kernel: through user space
-            data = os.pread(src, min(_CHUNK, count - done), offset + done)
-            n = os.write(dst, data) if data else 0
-        if n <= 0:
-            break
-        done += n
-    return done
-
-
 def _check_digests(layer: Layer, digest: str, size: int, plain_digest: str) -> None:
     """ImageError when the blob's bytes (``digest``, ``size``) are not those its descriptor names, or its
     uncompressed tar's (``plain_digest``) not the config's diff_id."""
@@ -160,7 +144,7 @@ def _check_digests(layer: Layer, digest: str, size: int, plain_digest: str) -> N
         )
 
 
-class KeptLayer(NamedTuple):
+class _KeptLayer(NamedTuple):
     """A layer's file, hard-linked into the cache, that placeholders read from: its path and status."""
 
     path: str
@@ -168,27 +152,23 @@ class KeptLayer(NamedTuple):
     new: bool  # linked by this call (a failed build removes it), not by an earlier run
 
 
-def _write_new(host: str, src: int, offset: int, size: int, mode: int, name: str, kept: KeptLayer | None) -> None:
+def _write_new(host: str, src: int, offset: int, size: int, mode: int, name: str, kept: _KeptLayer | None) -> None:
     """Create the file ``host`` (which does not exist) with ``size`` bytes of ``src`` from ``offset``: a
     layer-backed placeholder where the layer is ``kept`` and the file is large (see
     :mod:`pytest_cudastack._sysio`), else a copy."""
     fd = os.open(host, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
-        placed = kept is not None and size >= _PLACEHOLDER_MIN and _placeholder(fd, offset, size, kept)
-        if not placed and _copy_range(src, fd, offset, size) != size:
+        placed = (
+            size >= _PLACEHOLDER_MIN and kept is not None and make_placeholder(fd, size, offset, kept.path, kept.stat)
+        )
+        if not placed and copy_range(src, fd, offset, size) != size:
             raise EOFError(f"the layer ends inside {name}")
         os.fchmod(fd, mode)
     finally:
         os.close(fd)
 
 
-def _placeholder(fd: int, offset: int, size: int, kept: KeptLayer) -> bool:
-    """Make the new, empty file ``fd`` a placeholder of ``size`` bytes at ``offset`` of the kept layer; False
-    (nothing done) where the file system takes no extended attribute, or where the layer ends before it."""
-    return offset + size <= kept.stat.st_size and make_placeholder(fd, size, offset, kept.path, kept.stat)
-
-
-def keep_layer(path: str, directory: str) -> KeptLayer | None:
+def _keep_layer(path: str, directory: str) -> _KeptLayer | None:
     """A hard link to ``path`` (a blob, or an archive holding an uncompressed layer) in ``directory``, which
     this user owns, so that the cached root's placeholders can read the layer's bytes whatever becomes of the
     image. None where it cannot be linked (another file system, another user's file under
@@ -210,7 +190,7 @@ def keep_layer(path: str, directory: str) -> KeptLayer | None:
         return None
     if (lst.st_dev, lst.st_ino) != (st.st_dev, st.st_ino):
         return None
-    return KeptLayer(link, st, new)
+    return _KeptLayer(link, st, new)
 
 
 def _parts(name: str, layer: str) -> list[str]:
@@ -265,7 +245,7 @@ class RootWriter:
         self._layers = layers
         self.kept: dict[str, list[int]] = {}
         self.linked: list[str] = []  # links this writer made (removed when the build fails)
-        self._kept: KeptLayer | None = None
+        self._kept: _KeptLayer | None = None
         self.owner: dict[str, int] = {}
         self.skipped = 0  # device nodes, FIFOs, sockets: not created
         self._touched: set[str] = set()
@@ -483,7 +463,7 @@ class RootWriter:
         with os.fdopen(fd, "wb") as out:
             if self._source is not None and not member.issparse():
                 src, base = self._source
-                if _copy_range(src, fd, base + member.offset_data, member.size) != member.size:
+                if copy_range(src, fd, base + member.offset_data, member.size) != member.size:
                     raise EOFError(f"the layer ends inside {member.name}")
             elif tf is not None:
                 data = tf.extractfile(member)
@@ -524,7 +504,7 @@ class RootWriter:
 
             worker = threading.Thread(target=hash_layer, daemon=True)
             worker.start()
-            self._kept = keep_layer(path, self._layers) if self._layers is not None else None
+            self._kept = _keep_layer(path, self._layers) if self._layers is not None else None
             if self._kept is not None:
                 self.kept[self._kept.path] = [self._kept.stat.st_size, self._kept.stat.st_mtime_ns]
                 if self._kept.new:
