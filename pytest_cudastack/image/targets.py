@@ -10,9 +10,8 @@ import os
 import stat
 from collections.abc import Iterable, Mapping
 
-from pytest_cudastack._sysio import open_span
-from pytest_cudastack.errors import UnreadableFile
 from pytest_cudastack.image.rootfs import ImageRoot
+from pytest_cudastack.linker.elf import looks_like_elf
 
 __all__ = ["image_binaries"]
 
@@ -20,17 +19,9 @@ __all__ = ["image_binaries"]
 def _elf_executable(host: str) -> bool:
     try:
         st = os.stat(host)
-        if not stat.S_ISREG(st.st_mode) or not st.st_mode & 0o111:
-            return False
-        span, _st = open_span(host, UnreadableFile)  # a large file of a plain layer is read where it lies
-    except (OSError, UnreadableFile):
-        return False
-    try:
-        return span.pread(4, 0) == b"\x7fELF"
     except OSError:
         return False
-    finally:
-        span.close()
+    return stat.S_ISREG(st.st_mode) and bool(st.st_mode & 0o111) and looks_like_elf(host)
 
 
 def _program(image: ImageRoot) -> str | None:
