@@ -174,3 +174,46 @@ def test_numba_cuda_nvvm_from_the_nvcc_wheel_before_cuda_home(tmp_path):
     assert lk.found is not None
     assert lk.found.via == "$CUDA_HOME"
     assert lk.found.release == "12.2"
+
+
+@pytest.mark.parametrize(
+    "pattern",
+    [
+        "pkg/a1/x.so",
+        "pkg/a*/x.so",
+        "*a2/x.so",
+        "pkg/[ab]*/x.so",
+        "pkg/a?/x.so",
+        "pkg/*[.]so",
+        "pkg/[*]x.so",
+        "*",
+        "pkg/a*",
+        "pkg/nothing*.so",
+        "[",
+    ],
+)
+def test_a_detect_pattern_matches_as_fnmatch_does_in_record_order(tmp_path, pattern):
+    # detection skips paths that lack a pattern's literal head or tail before matching: whatever the pattern's
+    # shape, it must find the first RECORD path that fnmatchcase matches and whose bytes hold the tool name
+    import fnmatch
+    from dataclasses import replace
+
+    files = {
+        "pkg/b1/x.so": "no",
+        "pkg/a1/x.so": "no",
+        "pkg/a2/x.so": "ptxas",
+        "pkg/a22/x.so": "ptxas",
+        "pkg/*x.so": "ptxas",
+        "pkg/ab/y.so": "ptxas",
+        "[": "ptxas",
+    }
+    site = site_packages(tmp_path)
+    write_dist(site, "pkg", "1.0", files)
+    inv = installed_wheels([str(site)])
+    row = ROWS["triton"]
+    probe = replace(row, detect=(replace(row.detect[0], path=pattern, contains="ptxas"),))
+    got = detect(probe, inv)
+    dist = inv.get("pkg")
+    assert dist is not None
+    expected = next((p for p in dist.plain_rows if fnmatch.fnmatchcase(p, pattern) and files.get(p) == "ptxas"), None)
+    assert (None if got is None else str(Path(got[1]).relative_to(site))) == expected

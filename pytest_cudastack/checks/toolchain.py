@@ -115,12 +115,25 @@ def detect(framework: Framework, inventory: Inventory) -> tuple[Distribution, st
         if inventory.get(dist.name) is not dist:
             continue  # shadowed by an earlier copy of the same name
         for row in framework.detect:
-            for path in dist.plain_rows:
-                if fnmatch.fnmatchcase(path, row.path):
-                    full = os.path.join(dist.location, path)
-                    if _contains(full, row.contains.encode()):
-                        return dist, full
+            for path in _matching(dist.plain_rows, row.path):
+                full = os.path.join(dist.location, path)
+                if _contains(full, row.contains.encode()):
+                    return dist, full
     return None
+
+
+def _matching(rows: Mapping[str, object], pattern: str) -> Iterable[str]:
+    """The paths of ``rows`` (in their order) that ``fnmatchcase`` matches with ``pattern``. A stack's RECORDs
+    list tens of thousands of paths and detection runs for every framework: a pattern without a wildcard is
+    one lookup, and a path that lacks the pattern's literal head or tail is never matched against it."""
+    cut = min((i for i in (pattern.find(c) for c in "*?[") if i >= 0), default=-1)
+    if cut < 0:
+        return (pattern,) if pattern in rows else ()
+    head = pattern[:cut]
+    tail = pattern[pattern.rfind("*") + 1 :]
+    if any(c in tail for c in "?[]"):
+        tail = ""
+    return [p for p in rows if p.startswith(head) and p.endswith(tail) and fnmatch.fnmatchcase(p, pattern)]
 
 
 def _installed(framework: Framework, inventory: Inventory) -> tuple[Framework, Distribution] | None:

@@ -41,7 +41,7 @@ from pytest_cudastack.image.manifest import Layer
 from pytest_cudastack.image.store import BlobStore, ImageError
 from pytest_cudastack.image.tarheaders import Handover, read_members
 
-__all__ = ["RootWriter", "link_text"]
+__all__ = ["RootWriter", "link_text", "undo"]
 
 _MAX_LINKS = 40  # symbolic links followed in one path, Linux's MAXSYMLINKS
 _GZIP = b"\x1f\x8b"
@@ -234,6 +234,32 @@ def link_text(parent: list[str], target: str) -> str:
     return os.path.relpath("/" + "/".join(base), "/" + "/".join(parent))
 
 
+def undo(root: str, stash: str, journal: Any) -> None:
+    """Take a journaled layer (:meth:`RootWriter.journal_into`) off the tree ``root``, its records undone from
+    the last: a created entry removed (a directory it created is empty again by then), a moved one renamed back
+    from ``stash``. OSError or ValueError, leaving the tree half undone, when it is not what the journal says
+    (the caller then drops the tree)."""
+    records = journal if isinstance(journal, list) else None
+    if records is None or not all(isinstance(r, list) and all(isinstance(x, str) for x in r) for r in records):
+        raise ValueError("not a journal")
+    for record in reversed(records):
+        parts = record[1].split("/") if len(record) >= 2 else [""]
+        if any(p in ("", ".", "..") for p in parts):
+            raise ValueError(f"a journal record names no path in the root: {record!r}")
+        host = os.path.join(root, *parts)
+        if record[0] == "N" and len(record) == 2:
+            if stat.S_ISDIR(os.lstat(host).st_mode):
+                os.rmdir(host)
+            else:
+                os.unlink(host)
+        elif record[0] == "S" and len(record) == 3 and record[2].isdigit():
+            if os.path.lexists(host):
+                raise FileExistsError(host)
+            os.rename(os.path.join(stash, record[2]), host)
+        else:
+            raise ValueError(f"not a journal record: {record!r}")
+
+
 class RootWriter:
     """Applies layers, bottom first, to the directory ``root`` (empty at first); ``owner`` maps each file
     and link of the merged tree (``usr/lib/x``) to the index of the layer that wrote it."""
@@ -262,6 +288,24 @@ class RootWriter:
         # the entries still take effect in the archive's order
         self._pool: ThreadPoolExecutor | None = None
         self._pending: dict[str, Future[None]] = {}
+        # the undo journal of the layer being applied (see :meth:`journal_into`): ``["N", path]`` for an entry
+        # created, ``["S", path, name]`` for one moved aside to ``stash/name`` instead of being deleted; None
+        # when the layer is not journaled
+        self.journal: list[list[str]] | None = None
+        self._stash: str | None = None
+
+    def journal_into(self, stash: str) -> None:
+        """Journal the next layer applied, so that :func:`undo` can take it off again: what it removes is
+        moved to the directory ``stash`` (created here; on the root's file system), and what it creates is
+        recorded. The layer's entries only ever create a path that is absent and remove one that is there,
+        so the journal, undone from its end, gives back the tree as it was, the same inodes at the same paths."""
+        os.mkdir(stash, 0o700)
+        self.journal = []
+        self._stash = stash
+
+    def _created(self, key: str) -> None:
+        if self.journal is not None:
+            self.journal.append(["N", key])
 
     def _host(self, parts: list[str]) -> str:
         return os.path.join(self.root, *parts)
@@ -319,6 +363,7 @@ class RootWriter:
                 if not create:
                     return [*done, part, *todo]
                 os.mkdir(host, 0o755)
+                self._created("/".join([*done, part]))
                 self._touch([*done, part])
                 self._fresh.add("/".join([*done, part]))
             elif not stat.S_ISDIR(mode):
@@ -347,7 +392,7 @@ class RootWriter:
         if mode is not None and stat.S_ISDIR(mode):
             self._dirs.clear()
             self._fresh.clear()
-            shutil.rmtree(host)
+            self._delete(host, key, directory=True)
             prefix = key + "/"
             for k in [k for k in self.owner if k.startswith(prefix)]:
                 del self.owner[k]
@@ -355,8 +400,19 @@ class RootWriter:
             if stat.S_ISLNK(mode):
                 self._dirs.clear()
                 self._fresh.clear()
-            os.unlink(host)
+            self._delete(host, key, directory=False)
         self.owner.pop(key, None)
+
+    def _delete(self, host: str, key: str, directory: bool) -> None:
+        """Remove the entry ``host``; a journaled layer moves it to the stash instead (one rename)."""
+        if self.journal is not None and self._stash is not None:
+            name = str(len(self.journal))
+            os.rename(host, os.path.join(self._stash, name))
+            self.journal.append(["S", key, name])
+        elif directory:
+            shutil.rmtree(host)
+        else:
+            os.unlink(host)
 
     def _opaque(self, parts: list[str]) -> None:
         """Hide what lower layers put under ``parts``: all but what this layer wrote there."""
@@ -399,11 +455,13 @@ class RootWriter:
         if member.isdir():
             try:
                 os.mkdir(host, 0o755)
+                self._created("/".join(here))
                 self._fresh.add("/".join(here))
             except FileExistsError:  # a directory stays (its contents with it); anything else is replaced
                 if not stat.S_ISDIR(os.lstat(host).st_mode):
                     self._remove(here)
                     os.mkdir(host, 0o755)
+                    self._created("/".join(here))
             self._touch(here)
             return
         if member.islnk():
@@ -441,10 +499,12 @@ class RootWriter:
         """``make()`` creating the entry ``here`` exclusively; what was there (a lower layer's file, link or
         directory) is removed first when it fails for that: one system call for a new path, the usual case."""
         try:
-            return make()
+            made = make()
         except FileExistsError:
             self._remove(here)
-            return make()
+            made = make()
+        self._created("/".join(here))
+        return made
 
     def _write(self, tf: tarfile.TarFile | None, member: tarfile.TarInfo, host: str, here: list[str]) -> None:
         mode = (member.mode & 0o755) | 0o600
@@ -457,6 +517,7 @@ class RootWriter:
             self._pending["/".join(here)] = self._pool.submit(
                 _write_new, host, src, base + member.offset_data, member.size, mode, member.name, self._kept
             )
+            self._created("/".join(here))
             return
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
         fd = self._create(here, lambda: os.open(host, flags, 0o600))
