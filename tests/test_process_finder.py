@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_cudastack.model.process import Interpreter, _Finder
+from pytest_cudastack.model.process import Interpreter, ModuleFinder
 
 EXT = ".cpython-311-x86_64-linux-gnu.so"
 
@@ -33,7 +33,7 @@ def site(tmp_path: Path) -> Path:
 
 def test_finds_what_importlib_finds(site: Path) -> None:
     interp = Interpreter((str(site / "notes.txt"), str(site)), sys.executable, suffixes=(EXT,))
-    finder = _Finder(interp)
+    finder = ModuleFinder(interp)
     assert finder.find("plain7")
     assert finder.files["plain7"] == str(site / "plain7.py")
     assert finder.find("pkg.sub")
@@ -55,7 +55,7 @@ def test_each_directory_is_listed_once_and_only_listed_names_are_looked_at(
     monkeypatch.setattr(os.path, "isfile", lambda p: looked.append(str(p)) or isfile(p))
     monkeypatch.setattr(os.path, "isdir", lambda p: looked.append(str(p)) or isdir(p))
     monkeypatch.setattr(os, "listdir", lambda p: listed.append(str(p)) or listdir(p))
-    finder = _Finder(Interpreter((str(site),), sys.executable, suffixes=(EXT,)))
+    finder = ModuleFinder(Interpreter((str(site),), sys.executable, suffixes=(EXT,)))
     for i in range(50):
         assert finder.find(f"plain{i}")
     for i in range(50):

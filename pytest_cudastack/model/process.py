@@ -84,6 +84,7 @@ __all__ = [
     "Interpreter",
     "Load",
     "Mapped",
+    "ModuleFinder",
     "Process",
     "import_contexts",
     "import_reach",
@@ -265,7 +266,10 @@ def _find_in(
 
 
 @dataclass
-class _Finder:
+class ModuleFinder:
+    """Where ``interp``'s import system finds each module (importlib's path finders over its ``sys.path``):
+    file-system facts only, so one finder serves every model process of a run over the same interpreter."""
+
     interp: Interpreter
     paths: dict[str, list[str]] = field(default_factory=dict)  # package -> its __path__
     files: dict[str, str | None] = field(default_factory=dict)
@@ -407,7 +411,7 @@ def _soname_mapped(st: _State, path: str) -> bool:
     return soname is not None and any(o.soname == soname for o in st.objects)
 
 
-def _import(st: _State, finder: _Finder, name: str, depth: int = 0) -> bool:
+def _import(st: _State, finder: ModuleFinder, name: str, depth: int = 0) -> bool:
     """Import ``name`` (and its parents first) into the model; whether it was found."""
     if name in st.imported:
         return True
@@ -464,7 +468,7 @@ def _lookups(st: _State, path: str) -> Lookups | None:
         return None
 
 
-def _c_imports(st: _State, finder: _Finder, module: str, path: str) -> list[tuple[str, bool]]:
+def _c_imports(st: _State, finder: ModuleFinder, module: str, path: str) -> list[tuple[str, bool]]:
     """The installed modules extension ``module`` imports from C at init (:mod:`pytest_cudastack.linker.lookups`),
     each with whether a failure to load it is taken as caught: its dotted C strings that name a module
     (Cython's cimports: not caught), unless a Cython older than 3.1 built it (its Python constants, the names
@@ -515,7 +519,7 @@ def _restore(st: _State, saved: _State) -> None:
 
 
 def _run_body(
-    st: _State, finder: _Finder, items: Items, module: str, pkg_dir: str, rows: list[Preload], depth: int
+    st: _State, finder: ModuleFinder, items: Items, module: str, pkg_dir: str, rows: list[Preload], depth: int
 ) -> bool:
     """Execute the imports of one block; whether all of them were found."""
     ok = True
@@ -651,7 +655,7 @@ def import_scopes(
     listings: dict[str, frozenset[str]] = {}  # the directories' names: one listing each for every package
     for top, members in names.items():
         st = _new_state(interp, resolver, read, owner, None, cache)
-        finder = _Finder(interp, listings=listings)  # caches the file system only: shared by the copies
+        finder = ModuleFinder(interp, listings=listings)  # caches the file system only: shared by the copies
         with contextlib.suppress(RecursionError):  # too deep a chain: what was reached still counts
             _import(st, finder, top)
         for name, path in members:
@@ -673,12 +677,15 @@ def import_reach(
     read: Callable[[str], ElfInfo],
     owner: Callable[[str], str | None],
     cache: ElfCache | None = None,
+    finder: ModuleFinder | None = None,
 ) -> dict[str, int]:
     """One model process that runs ``import NAME`` for each of ``names`` in turn (as a program's import
     statements run): the real path of every object mapped -> the index in ``names`` of the first import that
-    mapped it. A name the model does not find maps nothing."""
+    mapped it. A name the model does not find maps nothing. ``finder``: one kept by the caller for ``interp``
+    (its answers reused by every process of the run)."""
     st = _new_state(interp, resolver, read, owner, None, cache)
-    finder = _Finder(interp)
+    if finder is None or finder.interp is not interp:
+        finder = ModuleFinder(interp)
     out: dict[str, int] = {}
     for i, name in enumerate(names):
         before = len(st.objects)
@@ -704,7 +711,7 @@ def predict_import(
     ``ElfCache.read_strings``, for the run-time loads (dlopen table rows that read names from data);
     ``cache``: the run's ELF cache, which keeps each Python file's imports (parsed once while unchanged)."""
     st = _new_state(interp, resolver, read, owner, preloads, cache)
-    finder = _Finder(interp)
+    finder = ModuleFinder(interp)
     try:
         found = _import(st, finder, module)
     except RecursionError:  # a deeper chain than _MAX_DEPTH allows for (nested try blocks): a problem, not a crash

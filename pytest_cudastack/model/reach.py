@@ -29,7 +29,7 @@ from pytest_cudastack.findings import Finding, Severity
 from pytest_cudastack.linker.elf import ElfInfo
 from pytest_cudastack.linker.elfcache import ElfCache
 from pytest_cudastack.linker.resolver import Resolver
-from pytest_cudastack.model.process import Interpreter, import_reach, module_name
+from pytest_cudastack.model.process import Interpreter, ModuleFinder, import_reach, module_name
 from pytest_cudastack.model.pysource import read_module_source, resolve_from
 from pytest_cudastack.wheels.inventory import Distribution, Inventory
 
@@ -210,6 +210,7 @@ class Reachability:
         self._cache = cache
         self._dirs: dict[str, str] = {}
         self._interp: Interpreter | None = None
+        self._finder: ModuleFinder | None = None  # where the interpreter finds each module: shared by every _reach
         self._project: ProjectImports | None = None
         self._project_map: dict[str, int] | None = None
         self._tops: dict[str, tuple[tuple[str, ...], dict[str, int]]] = {}
@@ -228,7 +229,9 @@ class Reachability:
         return self._project
 
     def _reach(self, names: Sequence[str]) -> dict[str, int]:
-        return import_reach(names, self.interp, self._resolver, self._read, self._inv.owner, self._cache)
+        if self._finder is None:
+            self._finder = ModuleFinder(self.interp)
+        return import_reach(names, self.interp, self._resolver, self._read, self._inv.owner, self._cache, self._finder)
 
     def _top(self, dist: Distribution, own: str) -> tuple[tuple[str, ...], dict[str, int]]:
         if dist.dist_info not in self._tops:
