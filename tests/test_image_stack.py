@@ -923,3 +923,50 @@ def test_a_findings_facts_name_image_paths_never_the_caches(
     assert found["facts"]["versions"] == [[plugin, "2.3"]]
     cache = str(tmp_path / "cache")
     assert not [f for item in payload["items"].values() for f in item if cache in json.dumps(f)]
+
+
+# a library that looks driver entry points up at run time (dlsym), and one that asks cuGetProcAddress
+_DLSYM_JIT = r"""
+#include <dlfcn.h>
+int start(void) {
+    void *h = dlopen("libcuda.so.1", RTLD_NOW);
+    return h && dlsym(h, "cuInit") && dlsym(h, "cuGreenCtxCreate") ? 0 : -1;
+}
+"""
+_PROC_JIT = r"""
+typedef int (*getproc_t)(const char *, void **, int, unsigned long long, void *);
+int ask(getproc_t get, void **out) { return get("cuGreenCtxCreate", out, 12040, 0, 0); }
+const char *via = "cuGetProcAddress_v2";
+"""
+
+
+@needs_glibc
+def test_an_images_run_time_driver_lookups_are_judged_and_its_symbol_verdicts_outlive_a_top_layer_change(
+    parts: Parts, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The symbols item judges the entry points an image's library looks up at run time against the declared
+    driver, as it does on this machine (its lookups are read from the file under the image's root); the next
+    image, whose top layer changed, recalls those verdicts (nothing they were computed from changed), and an
+    image whose top layer replaces the library is judged again."""
+    d = tmp_path / "elf"
+    jit = build_lib(d / "dlsym" / "libjit.so.1", soname="libjit.so.1", source=_DLSYM_JIT)
+    other = build_lib(d / "proc" / "libjit.so.1", soname="libjit.so.1", source=_PROC_JIT)
+    app = build_exe(d / "app", needed=[jit])
+    lower = [*_base(parts), Entry("usr/local/cuda/lib64/libjit.so.1", data=jit), Entry("opt/app/bin/app", data=app)]
+
+    def lookups(top: list[Entry], name: str) -> list[dict[str, Any]]:
+        _, payload = _check(tmp_path, capsys, [lower, top], "--cuda-driver=535.104.05", fmt="oci-layout", name=name)
+        return [f for f in _findings(payload, "symbols") if f["subject"].endswith("libjit.so.1")]
+
+    first = lookups([Entry("opt/app/VERSION", data=b"1")], "v1")
+    assert [(f["severity"], "(dlsym)" in f["message"]) for f in first] == [("warning", True)]
+    assert first[0]["subject"] == "/usr/local/cuda/lib64/libjit.so.1"
+
+    def recomputed(*args: object, **kwargs: object) -> object:
+        raise AssertionError("the symbol verdicts were computed again")
+
+    with monkeypatch.context() as m:
+        m.setattr("pytest_cudastack.checks.symbols._check", recomputed)
+        assert lookups([Entry("opt/app/VERSION", data=b"2")], "v2") == first
+    replaced = lookups([Entry("usr/local/cuda/lib64/libjit.so.1", data=other)], "v3")
+    assert [(f["severity"], "(cuGetProcAddress)" in f["message"]) for f in replaced] == [("info", True)]

@@ -81,13 +81,15 @@ SymbolReader = Callable[[str], SymbolFacts]
 
 class VerdictStore(Protocol):
     """Where verdicts are kept between runs (``ElfCache.get_extra`` / ``put_extra``; ``file_slot``: the name
-    of a file's facts)."""
+    of a file's facts; ``in_root``: the file a path names, under an image's root for an image's path)."""
 
     def get_extra(self, key: str) -> Any: ...
 
     def put_extra(self, key: str, value: Any) -> None: ...
 
     def file_slot(self, host: str) -> str: ...
+
+    def in_root(self, path: str) -> str: ...
 
 
 GLOBAL_PRELOADS: tuple[str, ...] = ("torch/lib/libtorch_global_deps.so",)
@@ -423,7 +425,8 @@ def _runtime_driver_findings(
     out: list[Finding] = []
     for obj in dict.fromkeys(objects):
         try:
-            found = cached_lookups(obj, store, modules=False)
+            # an image's object is named by its image path: its lookups are read from the file under the root
+            found = cached_lookups(store.in_root(obj) if store is not None else obj, store, modules=False)
         except ElfError:
             continue  # unreadable files are reported by the symbol reader
         facts = run.get(obj)
@@ -1014,7 +1017,7 @@ def _recall(verdicts: VerdictStore | None, key: str) -> tuple[Finding, ...] | No
         if not isinstance(hit, dict) or not isinstance(hit["files"], list) or not isinstance(hit["findings"], list):
             return None
         for path, status in hit["files"]:
-            if _status(str(path)) != status:
+            if _status(verdicts.in_root(str(path))) != status:
                 return None
         return tuple(Finding.from_json(f) for f in hit["findings"])
     except (KeyError, TypeError, ValueError, AttributeError):
@@ -1023,7 +1026,7 @@ def _recall(verdicts: VerdictStore | None, key: str) -> tuple[Finding, ...] | No
 
 def _remember(verdicts: VerdictStore | None, key: str, run: _Run, found: tuple[Finding, ...]) -> None:
     if verdicts is not None:
-        files = [[p, _status(p)] for p in sorted(run.facts)]
+        files = [[p, _status(verdicts.in_root(p))] for p in sorted(run.facts)]
         verdicts.put_extra(key, {"files": files, "findings": [f.to_json() for f in found]})
 
 
@@ -1033,9 +1036,10 @@ def run(stack: StackView, target: Target | None = None) -> tuple[Finding, ...]:
     (:func:`~pytest_cudastack.model.reach.judge_reach`)."""
     cache = stack.cache
     driver = stack.driver
-    # an image's files are named by their image paths, which the remembered verdicts' file status (os.stat)
-    # cannot see: an image's run recomputes them (its ELF facts stay cached)
-    verdicts = cache if stack.image is None else None
+    # an image's files are named by their image paths; the cache stats them under the root (the remembered
+    # verdicts of an image whose top layer changed hold while the files they were computed from are the same
+    # inodes, unchanged, as the ELF facts do)
+    verdicts = cache
     found: tuple[Finding, ...] = ()
     if stack.image is None or stack.interpreter is not None:  # an image without a Python imports nothing
         found = extension_symbol_findings(
