@@ -768,7 +768,7 @@ def extension_symbol_findings(
                 loaders.setdefault(obj, []).append(mt)
     plans = [(obj, scopes, True) for obj, scopes in scopes_of.items()]
     labels = [d.label for d in inv.distributions]
-    head: list[Any] = ["extensions", exe, list(inv.site_dirs), labels, _driver_key(driver)]
+    head: list[Any] = ["extensions", *_named(verdicts, [exe, *inv.site_dirs]), labels, _driver_key(driver)]
     key = _plan_key(head, plans)
     hit = _recall(verdicts, key)
     if hit is not None:
@@ -914,7 +914,8 @@ def process_symbol_findings(
     # the scopes follow from the loads (each with what it found loaded) and the search configuration: a key
     # of those recalls a verdict without resolving any scope (the files it was computed from are checked)
     body = [
-        ["process", process.executable, process.module, labels, cfg.root, list(cfg.ld_library_path)],
+        # an image's root is not in the key (it moves when the top layer changes): its files' status is
+        ["process", process.executable, process.module, labels, cfg.root is not None, list(cfg.ld_library_path)],
         [[ld.path, ld.first, list(ld.scope.loaded), list(ld.scope.global_scope)] for ld in process.loads],
         [o.realpath for o in process.objects],
     ]
@@ -969,9 +970,8 @@ def binary_symbol_findings(
     run = _Run(read)
     plans = [(obj, [scope], False) for obj in scope.objects]
     labels = [d.label for d in inventory.distributions] if inventory else []
-    key = _plan_key(
-        ["binary", subject, list(inventory.site_dirs) if inventory else [], labels, _driver_key(driver)], plans
-    )
+    sites = _named(verdicts, list(inventory.site_dirs) if inventory else [])
+    key = _plan_key(["binary", subject, sites, labels, _driver_key(driver)], plans)
     hit = _recall(verdicts, key)
     if hit is not None:
         return hit
@@ -991,6 +991,12 @@ _VERDICT_PREFIX = "symbols-verdict:"
 
 def _driver_key(driver: DriverInfo | None) -> list[str | None]:
     return [] if driver is None else [driver.source, driver.version, driver.cuda_version]
+
+
+def _named(verdicts: VerdictStore | None, paths: list[str]) -> list[str]:
+    """``paths`` as the verdicts name them: an image's file by its image path (``VerdictStore.file_slot``),
+    not by the directory its root lies in, which an image whose top layer changed does not share."""
+    return paths if verdicts is None else [verdicts.file_slot(p) for p in paths]
 
 
 def _plan_key(head: list[Any], plans: Sequence[tuple[str, Sequence[Scope], bool]]) -> str:
