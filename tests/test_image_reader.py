@@ -77,17 +77,17 @@ def test_four_formats_give_one_tree(tmp_path: Path, fmt: str) -> None:
 
 def test_second_open_reuses_the_cached_root(tmp_path: Path) -> None:
     out = build_image(tmp_path / "img", [BASE, TOP])
-    first = _open(out, tmp_path / "cache")
-    marker = Path(first.root) / "marker"
+    root = _open(out, tmp_path / "cache").root  # no reader holds it after this (see test_image_takeover.py)
+    marker = Path(root) / "marker"
     marker.write_text("x")
-    assert _open(out, tmp_path / "cache").root == first.root
+    assert _open(out, tmp_path / "cache").root == root
     assert marker.exists()
     rebuilt = _open(out, tmp_path / "cache", no_cache=True)
-    assert rebuilt.root == first.root
+    assert rebuilt.root == root
     assert not marker.exists()
     # the image's root and its lower layers' root (kept for an image whose top layer changes)
     assert len(os.listdir(tmp_path / "cache" / "images")) == 2
-    assert os.path.basename(os.path.dirname(first.root)) in os.listdir(tmp_path / "cache" / "images")
+    assert os.path.basename(os.path.dirname(root)) in os.listdir(tmp_path / "cache" / "images")
 
 
 def test_a_changed_top_layer_is_the_only_layer_read_again(tmp_path: Path) -> None:

@@ -190,3 +190,38 @@ def test_a_journal_that_does_not_undo_leaves_a_copy_of_the_lower_root(tmp_path: 
     _same(_opened(b, cache), _opened(b, tmp_path / "cold"))
     assert not directory.exists()  # the damaged root was dropped, not kept as a's
     _same(_opened(a, cache), first)
+
+
+def test_a_root_other_images_are_built_on_is_not_taken_over(tmp_path: Path) -> None:
+    """p's root is the lower layers' root of q (q's top layer on p's layers); r shares only the first layer:
+    the root r may take over (the heir of their common lower root) is p's, which q's build still needs."""
+    p = build_image(tmp_path / "p", LOWER)
+    q = build_image(tmp_path / "q", [*LOWER, POOL["a lower file replaced"]])
+    r = build_image(tmp_path / "r", [LOWER[0], POOL["a hard link to a new file"]])
+    cache = tmp_path / "cache"
+    first = _opened(p, cache)
+    _opened(q, cache)
+    _same(_opened(r, cache), _opened(r, tmp_path / "cold-r"))
+    assert os.path.isdir(str(first[0]))
+    assert _opened(p, cache) == first  # still cached, at the same directory, unchanged
+
+
+def test_no_cache_keeps_a_root_that_a_reader_holds(tmp_path: Path) -> None:
+    a = build_image(tmp_path / "a", [*LOWER, POOL["large files"]])
+    cache = tmp_path / "cache"
+    held = open_image(str(a), cache_dir=str(cache))
+    before = _snapshot(held.root)
+    inode = os.stat(os.path.join(held.root, "opt/a/f1")).st_ino
+    again = open_image(str(a), cache_dir=str(cache), no_cache=True)  # every digest checked again
+    assert again.root == held.root
+    assert os.stat(os.path.join(held.root, "opt/a/f1")).st_ino == inode  # not replaced under its reader
+    assert _snapshot(held.root) == before
+
+
+def test_a_cache_directory_reached_through_a_link_gives_the_real_root(tmp_path: Path) -> None:
+    """Image paths are cut from the root's path, and the interpreter's real path must lie under it."""
+    a = build_image(tmp_path / "a", LOWER)
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    got = open_image(str(a), cache_dir=str(tmp_path / "link"))
+    assert got.root.startswith(os.path.realpath(tmp_path / "real") + os.sep)

@@ -915,7 +915,7 @@ def process_symbol_findings(
     # of those recalls a verdict without resolving any scope (the files it was computed from are checked)
     body = [
         # an image's root is not in the key (it moves when the top layer changes): its files' status is
-        ["process", process.executable, process.module, labels, cfg.root is not None, list(cfg.ld_library_path)],
+        ["process", process.executable, process.module, labels, cfg.root not in ("", "/"), list(cfg.ld_library_path)],
         [[ld.path, ld.first, list(ld.scope.loaded), list(ld.scope.global_scope)] for ld in process.loads],
         [o.realpath for o in process.objects],
     ]

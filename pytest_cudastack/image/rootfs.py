@@ -162,8 +162,10 @@ def _link_copy(src: str, dst: str) -> None:
 def _install(work: str, final: str, replace: bool = False) -> None:
     """Rename the built directory ``work`` to ``final``. One already there (a concurrent run, an xdist worker
     beside this one) is kept and ``work`` dropped, since its reader may be using it; ``replace`` (--no-cache)
-    replaces it, as is one that is no longer valid (a layer its placeholders read changed since)."""
-    if os.path.isdir(final) and (replace or _cached(final) is None):
+    replaces it, as is one that is no longer valid (a layer its placeholders read changed since), unless a
+    run reads it (holds its lock) and it is valid: the same layers, their digests checked, made it."""
+    valid = os.path.isdir(final) and _cached(final) is not None
+    if os.path.isdir(final) and (not valid or (replace and not _held(final))):
         stale = final + f".stale-{os.getpid()}"
         os.rename(final, stale)
         shutil.rmtree(stale, ignore_errors=True)
@@ -216,6 +218,8 @@ def _take_over(base: str, key: str, images: str, work: str) -> bool:
     previous = os.path.join(images, heir)
     if not heir or heir == key or "/" in heir or heir.startswith("."):
         return False
+    if os.path.lexists(os.path.join(previous, _HEIR)):
+        return False  # the lower layers' root of other images (a longer one was built on it): kept as it is
     facts = _cached(previous)
     if facts is None or facts.get("base") != os.path.basename(base):
         return False
@@ -238,12 +242,31 @@ def _take_over(base: str, key: str, images: str, work: str) -> bool:
             journal = json.load(f)
         undo(os.path.join(taken, "rootfs"), os.path.join(taken, "stash"), journal)
         os.rename(os.path.join(taken, "rootfs"), os.path.join(work, "rootfs"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         shutil.rmtree(taken, ignore_errors=True)
         shutil.rmtree(os.path.join(work, "rootfs"), ignore_errors=True)
         return False
     shutil.rmtree(taken, ignore_errors=True)
     return True
+
+
+def _held(directory: str) -> bool:
+    """Whether a run holds the cached root ``directory`` (a shared lock on its lock file)."""
+    try:
+        fd = os.open(os.path.join(directory, _LOCK), os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+class _Retry(Exception):
+    """The lower layers' root went away while this run was about to copy it: look the image up again."""
 
 
 def _same_file(fd: int, path: str) -> bool:
@@ -255,11 +278,13 @@ def _same_file(fd: int, path: str) -> bool:
     return (st.st_dev, st.st_ino) == (now.st_dev, now.st_ino)
 
 
-def _materialise(source: ImageSource, store: Any, images: str, key: str, no_cache: bool = False) -> None:
+def _materialise(source: ImageSource, store: Any, images: str, key: str, no_cache: bool = False) -> _Lease | None:
     """Apply the layers in a private directory beside the final one, then rename it into place. The root of
     all layers but the top one is kept too (hard links), and the top layer is journaled: re-checking an
     image whose top layer changed takes over the last root built on those lower layers, its top layer undone
-    (see :func:`_take_over`), or else applies the new top layer to a copy of the lower layers' root."""
+    (see :func:`_take_over`), or else applies the new top layer to a copy of the lower layers' root (leased
+    while it is copied: no other run takes it over meanwhile). Returns a lease on the root built, taken before
+    it is installed (no run takes it over between its installation and its first reader)."""
     os.makedirs(images, mode=0o700, exist_ok=True)
     work = tempfile.mkdtemp(prefix=".build-", dir=images)
     writer: RootWriter | None = None
@@ -270,7 +295,11 @@ def _materialise(source: ImageSource, store: Any, images: str, key: str, no_cach
         start, base, facts = _base(source, images, no_cache)
         if base is not None and facts is not None:
             if not (start == top and _take_over(base, key, images, work)):
+                held = _lease(base)
+                if held is None:  # taken over or replaced since it was looked up: every layer is applied
+                    raise _Retry
                 _link_copy(os.path.join(base, "rootfs"), writer.root)
+                del held
             writer.owner = {str(k): int(v) for k, v in facts["owner"].items() if isinstance(v, int)}
             writer.skipped = int(facts.get("skipped", 0))
             writer.kept = dict(facts.get("kept", {}))
@@ -286,9 +315,14 @@ def _materialise(source: ImageSource, store: Any, images: str, key: str, no_cach
                 writer.journal_into(os.path.join(work, "stash"))
             writer.apply(store, source.layers[index], index)
         _write_facts(work, writer, lower_key)
+        built = _lease(work)
         _install(work, os.path.join(images, key), replace=no_cache)
         if lower_key is not None:
             write_atomic(os.path.join(images, lower_key), os.path.join(images, lower_key, _HEIR), key)
+        return built
+    except _Retry:
+        _discard(work, writer)
+        return None
     except OSError as e:
         _discard(work, writer)
         raise ImageError(f"{source.path}: cannot materialise the image under {images}: {e.strerror or e}") from e
@@ -437,7 +471,9 @@ def open_image(
     store = open_store(path)
     try:
         source = read_source(store, platform)
-        images = os.path.join(cache_dir or default_cache_dir(), "images")
+        # canonical: the root's path is what image paths are cut from (a symbolic link in the cache's path would
+        # leave the interpreter's real path outside it)
+        images = os.path.join(os.path.realpath(cache_dir or default_cache_dir()), "images")
         key = _cache_key(source)
         facts, lease = _leased(source, store, images, key, no_cache)
     finally:
@@ -467,13 +503,14 @@ def _leased(source: ImageSource, store: Any, images: str, key: str, no_cache: bo
     final = os.path.join(images, key)
     for _ in range(_LEASES):
         facts = None if no_cache else _cached(final)
+        built = None
         if facts is None:
-            _materialise(source, store, images, key, no_cache)
+            built = _materialise(source, store, images, key, no_cache)
             facts = _cached(final)
         if facts is None:
-            raise ImageError(f"{source.path}: the materialised image under {images} cannot be read back")
-        lease = _lease(final)
+            continue  # the lower layers' root went away meanwhile, or the root was taken over at once
+        lease = built if built is not None and _same_file(built.fd, os.path.join(final, _LOCK)) else _lease(final)
         if lease is not None:
             return facts, lease
         no_cache = False
-    raise ImageError(f"{source.path}: its root under {images} was replaced by another run each time it was read")
+    raise ImageError(f"{source.path}: its root under {images} cannot be read back: another run replaced it each time")
