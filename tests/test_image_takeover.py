@@ -225,3 +225,20 @@ def test_a_cache_directory_reached_through_a_link_gives_the_real_root(tmp_path: 
     (tmp_path / "link").symlink_to(tmp_path / "real")
     got = open_image(str(a), cache_dir=str(tmp_path / "link"))
     assert got.root.startswith(os.path.realpath(tmp_path / "real") + os.sep)
+
+
+def test_a_root_is_held_from_the_moment_it_is_installed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Between a root's installation and its first reader's lease no other run may take it over: the run that
+    built it leases it before it installs it (another run's takeover asks for the lock without waiting)."""
+    from pytest_cudastack.image import rootfs
+
+    held: list[bool] = []
+    install = rootfs._install
+
+    def installed(work: str, final: str, replace: bool = False) -> None:
+        install(work, final, replace)
+        held.append(rootfs._held(final))
+
+    monkeypatch.setattr(rootfs, "_install", installed)
+    _opened(build_image(tmp_path / "a", [*LOWER, POOL["a lower file replaced"]]), tmp_path / "cache")
+    assert held == [False, True]  # the lower layers' root (never taken over while it has a heir), then a's
