@@ -5,23 +5,22 @@ Usage: python benchmarks/bench_image.py [DIR] [--json] [--keep WORKDIR]
 (default DIR: $CUDASTACK_TORCH_VENV). Targets (issue #21): cold <= 0.7x the time ``tar -x`` takes to unpack
 the image's layers (same run), warm after a one-layer change <= 0.1x cold.
 
-Last figures (the 5.4 GB torch venv, 22,000 files, 187 of them 256 KiB or more; a 2-core VM whose ext4 makes
-a figure vary from run to run), two runs: ``tar -x`` 19.5 s / 20.6 s; cold 13.7 s / 14.1 s = 0.70x / 0.68x
-(met; the same code's root gave 0.54x-0.61x in earlier runs the same day: the root alone varies from 5.1 s to
-7.8 s between runs on this disk, the old code's as much); the root alone 0.40x / 0.35x; the items alone
-0.24x / 0.28x; warm 0.91 s / 0.94 s = 0.066x / 0.067x cold (met; runs 1.00, 0.91, 0.84 s and 1.30, 0.94,
-0.87 s). The large files of a plain layer are placeholders read in place (see ``pytest_cudastack._sysio``),
-so the cold run writes none of the 5.4 GB; what is left of its root is creating 22,000 files and 2,000
-directories, the costly calls on this disk (an inode allocated: 0.25 ms a file, 0.2-0.8 ms a directory,
-where a hard link is 15 us). A warm run creates none of them: it takes over the first image's root, undoes
-its top layer from the journal kept when it was applied and applies its own (before: a copy of the lower
-layers' root, 2,000 directories created and 22,000 files linked, 0.45-1.3 s); its items recall the symbol
-verdicts (nothing they were computed from changed: 0.03 s, not 0.28 s) and find modules with one finder for
-every reach process; what is left is the interpreter and this package's imports (0.2 s) and the items over
-cached facts. The peer's own cleanup is not charged to the run after it: ext4 skips an inode freed in the
-last minute when it allocates one (``recently_deleted``), which cost a cold run after ``tar -x``'s output was
-removed up to 15 s of system time, so every directory is removed at the end (and a run started within a
-minute of another's end pays for its cleanup).
+Last figures (the 5.4 GB torch venv, 22,000 files, 187 of them 256 KiB or more; a 2-core VM whose ext4 makes a
+figure vary from run to run), two runs: ``tar -x`` 19.1 s / 21.2 s; cold 10.9 s / 13.4 s = 0.57x / 0.63x (met; the
+root alone varies from 5.1 s to 8.4 s between runs on this disk, the old code's as much); the root alone 0.27x /
+0.40x; the items alone 0.24x / 0.24x; warm 0.91 s / 0.99 s = 0.083x / 0.074x cold (met; runs 1.21, 0.90, 0.91 s
+and 1.02, 0.76, 0.99 s). The large files of a plain layer are placeholders read in place (see
+``pytest_cudastack._sysio``), so the cold run writes none of the 5.4 GB; what is left of its root is creating
+22,000 files and 2,000 directories, the costly calls on this disk (an inode allocated: 0.25 ms a file, 0.2-0.8 ms
+a directory, where a hard link is 15 us). A warm run creates none of them: it takes over the first image's root,
+undoes its top layer from the journal kept when it was applied and applies its own (before: a copy of the lower
+layers' root, 2,000 directories created and 22,000 files linked, 0.45-1.3 s); its items recall the symbol verdicts
+(nothing they were computed from changed: 0.03 s, not 0.28 s) and find modules with one finder for every reach
+process; what is left is the interpreter and this package's imports (0.2 s) and the items over cached facts. The
+peer's own cleanup is not charged to the run after it: ext4 skips an inode freed in the last minute when it
+allocates one (``recently_deleted``), which cost a cold run after ``tar -x``'s output was removed up to 15 s of
+system time, so every directory is removed at the end (and a run started within a minute of another's end pays for
+its cleanup).
 
 The image is an OCI layout built here with ``tarfile`` (uncompressed layers, so that building it stays
 cheap): layer 1 is DIR under /opt/venv (its Python on the image's PATH: the wheels are the image's), with
