@@ -425,8 +425,7 @@ def _runtime_driver_findings(
     out: list[Finding] = []
     for obj in dict.fromkeys(objects):
         try:
-            # an image's object is named by its image path: its lookups are read from the file under the root
-            found = cached_lookups(store.in_root(obj) if store is not None else obj, store, modules=False)
+            found = cached_lookups(obj, store, modules=False)
         except ElfError:
             continue  # unreadable files are reported by the symbol reader
         facts = run.get(obj)
@@ -914,7 +913,8 @@ def process_symbol_findings(
     # the scopes follow from the loads (each with what it found loaded) and the search configuration: a key
     # of those recalls a verdict without resolving any scope (the files it was computed from are checked)
     body = [
-        # an image's root is not in the key (it moves when the top layer changes): its files' status is
+        # whether there is an image root, not its directory (it moves when the top layer changes): the status of
+        # the files the verdict was computed from tells one image's from another's
         ["process", process.executable, process.module, labels, cfg.root not in ("", "/"), list(cfg.ld_library_path)],
         [[ld.path, ld.first, list(ld.scope.loaded), list(ld.scope.global_scope)] for ld in process.loads],
         [o.realpath for o in process.objects],

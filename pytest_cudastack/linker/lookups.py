@@ -152,7 +152,8 @@ def _driver_names(span: Span, offset: int, length: int, found: dict[str, None]) 
 
 
 class ExtraStore(Protocol):
-    """Where facts are kept between runs (``ElfCache.get_extra`` / ``put_extra``)."""
+    """Where facts are kept between runs (``ElfCache.get_extra`` / ``put_extra``; ``in_root``: the file a path
+    names, under an image's root for an image's path)."""
 
     def get_extra(self, key: str) -> Any: ...
 
@@ -160,12 +161,16 @@ class ExtraStore(Protocol):
 
     def file_slot(self, host: str) -> str: ...
 
+    def in_root(self, path: str) -> str: ...
+
 
 def cached_lookups(path: str, store: ExtraStore | None, modules: bool = True) -> Lookups:
     """:func:`read_lookups`, kept in ``store`` under the file's identity (device, inode, size, mtime) while
-    it is unchanged; ElfError as :func:`read_lookups`."""
+    it is unchanged; ElfError as :func:`read_lookups`. An image's path (``/usr/lib/x``) is read under the
+    image's root, as the store's other facts are."""
     key: list[int] | None = None
     if store is not None:
+        path = store.in_root(path)
         try:
             st = os.stat(path)
         except (OSError, ValueError) as e:
