@@ -223,14 +223,12 @@ def _take_over(base: str, key: str, images: str, work: str) -> bool:
     facts = _cached(previous)
     if facts is None or facts.get("base") != os.path.basename(base):
         return False
-    try:
-        fd = os.open(os.path.join(previous, _LOCK), os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
-    except OSError:
+    fd = _open_lock(previous)
+    if fd is None:
         return False
     taken = os.path.join(work, "taken")
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        if not _same_file(fd, os.path.join(previous, _LOCK)):
+        if not _alone(fd) or not _same_file(fd, os.path.join(previous, _LOCK)):
             return False
         os.rename(previous, taken)
     except OSError:
@@ -250,19 +248,32 @@ def _take_over(base: str, key: str, images: str, work: str) -> bool:
     return True
 
 
-def _held(directory: str) -> bool:
-    """Whether a run holds the cached root ``directory`` (a shared lock on its lock file)."""
+def _open_lock(directory: str) -> int | None:
+    """A descriptor of the cached root ``directory``'s lock file (the caller closes it); None without one."""
     try:
-        fd = os.open(os.path.join(directory, _LOCK), os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        return os.open(os.path.join(directory, _LOCK), os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
     except OSError:
-        return False
+        return None
+
+
+def _alone(fd: int) -> bool:
+    """Whether the exclusive lock on the lock file ``fd`` was taken without waiting: no run holds the root."""
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
-        return True
+        return False
+    return True
+
+
+def _held(directory: str) -> bool:
+    """Whether a run holds the cached root ``directory`` (a shared lock on its lock file)."""
+    fd = _open_lock(directory)
+    if fd is None:
+        return False
+    try:
+        return not _alone(fd)
     finally:
         os.close(fd)
-    return False
 
 
 class _Retry(Exception):
@@ -433,17 +444,15 @@ class _Lease:
 def _lease(directory: str) -> _Lease | None:
     """A shared lock on the cached root ``directory``, None when that root is gone or was replaced before it
     was locked (a concurrent run took it over): then the caller looks it up again."""
-    lock = os.path.join(directory, _LOCK)
-    try:
-        fd = os.open(lock, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
-    except OSError:
+    fd = _open_lock(directory)
+    if fd is None:
         return None
     lease = _Lease(fd)
     try:
         fcntl.flock(fd, fcntl.LOCK_SH)  # waits only for a run that is taking it over (an undo: milliseconds)
     except OSError:
         return None
-    return lease if _same_file(fd, lock) else None
+    return lease if _same_file(fd, os.path.join(directory, _LOCK)) else None
 
 
 def _is_image(path: str) -> bool:
