@@ -356,3 +356,28 @@ def test_one_layer_writing_a_path_again_applies_its_entries_in_order(tmp_path: P
     assert plain["f"] == "dir"
     assert plain["f/y"] == "y"
     assert "g" not in plain
+
+
+def test_a_plain_layer_read_in_place_hands_what_it_does_not_decode_to_tarfile(tmp_path: Path) -> None:
+    """GNU long names are left to tarfile: from that member on, a plain layer read in place is read by tarfile
+    over the rest of the layer, and gives the tree the streamed gzip twin gives (the files after the handover,
+    a large one among them, with their own bytes)."""
+    long_name = "opt/" + "d" * 120 + "/lib.so"
+    top = [
+        Entry("opt/first.txt", data=b"before"),
+        Entry(long_name, data=b"long"),
+        Entry("opt/after.txt", data=b"after"),
+        Entry("opt/big.bin", data=bytes(range(256)) * 1200),
+        Entry("usr/lib/libgone.so.1", "whiteout"),
+    ]
+    trees = []
+    for gzip_layers in (False, True):
+        out = build_image(
+            tmp_path / f"img-{gzip_layers}", [BASE, top], gzip_layers=gzip_layers, tar_format=tarfile.GNU_FORMAT
+        )
+        trees.append(walk(open_image(str(out), cache_dir=str(tmp_path / f"cache-{gzip_layers}")).root))
+    assert trees[0] == trees[1]
+    assert trees[0][long_name] == "long"
+    assert trees[0]["opt/after.txt"] == "after"
+    assert trees[0]["opt/big.bin"] == (bytes(range(256)) * 1200).decode("latin-1")
+    assert "usr/lib/libgone.so.1" not in trees[0]

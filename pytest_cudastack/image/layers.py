@@ -36,7 +36,7 @@ import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, NamedTuple
 
-from pytest_cudastack._sysio import copy_range, make_placeholder
+from pytest_cudastack._sysio import Span, copy_range, make_placeholder
 from pytest_cudastack.image.manifest import Layer
 from pytest_cudastack.image.store import BlobStore, ImageError
 from pytest_cudastack.image.tarheaders import Handover, read_members
@@ -86,34 +86,6 @@ class _Hashing:
     @property
     def digest(self) -> str:
         return "sha256:" + self.hash.hexdigest()
-
-
-class _Window:
-    """The byte range ``[base, base + size)`` of the open file ``f`` as a seekable file of its own: a plain
-    layer tar read in place (tarfile's random access skips each member's data instead of reading it)."""
-
-    def __init__(self, f: Any, base: int, size: int) -> None:
-        self._f = f
-        self._base = base
-        self._size = size
-        self._pos = 0
-
-    def read(self, size: int = -1) -> bytes:
-        left = self._size - self._pos
-        n = left if size is None or size < 0 else min(size, left)
-        if n <= 0:
-            return b""
-        data = bytes(os.pread(self._f.fileno(), n, self._base + self._pos))
-        self._pos += len(data)
-        return data
-
-    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
-        base = {os.SEEK_SET: 0, os.SEEK_CUR: self._pos, os.SEEK_END: self._size}[whence]
-        self._pos = max(0, base + offset)
-        return self._pos
-
-    def tell(self) -> int:
-        return self._pos
 
 
 def _digest_range(fd: int, base: int, size: int, stop: threading.Event | None = None) -> tuple[str, int]:
@@ -577,11 +549,13 @@ class RootWriter:
                 rest = self._apply_headers(fd, base, size, index, layer.name)
                 if rest is not None:  # a member tarfile reads: tarfile reads the rest of the layer
                     self._source = (fd, base + rest)
-                    with tarfile.open(fileobj=_Window(f, base + rest, size - rest), mode="r:") as tf:  # type: ignore[call-overload]
-                        member = tf.firstmember
+                    # the rest of the layer as a seekable file (tarfile's random access skips each member's data)
+                    window = Span(fd, base + rest, size - rest).stream()
+                    with tarfile.open(fileobj=window, mode="r:") as tf:
+                        member = tf.firstmember  # type: ignore[attr-defined]  # read by open(), not in the stubs
                         while member is not None:
                             self._entry(tf, member, index, layer.name)
-                            tf.members.clear()  # not kept: a layer may hold a million entries
+                            tf.members.clear()  # type: ignore[attr-defined]  # not kept: a layer may hold a million entries
                             member = tf.next()
                 self._drain()
             except ImageError as e:

@@ -44,10 +44,10 @@ def sha256(data: bytes) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
-def layer_tar(entries: Sequence[Entry]) -> bytes:
-    """The uncompressed tar of ``entries``, in order."""
+def layer_tar(entries: Sequence[Entry], tar_format: int = tarfile.PAX_FORMAT) -> bytes:
+    """The uncompressed tar of ``entries``, in order (``tar_format``: tarfile's, pax by default)."""
     buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tf:
+    with tarfile.open(fileobj=buf, mode="w", format=tar_format) as tf:
         for e in entries:
             name = e.name
             if e.kind == "whiteout":
@@ -126,11 +126,12 @@ def build_image(
     gzip_layers: bool = True,
     ref: str = "example.com/app:1",
     extra_platforms: Sequence[str] = (),
+    tar_format: int = tarfile.PAX_FORMAT,
 ) -> Path:
     """The image of ``layers`` in format ``fmt`` (``FORMATS``) at ``out`` (a directory for oci-layout, else a
     tar file). ``extra_platforms`` ("linux/arm64") adds images of those platforms (one empty layer) to a
     multi-platform index, listed before this one."""
-    tars = [layer_tar(entries) for entries in layers]
+    tars = [layer_tar(entries, tar_format) for entries in layers]
     diff_ids = [sha256(t) for t in tars]
     config = json.dumps(config_for(diff_ids, env, history, cmd=cmd)).encode()
     files: dict[str, bytes] = {}
