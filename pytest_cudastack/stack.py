@@ -16,7 +16,7 @@ import marshal
 import os
 import socket
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
@@ -37,6 +37,7 @@ from pytest_cudastack.linker.resolver import Resolver, SearchConfig
 from pytest_cudastack.model.fingerprint import library_files, stack_fingerprint
 from pytest_cudastack.model.modules import ModuleTree, module_trees
 from pytest_cudastack.model.needs import infer_binary, infer_shipped, infer_wheel
+from pytest_cudastack.model.process import ImportScope, import_scopes
 from pytest_cudastack.model.reach import ProjectImports, Reachability, project_imports
 from pytest_cudastack.schemacheck import first_error
 from pytest_cudastack.settings import Settings
@@ -255,6 +256,14 @@ class Stack:
         """Every extension module's closure in its import context, built once: the closure, dlopen and
         symbols items read the same trees."""
         return module_trees(self.inventory, self.resolver, self.cache.read, self.cache)
+
+    @cached_property
+    def import_scopes(self) -> Mapping[str, ImportScope]:
+        """For every extension module of ``module_trees``, the process of the import that loads it
+        (``model.process.import_scopes``: one model process per top-level package), computed once."""
+        modules = [mt.module.path for mt in self.module_trees]
+        reach = self.reachability
+        return import_scopes(modules, reach.interp, self.resolver, self.cache.read, self._owner, self.cache)
 
     @cached_property
     def project_imports(self) -> ProjectImports:

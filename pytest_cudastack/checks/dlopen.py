@@ -11,15 +11,20 @@ holds several names of one family (``libnvrtc.so.13`` and ``libnvrtc.so``) tries
 fails only when none of its names resolves, and is on a wrong copy only when none resolves to a right one.
 
 * resolves nowhere while the family is installed (a wheel's RECORD or ld.so.cache) where the caller's search
-  does not reach it, or only under another name or major: ERROR (the load fails, or the framework silently
-  drops the GPU), naming where the family is, why the search misses it, and the remedy (that directory on
-  ``LD_LIBRARY_PATH`` where the name itself is there). For names found only in the data, only when the data
+  does not reach it, or only under another name or major: ERROR for a table row (the load fails, or the
+  framework silently drops the GPU), naming where the family is, why the search misses it, and the remedy
+  (that directory on ``LD_LIBRARY_PATH`` where the name itself is there). For names found only in the data,
+  a WARNING (evidence, not proof: only the feature that opens it fails, if used), and only when the data
   says which library: that very name is installed, or a versioned name's family at another version (an
   unversioned development name such as ``libudev.so`` is a fallback candidate: a note);
+* names found only in the data are no finding at all while an object of their family built for the
+  caller's CUDA major is mapped in the caller's process (CUPTI's ``libcupti.so.12`` names ``libcudart.so``
+  beside the ``libcudart.so.12`` torch's import maps);
 * resolves nowhere and the family is not installed at all: the row's severity for a table row (``fatal``
   ERROR, ``fallback`` WARNING, ``optional`` INFO; the driver's ``libcuda.so.1`` INFO), an INFO for a name
   found in the data, one per distribution, "may load at run time" (an optional feature);
-* resolves to a copy built for another CUDA major than the caller (``compat.soname_cuda_majors``), or to a
+* resolves to a copy built for another CUDA major than the caller (``compat.soname_cuda_majors``; a WARNING
+  at most for a name found only in the data, such as a host toolkit's copy through ld.so.cache), or to a
   copy of another version than the one the caller's own distribution, or a distribution it requires, ships
   under that name (another wheel, ``LD_LIBRARY_PATH``, ld.so.cache, a default directory): ERROR naming both
   copies, both versions and the route for a table row (a WARNING when the version of the copy found is
@@ -30,10 +35,13 @@ fails only when none of its names resolves, and is on a wrong copy only when non
   (INFO for a name found in the data).
 
 A caller that an extension module's closure maps is resolved with the chain that loaded it (glibc searches
-the RPATHs of the loader chain); a shipped library that neither an import nor a run-time load maps is judged
-alone, its findings INFO. Errors are judged by reachability (:func:`~pytest_cudastack.model.reach.judge_reach`
-on the first object of ``chain``, the one an import maps): a WARNING naming the import when none that will
-happen loads it.
+the RPATHs of the loader chain), in the process of the import that loads the module, as the import model
+predicts it once that import is complete (``Stack.import_scopes``): every object it mapped satisfies a
+``dlopen`` of one of its names before any search (glibc's ``_dl_map_object``), so torch's preload of
+``libnvrtc.so.12`` is what cuDNN's engines and cuBLASLt open later; a shipped library that neither an
+import nor a run-time load maps is judged alone, its findings INFO. Errors are judged by reachability
+(:func:`~pytest_cudastack.model.reach.judge_reach` on the first object of ``chain``, the one an import
+maps): a WARNING naming the import when none that will happen loads it.
 """
 
 from __future__ import annotations
@@ -72,6 +80,7 @@ from pytest_cudastack.model.runtime import (
 
 if TYPE_CHECKING:
     from pytest_cudastack.checks.facts import StackView, Target
+    from pytest_cudastack.model.process import ImportScope
     from pytest_cudastack.wheels.inventory import Distribution, Inventory
 
 __all__ = ["dlopen_findings", "run"]
@@ -127,19 +136,18 @@ def dlopen_findings(
     read: Callable[[str], ElfInfo],
     strings: Callable[[str], StringFacts],
     trees: Sequence[ModuleTree],
+    scopes: Mapping[str, ImportScope] | None = None,
 ) -> tuple[Finding, ...]:
     """The ``dlopen`` findings for every caller of ``inv`` and the objects its run-time loads map (module
-    docstring; ``trees``: its module trees). A caller neither an import nor a run-time load maps is judged
-    alone (its loader chain unknown): its findings are INFO."""
+    docstring; ``trees``: its module trees; ``scopes``: the import model's process for each module, whose
+    state once the import is complete is where its closure's run-time loads happen). A caller neither an
+    import nor a run-time load maps is judged alone (its loader chain unknown): its findings are INFO."""
     installed = _Installed(inv, resolver)
     reported = frozenset(x.soname for mt in trees for x in mt.tree.missing)  # the closure item names these
     findings: list[Finding] = []
     unexplained: dict[str, list[tuple[str, tuple[str, ...]]]] = {}
-    # the names each module's closure opened its objects as (l_libname): a dlopen of one is that object
-    opened_as = {
-        mt.module.path: tuple((x.soname, x.path) for x in mt.tree.libraries if x.path is not None) for mt in trees
-    }
     every = callers(inv, trees)
+    processes = _processes(trees, scopes or {})
     seen = {os.path.realpath(c.path) for c in every if c.loaders is not None}
     for c in every:
         alone = c.loaders is None
@@ -148,8 +156,9 @@ def dlopen_findings(
         info = read_or_none(read, c.path)
         if info is None:
             continue
-        names = opened_as.get(c.loaded[0], ()) if c.loaded else ()  # c.loaded: its module, then the closure
-        start = Reached(c.path, info, Context(c.loaders or (), c.loaded, names, (c.path,)))
+        # c.loaded: its module, then the closure; the run-time loads happen once that module's import is done
+        loaded, names = processes.get(c.loaded[0], (c.loaded, ())) if c.loaded else ((), ())
+        start = Reached(c.path, info, Context(c.loaders or (), loaded, names, (c.path,)))
         # alone, its findings are infos: the names in its data (a scan of every shipped library) add nothing
         for r, wants in run_time_chain(start, resolver, read, strings, seen, data_names=not alone):
             found, notes = _judge(r, wants, inv, read, installed, reported)
@@ -160,6 +169,31 @@ def dlopen_findings(
             findings.extend(found)
     findings.extend(_unexplained_info(owner, notes) for owner, notes in unexplained.items())
     return tuple(findings)
+
+
+# a name in a library's data says what it may open, not when: the words of a finding made from one alone
+_WHEN_DATA = (
+    "only the feature of {who} that opens it fails, if it is used (the name is in its data, not a load it must make)"
+)
+
+
+def _processes(
+    trees: Sequence[ModuleTree], scopes: Mapping[str, ImportScope]
+) -> dict[str, tuple[tuple[str, ...], tuple[tuple[str, str], ...]]]:
+    """For each extension module, the process its closure's run-time loads happen in: what is mapped
+    (in load order) and the names objects were opened as (glibc's ``_dl_map_object`` matches a ``dlopen``
+    against both before any search). That is the state once the import loading the module is complete
+    (``scopes``: torch's preloads of NVRTC, made by its ``__init__``, are mapped when cuDNN's engines open
+    ``libnvrtc.so.12``), with the module's own closure; the closure alone where the model has no process."""
+    out: dict[str, tuple[tuple[str, ...], tuple[tuple[str, str], ...]]] = {}
+    for mt in trees:
+        closure = tuple(x.path for x in mt.tree.libraries if x.path is not None)
+        names = tuple((x.soname, x.path) for x in mt.tree.libraries if x.path is not None)
+        scope = scopes.get(mt.module.path)
+        after = scope.after if scope is not None else ()
+        loaded = (*after, *(p for p in (mt.module.path, *closure) if p not in set(after)))
+        out[mt.module.path] = (loaded, (*(scope.after_names if scope is not None else ()), *names))
+    return out
 
 
 def _alone(f: Finding) -> Finding:
@@ -207,13 +241,15 @@ def _judge(
     for w in wants:
         groups.setdefault(family(w.name), []).append(w)
     for fam, group in groups.items():
+        rows = [w for w in group if w.row is not None]
+        if not rows and _family_mapped(fam, r, read) is not None:
+            continue  # names in its data only, while its family's right build is in the process: evidence
         hits = [w for w in group if w.library.path is not None]
         if hits:
             wrong = [_copy_finding(w, r, inv, read) for w in hits]
             if all(f is not None for f in wrong):
                 out.append(next(f for f in wrong if f is not None))
             continue
-        rows = [w for w in group if w.row is not None]
         copies = [c for c in installed.of(fam) if not is_driver_soname(c.name)]
         for w in rows:
             out.append(_miss_finding(w, r, inv, copies))
@@ -227,6 +263,22 @@ def _judge(
             note = f"not found as written; {sibling} is beside it" if sibling else "not found"
             notes.append((f"{inv.relative(r.path)} may load {w.name} ({note})", w.library.searched))
     return out, notes
+
+
+def _family_mapped(fam: str, r: Reached, read: Callable[[str], ElfInfo]) -> str | None:
+    """An object of family ``fam`` mapped in the caller's process (itself included) built for a CUDA major
+    the caller is built for (any, where either says none), else None. A name the caller's data holds beside
+    such a library is a fallback candidate it does not reach: CUPTI's ``libcupti.so.12`` writes
+    ``libcudart.so`` while the process has ``libcudart.so.12`` mapped."""
+    want = caller_majors(r.info)
+    for path in (*r.context.loaded, r.path):
+        if family(path) != fam:
+            continue
+        info = read_or_none(read, path)
+        got = caller_majors(info) if info is not None else frozenset()
+        if not (want and got) or want & got:
+            return path
+    return None
 
 
 def _claims(group: Sequence[Want], copies: Sequence[_Copy]) -> bool:
@@ -341,7 +393,11 @@ def _miss_finding(w: Want, r: Reached, inv: Inventory, copies: Sequence[_Copy]) 
         if row is not None
         else "the feature that opens it fails when used"
     )
-    severity = Severity.ERROR if copies else (_SEVERITY[row.miss] if row is not None else Severity.INFO)
+    if row is not None:
+        severity = Severity.ERROR if copies else _SEVERITY[row.miss]
+    else:  # a name in the data is evidence, not proof
+        severity = Severity.WARNING if copies else Severity.INFO
+        consequence = _WHEN_DATA.format(who=who)
     same = [c for c in copies if c.name == w.name or os.path.basename(c.path) == w.name]
     # a file of that very name beside an installed copy (a development link no RECORD lists)
     beside = dict.fromkeys(os.path.join(os.path.dirname(c.path), w.name) for c in copies if c not in same)
@@ -565,13 +621,15 @@ def _major_finding(w: Want, r: Reached, inv: Inventory, read: Callable[[str], El
     got = caller_majors(got_info) if got_info is not None else frozenset()
     if not (want and got and not want & got):
         return None
-    severity = _SEVERITY[w.row.miss] if w.row is not None else Severity.ERROR
+    # a name in the data is evidence, not proof: the feature that opens it, if any, is a guess
+    severity = _SEVERITY[w.row.miss] if w.row is not None else Severity.WARNING
     return Finding(
         check="dlopen",
         severity=severity,
         subject=w.name,
         message=f"{w.name} loaded at run time by {who} is built for CUDA {'/'.join(map(str, sorted(got)))}; "
-        f"{who} is built for CUDA {'/'.join(map(str, sorted(want)))}",
+        f"{who} is built for CUDA {'/'.join(map(str, sorted(want)))}"
+        + ("" if w.row is not None else f"; {_WHEN_DATA.format(who=who)}"),
         cause=f"found at {lib.path} ({lib.route.value}{': ' + lib.route_detail if lib.route_detail else ''}), "
         "the first match of the caller's search, from another CUDA release",
         remedies=(
@@ -596,7 +654,9 @@ def run(stack: StackView, target: Target | None = None) -> tuple[Finding, ...]:
     WARNING naming the import after which the feature would fail
     (:func:`~pytest_cudastack.model.reach.judge_reach`)."""
     trees = stack.module_trees
-    found = dlopen_findings(stack.inventory, stack.resolver, stack.cache.read, stack.cache.read_strings, trees)
+    found = dlopen_findings(
+        stack.inventory, stack.resolver, stack.cache.read, stack.cache.read_strings, trees, stack.import_scopes
+    )
     return judge_reach(
         found, stack.reachability, trees, lambda f: f.chain[:1], lead=lambda name: f"after `import {name}`"
     )

@@ -10,6 +10,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from pytest_cudastack.cuda.driver import DriverInfo
     from pytest_cudastack.findings import Finding
     from pytest_cudastack.image.rootfs import ImageRoot
@@ -18,6 +20,7 @@ if TYPE_CHECKING:
     from pytest_cudastack.linker.resolver import Resolver, Tree
     from pytest_cudastack.model.modules import ModuleTree
     from pytest_cudastack.model.needs import Inference
+    from pytest_cudastack.model.process import ImportScope
     from pytest_cudastack.model.reach import Reachability
     from pytest_cudastack.wheels.inventory import Inventory
     from pytest_cudastack.wheels.requirements import Requirements
@@ -97,6 +100,12 @@ class StackView(Protocol):
     @property
     def module_trees(self) -> tuple[ModuleTree, ...]:
         """Every extension module with its closure, in its import context (built once per run)."""
+        ...
+
+    @property
+    def import_scopes(self) -> Mapping[str, ImportScope]:
+        """For every extension module of ``module_trees``, the process of the import that loads it: what is
+        mapped when it loads and once that import is complete (computed once per run)."""
         ...
 
     @property

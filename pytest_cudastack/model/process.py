@@ -221,6 +221,9 @@ class _State:
     triggers: dict[str, tuple[int, ...]] = field(default_factory=dict)  # module -> its before_import rows
     global_real: set[str] = field(default_factory=set)  # realpaths of ``globals``
     loads: list[Load] = field(default_factory=list)
+    # (name, path): the DT_NEEDED strings mapped objects were opened as (glibc's l_libname), which a later
+    # dlopen of that name matches before any search
+    names: list[tuple[str, str]] = field(default_factory=list)
 
 
 # --------------------------------------------------------------------------------------------- finding modules
@@ -353,6 +356,7 @@ def _map(st: _State, path: str, route: str, reason: str, is_global: bool = False
             continue
         st.real.add(k)
         st.loaded.append(lib.path)
+        st.names.append((lib.soname, lib.path))
         needer = lib.needed_by[0] if lib.needed_by else path
         try:
             soname = st.read(lib.path).soname
@@ -503,6 +507,7 @@ _RECORD = (
     "ran",
     "global_real",
     "loads",
+    "names",
 )
 
 
@@ -591,6 +596,7 @@ def _copy(st: _State) -> _State:
         ran=set(st.ran),
         global_real=set(st.global_real),
         loads=list(st.loads),
+        names=list(st.names),
     )
 
 
@@ -619,6 +625,11 @@ class ImportScope:
 
     loaded: tuple[str, ...]
     global_scope: tuple[str, ...]
+    # the process once the import that loads the module is complete, where the run-time loads of what it
+    # mapped happen (a feature is used after its import): every object mapped, in load order, and the
+    # DT_NEEDED names they were opened as (``(name, path)``)
+    after: tuple[str, ...] = ()
+    after_names: tuple[tuple[str, str], ...] = ()
 
 
 def import_contexts(
@@ -666,7 +677,9 @@ def import_scopes(
                 with contextlib.suppress(RecursionError):
                     _import(where, finder, name)
             if key in where.before:
-                out[path] = ImportScope(where.before[key], where.scope_before[key])
+                out[path] = ImportScope(
+                    where.before[key], where.scope_before[key], tuple(where.loaded), tuple(where.names)
+                )
     return out
 
 
