@@ -16,7 +16,7 @@ import marshal
 import os
 import socket
 import sys
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
@@ -147,6 +147,7 @@ class Stack:
         self._cache = cache
         self._site_paths = site_paths
         self._trees: dict[str, Tree] = {}
+        self._scopes: dict[str, ImportScope | None] = {}
         self._findings: dict[tuple[str, Target | None], tuple[Finding, ...]] = {}
         self._files: dict[str, list[dict[str, Any]]] = {}
 
@@ -257,13 +258,16 @@ class Stack:
         symbols items read the same trees."""
         return module_trees(self.inventory, self.resolver, self.cache.read, self.cache)
 
-    @cached_property
-    def import_scopes(self) -> Mapping[str, ImportScope]:
-        """For every extension module of ``module_trees``, the process of the import that loads it
-        (``model.process.import_scopes``: one model process per top-level package), computed once."""
-        modules = [mt.module.path for mt in self.module_trees]
-        reach = self.reachability
-        return import_scopes(modules, reach.interp, self.resolver, self.cache.read, self._owner, self.cache)
+    def import_scopes(self, modules: Sequence[str]) -> Mapping[str, ImportScope]:
+        """For each extension module of ``modules``, the process of the import that loads it
+        (``model.process.import_scopes``: one model process per top-level package), each computed once per
+        run and only when a check asks (the import model reads every Python file the import runs)."""
+        wanted = [m for m in dict.fromkeys(modules) if m not in self._scopes]
+        if wanted:
+            reach = self.reachability
+            found = import_scopes(wanted, reach.interp, self.resolver, self.cache.read, self._owner, self.cache)
+            self._scopes.update({m: found.get(m) for m in wanted})
+        return {m: sc for m in modules if (sc := self._scopes.get(m)) is not None}
 
     @cached_property
     def project_imports(self) -> ProjectImports:

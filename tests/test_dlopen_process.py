@@ -20,6 +20,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pytest
@@ -31,7 +32,7 @@ from pytest_cudastack.linker.ldcache import LdCache, read_ld_cache
 from pytest_cudastack.linker.resolver import Resolver, SearchConfig
 from pytest_cudastack.linker.strings import read_strings
 from pytest_cudastack.model.modules import module_trees
-from pytest_cudastack.model.process import Interpreter, import_scopes
+from pytest_cudastack.model.process import ImportScope, Interpreter, import_scopes
 from pytest_cudastack.wheels.inventory import installed_wheels
 from tests.helpers.elfbuild import link_args
 from tests.helpers.sitebuild import CC, HAVE_CC, site_packages, write_dist
@@ -117,12 +118,17 @@ def _real(site: Path, name: str = DEP) -> str:
     return done.stdout.split()[0] if done.stdout else f"rc {done.returncode}: {done.stderr[-300:]}"
 
 
-def _ours(site: Path) -> list[Finding]:
+def _ours(site: Path, cache: LdCache | None = None) -> list[Finding]:
+    """The dlopen check's failing findings, each caller judged in its import's process (``cache``: the
+    ld.so.cache the search reads; none by default)."""
     inv = installed_wheels([str(site)], reader=read_elf)
-    resolver = Resolver(SearchConfig(default_dirs=()), reader=read_elf, owner=inv.owner)
+    resolver = Resolver(SearchConfig(default_dirs=(), ld_cache=cache), reader=read_elf, owner=inv.owner)
     trees = module_trees(inv, resolver)
     interp = Interpreter.for_sites(inv.site_dirs)
-    scopes = import_scopes([mt.module.path for mt in trees], interp, resolver, read_elf, inv.owner)
+
+    def scopes(modules: Sequence[str]) -> Mapping[str, ImportScope]:
+        return import_scopes(modules, interp, resolver, read_elf, inv.owner)
+
     found = dlopen_findings(inv, resolver, read_elf, read_strings, trees, scopes)
     return [f for f in found if f.severity is not Severity.INFO]
 
@@ -191,29 +197,15 @@ def _profiler_site(tmp_path: Path, *, runtime_mapped: bool) -> Path:
     return site
 
 
-def _ours_with_cache(site: Path, cache: LdCache) -> list[Finding]:
-    inv = installed_wheels([str(site)], reader=read_elf)
-    resolver = Resolver(SearchConfig(default_dirs=(), ld_cache=cache), reader=read_elf, owner=inv.owner)
-    trees = module_trees(inv, resolver)
-    scopes = import_scopes(
-        [mt.module.path for mt in trees], Interpreter.for_sites(inv.site_dirs), resolver, read_elf, inv.owner
-    )
-    return [
-        f
-        for f in dlopen_findings(inv, resolver, read_elf, read_strings, trees, scopes)
-        if f.severity is not Severity.INFO
-    ]
-
-
 @pytest.mark.skipif(not HAVE_LDCONFIG, reason="needs ldconfig to build a private cache")
 def test_a_data_name_whose_family_is_mapped_is_no_finding(tmp_path: Path):
     # the cache resolves libcudart.so to the CUDA 13 toolkit; the process already maps libcudart.so.12
-    assert _ours_with_cache(_profiler_site(tmp_path, runtime_mapped=True), _toolkit_cache(tmp_path)) == []
+    assert _ours(_profiler_site(tmp_path, runtime_mapped=True), _toolkit_cache(tmp_path)) == []
 
 
 @pytest.mark.skipif(not HAVE_LDCONFIG, reason="needs ldconfig to build a private cache")
 def test_a_data_name_resolving_to_another_major_through_the_cache_is_at_most_a_warning(tmp_path: Path):
-    found = _ours_with_cache(_profiler_site(tmp_path, runtime_mapped=False), _toolkit_cache(tmp_path))
+    found = _ours(_profiler_site(tmp_path, runtime_mapped=False), _toolkit_cache(tmp_path))
     (f,) = found
     assert f.subject == "libcudart.so"
     assert f.severity is Severity.WARNING

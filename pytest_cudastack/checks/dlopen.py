@@ -136,18 +136,45 @@ def dlopen_findings(
     read: Callable[[str], ElfInfo],
     strings: Callable[[str], StringFacts],
     trees: Sequence[ModuleTree],
-    scopes: Mapping[str, ImportScope] | None = None,
+    scopes: Callable[[Sequence[str]], Mapping[str, ImportScope]] | None = None,
 ) -> tuple[Finding, ...]:
     """The ``dlopen`` findings for every caller of ``inv`` and the objects its run-time loads map (module
-    docstring; ``trees``: its module trees; ``scopes``: the import model's process for each module, whose
-    state once the import is complete is where its closure's run-time loads happen). A caller neither an
-    import nor a run-time load maps is judged alone (its loader chain unknown): its findings are INFO."""
+    docstring; ``trees``: its module trees). A caller neither an import nor a run-time load maps is judged
+    alone (its loader chain unknown): its findings are INFO.
+
+    ``scopes`` gives the import model's process for extension modules (``Stack.import_scopes``): the state
+    once the import loading a module is complete is where its closure's run-time loads happen. It is asked
+    only for the modules whose callers fail when judged with their module's closure alone (what that import
+    maps beyond the closure can only satisfy a load by name), and everything is judged again in those
+    processes: the import model reads every Python file an import runs, which a clean stack need not pay."""
+    first = _all_findings(inv, resolver, read, strings, trees, {})
+    needy = {m for m, found in first.items() if m and any(f and f.severity is not Severity.INFO for f, _, _ in found)}
+    if scopes is None or not needy:
+        return _flat(inv, first)
+    processes = _processes([mt for mt in trees if mt.module.path in needy], scopes)
+    return _flat(inv, _all_findings(inv, resolver, read, strings, trees, processes))
+
+
+_Process = tuple[tuple[str, ...], tuple[tuple[str, str], ...]]
+_Notes = list[tuple[str, tuple[str, ...]]]
+
+
+def _all_findings(
+    inv: Inventory,
+    resolver: Resolver,
+    read: Callable[[str], ElfInfo],
+    strings: Callable[[str], StringFacts],
+    trees: Sequence[ModuleTree],
+    processes: Mapping[str, _Process],
+) -> dict[str, list[tuple[Finding | None, str, _Notes]]]:
+    """Every caller's findings (and its data's unexplained names, by owner), keyed by the extension module
+    whose import maps it ("" for a caller judged alone); each caller's loads judged in ``processes`` (what
+    is mapped and by which names, by module), else with its module's closure."""
     installed = _Installed(inv, resolver)
     reported = frozenset(x.soname for mt in trees for x in mt.tree.missing)  # the closure item names these
-    findings: list[Finding] = []
-    unexplained: dict[str, list[tuple[str, tuple[str, ...]]]] = {}
+    out: dict[str, list[tuple[Finding | None, str, _Notes]]] = {}
+    closures = _processes(trees, lambda mods: {})
     every = callers(inv, trees)
-    processes = _processes(trees, scopes or {})
     seen = {os.path.realpath(c.path) for c in every if c.loaders is not None}
     for c in every:
         alone = c.loaders is None
@@ -157,17 +184,30 @@ def dlopen_findings(
         if info is None:
             continue
         # c.loaded: its module, then the closure; the run-time loads happen once that module's import is done
-        loaded, names = processes.get(c.loaded[0], (c.loaded, ())) if c.loaded else ((), ())
+        module = c.loaded[0] if c.loaded and not alone else ""
+        loaded, names = processes.get(module) or closures.get(module, (c.loaded, ()))
         start = Reached(c.path, info, Context(c.loaders or (), loaded, names, (c.path,)))
+        into = out.setdefault(module, [])
         # alone, its findings are infos: the names in its data (a scan of every shipped library) add nothing
         for r, wants in run_time_chain(start, resolver, read, strings, seen, data_names=not alone):
             found, notes = _judge(r, wants, inv, read, installed, reported)
-            if alone:
-                found = [_alone(f) for f in found]
-            elif notes:
-                unexplained.setdefault(inv.owner(r.path) or c.owner, []).extend(notes)
-            findings.extend(found)
-    findings.extend(_unexplained_info(owner, notes) for owner, notes in unexplained.items())
+            owner = inv.owner(r.path) or c.owner
+            into.extend((_alone(f) if alone else f, owner, []) for f in found)
+            if notes and not alone:
+                into.append((None, owner, notes))
+    return out
+
+
+def _flat(inv: Inventory, by_module: Mapping[str, Sequence[tuple[Finding | None, str, _Notes]]]) -> tuple[Finding, ...]:
+    """The findings in the order judged, then one INFO per owner for the names of its data found nowhere."""
+    findings: list[Finding] = []
+    unexplained: dict[str, _Notes] = {}
+    for entries in by_module.values():
+        for f, owner, notes in entries:
+            if f is not None:
+                findings.append(f)
+            unexplained.setdefault(owner, []).extend(notes)
+    findings.extend(_unexplained_info(owner, notes) for owner, notes in unexplained.items() if notes)
     return tuple(findings)
 
 
@@ -178,18 +218,20 @@ _WHEN_DATA = (
 
 
 def _processes(
-    trees: Sequence[ModuleTree], scopes: Mapping[str, ImportScope]
-) -> dict[str, tuple[tuple[str, ...], tuple[tuple[str, str], ...]]]:
-    """For each extension module, the process its closure's run-time loads happen in: what is mapped
-    (in load order) and the names objects were opened as (glibc's ``_dl_map_object`` matches a ``dlopen``
-    against both before any search). That is the state once the import loading the module is complete
-    (``scopes``: torch's preloads of NVRTC, made by its ``__init__``, are mapped when cuDNN's engines open
-    ``libnvrtc.so.12``), with the module's own closure; the closure alone where the model has no process."""
-    out: dict[str, tuple[tuple[str, ...], tuple[tuple[str, str], ...]]] = {}
+    trees: Sequence[ModuleTree], scopes: Callable[[Sequence[str]], Mapping[str, ImportScope]]
+) -> dict[str, _Process]:
+    """For each extension module of ``trees``, the process its closure's run-time loads happen in: what is
+    mapped (in load order) and the names objects were opened as (glibc's ``_dl_map_object`` matches a
+    ``dlopen`` against both before any search). That is the state once the import loading the module is
+    complete (``scopes``: torch's preloads of NVRTC, made by its ``__init__``, are mapped when cuDNN's
+    engines open ``libnvrtc.so.12``), with the module's own closure; the closure alone where the model has
+    no process."""
+    known = scopes([mt.module.path for mt in trees])
+    out: dict[str, _Process] = {}
     for mt in trees:
         closure = tuple(x.path for x in mt.tree.libraries if x.path is not None)
         names = tuple((x.soname, x.path) for x in mt.tree.libraries if x.path is not None)
-        scope = scopes.get(mt.module.path)
+        scope = known.get(mt.module.path)
         after = scope.after if scope is not None else ()
         loaded = (*after, *(p for p in (mt.module.path, *closure) if p not in set(after)))
         out[mt.module.path] = (loaded, (*(scope.after_names if scope is not None else ()), *names))

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Mapping, Sequence
 
     from pytest_cudastack.cuda.driver import DriverInfo
     from pytest_cudastack.findings import Finding
@@ -102,10 +102,9 @@ class StackView(Protocol):
         """Every extension module with its closure, in its import context (built once per run)."""
         ...
 
-    @property
-    def import_scopes(self) -> Mapping[str, ImportScope]:
-        """For every extension module of ``module_trees``, the process of the import that loads it: what is
-        mapped when it loads and once that import is complete (computed once per run)."""
+    def import_scopes(self, modules: Sequence[str]) -> Mapping[str, ImportScope]:
+        """For each extension module of ``modules``, the process of the import that loads it: what is mapped
+        when it loads and once that import is complete (each computed once per run, when first asked)."""
         ...
 
     @property
