@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import ast
 import os
+import time
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from pytest_cudastack._sysio import real_path
@@ -37,19 +39,51 @@ if TYPE_CHECKING:
     from pytest_cudastack.model.modules import ModuleTree
 
 __all__ = [
+    "MAX_PROJECT_DEPTH",
+    "MAX_PROJECT_DIRS",
     "MAX_PROJECT_FILES",
+    "PROJECT_SCAN_SECONDS",
     "ProjectImport",
     "ProjectImports",
     "Reach",
     "Reachability",
+    "ScanBounds",
     "judge_reach",
     "project_imports",
 ]
 
-MAX_PROJECT_FILES = 5000  # Python files of the rootdir read, in walk order (directories and files sorted)
+# The scan of the rootdir is bounded, whatever the rootdir is (``/``, ``$HOME``, a 2,000-deep tree): it reads
+# breadth first (the shallowest files first: the project's own, not the bottom of one deep subtree), enters no
+# directory past the depth bound, and stops at the file, directory or time bound; ``ProjectImports.limits``
+# says which it met, and a finding that depends on the scan says so. It follows no symbolic link to a
+# directory (as ``os.walk`` did) and enters no other file system than the rootdir's (``/proc``, ``/sys``, a
+# network mount under ``$HOME``), as ``find -xdev``.
+MAX_PROJECT_FILES = 5000  # Python files of the rootdir read
+MAX_PROJECT_DIRS = 20_000  # directories listed (the rootdir included)
+MAX_PROJECT_DEPTH = 64  # directory levels below the rootdir
+PROJECT_SCAN_SECONDS = 5.0  # the whole scan, reading and parsing included
 _SKIPPED_DIRS = frozenset(
     {".venv", "venv", "env", "site-packages", "dist-packages", ".git", "build", "node_modules", "__pycache__"}
 )
+_LIMITS = {  # each bound the scan can meet, as a message names it (formatted with ``b``: the ScanBounds)
+    "files": "its file cap ({b.files} Python files)",
+    "directories": "its directory cap ({b.dirs} directories)",
+    "depth": "its depth cap ({b.depth} directory levels below the rootdir)",
+    "time": "its time budget ({b.seconds:g} s)",
+}
+
+
+@dataclass(frozen=True)
+class ScanBounds:
+    """How much of the rootdir :func:`project_imports` reads: ``files`` Python files, ``dirs`` directories
+    listed, ``depth`` levels below the rootdir, ``seconds`` on ``clock`` (injectable: a test needs no wall
+    clock)."""
+
+    files: int = MAX_PROJECT_FILES
+    dirs: int = MAX_PROJECT_DIRS
+    depth: int = MAX_PROJECT_DEPTH
+    seconds: float = PROJECT_SCAN_SECONDS
+    clock: Callable[[], float] = field(default=time.monotonic, compare=False)
 
 
 @dataclass(frozen=True)
@@ -64,15 +98,44 @@ class ProjectImport:
 @dataclass(frozen=True)
 class ProjectImports:
     """What :func:`project_imports` found: the imports in first-seen order, how many files were read, and
-    whether the scan ran (``cudastack_imports_scan``) and stopped at ``MAX_PROJECT_FILES``."""
+    whether the scan ran (``cudastack_imports_scan``) and was cut short (``truncated``: ``limits`` names the
+    bounds of ``bounds`` it met). ``dirs``: directories listed; ``unreadable``: directories that could not be
+    listed; ``other_fs``: directories not entered because they are on another file system (mount points)."""
 
     imports: tuple[ProjectImport, ...] = ()
     files: int = 0
     scanned: bool = False
     truncated: bool = False
+    dirs: int = 0
+    limits: tuple[str, ...] = ()
+    bounds: ScanBounds = ScanBounds()
+    unreadable: int = 0
+    other_fs: int = 0
 
     def named(self, name: str) -> ProjectImport | None:
         return next((pi for pi in self.imports if pi.name == name), None)
+
+    def read(self) -> str:
+        """What was read, for a message: "12 Python file(s) of the rootdir", and the directories not read."""
+        text = f"{self.files} Python file(s) of the rootdir"
+        skipped = [
+            *([f"{self.other_fs} on another file system: mount points are not crossed"] if self.other_fs else []),
+            *([f"{self.unreadable} unreadable"] if self.unreadable else []),
+        ]
+        return f"{text} (directories not read: {'; '.join(skipped)})" if skipped else text
+
+    def stopped(self) -> str:
+        """Why the scan stopped short ("" when it did not): the bounds it met, what it had read, how to narrow it."""
+        if not self.truncated:
+            return ""
+        met = " and ".join(_LIMITS[k].format(b=self.bounds) for k in self.limits if k in _LIMITS) or "a bound"
+        files = f"{self.files} Python file{'' if self.files == 1 else 's'}"
+        dirs = f"{self.dirs} director{'y' if self.dirs == 1 else 'ies'}"
+        return (
+            f"the rootdir's scan stopped at {met}, having read {files} in {dirs}: to narrow it, run from the "
+            "project's own directory (or pass --rootdir), or list the project's imports in cudastack_imports "
+            "(--cudastack-imports) and set cudastack_imports_scan = false"
+        )
 
 
 def _skipped(parent: str, directory: str) -> bool:
@@ -81,22 +144,116 @@ def _skipped(parent: str, directory: str) -> bool:
     return os.path.isfile(os.path.join(parent, directory, "pyvenv.cfg"))  # a virtual environment by any name
 
 
-def _project_files(rootdir: str, limit: int) -> Iterator[str]:
-    """The ``.py`` files under ``rootdir``, directories and files in sorted order, skipping virtual
-    environments (by name, or holding a ``pyvenv.cfg``), installed packages (a directory holding a
-    ``*.dist-info`` is a site directory), build output, VCS and hidden directories; at most ``limit``."""
-    count = 0
-    for here, dirs, files in os.walk(rootdir):
-        if any(d.endswith(".dist-info") for d in dirs):  # a site directory: installed packages, not the project
-            dirs[:] = []
+@dataclass
+class _Walk:
+    """One scan of the rootdir: its bounds, its deadline on ``bounds.clock``, what it has read, the bounds it met."""
+
+    bounds: ScanBounds
+    deadline: float
+    files: int = 0
+    dirs: int = 0
+    unreadable: int = 0
+    other_fs: int = 0
+    limits: list[str] = field(default_factory=list)
+    dev: int = -1  # the rootdir's file system
+    seen: set[tuple[int, int]] = field(default_factory=set)  # (device, inode) of each directory queued
+
+    def met(self, limit: str) -> None:
+        if limit not in self.limits:
+            self.limits.append(limit)
+
+    def out_of_time(self) -> bool:
+        if self.bounds.clock() < self.deadline:
+            return False
+        self.met("time")
+        return True
+
+
+def _listing(here: str) -> tuple[list[os.DirEntry[str]], list[str], bool] | None:
+    """The entries of ``here``, by name: its subdirectories (a symbolic link to a directory is not one: it is
+    not followed), its ``.py`` regular files (or links to one: a FIFO, a socket or a device is never opened),
+    and whether it is a site directory (it holds a ``*.dist-info``). None when it cannot be listed."""
+    try:
+        with os.scandir(here) as it:
+            entries = sorted(it, key=lambda e: e.name)
+    except (OSError, ValueError):
+        return None
+    dirs: list[os.DirEntry[str]] = []
+    files: list[str] = []
+    for e in entries:
+        try:
+            if e.is_dir(follow_symlinks=False):
+                dirs.append(e)
+            elif e.name.endswith(".py") and e.is_file():
+                files.append(e.name)
+        except OSError:  # pragma: no cover - a d_type-less file system whose lstat fails between list and stat
             continue
-        dirs[:] = sorted(d for d in dirs if not _skipped(here, d))
-        for name in sorted(files):
-            if name.endswith(".py"):
-                if count >= limit:
-                    return
-                count += 1
-                yield os.path.join(here, name)
+    return dirs, files, any(e.name.endswith(".dist-info") for e in entries)
+
+
+def _enqueue(
+    here: str, subdirs: Sequence[os.DirEntry[str]], depth: int, queue: deque[tuple[str, int]], walk: _Walk
+) -> None:
+    """Queue the subdirectories of ``here`` (at ``depth``) to read: not a skipped one, not one on another file
+    system than the rootdir's, not one queued already (a bind mount of its own parent), none past the depth or
+    the directory bound."""
+    for e in subdirs:
+        if _skipped(here, e.name):
+            continue
+        if depth > walk.bounds.depth:
+            walk.met("depth")
+            return
+        try:
+            st = e.stat(follow_symlinks=False)
+        except OSError:
+            walk.unreadable += 1
+            continue
+        key = (st.st_dev, st.st_ino)
+        if st.st_dev != walk.dev:
+            walk.other_fs += 1
+        elif key not in walk.seen:
+            if walk.dirs + len(queue) >= walk.bounds.dirs:
+                walk.met("directories")
+                return
+            walk.seen.add(key)
+            queue.append((e.path, depth))
+
+
+def _project_files(rootdir: str, walk: _Walk) -> Iterator[str]:
+    """The ``.py`` files under ``rootdir``, breadth first (each directory's files and subdirectories in sorted
+    order), skipping virtual environments (by name, or holding a ``pyvenv.cfg``), installed packages (a
+    directory holding a ``*.dist-info`` is a site directory), build output, VCS and hidden directories; within
+    ``walk``'s bounds (each checked before the next file or directory, so reading a file counts too); an
+    explicit queue, no recursion: any depth is safe."""
+    try:
+        top = os.stat(rootdir)
+    except (OSError, ValueError):
+        walk.unreadable += 1
+        return
+    walk.dev = top.st_dev
+    walk.seen.add((top.st_dev, top.st_ino))
+    queue: deque[tuple[str, int]] = deque([(rootdir, 0)])
+    while queue:
+        here, depth = queue.popleft()
+        if walk.out_of_time():
+            return
+        walk.dirs += 1
+        listed = _listing(here)
+        if listed is None:
+            walk.unreadable += 1
+            continue
+        subdirs, files, site = listed
+        if site:  # installed packages, not the project
+            continue
+        for name in files:
+            if walk.files >= walk.bounds.files:
+                walk.met("files")
+                return
+            if walk.out_of_time():
+                return
+            walk.files += 1
+            yield os.path.join(here, name)
+        _enqueue(here, subdirs, depth + 1, queue, walk)
 
 
 def _file_module(path: str) -> tuple[str, bool]:
@@ -140,25 +297,26 @@ def project_imports(
     *,
     scan: bool = True,
     limit: int = MAX_PROJECT_FILES,
+    bounds: ScanBounds | None = None,
 ) -> ProjectImports:
     """The modules the project under test imports: with ``scan``, every import statement of the rootdir's own
-    Python files (at most ``limit`` files, ``_project_files``), each named with its first file:line relative
-    to ``rootdir``; then the ``extra`` names (``cudastack_imports``), named ``extra_where``."""
+    Python files (``_project_files``, within ``bounds``; ``limit`` alone: at most that many files), each named
+    with its first file:line relative to ``rootdir``; then the ``extra`` names (``cudastack_imports``), named
+    ``extra_where``."""
+    b = bounds if bounds is not None else ScanBounds(files=limit)
+    walk = _Walk(b, b.clock() + b.seconds)
     found: dict[str, ProjectImport] = {}
-    files = 0
-    truncated = False
     if scan:
-        for path in _project_files(rootdir, limit + 1):
-            if files >= limit:
-                truncated = True
-                break
-            files += 1
+        for path in _project_files(rootdir, walk):
             rel = os.path.relpath(path, rootdir)
             for name, line in _file_imports(path):
                 found.setdefault(name, ProjectImport(name, f"{rel}:{line}"))
     for name in extra:
         found.setdefault(name, ProjectImport(name, extra_where))
-    return ProjectImports(tuple(found.values()), files, scan, truncated)
+    limits = tuple(walk.limits)
+    return ProjectImports(
+        tuple(found.values()), walk.files, scan, bool(limits), walk.dirs, limits, b, walk.unreadable, walk.other_fs
+    )
 
 
 def top_level_names(dist: Distribution) -> tuple[str, ...]:
@@ -293,8 +451,9 @@ class Reachability:
         own = " or ".join(f"`import {t}`" for t in tops[:3])
         p = self.project
         if p.scanned:
-            read = f"{p.files} Python file(s) of the rootdir" + (" (the first ones only)" if p.truncated else "")
-            project = f"no import in the {read} or cudastack_imports loads it"
+            project = f"no import in the {p.read()} or cudastack_imports loads it"
+            if p.truncated:
+                project += f"; {p.stopped()}"
         else:
             project = (
                 "the rootdir's files are not read (cudastack_imports_scan is false) and no cudastack_imports "
