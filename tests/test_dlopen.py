@@ -21,6 +21,7 @@ from pytest_cudastack.cuda.dlopen import (
     load_dlopen_targets,
     load_preloads,
     validate_dlopen_targets,
+    validate_features,
     validate_preloads,
 )
 from pytest_cudastack.errors import DataError, ElfError
@@ -127,6 +128,38 @@ BROKEN = [
     pytest.param(_row0("fallback", 1), "targets[0].fallback: expected string", id="fallback not a string"),
     pytest.param(_row0("note", 1), "targets[0].note: expected string", id="note not a string"),
 ]
+
+
+def _feature0(key: str, value: Any) -> Any:
+    def edit(raw: dict[str, Any]) -> None:
+        raw["features"][0][key] = value
+
+    return edit
+
+
+BROKEN_FEATURES = [
+    pytest.param(_feature0("caller", "lib(["), "features[0]: 'caller' is not a valid regex", id="bad regex"),
+    pytest.param(_feature0("when", " "), "features[0]: 'when' must say", id="empty when"),
+    pytest.param(_feature0("source", "nowhere"), "is not listed in 'sources'", id="unlisted source"),
+    pytest.param(_feature0("bogus", 1), "features[0].bogus: not allowed here", id="row key"),
+    pytest.param(lambda r: r["features"].append(dict(r["features"][0])), "duplicate row", id="duplicate"),
+]
+
+
+def test_shipped_features_say_when_cupti_loads():
+    rows = validate_features(_shipped())
+    cupti = [f for f in rows if f.matches("libcupti.so.12")]
+    assert len(cupti) == 1
+    assert "profiler session" in cupti[0].when
+    assert not any(f.matches("libcudnn.so.9") for f in rows)
+
+
+@pytest.mark.parametrize(("edit", "expected"), BROKEN_FEATURES)
+def test_feature_validator_rejects_broken_copies(edit: Any, expected: str):
+    with pytest.raises(DataError) as info:
+        validate_features(_broken(edit), "broken.json")
+    assert str(info.value).startswith("broken.json")
+    assert expected in str(info.value)
 
 
 @pytest.mark.parametrize(("edit", "expected"), BROKEN)

@@ -210,4 +210,6 @@ def test_a_data_name_resolving_to_another_major_through_the_cache_is_at_most_a_w
     assert f.subject == "libcudart.so"
     assert f.severity is Severity.WARNING
     assert "built for CUDA 13" in f.message
-    assert "only the feature of nvidia/cuda_cupti/lib/libcupti.so.12 that opens it fails, if it is used" in f.message
+    # what opens it and when: CUPTI, in a profiler session (the data table's features row)
+    assert "only a profiler session (torch.profiler" in f.message
+    assert "nvidia/cuda_cupti/lib/libcupti.so.12 opens it then, if at all" in f.message

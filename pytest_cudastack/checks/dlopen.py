@@ -58,7 +58,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 
 from pytest_cudastack._sysio import open_span
 from pytest_cudastack.cuda.compat import is_driver_soname
-from pytest_cudastack.cuda.dlopen import Miss
+from pytest_cudastack.cuda.dlopen import Miss, load_features
 from pytest_cudastack.errors import ElfError
 from pytest_cudastack.findings import Facts, Finding, Manual, Remedy, SearchPath, Severity, manual
 from pytest_cudastack.linker.elf import ElfInfo
@@ -211,10 +211,14 @@ def _flat(inv: Inventory, by_module: Mapping[str, Sequence[tuple[Finding | None,
     return tuple(findings)
 
 
-# a name in a library's data says what it may open, not when: the words of a finding made from one alone
-_WHEN_DATA = (
-    "only the feature of {who} that opens it fails, if it is used (the name is in its data, not a load it must make)"
-)
+def _when_data(r: Reached, who: str) -> str:
+    """What fails when a name found only in ``r``'s data does not load: the feature the data table's
+    ``features`` names for the caller (CUPTI: a profiler session), else the caller's feature that opens it."""
+    row = next((f for f in load_features() if f.matches(r.info.soname, os.path.basename(r.path))), None)
+    why = "(the name is in its data, not a load it must make)"
+    if row is None:
+        return f"only the feature of {who} that opens it fails, if it is used {why}"
+    return f"only {row.when} is affected: {who} opens it then, if at all {why}"
 
 
 def _processes(
@@ -439,7 +443,7 @@ def _miss_finding(w: Want, r: Reached, inv: Inventory, copies: Sequence[_Copy]) 
         severity = Severity.ERROR if copies else _SEVERITY[row.miss]
     else:  # a name in the data is evidence, not proof
         severity = Severity.WARNING if copies else Severity.INFO
-        consequence = _WHEN_DATA.format(who=who)
+        consequence = _when_data(r, who)
     same = [c for c in copies if c.name == w.name or os.path.basename(c.path) == w.name]
     # a file of that very name beside an installed copy (a development link no RECORD lists)
     beside = dict.fromkeys(os.path.join(os.path.dirname(c.path), w.name) for c in copies if c not in same)
@@ -671,7 +675,7 @@ def _major_finding(w: Want, r: Reached, inv: Inventory, read: Callable[[str], El
         subject=w.name,
         message=f"{w.name} loaded at run time by {who} is built for CUDA {'/'.join(map(str, sorted(got)))}; "
         f"{who} is built for CUDA {'/'.join(map(str, sorted(want)))}"
-        + ("" if w.row is not None else f"; {_WHEN_DATA.format(who=who)}"),
+        + ("" if w.row is not None else f"; {_when_data(r, who)}"),
         cause=f"found at {lib.path} ({lib.route.value}{': ' + lib.route_detail if lib.route_detail else ''}), "
         "the first match of the caller's search, from another CUDA release",
         remedies=(

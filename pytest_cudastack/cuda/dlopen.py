@@ -43,11 +43,14 @@ from pytest_cudastack.errors import DataError
 __all__ = [
     "DATA_FILE",
     "DlopenRow",
+    "Feature",
     "Miss",
     "Preload",
     "load_dlopen_targets",
+    "load_features",
     "load_preloads",
     "validate_dlopen_targets",
+    "validate_features",
     "validate_preloads",
 ]
 
@@ -55,7 +58,9 @@ DATA_FILE = "data/dlopen_targets.json"
 _TEMPLATE_FIELD = re.compile(r"\{([^{}]*)\}")
 _NAME = re.compile(r"[A-Za-z0-9_.+-]+")
 _MODULE = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*")
-SHAPE = DataShape("dlopen_targets.schema.json", {"targets": ("caller",), "preloads": ()}, says=True)
+SHAPE = DataShape(
+    "dlopen_targets.schema.json", {"targets": ("caller",), "preloads": (), "features": ("caller",)}, says=True
+)
 
 
 class Miss(str, Enum):
@@ -312,6 +317,33 @@ def validate_preloads(raw: Any, source: str = DATA_FILE) -> tuple[Preload, ...]:
     return tuple(_preload(row, f"{source}: preloads[{i}]", sources) for i, row in enumerate(raw.get("preloads", [])))
 
 
+@dataclass(frozen=True)
+class Feature:
+    """When a library's own loads happen (``features`` rows): for a caller whose soname (or file name)
+    ``caller`` matches, ``when`` names the feature that makes it open what its read-only data names
+    (CUPTI: a profiler session). A finding made from such a name alone says so."""
+
+    caller: re.Pattern[str]
+    when: str
+    source: str
+
+    def matches(self, *names: str | None) -> bool:
+        return any(name and self.caller.search(name) for name in names)
+
+
+def validate_features(raw: Any, source: str = DATA_FILE) -> tuple[Feature, ...]:
+    """The ``features`` rows of a dlopen-targets document (none when absent); DataError naming ``source``
+    and the row otherwise (a bad regex, an empty ``when``, an unlisted source)."""
+    raw = check_data(raw, source, SHAPE)
+    out = []
+    for i, row in enumerate(raw.get("features", [])):
+        where = f"{source}: features[{i}]"
+        if not row["when"].strip():
+            raise DataError(f"{where}: 'when' must say which feature makes the caller load")
+        out.append(Feature(_regex(where, "caller", row["caller"]), row["when"], cited(row, raw["sources"], where)))
+    return tuple(out)
+
+
 @functools.lru_cache(maxsize=1)
 def _shipped() -> Any:
     return shipped_json(DATA_FILE)
@@ -321,6 +353,12 @@ def _shipped() -> Any:
 def load_dlopen_targets() -> tuple[DlopenRow, ...]:
     """The shipped table, validated (cached)."""
     return validate_dlopen_targets(_shipped(), DATA_FILE)
+
+
+@functools.lru_cache(maxsize=1)
+def load_features() -> tuple[Feature, ...]:
+    """The shipped file's features, validated (cached)."""
+    return validate_features(_shipped(), DATA_FILE)
 
 
 @functools.lru_cache(maxsize=1)
