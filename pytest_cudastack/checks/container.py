@@ -16,7 +16,8 @@
   (``LD_LIBRARY_PATH``) replaces the host's driver: CUDA error 803 (ERROR);
 - ``NVIDIA_DRIVER_CAPABILITIES`` without ``compute`` where the image needs CUDA: no libcuda is mounted (ERROR);
 - rpm's database is not read (an INFO where the image has one), nor is the version of a Python whose files do
-  not say it (an INFO: its wheels' markers are evaluated with this machine's Python's);
+  not say it (an INFO: its wheels' markers are evaluated with this machine's Python's), nor a directory more
+  than 64 levels deep in a root directory given as the image (an INFO: the walk's depth cap);
 - a stub driver library (``.../stubs/libcuda.so``, soname ``libcuda.so.1``) reachable at run time: through
   ``LD_LIBRARY_PATH`` under its soname, or through an ``ld.so.conf`` directory (``ldconfig``, which the
   runtime runs at start, indexes files by soname): the process gets the stub, not the driver (ERROR).
@@ -41,6 +42,7 @@ from pytest_cudastack.cuda.container import (
 )
 from pytest_cudastack.cuda.driver import DriverInfo
 from pytest_cudastack.cuda.versions import parse_arch
+from pytest_cudastack.dirwalk import MAX_DEPTH, walk_tree
 from pytest_cudastack.errors import CudaStackError
 from pytest_cudastack.findings import DriverUpgrade, Env, Facts, Finding, SearchPath, Severity, manual
 from pytest_cudastack.image.pythons import image_pythons
@@ -51,6 +53,8 @@ __all__ = ["run"]
 
 CHECK = "container"
 _DRIVER_VERSION = re.compile(r"\d+\.\d+(\.\d+)?")
+_VIRTUAL = frozenset({"proc", "sys", "dev"})  # where a container gets the kernel's file systems: not the image's
+_SHOWN_DEEP = 16  # directories not walked named in the INFO's facts (a wide tree at the cap can hold thousands)
 
 
 def _hosts(driver: DriverInfo) -> list[HostFacts]:
@@ -148,22 +152,26 @@ def _understated(stack: StackView, reqs: tuple[tuple[str, str], ...]) -> list[Fi
     return out
 
 
-def _files(image: ImageRoot) -> list[str]:
-    """Every file of the image, as image paths (the layers' record, else a walk of the root)."""
+def _files(image: ImageRoot) -> tuple[list[str], list[str]]:
+    """Every file of the image, as image paths (the layers' record, else a walk of the root: a root directory
+    given as the image has no record), and the image paths of the directories the walk did not enter, deeper
+    than ``MAX_DEPTH`` levels (:func:`~pytest_cudastack.dirwalk.walk_tree`: an image's tree may be any depth,
+    and is walked without recursion)."""
     if image.owner:
-        return ["/" + p for p in image.owner]
+        return ["/" + p for p in image.owner], []
     out: list[str] = []
-    for dirpath, dirnames, filenames in os.walk(image.root):
-        dirnames[:] = [d for d in dirnames if not (dirpath == image.root and d in ("proc", "sys", "dev"))]
-        logical = image.image_path(dirpath) or "/"
-        out.extend(os.path.join(logical, n) for n in filenames)
-    return out
+    deep: list[str] = []
+    for level in walk_tree(image.root, skip=lambda parent, name: parent == image.root and name in _VIRTUAL):
+        logical = image.image_path(level.path) or "/"
+        out.extend(os.path.join(logical, n) for n in level.files)
+        deep.extend(image.image_path(d) or d for d in level.deep)
+    return out, deep
 
 
-def _baked(image: ImageRoot, driver: DriverInfo, data: RuntimeData) -> list[Finding]:
+def _baked(files: list[str], driver: DriverInfo, data: RuntimeData) -> list[Finding]:
     out: list[Finding] = []
     libs = data.driver_libraries
-    for path in sorted(_files(image)):
+    for path in sorted(files):
         name = os.path.basename(path)
         lib = next((lib for lib in libs if name.startswith(lib + ".")), None)
         version = name[len(lib) + 1 :] if lib else ""
@@ -197,12 +205,12 @@ def _baked(image: ImageRoot, driver: DriverInfo, data: RuntimeData) -> list[Find
     return out
 
 
-def _compat(stack: StackView, image: ImageRoot, data: RuntimeData) -> list[Finding]:
+def _compat(stack: StackView, image: ImageRoot, data: RuntimeData, files: list[str]) -> list[Finding]:
     out: list[Finding] = []
     driver = stack.driver
     host_major = int(driver.version.split(".")[0]) if driver.version and driver.version[:1].isdigit() else None
     prefix = data.compat_library + "."
-    for path in sorted(p for p in _files(image) if os.path.dirname(p) == data.compat_dir):
+    for path in sorted(p for p in files if os.path.dirname(p) == data.compat_dir):
         version = os.path.basename(path)[len(prefix) :] if os.path.basename(path).startswith(prefix) else ""
         if not _DRIVER_VERSION.fullmatch(version) or host_major is None:
             continue
@@ -312,11 +320,13 @@ def run(stack: StackView, target: Target | None = None) -> tuple[Finding, ...]:
         return ()
     data = load_runtime()
     out = _requirement_findings(stack, image, data)
-    out += _baked(image, stack.driver, data)
-    out += _compat(stack, image, data)
+    files, deep = _files(image)  # one walk of an unrecorded root for both questions
+    out += _baked(files, stack.driver, data)
+    out += _compat(stack, image, data, files)
     out += _stubs(stack, image)
     out += _capabilities(stack, image, data)
     out += _unread_databases(image)
+    out += _unwalked(deep)
     out += _unknown_pythons(image)
     return tuple(out)
 
@@ -359,6 +369,24 @@ def _unread_databases(image: ImageRoot) -> list[Finding]:
         for path in ("/var/lib/rpm", "/usr/lib/sysimage/rpm")
         if os.path.isdir(image.host(path))
     ][:1]
+
+
+def _unwalked(deep: list[str]) -> list[Finding]:
+    """One INFO when the walk of the image's root left directories out (deeper than ``MAX_DEPTH`` levels): a
+    driver library baked there is not looked for, as the files of an unread package database are not."""
+    if not deep:
+        return []
+    some = f"{len(deep)} director{'y' if len(deep) == 1 else 'ies'}"
+    return [
+        Finding(
+            CHECK,
+            Severity.INFO,
+            deep[0],
+            f"{some} more than {MAX_DEPTH} levels below / {'is' if len(deep) == 1 else 'are'} not walked (the "
+            "walk's depth cap): a driver library baked there is not looked for",
+            facts=Facts(objects=tuple(deep[:_SHOWN_DEEP])),
+        )
+    ]
 
 
 def _unknown_pythons(image: ImageRoot) -> list[Finding]:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from pytest_cudastack._sysio import open_span
 from pytest_cudastack.cuda.compat import is_driver_soname
+from pytest_cudastack.dirwalk import MAX_DEPTH, walk_tree
 from pytest_cudastack.errors import ElfError
 from pytest_cudastack.escape import printable
 from pytest_cudastack.findings import Facts, Finding, Severity, manual
@@ -29,6 +30,12 @@ if TYPE_CHECKING:
     from pytest_cudastack.wheels.inventory import Inventory
 
 __all__ = ["binary_findings", "run", "scan_targets", "scan_walk", "skipped_files", "skipped_findings"]
+
+# a directory the walk does not enter is said like a file it does not check: its binaries are not scanned
+_TOO_DEEP = (
+    f"a directory {MAX_DEPTH + 1} levels below the scanned one: not walked, past the scan's depth cap of "
+    f"{MAX_DEPTH} levels (name it in --cudastack-scan to scan its binaries)"
+)
 
 
 def scan_targets(paths: Sequence[str], base: str) -> tuple[Target, ...]:
@@ -67,21 +74,24 @@ def scan_walk(paths: Sequence[str], base: str) -> tuple[tuple[Target, ...], tupl
 def skipped_files(directory: str) -> tuple[tuple[str, str], ...]:
     """``(path, why)`` for each file under *directory* that a scan does not check and should say so: FIFOs,
     sockets and devices (opening or reading one can block or never end), files it cannot read, dangling
-    links and non-ELF files named like shared libraries (``lib*.so*``). Other non-ELF files (scripts,
-    data, a GNU ld script such as ``libc.so``) are not binaries, and stay quiet."""
+    links and non-ELF files named like shared libraries (``lib*.so*``), and the directories too deep to walk.
+    Other non-ELF files (scripts, data, a GNU ld script such as ``libc.so``) are not binaries, and stay quiet."""
     return tuple((full, why) for full, why in _walk(directory) if why is not None)
 
 
 def _walk(directory: str) -> Iterator[tuple[str, str | None]]:
     """Every file under *directory* worth an answer, sorted: ``(path, None)`` for an ELF file to scan,
-    ``(path, why)`` for one it does not check."""
-    for dirpath, dirnames, filenames in os.walk(directory):
-        dirnames.sort()
-        for name in sorted(filenames):
-            full = os.path.join(dirpath, name)
+    ``(path, why)`` for one it does not check, and for each directory deeper than ``MAX_DEPTH`` levels, which
+    is not walked (:func:`~pytest_cudastack.dirwalk.walk_tree`: no recursion, links to directories not
+    followed, each directory read once), after the files of its parent."""
+    for level in walk_tree(directory):
+        for name in level.files:
+            full = os.path.join(level.path, name)
             kind = _classify(full, fnmatch.fnmatchcase(name, "lib*.so*"))
             if kind != "quiet":
                 yield full, None if kind == "elf" else kind
+        for deep in level.deep:
+            yield deep, _TOO_DEEP
 
 
 def _classify(path: str, library_name: bool) -> str:
@@ -89,12 +99,12 @@ def _classify(path: str, library_name: bool) -> str:
     try:
         st = os.stat(path)
     except OSError as e:
-        if isinstance(e, FileNotFoundError):  # os.walk listed it: a symbolic link to nothing
+        if isinstance(e, FileNotFoundError):  # the walk listed it: a symbolic link to nothing
             if not library_name:
                 return "quiet"
             return f"a symbolic link to {os.readlink(path)!r}, which does not exist"
         return f"cannot be examined: {e.strerror or e}"
-    except ValueError as e:  # pragma: no cover - os.walk lists no name with a NUL byte
+    except ValueError as e:  # pragma: no cover - a directory lists no name with a NUL byte
         return f"cannot be examined: {e}"
     mode = st.st_mode
     if stat.S_ISFIFO(mode):
@@ -103,7 +113,7 @@ def _classify(path: str, library_name: bool) -> str:
         return "a socket: not a file that can be read"
     if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
         return "a device: not read (a device can be endless, or change state when read)"
-    if not stat.S_ISREG(mode):  # pragma: no cover - os.walk lists directories apart
+    if not stat.S_ISREG(mode):  # pragma: no cover - the walk lists directories apart
         return "not a regular file"
     try:
         span, _st = open_span(path)

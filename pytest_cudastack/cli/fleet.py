@@ -66,7 +66,7 @@ class Fleet:
 
 def _stream(paths: Sequence[str], unreadable: list[tuple[str, str]]) -> Iterator[tuple[str, dict[str, Any]]]:
     reader = SnapshotReader()
-    for path in snapshot_files(paths):
+    for path in snapshot_files(paths, unreadable):
         try:
             yield path, reader.read(path)
         except DataError as e:

@@ -22,6 +22,7 @@ from typing import Any
 
 from pytest_cudastack.cuda.driver import DriverInfo
 from pytest_cudastack.cuda.verdicts import driver_verdict
+from pytest_cudastack.dirwalk import MAX_DEPTH, walk_tree
 from pytest_cudastack.linker.fatbin import FatbinEntry, runs_on
 from pytest_cudastack.model.fingerprint import stack_fingerprint
 
@@ -122,17 +123,28 @@ def group_nodes(docs: Iterable[tuple[str, Mapping[str, Any]]]) -> tuple[Group, .
     return tuple(Group(fp, tuple(sorted(nodes[fp], key=lambda n: (n.name, n.source))), samples[fp]) for fp in order)
 
 
-def snapshot_files(paths: Sequence[str]) -> Iterator[str]:
-    """The files named, and the ``*.json`` files under each directory named (walked in name order)."""
+def snapshot_files(paths: Sequence[str], unread: list[tuple[str, str]] | None = None) -> Iterator[str]:
+    """The files named, and the ``*.json`` files under each directory named (walked in name order, links to
+    directories not followed, without recursion: :func:`~pytest_cudastack.dirwalk.walk_tree`). A directory
+    deeper than ``MAX_DEPTH`` levels below the one named is not read: it is appended to ``unread`` as
+    ``(path, why)``, which ``cudastack fleet`` reports as it reports a file that is not a snapshot."""
     for path in paths:
         if not os.path.isdir(path):
             yield path
             continue
-        for top, dirs, files in os.walk(path):
-            dirs.sort()
-            for name in sorted(files):
+        for level in walk_tree(path):
+            for name in level.files:
                 if name.endswith(".json"):
-                    yield os.path.join(top, name)
+                    yield os.path.join(level.path, name)
+            if unread is not None:
+                unread.extend((deep, _too_deep(deep, path)) for deep in level.deep)
+
+
+def _too_deep(directory: str, named: str) -> str:
+    return (
+        f"{directory}: not read: it is {MAX_DEPTH + 1} directory levels below {named}, past the walk's depth cap "
+        f"({MAX_DEPTH} levels): name it on the command line to read the snapshots under it"
+    )
 
 
 @dataclass(frozen=True)
