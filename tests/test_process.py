@@ -82,6 +82,30 @@ def test_without_the_preload_the_soname_is_missing(tmp_path: Path):
     assert p.missing == ("libdep.so.1",)
 
 
+def test_a_path_preload_made_by_a_submodule_is_relative_to_the_top_level_package(tmp_path: Path):
+    """torchaudio's pattern: ``pkgx._ext``'s top-level code loads ``<pkgx>/lib/libpkgx.so`` by path (a
+    helper of its own, RTLD_LOCAL), then imports ``pkgx.lib._C``, whose DT_NEEDED libpkgx.so (no RPATH)
+    it matches by soname. The row's path is relative to the top-level package, wherever the call is."""
+    site = site_packages(tmp_path / "venv")
+    _put(
+        site,
+        {
+            "pkgx/__init__.py": "from pkgx import _ext\n",
+            "pkgx/_ext/__init__.py": "from .utils import _load_lib\nif _AVAILABLE:\n    _load_lib('libpkgx')\n    import pkgx.lib._C\n",
+            "pkgx/_ext/utils.py": "def _load_lib(name):\n    pass\n",
+            "pkgx/lib/__init__.py": "",
+            "pkgx/lib/libpkgx.so": compile_so("libpkgx.so"),
+            f"pkgx/lib/_C{SUFFIX}": compile_so(None, pyinit="_C", needed=["libpkgx.so"]),
+        },
+    )
+    row = Preload("pkgx._ext", "_load_lib", "path", "RTLD_LOCAL", "torchaudio-extension", path="lib/libpkgx.so")
+    p = predict(tmp_path, site, "pkgx", (row,))
+    assert not p.missing
+    assert not p.problems
+    assert [Path(o.path).name for o in p.objects] == ["libpkgx.so", f"_C{SUFFIX}"]
+    assert predict(tmp_path, site, "pkgx").missing == ("libpkgx.so",)  # without the row: the real miss
+
+
 def test_import_order_of_dependencies(tmp_path: Path):
     """``import pkg`` runs pkg/__init__.py, which imports ``dep`` first: dep's extension maps libx.so.1 through
     its RPATH, and pkg's extension (no RPATH) finds it already loaded."""

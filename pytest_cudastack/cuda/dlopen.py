@@ -199,7 +199,7 @@ def validate_dlopen_targets(raw: Any, source: str = DATA_FILE) -> tuple[DlopenRo
 class Preload:
     """One load by path a package's ``__init__`` performs when its top-level code calls ``at``.
 
-    ``kind`` "path": ``path`` relative to the package directory. ``kind`` "sys_path": only once an object
+    ``kind`` "path": ``path`` relative to the top-level package's directory. ``kind`` "sys_path": only once an object
     whose soname starts with ``when_mapped`` is mapped; for each ``(folder, glob)`` of ``libraries``, the
     matches of ``dirs`` (``{folder}``, ``{cuda_major}`` filled in; ``cuda_major`` read from the package's
     ``FILE:NAME`` assignment) under each ``sys.path`` entry in order, the first entry with a match winning
@@ -246,10 +246,11 @@ _PRELOAD_KEYS = frozenset(
 
 
 def _path_preload(row: dict[str, Any], where: str) -> dict[str, Any]:
-    """The fields of a kind ``path`` row: its ``path``, relative to the package and inside it."""
+    """The fields of a kind ``path`` row: its ``path``, relative to the top-level package of ``module`` and
+    inside it."""
     path = row.get("path")
     if not isinstance(path, str) or not path or path.startswith("/") or ".." in path.split("/"):
-        raise DataError(f"{where}: kind 'path' needs 'path', relative to the package, inside it")
+        raise DataError(f"{where}: kind 'path' needs 'path', relative to the top-level package, inside it")
     return {"path": path}
 
 

@@ -373,7 +373,9 @@ def _preload(st: _State, row: Preload, module: str, package_dir: str) -> None:
     reason = f"preload by path ({module}.{row.at}, {row.flags})"
     is_global = row.flags == "RTLD_GLOBAL"
     if row.kind == "path":
-        p = os.path.join(package_dir, row.path)
+        # relative to the top-level package (torch/, torchaudio/), whichever of its modules calls ``at``
+        top = st.imported.get(module.split(".")[0])
+        p = os.path.join(os.path.dirname(top) if top else package_dir, row.path)
         if os.path.isfile(p):
             _map(st, p, "preload", reason, is_global)
         else:
