@@ -91,7 +91,9 @@ def test_a_path_preload_made_by_a_submodule_is_relative_to_the_top_level_package
         site,
         {
             "pkgx/__init__.py": "from pkgx import _ext\n",
-            "pkgx/_ext/__init__.py": "from .utils import _load_lib\nif _AVAILABLE:\n    _load_lib('libpkgx')\n    import pkgx.lib._C\n",
+            "pkgx/_ext/__init__.py": (
+                "from .utils import _load_lib\nif _AVAILABLE:\n    _load_lib('libpkgx')\n    import pkgx.lib._C\n"
+            ),
             "pkgx/_ext/utils.py": "def _load_lib(name):\n    pass\n",
             "pkgx/lib/__init__.py": "",
             "pkgx/lib/libpkgx.so": compile_so("libpkgx.so"),
@@ -104,6 +106,39 @@ def test_a_path_preload_made_by_a_submodule_is_relative_to_the_top_level_package
     assert not p.problems
     assert [Path(o.path).name for o in p.objects] == ["libpkgx.so", f"_C{SUFFIX}"]
     assert predict(tmp_path, site, "pkgx").missing == ("libpkgx.so",)  # without the row: the real miss
+
+
+@pytest.mark.parametrize("guarded", [True, False], ids=["in a try", "bare"])
+def test_an_import_in_a_try_whose_module_fails_to_load_is_caught(tmp_path: Path, guarded: bool):
+    """cupy's ``try: import cupy_backends.cuda.libs.cutensor; from cupyx import cutensor`` / ``except
+    ImportError``: the module is found but misses libcutensor.so.2, so its load raises ImportError, caught.
+    Nothing of it stays mapped and the rest of the body does not run; bare, the import fails the package."""
+    site = site_packages(tmp_path / "venv")
+    body = "import pkgt._opt\nimport pkgt._after\n"
+    init = (
+        ("try:\n" + "".join(f"    {line}\n" for line in body.splitlines()) + "except ImportError:\n    pass\n")
+        if guarded
+        else body
+    )
+    _put(
+        site,
+        {
+            "pkgt/__init__.py": "import pkgt._first\n" + init + "import pkgt._C\n",
+            f"pkgt/_first{SUFFIX}": compile_so(None, pyinit="_first"),
+            f"pkgt/_opt{SUFFIX}": compile_so(None, pyinit="_opt", needed=["libcudastack_absent.so.2"]),
+            f"pkgt/_after{SUFFIX}": compile_so(None, pyinit="_after"),
+            f"pkgt/_C{SUFFIX}": compile_so(None, pyinit="_C"),
+        },
+    )
+    p = predict(tmp_path, site, "pkgt")
+    names = [Path(o.path).name for o in p.objects if str(site) in o.path]
+    if guarded:
+        assert p.missing == ()
+        assert names == [f"_first{SUFFIX}", f"_C{SUFFIX}"]
+        assert "pkgt._opt" not in p.modules
+    else:
+        assert p.missing == ("libcudastack_absent.so.2",)
+        assert f"_opt{SUFFIX}" in names
 
 
 def test_import_order_of_dependencies(tmp_path: Path):

@@ -18,7 +18,7 @@ import pytest
 from pytest_cudastack.cli.loaded import loaded_libraries, static_document
 from pytest_cudastack.linker.lookups import Lookups, read_lookups
 from tests.helpers.elfbuild import CC, needs_cc
-from tests.helpers.sitebuild import site_packages
+from tests.helpers.sitebuild import site_packages, write_dist
 
 pytestmark = needs_cc
 SUFFIX = importlib.machinery.EXTENSION_SUFFIXES[0]
@@ -92,6 +92,35 @@ def test_an_old_cython_module_s_strings_are_no_imports(tmp_path: Path, monkeypat
     site = _site(tmp_path, "_cython_0_29_37.cython_function_or_method", imports=False)
     observed, predicted = _observed_and_predicted(site, monkeypatch)
     assert observed == predicted == {f"front{SUFFIX}"}
+
+
+@pytest.mark.skipif(not HAVE_HEADERS, reason="needs Python.h")
+@pytest.mark.parametrize(
+    "marker", ["_cython_3_0_12.cython_function_or_method", "_cython_0_29_37.cython_function_or_method"]
+)
+def test_a_module_without_a_marker_takes_its_distribution_s_cython(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, marker: str
+):
+    """One wheel is one build: ``pkge.front`` keeps no Cython marker (cupy-cuda11x's ``fft/_callback``) and
+    names ``pkge.cy`` only as a constant; ``pkge.first``, imported before it from the same distribution,
+    shows a Cython older than 3.1. The real import maps no ``pkge.cy``, nor does the model."""
+    monkeypatch.setenv("CUDASTACK_CACHE_DIR", str(tmp_path / "cache"))
+    build = tmp_path / "build"
+    build.mkdir()
+    _ext(build / "first.so", "first", "", f'const char *marker = "{marker}";\n')
+    _ext(build / "front.so", "front", "  (void)names;", 'const char *names[] = {"pkge.cy"};\n')
+    _ext(build / "cy.so", "cy", "")
+    site = site_packages(tmp_path / "venv")
+    files = {f"pkge/{n}{SUFFIX}": (build / f"{n}.so").read_bytes() for n in ("first", "front", "cy")}
+    write_dist(site, "pkge", "1.0", {"pkge/__init__.py": "from . import first\nfrom . import front\n", **files})
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    real, error = loaded_libraries("pkge", site_paths=[str(site)])
+    assert error is None
+    observed = {os.path.basename(lib.path) for lib in real if str(site) in lib.path}
+    doc, clean = static_document("pkge", [str(site)])
+    assert clean, doc.get("error")
+    predicted = {os.path.basename(x["path"]) for x in doc["libraries"] if str(site) in x["path"]}
+    assert observed == predicted == {f"first{SUFFIX}", f"front{SUFFIX}"}
 
 
 @pytest.mark.skipif(not HAVE_HEADERS, reason="needs Python.h")

@@ -11,10 +11,12 @@ The model:
   ``TYPE_CHECKING``, ``sys.platform``, ``sys.version_info`` and ``os.name`` are evaluated (for the Python
   owning the site: ``Interpreter.target``), others take
   both branches; a ``try`` takes its body, and its ``except`` handlers only when an import of the body is
-  not found. Code in functions and classes runs later (or never) and is not followed. Modules are found
-  the way ``importlib``'s path finder does: packages (a directory with ``__init__.py``), then extension
-  modules (``importlib.machinery.EXTENSION_SUFFIXES``), then ``.py`` files, in each ``sys.path`` entry in
-  order; a directory without ``__init__.py`` is a namespace portion. Builtin modules and modules already
+  not found or fails to load (its extension module misses a DT_NEEDED: that import's maps are undone and
+  the rest of the body is skipped, as the ImportError it raises is caught). Code in functions and classes
+  runs later (or never) and is not followed. Modules are found the way ``importlib``'s path finder does:
+  packages (a directory with ``__init__.py``), then extension modules
+  (``importlib.machinery.EXTENSION_SUFFIXES``), then ``.py`` files, in each ``sys.path`` entry in order; a
+  directory without ``__init__.py`` is a namespace portion. Builtin modules and modules already
   imported when the interpreter starts (``Interpreter.startup``) map nothing new.
 * **CPython extension loading.** An extension module is ``dlopen``-ed by path with RTLD_NOW | RTLD_LOCAL
   (``sys.getdlopenflags()``'s default); its DT_NEEDED closure is resolved by :meth:`Resolver.tree` with every
@@ -24,7 +26,8 @@ The model:
 * **Imports from C.** An extension module's init then imports what its C code names
   (:mod:`pytest_cudastack.linker.lookups`): each dotted C string of its read-only data that names an
   installed module (Cython's ``cimport``s of cdef functions and extension types), unless a Cython older than
-  3.1 built it; and, for a Cython >= 3.1 module, the names its module exec function passes to the import
+  3.1 built it (a module with no version marker takes the one its distribution's other modules show); and,
+  for a Cython >= 3.1 module, the names its module exec function passes to the import
   machinery (:mod:`pytest_cudastack.linker.cyinit`: its module-level ``import`` statements, not those inside
   functions), each taken absolute or relative to the module's package (``Python/import.c``'s
   ``resolve_name`` at level 1), when it names an installed module. Such an import whose module fails to load
@@ -224,6 +227,7 @@ class _State:
     # (name, path): the DT_NEEDED strings mapped objects were opened as (glibc's l_libname), which a later
     # dlopen of that name matches before any search
     names: list[tuple[str, str]] = field(default_factory=list)
+    cython_of: dict[str, tuple[int, int]] = field(default_factory=dict)  # distribution -> the Cython its modules show
 
 
 # --------------------------------------------------------------------------------------------- finding modules
@@ -483,7 +487,16 @@ def _c_imports(st: _State, finder: ModuleFinder, module: str, path: str) -> list
     its package (``Python/import.c``'s ``resolve_name`` at level 1): caught, as a ``try``/``except
     ImportError`` around them is not read."""
     found = _lookups(st, path)
-    if found is None or (found.cython is not None and found.cython < (3, 1)):
+    if found is None:
+        return []
+    # one wheel is one build, by one Cython: a module that keeps no version marker (no shared-type module
+    # name: cupy-cuda11x's fft/_callback beside its _cython_3_0_12 siblings) takes its distribution's
+    version, owner = found.cython, st.owner(path) or ""
+    if version is None:
+        version = st.cython_of.get(owner)
+    elif owner:
+        st.cython_of.setdefault(owner, version)
+    if version is not None and version < (3, 1):
         return []
     names = {n: False for n in found.modules}
     package = module.rpartition(".")[0]
@@ -526,9 +539,19 @@ def _restore(st: _State, saved: _State) -> None:
 
 
 def _run_body(
-    st: _State, finder: ModuleFinder, items: Items, module: str, pkg_dir: str, rows: list[Preload], depth: int
+    st: _State,
+    finder: ModuleFinder,
+    items: Items,
+    module: str,
+    pkg_dir: str,
+    rows: list[Preload],
+    depth: int,
+    guarded: bool = False,
 ) -> bool:
-    """Execute the imports of one block; whether all of them were found."""
+    """Execute the imports of one block; whether all of them were found (and, in a ``try`` body:
+    ``guarded``, loaded). In a ``try`` body an import whose extension module fails to load (a DT_NEEDED
+    found nowhere) raises ImportError there: what it mapped is undone, as glibc unmaps a failed load, and
+    the rest of the body does not run (cupy's ``try: import cupy_backends.cuda.libs.cutensor``)."""
     ok = True
     for item in items:
         kind = item[0]
@@ -537,6 +560,7 @@ def _run_body(
                 if row.at == item[1]:
                     _preload(st, row, module, pkg_dir)
         elif kind == "i":
+            saved = _snapshot(st) if guarded else None
             first, *rest = item[1]
             if not _import(st, finder, first, depth + 1):
                 ok = False
@@ -544,9 +568,12 @@ def _run_body(
             for sub in rest:  # from P import a: P.a when it is a submodule
                 if sub not in st.imported and finder.find(sub):
                     _import(st, finder, sub, depth + 1)
-        elif kind == "t" and not _run_body(st, finder, item[1], module, pkg_dir, rows, depth):
+            if saved is not None and len(st.missing) > len(saved.missing):
+                _restore(st, saved)
+                return False
+        elif kind == "t" and not _run_body(st, finder, item[1], module, pkg_dir, rows, depth, guarded=True):
             for handler in item[2]:
-                _run_body(st, finder, handler, module, pkg_dir, rows, depth)
+                _run_body(st, finder, handler, module, pkg_dir, rows, depth, guarded)
     return ok
 
 
