@@ -137,7 +137,7 @@ def test_non_cuda_problems_are_one_info(tmp_path):
     write_dist(site, "broken", "1.0", requires=["not a requirement !!"])
     found = requirement_findings(inv_of(site))
     assert [f.severity for f in found] == [Severity.INFO]
-    assert "3 requirement(s) outside the CUDA stack unmet" in found[0].message
+    assert "3 requirement(s) unmet outside the CUDA stack" in found[0].message
     details = "\n".join(found[0].details)
     assert "torch 2.14.1 requires jinja2>=3; 2.11 is installed" in details
     assert "torch 2.14.1 requires sympy; not installed" in details
@@ -196,8 +196,31 @@ def test_extras_inferred_when_all_their_requirements_are_installed(tmp_path):
     assert unmet.inferred
     assert unmet.text == "nvidia-cudnn-cu12<10.0,>=9.1"
     (f,) = requirement_findings(inv)
-    assert f.severity is Severity.WARNING  # the user may never have asked for jax[cuda12]
-    assert "counted as installed because all its requirements are" in f.cause
+    # the user may never have asked for jax[cuda12], and its unmet pin says pip never resolved it: one INFO
+    assert f.severity is Severity.INFO
+    assert any(
+        "nvidia-cudnn-cu12<10.0,>=9.1; 8.9.7.29 is installed (an extra counted as installed only because" in d
+        for d in f.details
+    ), f.details
+
+
+def test_an_alternative_pin_extra_beside_newer_wheels_is_no_warning(tmp_path):
+    """faiss-gpu-cu12's ``[fix-cuda]`` pins the CUDA 12.1 wheels its base requirement accepts newer versions
+    of; ``pip install faiss-gpu-cu12`` leaves 12.9 ones. The extra is inferred (its requirements are all
+    installed by name), but nobody asked for it and pip check is silent: an INFO, never a warning."""
+    site = site_packages(tmp_path / "venv")
+    write_dist(
+        site,
+        "faissish-gpu-cu12",
+        "1.14.1",
+        requires=["nvidia-cuda-runtime-cu12>=12.1.105", 'nvidia-cuda-runtime-cu12==12.1.105; extra == "fix-cuda"'],
+    )
+    write_dist(site, "nvidia-cuda-runtime-cu12", "12.9.79")
+    found = requirement_findings(inv_of(site))
+    assert [f.severity for f in found] == [Severity.INFO]
+    # asked for by another distribution, the same pin is the user's: reported (a newer wheel of its major)
+    write_dist(site, "app", "1.0", requires=["faissish-gpu-cu12[fix-cuda]"])
+    assert [f.severity for f in requirement_findings(inv_of(site))] == [Severity.WARNING]
 
 
 def test_an_extra_is_inferred_only_when_what_it_asks_for_is_complete(tmp_path):

@@ -22,10 +22,11 @@ Findings:
   asked for;
 * a missing requirement of a distribution nothing uses (no extension module, nothing requires it: a
   library wheel installed with ``--no-deps``): WARNING;
-* an unmet version through an extra that counts as installed only because its requirements all are (inferred,
-  see wheels/requirements.py): WARNING (the user may never have asked for that extra);
-* every other unmet requirement (what ``pip check`` would also print, or an unparsable Requires-Dist):
-  one INFO, all of them listed.
+* every other unmet requirement (what ``pip check`` would also print, or an unparsable Requires-Dist), and
+  any through an extra that counts as installed only because its requirements all are (inferred, see
+  wheels/requirements.py: the user may never have asked for it, and an unmet pin of it is evidence that pip
+  never resolved it, as faiss-gpu-cu12's ``[fix-cuda]`` beside newer CUDA 12 wheels; ``pip check`` is
+  silent): one INFO, all of them listed.
 
 A fix is given only when one version satisfies every requirement on that distribution (a pin of one of
 them); otherwise the finding says no safe automatic repair is known.
@@ -331,12 +332,15 @@ def requirement_findings(inv: Inventory, reqs: Requirements | None = None) -> tu
         if requirer is None or said_key in said:
             continue
         said.add(said_key)
-        if not cuda_relevant(fact) or (fact.inferred and fact.status is Status.MISSING):
+        if not cuda_relevant(fact) or fact.inferred:
+            # an extra counted only because its requirements are installed is a guess, and an unmet pin of
+            # it is evidence against it (a resolver satisfies the extras it installs): pip check is silent
             found = "not installed" if fact.installed is None else f"{fact.installed.version} is installed"
-            others.append(f"{fact.requester} requires {fact.text}; {found}")
+            guess = " (an extra counted as installed only because its requirements are)" if fact.inferred else ""
+            others.append(f"{fact.requester} requires {fact.text}; {found}{guess}")
         elif fact.status is Status.VERSION:
             side = _side_in_its_major(fact)
-            severity = Severity.WARNING if fact.inferred or side else Severity.ERROR
+            severity = Severity.WARNING if side else Severity.ERROR
             findings.append(_version_finding(fact, reqs, severity, side=side))
         else:
             missing.setdefault(id(requirer), (requirer, []))[1].append(fact)
@@ -348,8 +352,9 @@ def requirement_findings(inv: Inventory, reqs: Requirements | None = None) -> tu
                 check=_CHECK,
                 severity=Severity.INFO,
                 subject="requirements",
-                message=f"{len(others)} requirement(s) outside the CUDA stack unmet (as pip check reports them)",
-                cause="they do not change which CUDA libraries load; the distributions may still fail when used",
+                message=f"{len(others)} requirement(s) unmet outside the CUDA stack or through an extra only inferred",
+                cause="they do not change which CUDA libraries load, or come from an extra nobody is known to have "
+                "asked for; the distributions may still fail when used",
                 remedies=manual("pip install the versions named, if you use those distributions"),
                 details=tuple(others[:24]) + ((f"... and {len(others) - 24} more",) if len(others) > 24 else ()),
             )
