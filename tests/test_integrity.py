@@ -100,6 +100,22 @@ def test_same_size_overlap_is_decided_by_hash(tmp_path):
     assert "the bytes on disk are x-cu12 1's" in f.message
 
 
+@pytest.mark.parametrize("stray", [True, False], ids=["top-level module", "package file"])
+def test_a_stray_top_level_module_both_wheels_ship_is_a_warning(tmp_path, stray):
+    """flashinfer-python and torch_c_dlpack_ext both ship a top-level ``build_backend.py`` (a build script):
+    only ``import build_backend`` reads it; the same clash inside a package is an error."""
+    site = site_packages(tmp_path / "venv")
+    path = "build_backend.py" if stray else "shared/build_backend.py"
+    write_dist(site, "aaa-kernels", "1", {path: "A = 1\n", "aaa/__init__.py": ""})
+    write_dist(site, "bbb-ext", "1", {path: "B = 2  # other bytes\n", "bbb/__init__.py": ""})
+    (f,) = [x for x in check_integrity(inv_of(site)) if "install the same" in x.message]
+    if stray:
+        assert f.severity is Severity.WARNING
+        assert "only `import build_backend` reads them" in f.cause
+    else:
+        assert f.severity is Severity.ERROR
+
+
 @needs_cc
 def test_identical_overlaps(tmp_path):
     site = site_packages(tmp_path / "venv")

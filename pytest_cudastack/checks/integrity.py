@@ -227,13 +227,21 @@ def _overlap_finding(
     what = _what_is_shared(paths, libs)
     fix: tuple[Remedy, ...] = ()
     if conflicting:
-        severity = Severity.ERROR
+        strays = _stray_modules(conflicting)
+        # a top-level module file both wheels ship by mistake (a build script: build_backend.py) is read only
+        # by an import of that very name: nothing of either distribution's packages or libraries changes
+        severity = Severity.WARNING if strays else Severity.ERROR
         message = f"{labels} install the same {what}; " + "; ".join(_whose_bytes(conflicting))
         reason, fix = _overlap_remedy(dists, required_by)
         cause = (
             "pip installs one distribution's files over the other's without a warning, and uninstalling "
             f"either deletes files the other's RECORD still lists. {reason}"
         )
+        if strays:
+            cause += (
+                f"; only {', '.join(f'`import {m}`' for m in strays)} reads them: top-level modules outside "
+                "either distribution's packages, no shared library among them"
+            )
     else:
         severity = Severity.INFO
         message = f"{labels} list the same {what} with identical bytes"
@@ -254,6 +262,23 @@ def _overlap_finding(
         where=tuple(os.path.join(d.dist_info, "RECORD") for d in dists),
         details=details,
     )
+
+
+def _stray_modules(conflicting: Sequence[PathState]) -> list[str]:
+    """The top-level module names when every conflicting path is a top-level Python module of the site
+    (``build_backend.py``, its ``__pycache__/build_backend.cpython-311.pyc``), else none."""
+    names: list[str] = []
+    for s in conflicting:
+        parts = s.rel.replace(os.sep, "/").split("/")
+        if parts[0] == "__pycache__" and len(parts) == 2 and parts[1].endswith(".pyc"):
+            name = parts[1].split(".")[0]
+        elif len(parts) == 1 and parts[0].endswith(".py"):
+            name = parts[0][:-3]
+        else:
+            return []
+        if name.isidentifier() and name not in names:
+            names.append(name)
+    return names
 
 
 def _what_is_shared(paths: Sequence[PathState], libs: Sequence[PathState]) -> str:
