@@ -36,8 +36,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the checkout'
 
 from tests.helpers.matrix import MatrixEnv, load, matrix_root, uv_binary
 
-_IMPORT = re.compile(r"^\s*import\s+([A-Za-z_][\w.]*)", re.M)
-
 
 def _timed(cmd: list[str], env: dict[str, str], ok: tuple[int, ...] = (0,)) -> float:
     """Seconds ``cmd`` ran; a run that fails is no figure (SystemExit naming it)."""
@@ -54,11 +52,18 @@ def _best(cmd: list[str], env: dict[str, str], runs: int) -> float:
     return min(_timed(cmd, env) for _ in range(runs))
 
 
+_WORDS = re.compile(r"^\s*import\s+([\w., ]+)", re.M)
+
+
 def _main_module(spec: MatrixEnv) -> str:
-    """The first module its health code imports after the shared prelude (the environment's main import)."""
+    """The first module outside the standard library that its health code imports after the shared prelude
+    (the environment's main import: ``import importlib, cupy`` gives cupy)."""
     own = spec.health.rsplit("def site_of", 1)[-1]
-    found = _IMPORT.search(own.split("\n", 3)[-1])
-    return found.group(1).split(".")[0] if found else spec.packages[0].replace("-", "_")
+    for line in _WORDS.finditer(own):
+        for name in (n.strip().split(".")[0] for n in line.group(1).split(",")):
+            if name and name not in sys.stdlib_module_names:
+                return name
+    return spec.packages[0].replace("-", "_")
 
 
 def _installer_check(spec: MatrixEnv, root: Path) -> list[str]:
