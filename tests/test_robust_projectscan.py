@@ -25,6 +25,7 @@ from pytest_cudastack.model import reach
 from pytest_cudastack.model.reach import MAX_PROJECT_DEPTH, ProjectImports, ScanBounds, project_imports
 from pytest_cudastack.settings import ENV, Settings
 from pytest_cudastack.stack import Stack
+from tests.helpers.deeptree import build_chain, remove_chain
 from tests.helpers.elfbuild import synth_elf
 from tests.helpers.sitebuild import site_packages, write_dist
 
@@ -32,42 +33,12 @@ pytest_plugins = ["pytester"]
 SUFFIX = importlib.machinery.EXTENSION_SUFFIXES[0]
 DEEP = 2000
 EVERY = 10  # a Python file every EVERY levels of the chain: ``import modN`` at level N
-_DIR = os.O_RDONLY | os.O_DIRECTORY
 
 
 def _chain(top: Path, depth: int = DEEP, every: int = EVERY) -> None:
     """``top/d/d/.../d``, ``depth`` levels; at each level that is a multiple of ``every``, ``m.py`` holding
     ``import mod<level>``."""
-    fd = os.open(top, _DIR)
-    try:
-        for level in range(1, depth + 1):
-            os.mkdir("d", dir_fd=fd)
-            below = os.open("d", _DIR, dir_fd=fd)
-            os.close(fd)
-            fd = below
-            if level % every == 0:
-                out = os.open("m.py", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644, dir_fd=fd)
-                os.write(out, f"import mod{level}\n".encode())
-                os.close(out)
-    finally:
-        os.close(fd)
-
-
-def _unchain(top: Path) -> None:
-    """Remove the chain under ``top`` bottom up, without recursion and without long paths."""
-    fds = [os.open(top, _DIR)]
-    try:
-        while "d" in os.listdir(fds[-1]):
-            fds.append(os.open("d", _DIR, dir_fd=fds[-1]))
-        while len(fds) > 1:
-            fd = fds.pop()
-            for name in os.listdir(fd):
-                os.unlink(name, dir_fd=fd)
-            os.close(fd)
-            os.rmdir("d", dir_fd=fds[-1])
-    finally:
-        for fd in fds:
-            os.close(fd)
+    build_chain(top, depth, lambda level: {"m.py": f"import mod{level}\n".encode()} if level % every == 0 else {})
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +50,7 @@ def deep(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     (top / "pytest.ini").write_text("[pytest]\n")  # the rootdir of a command run there
     _chain(top)
     yield top
-    _unchain(top)
+    remove_chain(top)
 
 
 def _site(tmp_path: Path) -> Path:

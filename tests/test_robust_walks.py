@@ -30,6 +30,7 @@ from pytest_cudastack.image.rootfs import ImageRoot
 from pytest_cudastack.model.fleet import snapshot_files
 from pytest_cudastack.settings import ENV, Settings
 from pytest_cudastack.stack import Stack
+from tests.helpers.deeptree import build_chain, remove_chain
 from tests.helpers.elfbuild import synth_elf
 from tests.helpers.fleetbuild import snap
 from tests.helpers.sitebuild import site_packages
@@ -38,43 +39,11 @@ DEEP = 2000
 LEVELS = (1, MAX_DEPTH, MAX_DEPTH + 1, DEEP)  # a file at each: the first two are read, the others not
 BAKED = "libnvidia-ml.so.535.104.05"  # a driver library the container check finds baked into an image
 DRIVER = "580.65.06"
-_DIR = os.O_RDONLY | os.O_DIRECTORY
 
 
 def _chain(top: Path, files: Mapping[str, bytes], depth: int = DEEP) -> None:
     """``top/d/d/.../d``, ``depth`` levels; ``files`` (name -> bytes) at each level of ``LEVELS``."""
-    fd = os.open(top, _DIR)
-    try:
-        for level in range(1, depth + 1):
-            os.mkdir("d", dir_fd=fd)
-            below = os.open("d", _DIR, dir_fd=fd)
-            os.close(fd)
-            fd = below
-            for name, data in files.items() if level in LEVELS else ():
-                out = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644, dir_fd=fd)
-                try:
-                    os.write(out, data)
-                finally:
-                    os.close(out)
-    finally:
-        os.close(fd)
-
-
-def _unchain(top: Path) -> None:
-    """Remove the chain under ``top`` bottom up, without recursion and without long paths."""
-    fds = [os.open(top, _DIR)]
-    try:
-        while "d" in os.listdir(fds[-1]):
-            fds.append(os.open("d", _DIR, dir_fd=fds[-1]))
-        while len(fds) > 1:
-            fd = fds.pop()
-            for name in os.listdir(fd):
-                os.unlink(name, dir_fd=fd)
-            os.close(fd)
-            os.rmdir("d", dir_fd=fds[-1])
-    finally:
-        for fd in fds:
-            os.close(fd)
+    build_chain(top, depth, lambda level: files if level in LEVELS else {})
 
 
 def _at(top: Path | str, level: int, name: str = "") -> str:
@@ -95,7 +64,7 @@ def deep(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         _chain(base / name, files)
     yield base
     for name in tops:
-        _unchain(base / name)
+        remove_chain(base / name)
 
 
 @pytest.fixture(autouse=True)
