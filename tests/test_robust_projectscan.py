@@ -11,7 +11,6 @@ from __future__ import annotations
 import importlib.machinery
 import itertools
 import os
-import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -25,7 +24,7 @@ from pytest_cudastack.model import reach
 from pytest_cudastack.model.reach import MAX_PROJECT_DEPTH, ProjectImports, ScanBounds, project_imports
 from pytest_cudastack.settings import ENV, Settings
 from pytest_cudastack.stack import Stack
-from tests.helpers.deeptree import build_chain, remove_chain
+from tests.helpers.deeptree import build_chain, clean_run, remove_chain
 from tests.helpers.elfbuild import synth_elf
 from tests.helpers.sitebuild import site_packages, write_dist
 
@@ -249,16 +248,7 @@ def test_a_finding_that_depends_on_a_bounded_scan_says_so(tmp_path: Path):
 
 def test_cudastack_check_from_a_deep_tree_ends_without_a_traceback(deep: Path, tmp_path: Path):
     site = _site(tmp_path)
-    env = {k: v for k, v in os.environ.items() if k not in ENV.values() and k != "PYTEST_ADDOPTS"}
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest_cudastack.cli", "check", "--site", str(site)],
-        cwd=deep,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    done = clean_run([sys.executable, "-m", "pytest_cudastack.cli", "check", "--site", str(site)], cwd=deep)
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
     assert done.returncode == 0, done.stdout + done.stderr
     assert "`import pkgx.fft` will fail: libfftx.so.1 is not found" in done.stdout

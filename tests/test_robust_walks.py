@@ -30,7 +30,7 @@ from pytest_cudastack.image.rootfs import ImageRoot
 from pytest_cudastack.model.fleet import snapshot_files
 from pytest_cudastack.settings import ENV, Settings
 from pytest_cudastack.stack import Stack
-from tests.helpers.deeptree import build_chain, remove_chain
+from tests.helpers.deeptree import build_chain, clean_run, remove_chain
 from tests.helpers.elfbuild import synth_elf
 from tests.helpers.fleetbuild import snap
 from tests.helpers.sitebuild import site_packages
@@ -172,17 +172,8 @@ def test_a_scan_of_a_2000_deep_tree_reads_to_the_depth_cap_and_warns_of_the_dire
 
 
 def test_cudastack_check_scan_of_a_deep_tree_ends_without_a_traceback(deep: Path, tmp_path: Path):
-    env = {k: v for k, v in os.environ.items() if k not in ENV.values() and k != "PYTEST_ADDOPTS"}
-    env["CUDASTACK_CACHE_DIR"] = str(tmp_path / "cache")
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest_cudastack.cli", "check", f"--cuda-driver={DRIVER}", "--cudastack-scan=scan"],
-        cwd=deep,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    argv = [sys.executable, "-m", "pytest_cudastack.cli", "check", f"--cuda-driver={DRIVER}", "--cudastack-scan=scan"]
+    done = clean_run(argv, cwd=deep, cache=tmp_path / "cache")
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
     assert done.returncode == 0, done.stdout + done.stderr
     assert "cudastack::scan[scan/d/app]" in done.stdout
@@ -348,16 +339,7 @@ def test_a_bind_mount_of_a_directory_inside_its_own_tree_is_read_once(tmp_path: 
     (top / "a" / "b").mkdir(parents=True)
     (top / "n.json").write_text("{}")
     (top / "a" / BAKED).write_bytes(b"\x7fELF-not-really")
-    env = {k: v for k, v in os.environ.items() if k not in ENV.values() and k != "PYTEST_ADDOPTS"}
-    env["CUDASTACK_CACHE_DIR"] = str(tmp_path / "cache")
-    done = subprocess.run(
-        [*namespace, sys.executable, "-c", _BIND_LOOP, str(top)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    done = clean_run([*namespace, sys.executable, "-c", _BIND_LOOP, str(top)], cache=tmp_path / "cache")
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads(done.stdout) == {

@@ -5,10 +5,13 @@ file descriptor. The robust-walk tests read such trees."""
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+import subprocess
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-__all__ = ["build_chain", "remove_chain"]
+from pytest_cudastack.settings import ENV
+
+__all__ = ["build_chain", "clean_run", "remove_chain"]
 
 _DIR = os.O_RDONLY | os.O_DIRECTORY
 
@@ -52,3 +55,14 @@ def remove_chain(top: Path) -> None:
     finally:
         for fd in fds:
             os.close(fd)
+
+
+def clean_run(
+    argv: Sequence[str], cwd: Path | None = None, cache: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``argv`` in a child with none of this package's settings from the test's environment (``cache``: its
+    CUDASTACK_CACHE_DIR); the caller checks it ended without a traceback."""
+    env = {k: v for k, v in os.environ.items() if k not in ENV.values() and k != "PYTEST_ADDOPTS"}
+    if cache is not None:
+        env["CUDASTACK_CACHE_DIR"] = str(cache)
+    return subprocess.run(list(argv), cwd=cwd, env=env, capture_output=True, text=True, timeout=300, check=False)
