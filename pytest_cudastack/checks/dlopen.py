@@ -430,17 +430,13 @@ def _miss_finding(w: Want, r: Reached, inv: Inventory, copies: Sequence[_Copy]) 
             chain=_chain(r),
         )
     row = w.row
-    consequence = (
-        {
+    if row is not None:
+        severity = Severity.ERROR if copies else _SEVERITY[row.miss]
+        consequence = {
             Miss.FATAL: "the feature that needs it fails when first used",
             Miss.FALLBACK: f"silent fallback: {row.fallback}",
             Miss.OPTIONAL: "an optional feature is unavailable",
         }[row.miss]
-        if row is not None
-        else "the feature that opens it fails when used"
-    )
-    if row is not None:
-        severity = Severity.ERROR if copies else _SEVERITY[row.miss]
     else:  # a name in the data is evidence, not proof
         severity = Severity.WARNING if copies else Severity.INFO
         consequence = _when_data(r, who)
