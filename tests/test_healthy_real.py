@@ -10,10 +10,7 @@ environment's interpreter, which must fail naming libY.
 from __future__ import annotations
 
 import os
-import re
-import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -21,20 +18,9 @@ import pytest
 from pytest_cudastack.findings import Finding, Severity
 from pytest_cudastack.settings import Settings
 from pytest_cudastack.stack import Stack
-from tests.helpers.realenv import torch_site
+from tests.helpers.realenv import Env, child, torch_site, untrue_warning
 
 pytestmark = [pytest.mark.real]
-
-_LEAD = re.compile(r"^`import ([\w.]+)` will fail: (\S+) is not found")
-_TOO = re.compile(r"^`import ([\w.]+)` will fail too$")
-
-
-@dataclass(frozen=True)
-class Env:
-    python: str
-    site: str
-    health: str  # code that must run in a child of ``python``
-    env: tuple[tuple[str, str], ...] = ()  # extra environment for the child
 
 
 def _healthy() -> Path:
@@ -54,48 +40,9 @@ def _private_cache(tmp_path_factory, monkeypatch):
     monkeypatch.delenv("LD_LIBRARY_PATH", raising=False)
 
 
-def _child(env: Env, code: str) -> subprocess.CompletedProcess[str]:
-    child_env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "LD_LIBRARY_PATH")}
-    child_env.update(env.env)
-    return subprocess.run(
-        [env.python, "-c", code], capture_output=True, text=True, env=child_env, timeout=300, check=False
-    )
-
-
 def _confirm_healthy(env: Env) -> None:
-    done = _child(env, env.health)
+    done = child(env, env.health)
     assert done.returncode == 0, f"the environment is not healthy: {env.health!r} failed:\n{done.stderr}"
-
-
-def _untrue(env: Env, f: Finding) -> str | None:
-    """Why warning ``f`` is untrue, or None when every import it names really fails on the library it names."""
-    lead = _LEAD.match(f.message)
-    if lead is None:
-        return _untrue_load(env, f)
-    soname = lead.group(2)
-    modules = [lead.group(1)] + [m.group(1) for d in f.details if (m := _TOO.match(d))]
-    for module in modules:
-        done = _child(env, f"import {module}")
-        if done.returncode == 0 or "cannot open shared object file" not in done.stderr:
-            return f"`import {module}` does not fail on a library: rc {done.returncode}, {done.stderr[-300:]!r}"
-        # the loader names only the first library it misses (cupy's cutensor module needs libcutensor.so.2
-        # and libcutensorMg.so.2, both absent): another one named means this one must be absent as well
-        if soname not in done.stderr and _child(env, f"import ctypes; ctypes.CDLL({soname!r})").returncode == 0:
-            return f"`import {module}` fails on another library, and {soname} loads: {done.stderr[-300:]!r}"
-    return None
-
-
-def _untrue_load(env: Env, f: Finding) -> str | None:
-    """A warning that names no import but a library loaded at run time (``where`` first): true when loading
-    that library in a child after its package's import fails on a missing library."""
-    lib = f.where[0] if f.where else ""
-    if not lib.endswith(".so"):
-        return "it names no failing import and no library loaded at run time"
-    top = Path(lib).relative_to(env.site).parts[0]
-    done = _child(env, f"import {top}, ctypes; ctypes.CDLL({lib!r})")
-    if done.returncode == 0 or "cannot open shared object file" not in done.stderr:
-        return f"{lib} loads after `import {top}`: rc {done.returncode}, {done.stderr[-300:]!r}"
-    return None
 
 
 def _assert_green(env: Env, tmp_path: Path) -> list[Finding]:
@@ -105,7 +52,7 @@ def _assert_green(env: Env, tmp_path: Path) -> list[Finding]:
     found = [f for fs in results.values() for f in fs]
     errors = [f for f in found if f.severity is Severity.ERROR]
     warnings = [f for f in found if f.severity is Severity.WARNING]
-    untrue = [(f, why) for f in warnings if (why := _untrue(env, f)) is not None]
+    untrue = [(f, why) for f in warnings if (why := untrue_warning(env, f)) is not None]
     shown = "\n\n".join(f.render() for f in errors + warnings)
     reasons = "\n".join(f"untrue: {f.id}: {why}" for f, why in untrue)
     assert (len(errors), len(untrue)) == (0, 0), (

@@ -5,7 +5,7 @@ documentation says (tests/matrix.toml, built by .ci/build-matrix under $CUDASTAC
 For each environment, in this order: it is proven healthy by its own means (tests/helpers/matrix.py: its health
 code in a child of its interpreter, ``ldd`` of every library the process mapped, ``pip check`` / ``uv pip check``);
 then the whole check run (what ``pytest --cudastack`` runs) must give no ERROR and no untrue WARNING (a warning is
-judged by tests/test_healthy_real.py's rule: the import it names must really fail on the library it names), on
+judged by tests/helpers/realenv.py's rule: the import it names must really fail on the library it names), on
 the host as it is and with the declared driver and arch of a GPU the build supports; and ``cudastack check`` must
 exit 0 there, both ways. A test skips when its environment is absent.
 
@@ -29,7 +29,7 @@ from pytest_cudastack.findings import Finding, Severity
 from pytest_cudastack.settings import Settings
 from pytest_cudastack.stack import Stack
 from tests.helpers.matrix import MatrixEnv, Proof, load, matrix_root, not_installable, prove
-from tests.test_healthy_real import Env, _child, _untrue
+from tests.helpers.realenv import Env, child, untrue_warning
 
 pytestmark = [pytest.mark.real]
 
@@ -113,7 +113,7 @@ def _untrue_symbols(judge: Env, f: Finding) -> str | None:
     m = _SYMBOLS.match(f.message)
     if m is None:
         return "a symbols warning this oracle cannot read"
-    done = _child(judge, f"import {m[1]}")
+    done = child(judge, f"import {m[1]}")
     if done.returncode != 0 and "undefined symbol" in done.stderr:
         return None
     return f"`import {m[1]}` does not fail on an undefined symbol: rc {done.returncode}, {done.stderr[-300:]!r}"
@@ -144,7 +144,7 @@ def _untrue_toolchain(judge: Env, f: Finding) -> str | None:
     """torch's nvcc mismatch: true when torch's own check (torch.utils.cpp_extension) refuses that nvcc."""
     if not f.subject.startswith("torch "):
         return "a toolchain warning about another package than torch: no oracle for it"
-    done = _child(judge, _TORCH_NVCC)
+    done = child(judge, _TORCH_NVCC)
     if done.returncode != 0 and "mismatches the version that was used to compile" in done.stderr:
         return None
     return f"torch's own check accepts the nvcc it finds: rc {done.returncode}, {done.stderr[-300:]!r}"
@@ -207,7 +207,7 @@ def _judge(
     env: MatrixEnv, root: Path, found: list[Finding], declared: bool
 ) -> tuple[list[Finding], list[tuple[Finding, str]]]:
     """The errors, and the warnings that are untrue (with why). A warning about a failing import or a run-time
-    load is judged as tests/test_healthy_real.py judges it; an arch warning by cuobjdump; torch's nvcc mismatch
+    load is judged as tests/helpers/realenv.py judges it; an arch warning by cuobjdump; torch's nvcc mismatch
     by torch's own check; a driver's minor-version compatibility by NVIDIA's table and the installed versions;
     a broken requirement by the installer's own check (which the proof ran: it found none); undefined symbols by
     the import; two distributions' shared files by their RECORDs. Any other kind has no oracle here, and so
@@ -236,7 +236,7 @@ def _judge(
             why = f"{'uv pip' if env.installer == 'uv' else 'pip'} check finds no broken requirement (the proof ran it)"
         else:
             try:
-                why = _untrue(judge, f)
+                why = untrue_warning(judge, f)
             except ValueError as exc:  # a library outside the environment's site-packages
                 why = f"it names a library outside the environment: {exc}"
         if why is not None:
